@@ -1,0 +1,5 @@
+"""The explicit list of commands (one line each)."""
+
+from .demo import demo
+
+ALL = [demo]

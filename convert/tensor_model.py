@@ -1,0 +1,116 @@
+"""The checkpoint model that the reader builds and the converter and validator share.
+
+A checkpoint is a set of TensorRefs (from headers only) plus the FP4 Projections grouped from them;
+everything that is not part of a Projection is a passthrough tensor, copied byte for byte.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+__all__ = ["SourceFormat", "Quant", "Role", "TensorRef", "Projection", "Checkpoint", "DTYPE_SIZES"]
+
+# safetensors dtype string -> bytes per element (F4 is handled as packed bytes, never written by us)
+DTYPE_SIZES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1,
+    "F8_E5M2FNUZ": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
+}
+
+
+class SourceFormat(str, Enum):
+    MXFP4_DSV4 = "mxfp4-dsv4"              # DeepSeek-V4 native: w{1,2,3}.weight I8 + .scale F8_E8M0
+    NVFP4_MODELOPT_DSV4 = "nvfp4-modelopt-dsv4"  # ModelOpt re-quant with DeepSeek names
+    NVFP4_MODELOPT_HF = "nvfp4-modelopt-hf"      # ModelOpt generic HF names (gate/up/down_proj)
+    NVFP4_CT = "nvfp4-ct"                  # compressed-tensors nvfp4-pack-quantized
+    MXFP4_CT = "mxfp4-ct"                  # compressed-tensors mxfp4-pack-quantized
+    MXFP4_GPTOSS = "mxfp4-gptoss"          # gpt-oss *_blocks / *_scales (stacked, gate/up interleaved)
+    MARLIN = "marlin"                      # this tool's own output (quant_method marlin_fp4)
+
+
+class Quant(str, Enum):
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
+
+    @property
+    def group_size(self) -> int:
+        return 16 if self is Quant.NVFP4 else 32
+
+
+class Role(str, Enum):
+    GATE = "gate"  # w1 / gate_proj: first half of the engines' w13
+    UP = "up"      # w3 / up_proj: second half of w13
+    DOWN = "down"  # w2 / down_proj
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRef:
+    """One tensor as its shard header describes it; `begin`/`end` are absolute file offsets."""
+    name: str
+    file: str  # shard file name, relative to the checkpoint root
+    dtype: str  # safetensors dtype string
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """One FP4 expert projection: weight [N, K/2] codes, block scales [N, K/g], optional globals.
+
+    `key` is the common name prefix (`layers.3.ffn.experts.17.w1`). For stacked sources (gpt-oss)
+    `expert_index` selects along dim 0 and `row_start`/`row_step` pick the interleaved gate/up rows.
+    For Marlin sources (this tool's output) `weight`/`scale` are the packed tensors and
+    `marlin_global` the processed global."""
+    key: str
+    layer: str  # "3", or "mtp.0" for MTP blocks
+    expert: int
+    role: Role
+    quant: Quant
+    n: int
+    k: int
+    weight: TensorRef
+    scale: TensorRef
+    global_scale: TensorRef | None = None  # NVFP4 ModelOpt weight_scale_2, or CT weight_global_scale
+    input_scale: TensorRef | None = None
+    marlin_global: TensorRef | None = None
+    expert_index: int | None = None
+    row_start: int = 0
+    row_step: int = 1
+
+    @property
+    def group_size(self) -> int:
+        return self.quant.group_size
+
+    @property
+    def source_refs(self) -> tuple[TensorRef, ...]:
+        refs = (self.weight, self.scale, self.global_scale, self.input_scale, self.marlin_global)
+        return tuple(r for r in refs if r is not None)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What the reader knows about a checkpoint directory from config files and headers alone."""
+    root: Path
+    format: SourceFormat
+    config: dict
+    hf_quant_config: dict | None
+    tensors: dict[str, TensorRef]  # every tensor, in file order
+    projections: tuple[Projection, ...]
+    other_files: tuple[str, ...] = field(default=())  # non-weight files to copy (configs, tokenizer, ...)
+    index_file: str | None = None  # "model.safetensors.index.json", or None for a single file
+
+    @property
+    def projection_names(self) -> frozenset[str]:
+        return frozenset(r.name for p in self.projections for r in p.source_refs)
+
+    @property
+    def passthrough(self) -> tuple[TensorRef, ...]:
+        used = self.projection_names
+        return tuple(t for t in self.tensors.values() if t.name not in used)

@@ -1,0 +1,49 @@
+"""Every golden case, every `marlin.*` tensor, byte for byte (tests/golden/README.md)."""
+
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from conftest import assert_bytes_equal
+from dsv4_convert.formats.marlin import (
+    MarlinTarget, mxfp4_dense_to_marlin, mxfp4_moe_to_marlin, nvfp4_dense_to_marlin, nvfp4_moe_to_marlin,
+    padded_moe_intermediate,
+)
+
+GOLDEN = sorted((Path(__file__).parent.parent / "golden").glob("*.safetensors"))
+
+
+def _prepare(t, m):
+    target = MarlinTarget(engine=m["impl"], act_dtype=m["act_dtype"], w4a8=m["w4a8_fp8"] == "True")
+    case = m["case"]
+    if case == "nvfp4_dense":
+        return nvfp4_dense_to_marlin(t["src.weight"], t["src.weight_scale"], t["src.weight_scale_2"], target=target)
+    if case == "mxfp4_dense":
+        return mxfp4_dense_to_marlin(t["src.weight"], t["src.weight_scale"], target=target)
+    if case == "nvfp4_moe":
+        i, h = int(m["I"]), int(m["H"])
+        i_pad = padded_moe_intermediate(i, h) if target.engine == "vllm" else i  # SGLang gated MoE never pads
+        return nvfp4_moe_to_marlin(t["src.w13_weight"], t["src.w13_weight_scale"], t["src.w13_weight_scale_2"],
+                                   t["src.w2_weight"], t["src.w2_weight_scale"], t["src.w2_weight_scale_2"],
+                                   target=target, i_pad=i_pad)
+    assert case == "mxfp4_moe", case
+    return mxfp4_moe_to_marlin(t["src.w13_weight"], t["src.w13_weight_scale"], t["src.w2_weight"],
+                               t["src.w2_weight_scale"], target=target)
+
+
+def test_golden_set_is_complete():
+    assert len(GOLDEN) == 21
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[p.stem for p in GOLDEN])
+def test_golden_case_byte_exact(path):
+    tensors = load_file(path)
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    out = _prepare(tensors, meta)
+    expected = {k[len("marlin."):]: v for k, v in tensors.items() if k.startswith("marlin.")}
+    assert set(out) == set(expected)
+    for name, value in expected.items():
+        assert_bytes_equal(out[name], value, f"{path.stem}:{name}")
