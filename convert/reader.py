@@ -1,0 +1,290 @@
+"""Lazy sharded checkpoint reader: config files + safetensors headers -> Checkpoint; tensor data on demand.
+
+`open_checkpoint` reads only config files and shard headers (a 46-shard checkpoint takes seconds) and
+checks the index against the shards. `TensorReader` memory-maps shards (safetensors `safe_open`) for
+tensors and reads raw bytes with `os.pread` for byte-identical copies. `load_projection` turns one
+Projection into plain tensors in one convention, whatever the source format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .detect import detect_format, group_projections
+from .errors import ContentError, InputError, UsageError
+from .safetensors_header import read_header
+from .tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
+
+__all__ = ["resolve_source", "open_checkpoint", "TensorReader", "ProjectionData", "load_projection",
+           "INDEX_FILE", "SINGLE_FILE", "HUB_PATTERNS"]
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# What a hub download fetches: configs, weights, index, tokenizer and docs; never other artefacts.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.txt", "*.model", "*.tiktoken", "*.py", "*.jinja"]
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+_MAX_LISTED = 5
+
+
+# ------------------------------------------------------------------------------------------------ source
+def resolve_source(source: str | Path) -> Path:
+    """A local checkpoint directory (or its `model.safetensors`), or a Hugging Face repo id
+    (`org/name`, fetched or found in the local cache; honours HF_HUB_OFFLINE and HF_HOME)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.is_file():
+        if path.name == SINGLE_FILE:
+            return path.resolve().parent
+        raise UsageError(f"{path} is a file; dsv4-convert reads a checkpoint directory",
+                         error_id="source.not_a_directory", file=str(path),
+                         hint=f"pass the directory that holds config.json and the shards ({path.parent})")
+    text = str(source)
+    if not _REPO_ID.match(text) or text.startswith((".", "~")):
+        raise InputError(f"{text} does not exist and is not a Hugging Face repo id (org/name)",
+                         error_id="source.not_found", file=text,
+                         hint="pass an existing checkpoint directory or a repo id such as "
+                              "deepseek-ai/DeepSeek-V4-Flash")
+    return _snapshot(text)
+
+
+def _snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS)).resolve()
+    except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as e:
+        raise InputError(f"Hugging Face repo {repo_id} was not found or is not accessible "
+                         f"({type(e).__name__})", error_id="hub.repo_not_found", file=repo_id,
+                         hint="check the spelling; for gated or private repos run `hf auth login` first") from None
+    except LocalEntryNotFoundError:
+        raise InputError(f"{repo_id} is not in the local Hugging Face cache and it cannot be downloaded "
+                         "(offline mode, or no connection)", error_id="hub.not_cached", file=repo_id,
+                         hint="download it once with network access (`hf download "
+                              f"{repo_id}`), or unset HF_HUB_OFFLINE, or pass a local directory") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"downloading {repo_id} failed: {e}", error_id="hub.download_failed", file=repo_id,
+                         hint="retry, or download it with `hf download` and pass the directory") from None
+
+
+# ------------------------------------------------------------------------------------------- checkpoint
+def _read_json(path: Path, *, missing_id: str | None, bad_id: str, what: str) -> dict | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if missing_id is None:
+            return None
+        raise InputError(f"{path} is missing; every checkpoint needs its {what}", error_id=missing_id,
+                         file=str(path), hint="pass the checkpoint root directory (the one with config.json)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read {path}: {e}", error_id=bad_id, file=str(path),
+                         hint=f"re-download the {what}") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path} is not valid JSON ({e.msg}, line {e.lineno} column {e.colno})",
+                         error_id=bad_id, file=str(path), hint=f"re-download or repair the {what}") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{path} must hold a JSON object, found {type(obj).__name__}", error_id=bad_id,
+                         file=str(path), hint=f"re-download or repair the {what}")
+    return obj
+
+
+def _listing(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    return shown + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
+
+
+def _weight_map(root: Path) -> dict[str, str]:
+    path = root / INDEX_FILE
+    index = _read_json(path, missing_id=None, bad_id="index.not_json", what="shard index")
+    wm = index.get("weight_map") if index is not None else None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        raise InputError(f"{path} must have a \"weight_map\" object mapping tensor names to shard files",
+                         error_id="index.bad_schema", file=str(path), hint="re-download or rebuild the index")
+    return wm
+
+
+def _check_index(root: Path, weight_map: dict[str, str], headers: dict[str, dict[str, TensorRef]]) -> None:
+    index = str(root / INDEX_FILE)
+    seen: dict[str, str] = {}
+    for shard, refs in headers.items():
+        for name in refs:
+            if name in seen:
+                raise InputError(f"tensor {name} is stored in two shards: {seen[name]} and {shard}",
+                                 error_id="index.duplicate_tensor", tensor=name, file=str(root / shard),
+                                 hint="remove the stale copy or re-download the checkpoint")
+            seen[name] = shard
+    missing = [f"{k} (index says {v})" for k, v in weight_map.items() if k not in headers[v]]
+    if missing:
+        raise InputError(f"{len(missing)} tensors listed in the index are not in the shard it names: "
+                         f"{_listing(missing)}", error_id="index.key_missing_in_shard", file=index,
+                         tensor=next(iter(k for k, v in weight_map.items() if k not in headers[v])),
+                         hint="the index and the shards come from different versions: re-download both")
+    extra = [f"{k} ({v})" for k, v in seen.items() if k not in weight_map]
+    if extra:
+        raise InputError(f"{len(extra)} tensors in the shards are not in the index: {_listing(extra)}",
+                         error_id="index.key_not_in_index", file=index,
+                         tensor=next(k for k in seen if k not in weight_map),
+                         hint="the index is stale or incomplete: re-download it")
+
+
+def _natural(name: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def open_checkpoint(source: str | Path) -> Checkpoint:
+    """Read config files, the index and every shard header (no tensor data); detect the format and
+    group the FP4 projections. Raises InputError for unreadable input and ContentError for content
+    that is not a checkpoint this tool understands."""
+    root = resolve_source(source)
+    config = _read_json(root / "config.json", missing_id="config.missing", bad_id="config.not_json",
+                        what="config.json")
+    hf_quant = _read_json(root / "hf_quant_config.json", missing_id=None, bad_id="hf_quant_config.not_json",
+                          what="hf_quant_config.json")
+    if (root / INDEX_FILE).exists():
+        weight_map = _weight_map(root)
+        shards = sorted(set(weight_map.values()), key=_natural)
+        absent = [s for s in shards if not (root / s).is_file()]
+        if absent:
+            raise InputError(f"the index names {len(absent)} shard files that do not exist: {_listing(absent)}",
+                             error_id="index.missing_shard", file=str(root / absent[0]),
+                             hint="the download is incomplete: re-download the missing shards")
+        index_file: str | None = INDEX_FILE
+    elif (root / SINGLE_FILE).is_file():
+        weight_map, shards, index_file = None, [SINGLE_FILE], None
+    else:
+        stray = sorted(p.name for p in root.glob("*.safetensors"))
+        raise InputError(f"{root} has no {INDEX_FILE} and no {SINGLE_FILE}"
+                         + (f" (found {_listing(stray)})" if stray else ""),
+                         error_id="checkpoint.no_weights", file=str(root),
+                         hint="pass a Hugging Face style checkpoint directory; sharded weights need their index")
+    headers = {shard: read_header(root / shard, file=shard)[0] for shard in shards}
+    if weight_map is not None:
+        _check_index(root, weight_map, headers)
+    tensors = {name: ref for refs in headers.values() for name, ref in refs.items()}
+    fmt, _reason = detect_format(config, hf_quant, tensors)
+    projections = group_projections(fmt, config, tensors)
+    skip = set(shards) | ({INDEX_FILE} if index_file else set())
+    others = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                    if p.is_file() and p.relative_to(root).as_posix() not in skip
+                    and p.relative_to(root).parts[:2] != (".cache", "huggingface"))
+    return Checkpoint(root=root, format=fmt, config=config, hf_quant_config=hf_quant, tensors=tensors,
+                      projections=projections, other_files=tuple(others), index_file=index_file)
+
+
+# ----------------------------------------------------------------------------------------------- tensors
+class TensorReader:
+    """Reads tensors of one checkpoint root; keeps one open handle per shard until closed."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self._safe: dict[str, object] = {}
+        self._fds: dict[str, int] = {}
+
+    def __enter__(self) -> TensorReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        self._safe.clear()
+
+    def _open_error(self, ref: TensorRef, e: Exception) -> InputError:
+        return InputError(f"cannot read {ref.name} from {self.root / ref.file}: {e}", error_id="reader.unreadable",
+                          tensor=ref.name, file=str(self.root / ref.file),
+                          hint="the shard changed or vanished since its header was read: re-open the checkpoint")
+
+    def get(self, ref: TensorRef) -> torch.Tensor:
+        """The tensor in its stored dtype (I8 stays int8, F8_E8M0 is float8_e8m0fnu), memory-mapped."""
+        from safetensors import safe_open
+
+        try:
+            handle = self._safe.get(ref.file)
+            if handle is None:
+                handle = self._safe[ref.file] = safe_open(self.root / ref.file, framework="pt")
+            tensor = handle.get_tensor(ref.name)
+        except Exception as e:  # safetensors raises its own untyped errors
+            raise self._open_error(ref, e) from None
+        if tensor.numel() * tensor.element_size() != ref.nbytes:
+            raise ContentError(f"{ref.name} read back with {tensor.numel() * tensor.element_size()} bytes, "
+                               f"header says {ref.nbytes}", error_id="reader.size_mismatch", tensor=ref.name,
+                               file=ref.file, hint="the shard changed since its header was read")
+        return tensor
+
+    def read_bytes(self, ref: TensorRef) -> bytes:
+        """The tensor's raw bytes, straight from the file (for byte-identical copies)."""
+        try:
+            fd = self._fds.get(ref.file)
+            if fd is None:
+                fd = self._fds[ref.file] = os.open(self.root / ref.file, os.O_RDONLY)
+            chunks, pos = [], ref.begin
+            while pos < ref.end:
+                chunk = os.pread(fd, min(ref.end - pos, 1 << 30), pos)
+                if not chunk:
+                    raise OSError(f"file ends at byte {pos}, tensor ends at {ref.end}")
+                chunks.append(chunk)
+                pos += len(chunk)
+        except OSError as e:
+            raise self._open_error(ref, e) from None
+        return b"".join(chunks)
+
+
+# ----------------------------------------------------------------------------------------- projections
+@dataclass
+class ProjectionData:
+    """One projection in one convention, whatever the source format.
+
+    weight: uint8 [N, K/2] packed E2M1 codes (Marlin sources: int32 [K/16, 2N] as stored).
+    scale: NVFP4 float8_e4m3fn [N, K/16]; MXFP4 uint8 E8M0 bytes [N, K/32] (Marlin: as stored, [K/g, N]).
+    global_scale: float32 0-d, ModelOpt convention (a multiplier): `weight_scale_2`, or for
+        compressed-tensors `1 / max(weight_global_scale)`; for Marlin sources the kept original
+        `weight_scale_2`; None for MXFP4.
+    input_scale: as stored (ModelOpt `input_scale`; compressed-tensors `input_global_scale`, which is
+        a reciprocal), or None."""
+    weight: torch.Tensor
+    scale: torch.Tensor
+    global_scale: torch.Tensor | None
+    input_scale: torch.Tensor | None
+
+
+def load_projection(reader: TensorReader, proj: Projection, *, fmt: SourceFormat | None = None) -> ProjectionData:
+    """Read one projection: I8 -> U8 view, E8M0 -> bytes, gpt-oss expert selection, gate/up
+    de-interleave (rows `row_start::row_step`) and block reshape. `fmt` is only needed to tell a
+    compressed-tensors global (a divisor) from a ModelOpt one; without it the tensor name decides."""
+    weight = reader.get(proj.weight)
+    scale = reader.get(proj.scale)
+    if proj.marlin_global is not None or weight.dtype == torch.int32:
+        g = reader.get(proj.global_scale).float().reshape(()) if proj.global_scale is not None else None
+        inp = reader.get(proj.input_scale) if proj.input_scale is not None else None
+        return ProjectionData(weight=weight, scale=scale, global_scale=g, input_scale=inp)
+    if proj.expert_index is not None:
+        weight = weight[proj.expert_index, proj.row_start::proj.row_step]
+        scale = scale[proj.expert_index, proj.row_start::proj.row_step]
+        weight = weight.reshape(weight.shape[0], -1)
+    weight = weight.contiguous().view(torch.uint8)
+    if proj.quant is Quant.MXFP4:
+        scale = scale.contiguous().view(torch.uint8)
+    elif scale.dtype != torch.float8_e4m3fn:
+        scale = scale.contiguous().view(torch.float8_e4m3fn)
+    global_scale = None
+    if proj.global_scale is not None:
+        g = reader.get(proj.global_scale).float()
+        is_ct = fmt is SourceFormat.NVFP4_CT if fmt is not None else proj.global_scale.name.endswith(
+            ".weight_global_scale")
+        global_scale = (1.0 / g.max()).reshape(()) if is_ct else g.reshape(())
+    input_scale = reader.get(proj.input_scale) if proj.input_scale is not None else None
+    return ProjectionData(weight=weight.contiguous(), scale=scale.contiguous(), global_scale=global_scale,
+                          input_scale=input_scale)

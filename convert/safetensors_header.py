@@ -1,0 +1,186 @@
+"""Strict safetensors header parser (no torch): 8-byte little-endian length, JSON header, data buffer.
+
+Every rule of the format is checked (spec CHECKPOINT_FORMATS.md §2.1) so that a corrupt or truncated
+shard fails here, naming the file, the tensor and the fix, instead of producing a wrong tensor later:
+known dtypes, shape x element size == byte range, offsets contiguous from 0 (no hole, no overlap),
+the data buffer exactly covered (no trailing bytes) and inside the file, no duplicate keys,
+`__metadata__` a str -> str map.
+
+Sub-byte dtypes (`F4`, `F6_E2M3`, `F6_E3M2`) are accepted: the header records the *logical* element
+count, so the byte size is numel * bits / 8, which must be a whole number. Offsets in the returned
+TensorRefs are absolute file offsets (8 + header length + relative offset).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+from .errors import InputError
+from .tensor_model import DTYPE_SIZES, TensorRef
+
+__all__ = ["parse_header", "read_header", "MAX_HEADER_SIZE", "dtype_bits"]
+
+MAX_HEADER_SIZE = 100_000_000  # the reference implementation's hard limit
+_SUB_BYTE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+_ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
+_REWRITE = "re-download or re-export this shard; a safetensors writer never produces this"
+
+
+def dtype_bits(dtype: str) -> int | None:
+    """Bits per element of a safetensors dtype string, or None when unknown."""
+    if dtype in DTYPE_SIZES:
+        return DTYPE_SIZES[dtype] * 8
+    return _SUB_BYTE_BITS.get(dtype)
+
+
+def _err(error_id: str, message: str, *, file: str, tensor: str | None = None,
+         hint: str = _REWRITE) -> InputError:
+    return InputError(f"{file}: {message}", error_id=error_id, file=file, tensor=tensor, hint=hint)
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _is_uint(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _parse_entry(name: str, entry: object, *, file: str) -> tuple[str, tuple[int, ...], int, int]:
+    if not isinstance(entry, dict) or set(entry) != _ENTRY_KEYS:
+        got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+        raise _err("header.bad_entry", f"entry {name!r} must be an object with exactly the keys "
+                   f"dtype, shape, data_offsets; found {got}", file=file, tensor=name)
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str):
+        raise _err("header.bad_entry", f"entry {name!r}: dtype must be a string, found {dtype!r}",
+                   file=file, tensor=name)
+    if not isinstance(shape, list) or not all(_is_uint(d) for d in shape):
+        raise _err("header.bad_entry", f"entry {name!r}: shape must be a list of non-negative "
+                   f"integers, found {shape!r}", file=file, tensor=name)
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets)
+            or offsets[0] > offsets[1]):
+        raise _err("header.bad_entry", f"entry {name!r}: data_offsets must be [begin, end] with "
+                   f"0 <= begin <= end, found {offsets!r}", file=file, tensor=name)
+    bits = dtype_bits(dtype)
+    if bits is None:
+        known = ", ".join(sorted([*DTYPE_SIZES, *_SUB_BYTE_BITS]))
+        raise _err("header.unknown_dtype", f"tensor {name!r} has unknown dtype {dtype!r} (known: {known})",
+                   file=file, tensor=name,
+                   hint="upgrade dsv4-convert if this is a newer safetensors dtype, else re-export the shard")
+    numel = 1
+    for d in shape:
+        numel *= d
+    begin, end = offsets
+    if (numel * bits) % 8 or numel * bits // 8 != end - begin:
+        raise _err("header.shape_size_mismatch",
+                   f"tensor {name!r}: shape {shape} x {dtype} ({bits} bits/element) needs "
+                   f"{numel * bits / 8:g} bytes but data_offsets {offsets} span {end - begin} bytes",
+                   file=file, tensor=name)
+    return dtype, tuple(shape), begin, end
+
+
+def parse_header(buf: bytes, *, file_size: int, file: str) -> tuple[dict[str, TensorRef], dict[str, str]]:
+    """Parse and check a safetensors header.
+
+    `buf` holds at least the first 8 + header-length bytes of the file, `file_size` is the whole
+    file's size. Returns (tensors in data order with absolute offsets, `__metadata__` or {})."""
+    if len(buf) < 8 or file_size < 8:
+        raise _err("header.too_short", f"file has {min(len(buf), file_size)} bytes, fewer than the "
+                   "8-byte header length prefix: not a safetensors file, or an empty download", file=file)
+    (n,) = struct.unpack("<Q", buf[:8])
+    if n > MAX_HEADER_SIZE:
+        raise _err("header.too_large", f"declared header length {n} exceeds the safetensors limit "
+                   f"{MAX_HEADER_SIZE}: the file is corrupt or not safetensors", file=file)
+    if 8 + n > file_size:
+        raise _err("header.length_past_eof", f"declared header length {n} runs past the end of the "
+                   f"file ({file_size} bytes): the file is truncated or not safetensors", file=file)
+    if len(buf) < 8 + n:
+        raise _err("header.too_short", f"only {len(buf)} of the {8 + n} header bytes were given",
+                   file=file, hint="pass the whole header (read_header does)")
+    raw = bytes(buf[8:8 + n])
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise _err("header.not_utf8", f"header is not valid UTF-8 ({e.reason} at byte {8 + e.start})",
+                   file=file) from None
+    if not text.startswith("{"):
+        raise _err("header.not_object", "header must be a JSON object starting with '{'", file=file)
+    try:
+        obj = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        raise _err("header.duplicate_key", f"header names {e.key!r} twice", file=file, tensor=e.key) from None
+    except json.JSONDecodeError as e:
+        raise _err("header.not_json", f"header is not valid JSON ({e.msg} at header byte {e.pos})",
+                   file=file) from None
+    if not isinstance(obj, dict):
+        raise _err("header.not_object", "header must be a JSON object", file=file)
+
+    metadata = obj.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
+        raise _err("header.bad_metadata", "__metadata__ must map strings to strings, found "
+                   f"{metadata!r:.200}", file=file)
+
+    parsed = [(name, *_parse_entry(name, entry, file=file)) for name, entry in obj.items()]
+    parsed.sort(key=lambda p: (p[3], p[4]))
+    data_start, data_len = 8 + n, file_size - 8 - n
+    pos, prev = 0, None
+    for name, _dtype, _shape, begin, end in parsed:
+        if begin < pos:
+            raise _err("header.offsets_overlap", f"tensor {name!r} starts at data byte {begin}, inside "
+                       f"{prev!r} which ends at {pos}", file=file, tensor=name)
+        if begin > pos:
+            raise _err("header.offsets_hole", f"data bytes [{pos}, {begin}) before tensor {name!r} "
+                       "belong to no tensor", file=file, tensor=name)
+        pos, prev = end, name
+    if pos > data_len:
+        first = next(p[0] for p in parsed if p[4] > data_len)
+        raise _err("header.offsets_past_eof", f"the header declares {pos} data bytes but the file holds "
+                   f"only {data_len} after the header ({pos - data_len} missing; tensor {first!r} is the "
+                   "first one past the end): the file is truncated", file=file, tensor=first,
+                   hint="re-download this shard (an interrupted download leaves a short file)")
+    if pos < data_len:
+        raise _err("header.data_size_mismatch", f"the file has {data_len - pos} trailing bytes after the "
+                   f"last tensor (data buffer {data_len} bytes, tensors cover {pos})", file=file)
+    tensors = {name: TensorRef(name=name, file=file, dtype=dtype, shape=shape,
+                               begin=data_start + begin, end=data_start + end)
+               for name, dtype, shape, begin, end in parsed}
+    return tensors, dict(metadata)
+
+
+def read_header(path: Path, *, file: str | None = None) -> tuple[dict[str, TensorRef], dict[str, str]]:
+    """Read and check only the header of `path`. `file` is the name recorded in the TensorRefs
+    (default: the file name; the reader passes the path relative to the checkpoint root)."""
+    path = Path(path)
+    name = file if file is not None else path.name
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            prefix = f.read(8)
+            buf = prefix
+            if len(prefix) == 8:
+                (n,) = struct.unpack("<Q", prefix)
+                if n <= MAX_HEADER_SIZE and 8 + n <= size:  # validated before allocating n bytes
+                    buf = prefix + f.read(n)
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or e}", error_id="header.unreadable",
+                         file=str(path), hint="check that the file exists and is readable") from None
+    try:
+        return parse_header(buf, file_size=size, file=name)
+    except InputError as e:
+        e.file = str(path)
+        raise
