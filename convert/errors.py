@@ -29,6 +29,9 @@ class DsvError(Exception):
         self.file = file
         self.hint = hint
 
+    def __reduce__(self):  # survive the trip back from a worker process
+        return (_rebuild, (type(self), self.message, self.error_id, self.tensor, self.file, self.hint))
+
     def render(self) -> str:
         where = " ".join(x for x in (self.tensor, f"({self.file})" if self.file else None) if x)
         lines = [f"error[{self.error_id}]" + (f" {where}" if where else "")]
@@ -56,3 +59,7 @@ class OutputError(DsvError):
 
 class Interrupted(DsvError):
     exit_code = 130
+
+
+def _rebuild(cls, message, error_id, tensor, file, hint):
+    return cls(message, error_id=error_id, tensor=tensor, file=file, hint=hint)

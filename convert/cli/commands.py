@@ -1,5 +1,8 @@
 """The explicit list of commands (one line each)."""
 
+from .convert_cmds import mxfp4_to_marlin, nvfp4_to_marlin
 from .demo import demo
+from .inspect import inspect
+from .synth import synth
 
-ALL = [demo]
+ALL = [nvfp4_to_marlin, mxfp4_to_marlin, demo, inspect, synth]

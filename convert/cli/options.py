@@ -1,0 +1,45 @@
+"""Options shared by several commands, spelled the same way everywhere."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import click
+
+__all__ = ["target_options", "run_options", "parse_size"]
+
+
+def parse_size(value: str | int | None) -> int | None:
+    if value is None or isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*", value, re.IGNORECASE)
+    if not m:
+        raise click.BadParameter(f"{value!r} is not a size; use e.g. 5GB, 500MiB or a byte count")
+    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+    factor = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[unit]
+    return int(float(m.group(1)) * factor)
+
+
+def target_options(fn):
+    fn = click.option("--act-dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True,
+                      help="Activation dtype the server will run with. NVFP4 bytes depend on it; MXFP4 needs bfloat16.")(fn)
+    fn = click.option("--target", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True,
+                      help="Engine layout: sglang = `sglang-L2` (SGLang 0.5.23), vllm = `vllm-L4` (vLLM >= 0.20).")(fn)
+    return fn
+
+
+def run_options(fn):
+    for opt in reversed([
+        click.option("--workers", type=click.IntRange(1), default=os.cpu_count() or 1, show_default="number of cores",
+                     help="Processes converting shards in parallel."),
+        click.option("--max-shard-size", default=None, metavar="SIZE",
+                     help="Re-shard the output (e.g. 5GB). Default: keep the input's shards."),
+        click.option("--resume", is_flag=True, help="Continue an interrupted run; finished shards whose hash verifies are kept."),
+        click.option("--force", is_flag=True, help="Replace an existing OUT (published only when the new one is complete)."),
+        click.option("--dry-run", is_flag=True, help="Print the plan (tensors, bytes, output size) and write nothing."),
+        click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout."),
+        click.option("--quiet", "-q", is_flag=True, help="No progress bar, only errors."),
+    ]):
+        fn = opt(fn)
+    return fn

@@ -1,0 +1,278 @@
+"""Run a ConvertPlan: planning pass (vLLM rescale factors) -> per-shard jobs in a process pool ->
+finalize (configs, index, copies, manifest) -> atomic publish. Memory per worker is bounded by the
+projection in flight plus one copy chunk, whatever the checkpoint size."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import queue
+import shutil
+import signal
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from . import __version__
+from .formats.marlin_scales import vllm_rescale_factor
+from .errors import Interrupted, OutputError
+from .reader import load_projection
+from .plan import FORMAT_VERSION, ConvertPlan, ShardPlan, container_of, stack_of
+from .quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
+from .safetensors_writer import ShardWriter
+from .serving_notes import serving_markdown
+from .staging import MANIFEST, Staging, write_json_atomic
+from .tensor_io import PreadReader, safetensors_dtype
+from .tensor_model import Projection, Quant, SourceFormat
+from .transform import convert_projection
+
+__all__ = ["ConvertResult", "run_conversion", "SOURCE_DIR", "INDEX"]
+
+SOURCE_DIR = "dsv4-convert-source"  # originals needed to give the input back byte for byte
+INDEX = "model.safetensors.index.json"
+_KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: SIGKILL this process at the n-th step
+
+
+@dataclass
+class ConvertResult:
+    out: Path
+    shards: int
+    shards_reused: int
+    tensors: int
+    projections: int
+    bytes_in: int
+    bytes_out: int
+    seconds: float
+    rescale_factors: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["out"] = str(self.out)
+        return d
+
+
+# -- crash hook (tests kill the converter at chosen points to prove resume is safe) ------------
+_steps = 0
+
+
+def _step() -> None:
+    global _steps
+    _steps += 1
+    at = os.environ.get(_KILL_ENV)
+    if at and _steps == int(at):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- worker side ---------------------------------------------------------------------------------
+_progress_queue = None
+
+
+def _init_worker(q) -> None:
+    global _progress_queue
+    _progress_queue = q
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
+
+
+def _report(nbytes: int, callback=None) -> None:
+    if callback is not None:
+        callback(nbytes)
+    elif _progress_queue is not None:
+        _progress_queue.put(nbytes)
+
+
+def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
+                 metadata: dict, callback=None) -> tuple[str, str, int]:
+    with PreadReader(Path(root)) as reader:
+        writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata)
+        try:
+            converted_key, parts = None, {}
+            for o in shard.tensors:
+                _step()
+                if o.source is not None:
+                    writer.begin(o.spec.name)
+                    for chunk in reader.iter_bytes(o.source):
+                        writer.feed(chunk)
+                else:
+                    p = o.projection
+                    if converted_key != p.key:
+                        sf = rescale.get(f"{container_of(p)}.{stack_of(p)}", 1.0)
+                        src = load_projection(reader, p, fmt=fmt)
+                        parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf)
+                        converted_key = p.key
+                    t = parts[o.part]
+                    if safetensors_dtype(t) != o.spec.dtype or tuple(t.shape) != o.spec.shape:
+                        raise RuntimeError(f"{o.spec.name}: produced {safetensors_dtype(t)}{list(t.shape)}, "
+                                           f"planned {o.spec.dtype}{list(o.spec.shape)}")
+                    writer.write(o.spec.name, t.contiguous().reshape(-1).view(torch.uint8).numpy())
+                _report(o.spec.nbytes, callback)
+            sha, size = writer.close()
+        except BaseException:
+            writer.abort()
+            raise
+    return shard.file, sha, size
+
+
+def _rescale_for(root: str, act_dtype: str, container: str, projections: list[Projection]) -> dict[str, float]:
+    with PreadReader(Path(root)) as reader:
+        out = {}
+        for stack in ("w13", "w2"):
+            members = [p for p in projections if stack_of(p) == stack]
+            if members:  # one scale tensor in memory at a time
+                out[f"{container}.{stack}"] = vllm_rescale_factor((reader.get(p.scale) for p in members), act_dtype)
+    return out
+
+
+# -- parent side ---------------------------------------------------------------------------------
+class _Pool:
+    """A process pool, or inline execution for workers == 1 (simpler to debug and to crash-test)."""
+
+    def __init__(self, workers: int, bar: tqdm | None):
+        self.workers, self.bar = workers, bar
+        self.executor = None
+        if workers > 1:
+            ctx = mp.get_context("spawn")
+            self.queue = ctx.Queue()
+            self.executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
+                                                initargs=(self.queue,))
+
+    def map(self, fn, argsets, on_result, *, reports_progress: bool = False) -> None:
+        if self.executor is None:
+            for args in argsets:
+                on_result(fn(*args, callback=self._tick) if reports_progress else fn(*args))
+            return
+        pending = {self.executor.submit(fn, *args) for args in argsets}
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            self._drain()
+            for fut in done:
+                on_result(fut.result())
+        self._drain()
+
+    def _tick(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self._tick(self.queue.get_nowait())
+            except queue.Empty:
+                return
+
+    def shutdown(self, cancel: bool = False) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=not cancel, cancel_futures=cancel)
+
+
+def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, resume: bool = False,
+                   force: bool = False, progress: bool = True) -> ConvertResult:
+    start = time.perf_counter()
+    ckpt = plan.checkpoint
+    workers = max(1, workers or os.cpu_count() or 1)
+    staging = Staging(Path(out), force=force, resume=resume)
+    done = staging.open(plan.fingerprint())
+    pool = None
+    try:
+        todo = [s for s in plan.shards if s.file not in done]
+        total = sum(s.nbytes for s in todo)
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting",
+                   disable=not progress, dynamic_ncols=True)
+        pool = _Pool(min(workers, max(1, len(todo))), bar)
+        rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
+        meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,
+                "format_version": str(FORMAT_VERSION), "marlin_layout": plan.target.layout_tag}
+        args = [(str(ckpt.root), ckpt.format, plan.target, s, str(staging.shard_tmp(s.file)), rescale, meta)
+                for s in todo]
+        pool.map(_write_shard, args, lambda r: staging.finish_shard(*r), reports_progress=True)
+        bar.close()
+        pool.shutdown()
+        _finalize(plan, staging, rescale)
+        staging.publish()
+    except KeyboardInterrupt:
+        if pool:
+            pool.shutdown(cancel=True)
+        staging.discard()
+        raise Interrupted("interrupted; the partial output was removed", error_id="convert.interrupted") from None
+    except OSError as e:
+        if pool:
+            pool.shutdown(cancel=True)
+        staging.discard()
+        if e.errno == 28:
+            raise OutputError(f"disk full while writing {staging.path}", error_id="output.disk_full",
+                              hint=f"free at least {plan.output_bytes / 2**30:.1f} GiB, or choose another OUT") from e
+        raise OutputError(f"cannot write the output: {e}", error_id="output.io_error",
+                          hint="check the OUT location and permissions") from e
+    except BrokenProcessPool as e:
+        if pool:
+            pool.shutdown(cancel=True)
+        staging.discard()
+        raise OutputError("a worker process died (killed, or out of memory); the partial output was removed",
+                          error_id="convert.worker_died", hint="retry with fewer --workers") from e
+    except BaseException:
+        if pool:
+            pool.shutdown(cancel=True)
+        staging.discard()
+        raise
+    return ConvertResult(Path(out), len(plan.shards), len(done), sum(len(s.tensors) for s in plan.shards),
+                         len(plan.projections), sum(t.nbytes for t in ckpt.tensors.values()), plan.output_bytes,
+                         time.perf_counter() - start, rescale)
+
+
+def _plan_rescale(plan: ConvertPlan, pool: _Pool) -> dict[str, float]:
+    groups: dict[str, list[Projection]] = {}
+    for p in plan.projections:
+        if p.quant is Quant.NVFP4:
+            groups.setdefault(container_of(p), []).append(p)
+    factors: dict[str, float] = {}
+    pool.map(_rescale_for, [(str(plan.checkpoint.root), plan.target.act_dtype, c, ps) for c, ps in groups.items()],
+             factors.update)
+    return factors
+
+
+def _finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float]) -> None:
+    ckpt, dst = plan.checkpoint, staging.path
+    src_dir = dst / SOURCE_DIR
+    src_dir.mkdir(exist_ok=True)
+    _step()
+    for rel in ckpt.other_files:  # tokenizer, generation config, docs: byte-identical copies
+        if rel in ("config.json", "hf_quant_config.json"):
+            continue
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ckpt.root / rel, dst / rel)
+    originals = ["config.json", "hf_quant_config.json"] + ([ckpt.index_file] if ckpt.index_file else [])
+    for name in originals:
+        if (ckpt.root / name).exists():
+            shutil.copyfile(ckpt.root / name, src_dir / name)
+    _step()
+    (src_dir / "headers.json").write_text(json.dumps(_source_headers(ckpt), indent=1) + "\n")
+    block = marlin_quant_config(plan, ckpt.config.get("quantization_config"), ckpt.hf_quant_config, rescale)
+    (dst / "config.json").write_text(rewrite_config(ckpt.config, block))
+    if ckpt.hf_quant_config is not None:
+        (dst / "hf_quant_config.json").write_text(rewrite_hf_quant_config(ckpt.hf_quant_config, block))
+    _step()
+    weight_map = {o.spec.name: s.file for s in plan.shards for o in s.tensors}
+    write_json_atomic(dst / INDEX, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
+    (dst / "SERVING.md").write_text(serving_markdown(plan, staging.out.name))
+    _step()
+    manifest = {"format_version": FORMAT_VERSION, "producer": {"name": "dsv4-convert", "version": __version__},
+                "fingerprint": staging.fingerprint, "marlin_layout": plan.target.layout_tag,
+                "source_format": ckpt.format.value, "shards": staging.done}
+    write_json_atomic(dst / MANIFEST, manifest)
+    _step()
+
+
+def _source_headers(ckpt) -> dict[str, str]:
+    """The exact header bytes of every input shard (as text), so marlin-to-source can rebuild the files."""
+    headers = {}
+    for file in sorted({t.file for t in ckpt.tensors.values()}):
+        with open(ckpt.root / file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            headers[file] = f.read(n).decode("utf-8")
+    return headers

@@ -1,0 +1,180 @@
+"""Headers -> ConvertPlan. Pure: reads no tensor data. Every later stage takes names, dtypes,
+shapes and shard assignment from here and never re-decides them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__
+from .formats.constants import MARLIN_TILE_K
+from .formats.marlin import MarlinTarget
+from .errors import ContentError
+from .safetensors_writer import TensorSpec
+from .tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
+
+__all__ = ["OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "container_of", "stack_of", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+_GLOBAL_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
+
+
+@dataclass(frozen=True, slots=True)
+class OutTensor:
+    """One output tensor: a byte copy of `source` (if set), else part `part` of converting `projection`."""
+    spec: TensorSpec
+    source: TensorRef | None = None
+    projection: Projection | None = None
+    part: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlan:
+    file: str
+    tensors: tuple[OutTensor, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.spec.nbytes for t in self.tensors)
+
+
+@dataclass(frozen=True)
+class ConvertPlan:
+    checkpoint: Checkpoint
+    target: MarlinTarget
+    shards: tuple[ShardPlan, ...]
+    needs_rescale: bool  # vllm + bf16 + NVFP4: a planning pass over the scales picks sf per stack
+    options: dict = field(default_factory=dict)
+
+    @property
+    def projections(self) -> tuple[Projection, ...]:
+        return self.checkpoint.projections
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(s.nbytes for s in self.shards)
+
+    def fingerprint(self) -> str:
+        """Identifies input + options + tool version: a staged run resumes only under the same one."""
+        h = hashlib.sha256()
+        h.update(json.dumps({"version": __version__, "target": [self.target.engine, self.target.act_dtype,
+                             self.target.w4a8], "options": self.options}, sort_keys=True).encode())
+        for t in self.checkpoint.tensors.values():
+            h.update(f"{t.name}|{t.file}|{t.dtype}|{t.shape}|{t.begin}|{t.end}\n".encode())
+        for name in ("config.json", "hf_quant_config.json"):
+            p = self.checkpoint.root / name
+            if p.exists():
+                h.update(p.read_bytes())
+        return h.hexdigest()
+
+
+def container_of(p: Projection) -> str:
+    """`layers.3.ffn.experts.17.w1` -> `layers.3.ffn.experts` (the experts module of a layer)."""
+    return p.key.rsplit(".", 2)[0]
+
+
+def stack_of(p: Projection) -> str:
+    """The engines' stacked tensor a projection belongs to: gate and up -> w13, down -> w2."""
+    return "w2" if p.role is Role.DOWN else "w13"
+
+
+def _projection_outputs(p: Projection, fmt: SourceFormat, target: MarlinTarget) -> list[OutTensor]:
+    g = p.group_size
+    out = [
+        OutTensor(TensorSpec(f"{p.key}.weight", "I32", (p.k // MARLIN_TILE_K, 2 * p.n)), projection=p, part="weight"),
+        OutTensor(TensorSpec(f"{p.key}.weight_scale", "F8_E4M3" if p.quant is Quant.NVFP4 else "F8_E8M0",
+                             (p.k // g, p.n)), projection=p, part="weight_scale"),
+    ]
+    if p.quant is Quant.NVFP4:
+        gdt = "F32" if target.engine == "vllm" else _GLOBAL_DTYPE[target.act_dtype]
+        out.append(OutTensor(TensorSpec(f"{p.key}.weight_global_scale", gdt, ()), projection=p,
+                             part="weight_global_scale"))
+        if fmt is SourceFormat.NVFP4_CT:
+            out.append(OutTensor(TensorSpec(f"{p.key}.weight_scale_2", "F32", ()), projection=p, part="weight_scale_2"))
+            out.append(_keep(p, p.global_scale, f"{p.key}.ct_weight_global_scale"))
+        else:
+            out.append(_keep(p, p.global_scale, f"{p.key}.weight_scale_2"))
+        if p.input_scale is not None:
+            out.append(_keep(p, p.input_scale, p.input_scale.name))
+    return out
+
+
+def _keep(p: Projection, ref: TensorRef, name: str) -> OutTensor:
+    """A source tensor kept verbatim (under `name`) so the conversion stays reversible."""
+    return OutTensor(TensorSpec(name, ref.dtype, ref.shape), source=ref, projection=p, part="kept")
+
+
+def _check_convertible(p: Projection, target: MarlinTarget) -> None:
+    if p.quant is Quant.MXFP4 and target.act_dtype != "bfloat16":
+        raise ContentError(
+            f"{p.key} is MXFP4, and MXFP4 Marlin runs with bfloat16 activations only (vLLM has no fp16 "
+            "MXFP4 kernel; SGLang would push the E8M0 scales through fp16 and destroy them)",
+            error_id="convert.mxfp4_needs_bf16", tensor=p.weight.name, file=p.weight.file,
+            hint="use --act-dtype bfloat16 (MTP experts of NVFP4 DeepSeek-V4 checkpoints are MXFP4 too)")
+    if p.quant is Quant.NVFP4 and target.w4a8:
+        raise ContentError(f"{p.key} is NVFP4, which has no W4A8 Marlin variant", error_id="convert.w4a8_nvfp4",
+                           tensor=p.weight.name, file=p.weight.file, hint="drop --w4a8 (it is for MXFP4 + vllm)")
+    tile_n = 32 if target.w4a8 else 64
+    tile_k = 32 if target.w4a8 else 16
+    if p.n % tile_n or p.k % tile_k or p.k % p.group_size:
+        raise ContentError(
+            f"shape [N={p.n}, K={p.k}] does not fill whole Marlin tiles ({tile_k} in K, {tile_n} in N); "
+            "the engines zero-pad such shapes at load time, and padded tensors cannot be sliced for "
+            "tensor parallelism, so this tool does not pre-pack them",
+            error_id="convert.needs_padding", tensor=p.weight.name, file=p.weight.file,
+            hint="serve this checkpoint unconverted (the engine pads at load), or use a model whose "
+                 "expert sizes are multiples of 64",
+        )
+
+
+def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | None = None,
+               options: dict | None = None) -> ConvertPlan:
+    """Emit converted tensors at the position of their projection's first source tensor, everything
+    else as a byte copy, in input order. Shards mirror the input's unless max_shard_size is set."""
+    if ckpt.format in (SourceFormat.MARLIN, SourceFormat.MXFP4_GPTOSS):
+        raise ContentError(f"cannot convert a {ckpt.format.value} checkpoint to Marlin",
+                           error_id="convert.unsupported_source", file=str(ckpt.root),
+                           hint="use marlin-to-source to undo a conversion" if ckpt.format is SourceFormat.MARLIN
+                           else "gpt-oss conversion is not supported yet; the engines repack it at load")
+    owner: dict[str, Projection] = {}
+    for p in ckpt.projections:
+        _check_convertible(p, target)
+        for r in p.source_refs:
+            owner[r.name] = p
+    emitted: set[str] = set()
+    items: list[tuple[str, OutTensor]] = []  # (input shard, output tensor)
+    ordered = sorted(ckpt.tensors.values(), key=lambda t: (t.file, t.begin))
+    for t in ordered:
+        p = owner.get(t.name)
+        if p is None:
+            items.append((t.file, OutTensor(TensorSpec(t.name, t.dtype, t.shape), source=t)))
+        elif p.key not in emitted:
+            emitted.add(p.key)
+            items.extend((t.file, o) for o in _projection_outputs(p, ckpt.format, target))
+    shards = _mirror_shards(items) if max_shard_size is None else _pack_shards(items, max_shard_size)
+    needs_rescale = target.engine == "vllm" and target.act_dtype == "bfloat16" and any(
+        p.quant is Quant.NVFP4 for p in ckpt.projections)
+    return ConvertPlan(ckpt, target, shards, needs_rescale, dict(options or {}, max_shard_size=max_shard_size))
+
+
+def _mirror_shards(items) -> tuple[ShardPlan, ...]:
+    by_file: dict[str, list[OutTensor]] = {}
+    for file, o in items:
+        by_file.setdefault(Path(file).name, []).append(o)
+    return tuple(ShardPlan(f, tuple(ts)) for f, ts in by_file.items())
+
+
+def _pack_shards(items, max_bytes: int) -> tuple[ShardPlan, ...]:
+    groups: list[list[OutTensor]] = [[]]
+    size = 0
+    for _, o in items:
+        # the outputs of one projection stay together in one shard
+        if groups[-1] and size + o.spec.nbytes > max_bytes and (o.projection is None or o.part == "weight"):
+            groups.append([])
+            size = 0
+        groups[-1].append(o)
+        size += o.spec.nbytes
+    n = len(groups)
+    return tuple(ShardPlan(f"model-{i + 1:05d}-of-{n:05d}.safetensors", tuple(g)) for i, g in enumerate(groups))

@@ -1,0 +1,60 @@
+"""The `quantization_config` of a converted checkpoint (docs/FORMAT.md) and the config rewrites."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+from . import __version__
+from .plan import FORMAT_VERSION, ConvertPlan, container_of
+from .tensor_model import Quant
+
+__all__ = ["QUANT_METHOD", "marlin_quant_config", "rewrite_config", "rewrite_hf_quant_config"]
+
+QUANT_METHOD = "marlin_fp4"
+
+
+def _pattern(key: str) -> str:
+    return ".".join("*" if part.isdigit() else part for part in key.split("."))
+
+
+def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: dict | None,
+                        rescale_factors: dict[str, float]) -> dict:
+    projections = plan.projections
+    experts = {container_of(p): p.quant.value for p in projections}
+    routed = [p.quant for p in projections if not p.layer.startswith("mtp")] or [p.quant for p in projections]
+    main = Counter(routed).most_common(1)[0][0] if routed else Quant.NVFP4
+    t = plan.target
+    return {
+        "quant_method": QUANT_METHOD,
+        "format_version": FORMAT_VERSION,
+        "producer": {"name": "dsv4-convert", "version": __version__},
+        "marlin_layout": t.layout_tag,
+        "target_engine": t.engine,
+        "target_engine_version": t.engine_version,
+        "act_dtype": t.act_dtype,
+        "w4a8": t.w4a8,
+        "source_format": plan.checkpoint.format.value,
+        "weight_format": main.value,
+        "group_size": main.group_size,
+        "experts": dict(sorted(experts.items(), key=lambda kv: _natural(kv[0]))),
+        "packed_modules": sorted({_pattern(p.key) for p in projections}),
+        "rescale_factors": dict(sorted(rescale_factors.items(), key=lambda kv: _natural(kv[0]))),
+        "original_quantization_config": original,
+        "original_hf_quant_config": original_hf,
+    }
+
+
+def _natural(s: str):
+    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", s)]
+
+
+def rewrite_config(config: dict, block: dict) -> str:
+    out = dict(config)
+    out["quantization_config"] = block
+    return json.dumps(out, indent=2) + "\n"
+
+
+def rewrite_hf_quant_config(hf: dict, block: dict) -> str:
+    return json.dumps({"producer": block["producer"], "quantization": block, "original": hf}, indent=2) + "\n"

@@ -1,0 +1,109 @@
+"""A streaming safetensors writer: the header is written first from a known plan, then tensor data
+is appended one tensor at a time, so a shard never has to be held in memory. The sha256 of the
+file is computed while writing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .tensor_model import DTYPE_SIZES
+
+__all__ = ["header_bytes", "ShardWriter", "TensorSpec"]
+
+_ALIGN = 8
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """What the header promises for one tensor."""
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPE_SIZES[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def header_bytes(specs: list[TensorSpec], metadata: dict[str, str] | None = None) -> bytes:
+    """The 8-byte length + JSON header for tensors laid out back to back in the given order,
+    padded with spaces to a multiple of 8 like the reference writer."""
+    header: dict = {}
+    if metadata:
+        header["__metadata__"] = dict(metadata)
+    offset = 0
+    for s in specs:
+        if s.dtype not in DTYPE_SIZES:
+            raise ValueError(f"{s.name}: dtype {s.dtype} is not writable")
+        header[s.name] = {"dtype": s.dtype, "shape": list(s.shape), "data_offsets": [offset, offset + s.nbytes]}
+        offset += s.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % _ALIGN)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+class ShardWriter:
+    """Write one shard: `write(name, data)` in header order, then `close()` (flush + fsync).
+    Every write is checked against the plan, so a shard can never silently disagree with its header."""
+
+    def __init__(self, path: Path, specs: list[TensorSpec], metadata: dict[str, str] | None = None):
+        self.path = Path(path)
+        self._specs = list(specs)
+        self._next = 0
+        self._sha = hashlib.sha256()
+        self._size = 0
+        self._f = open(self.path, "wb")
+        self._emit(header_bytes(self._specs, metadata))
+        self._pending = 0  # bytes still owed to the current tensor
+
+    def _emit(self, data) -> None:
+        self._f.write(data)
+        self._sha.update(data)
+        self._size += len(data)
+
+    def begin(self, name: str) -> int:
+        """Start the next tensor; returns the number of bytes it must receive through `feed`."""
+        if self._pending:
+            raise RuntimeError(f"{self._specs[self._next - 1].name}: {self._pending} bytes were never written")
+        if self._next >= len(self._specs):
+            raise RuntimeError(f"{name}: not planned for {self.path.name}")
+        spec = self._specs[self._next]
+        if spec.name != name:
+            raise RuntimeError(f"{self.path.name}: expected tensor {spec.name} next, got {name}")
+        self._next += 1
+        self._pending = spec.nbytes
+        return spec.nbytes
+
+    def feed(self, data) -> None:
+        mv = memoryview(data).cast("B")
+        if len(mv) > self._pending:
+            raise RuntimeError(f"{self._specs[self._next - 1].name}: {len(mv)} bytes given, {self._pending} left")
+        self._emit(mv)
+        self._pending -= len(mv)
+
+    def write(self, name: str, data) -> None:
+        """Write one whole tensor (anything with the buffer protocol, e.g. a numpy array or bytes)."""
+        expected = self.begin(name)
+        if memoryview(data).nbytes != expected:
+            raise RuntimeError(f"{name}: {memoryview(data).nbytes} bytes, header says {expected}")
+        self.feed(data)
+
+    def close(self) -> tuple[str, int]:
+        """Finish the file; returns (sha256 hex, size). Raises if a planned tensor is missing."""
+        if self._pending or self._next != len(self._specs):
+            missing = [s.name for s in self._specs[self._next:]]
+            raise RuntimeError(f"{self.path.name}: tensors never written: {missing[:5]}")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        return self._sha.hexdigest(), self._size
+
+    def abort(self) -> None:
+        self._f.close()

@@ -1,0 +1,25 @@
+"""The route from one source projection to its output tensors, for a target. Calls formats/ only."""
+
+from __future__ import annotations
+
+import torch
+
+from .formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
+from .formats.marlin_scales import nvfp4_global_to_marlin
+from .tensor_model import Projection, Quant
+
+__all__ = ["convert_projection"]
+
+
+def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
+                       *, target: MarlinTarget, sf: float = 1.0) -> dict[str, torch.Tensor]:
+    """Source tensors (weight u8 [N, K/2], scale [N, K/g], ModelOpt global or None) -> output parts
+    named as in plan._projection_outputs: weight, weight_scale, and for NVFP4 weight_global_scale and
+    weight_scale_2 (the ModelOpt-convention global, stored for compressed-tensors sources)."""
+    if p.quant is Quant.NVFP4:
+        q, s = nvfp4_to_marlin(weight, scale, target=target, sf=sf)
+        g = global_scale.float().reshape(())
+        processed = nvfp4_global_to_marlin(g, engine=target.engine, act_dtype=target.act_dtype, sf=sf)
+        return {"weight": q, "weight_scale": s, "weight_global_scale": processed, "weight_scale_2": g}
+    q, s = mxfp4_to_marlin(weight, scale, target=target)
+    return {"weight": q, "weight_scale": s}
