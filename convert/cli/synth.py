@@ -1,0 +1,89 @@
+"""`dsv4-convert synth OUT`: write a small synthetic DeepSeek-V4-shaped checkpoint (or one real-size
+MoE layer) in any supported source format. A thin wrapper around `dsv4_convert.synth`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..synth import DEFECT_NAMES, MANIFEST, REAL_SIZE, SYNTH_FORMATS, write_synthetic_checkpoint
+from ..synth_defects import DEFECTS
+
+__all__ = ["synth"]
+
+_DEFECT_HELP = "\n".join(
+    f"  {d.name:<16} {d.doc}" + (f" (layer 0 expert {d.expert} {'/'.join(d.roles)})" if d.expert is not None else "")
+    for d in DEFECTS.values())
+
+HELP = f"""Write a small but structurally real DeepSeek-V4-shaped checkpoint to OUT.
+
+Real tensor names, dtypes and configs for the chosen source format (config.json with the
+DeepSeek-V4 fields, hf_quant_config.json for ModelOpt), FP8 block-quant attention and shared
+experts, BF16 embed/head/norms, router gate (+ bias, tid2eid for hash layers), routed experts
+quantized from random bf16 matrices and spread across shards, an optional MTP block. The same
+arguments give byte-identical files. synth.json beside config.json records the arguments, the
+files and, for each --defect, the exact tensor and element it changed.
+
+\b
+Formats (--format):
+  mxfp4-dsv4           DeepSeek-V4 native: experts w{{1,2,3}}.weight I8 + .scale F8_E8M0
+  nvfp4-modelopt-dsv4  ModelOpt re-quant with DeepSeek names (MTP experts stay MXFP4)
+  nvfp4-modelopt-hf    ModelOpt generic HF names (gate/up/down_proj)
+  nvfp4-ct             compressed-tensors nvfp4-pack-quantized (reciprocal global)
+  mxfp4-ct             compressed-tensors mxfp4-pack-quantized
+  mxfp4-gptoss         gpt-oss *_blocks / *_scales, gate/up interleaved row by row
+
+\b
+Defects (--defect, repeatable; each hits one fixed place, recorded in synth.json):
+{_DEFECT_HELP}
+
+\b
+--real-size writes ONE DeepSeek-V4-Flash MoE layer ({REAL_SIZE.experts} experts, hidden {REAL_SIZE.hidden},
+intermediate {REAL_SIZE.intermediate}; ~3.4 GB MXFP4, ~3.6 GB NVFP4) in ~1 GiB shards, expert tensors only.
+Its data is random codes and scale bytes, not quantized matrices (fast; fine for benchmarks).
+
+\b
+Examples:
+  dsv4-convert synth ./tiny-nvfp4
+  dsv4-convert synth ./tiny-mxfp4 --format mxfp4-dsv4 --mtp --layers 3
+  dsv4-convert synth ./bad --format nvfp4-ct --defect nan-scale --defect missing-shard
+  dsv4-convert synth ./bench --format mxfp4-dsv4 --real-size
+"""
+
+
+@click.command(help=HELP)
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(SYNTH_FORMATS), default="nvfp4-modelopt-dsv4",
+              show_default=True, help="source format to write")
+@click.option("--layers", default=2, show_default=True, help="MoE layers")
+@click.option("--experts", default=8, show_default=True, help="routed experts per layer")
+@click.option("--hidden", default=256, show_default=True, help="hidden size H (multiple of 32)")
+@click.option("--intermediate", default=128, show_default=True, help="expert intermediate size I (multiple of 32)")
+@click.option("--shards", default=3, show_default=True, help="number of safetensors shards")
+@click.option("--seed", default=0, show_default=True, help="random seed; same seed, same bytes")
+@click.option("--hash-layers", default=1, show_default=True, help="leading layers with a tid2eid hash router")
+@click.option("--mtp", is_flag=True, help="add an MTP block mtp.0.* (DeepSeek-V4 formats only)")
+@click.option("--defect", "defects", multiple=True, type=click.Choice(DEFECT_NAMES), metavar="NAME",
+              help="inject a defect (repeatable); see the list above")
+@click.option("--real-size", is_flag=True, help="one real-size DSV4-Flash MoE layer of random codes")
+@click.option("--force", is_flag=True, help="replace OUT if it exists")
+def synth(out, fmt, layers, experts, hidden, intermediate, shards, seed, hash_layers, mtp, defects, real_size,
+          force):
+    bar = None
+    if real_size:
+        from tqdm import tqdm
+        bar = tqdm(desc="synth", unit="B", unit_scale=True, unit_divisor=1024, leave=False)
+    try:
+        path = write_synthetic_checkpoint(
+            out, format=fmt, layers=layers, experts=experts, hidden=hidden, intermediate=intermediate,
+            shards=shards, seed=seed, mtp=mtp, defects=defects, hash_layers=min(hash_layers, layers),
+            real_size=real_size, force=force, progress=bar.update if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    m = json.loads((path / MANIFEST).read_text())
+    extra = f", defects: {', '.join(defects)}" if defects else ""
+    click.echo(f"wrote {path} ({fmt}{', real size' if real_size else ''}): {len(m['files'])} files, "
+               f"{m['tensors']} tensors, {m['total_size']:,} bytes{extra}")

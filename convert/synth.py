@@ -1,0 +1,198 @@
+"""`synth`: small but structurally real DeepSeek-V4-shaped checkpoints in every supported source
+format, with injectable defects, plus a real-size MoE layer for benchmarks.
+
+The layout per format lives in synth_layouts.py / synth_experts.py, configs in synth_configs.py,
+defects in synth_defects.py and the real-size layer in synth_realsize.py. This module checks the
+arguments, shards the tensors, writes them into `<out>.partial-<pid>` and renames that to `out`.
+
+Beside config.json it writes `synth.json`: the arguments, the shard files, the tensor count, the
+total tensor bytes and one record per injected defect (which tensor, which element, what changed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from . import __version__
+from .errors import OutputError, UsageError
+from .synth_configs import config_files
+from .synth_defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
+from .synth_layouts import DSV4_FORMATS, Dims, build_tensors
+from .synth_realsize import REAL_SIZE, real_size_plan
+
+__all__ = ["SYNTH_FORMATS", "DEFECT_NAMES", "MANIFEST", "REAL_SIZE", "write_synthetic_checkpoint",
+           "shard_name"]
+
+SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-ct",
+                 "mxfp4-gptoss")
+DEFECT_NAMES = tuple(DEFECTS)
+MANIFEST = "synth.json"
+INDEX = "model.safetensors.index.json"
+
+Progress = Callable[[int], None]  # called with the bytes of each tensor as it is produced
+
+
+def shard_name(i: int, n: int) -> str:
+    """File name of shard i (0-based) of n: model-00001-of-00003.safetensors."""
+    return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _split(sizes: list[int], shards: int | None = None, target: int | None = None) -> list[list[int]]:
+    """Contiguous groups of tensor indices: `shards` groups of about equal bytes, or groups of at
+    most `target` bytes (a bigger tensor gets a shard of its own)."""
+    groups: list[list[int]] = [[]]
+    if target is not None:
+        used = 0
+        for i, size in enumerate(sizes):
+            if groups[-1] and used + size > target:
+                groups.append([])
+                used = 0
+            groups[-1].append(i)
+            used += size
+        return groups
+    total, before = sum(sizes), 0
+    groups = [[] for _ in range(shards)]
+    for i, size in enumerate(sizes):
+        groups[min(shards - 1, (before + size // 2) * shards // max(total, 1))].append(i)
+        before += size
+    if any(not g for g in groups):  # a huge tensor swallowed a boundary: fall back to equal counts
+        per, extra = divmod(len(sizes), shards)
+        bounds = [sum(per + (j < extra) for j in range(k)) for k in range(shards + 1)]
+        groups = [list(range(bounds[k], bounds[k + 1])) for k in range(shards)]
+    return groups
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise OutputError(f"{out} already exists and is not empty", error_id="synth.out-exists", file=str(out),
+                          hint="pick a new OUT, remove it, or pass --force to replace it")
+
+
+def _publish(staging: Path, out: Path, force: bool) -> None:
+    _check_out(out, force)
+    if out.is_dir():
+        shutil.rmtree(out)
+    elif out.exists():
+        out.unlink()
+    os.rename(staging, out)
+
+
+def _write_shards(staging: Path, names: list[str], sizes: list[int], groups: list[list[int]],
+                  produce: Callable[[str], torch.Tensor], progress: Progress | None) -> dict[str, str]:
+    weight_map = {}
+    for k, group in enumerate(groups):
+        file = shard_name(k, len(groups))
+        shard = {}
+        for i in group:
+            shard[names[i]] = produce(names[i]).contiguous()
+            weight_map[names[i]] = file
+            if progress:
+                progress(sizes[i])
+        # save_file, never save() to bytes: safetensors 0.8.0 save() writes F8_E8M0 it cannot read back
+        save_file(shard, str(staging / file), metadata={"format": "pt"})
+        del shard
+    return weight_map
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def _check_args(fmt, layers, experts, hidden, intermediate, shards, hash_layers, mtp, dtype, real_size,
+                defects) -> None:
+    problems = []
+    if fmt not in SYNTH_FORMATS:
+        problems.append(f"unknown format {fmt!r} (choose from {', '.join(SYNTH_FORMATS)})")
+    for label, value, low in (("layers", layers, 1), ("experts", experts, 1), ("shards", shards, 1)):
+        if value < low:
+            problems.append(f"--{label} must be >= {low}, got {value}")
+    for label, value in (("hidden", hidden), ("intermediate", intermediate)):
+        if value < 32 or value % 32:
+            problems.append(f"--{label} must be a positive multiple of 32 (the MXFP4 block), got {value}")
+    if not 0 <= hash_layers <= layers:
+        problems.append(f"hash_layers must be in [0, {layers}], got {hash_layers}")
+    if mtp and fmt not in DSV4_FORMATS:
+        problems.append(f"--mtp needs a DeepSeek-V4 format ({', '.join(DSV4_FORMATS)}), not {fmt}")
+    if dtype not in (torch.bfloat16, torch.float16):
+        problems.append(f"dtype_torch must be torch.bfloat16 or torch.float16, got {dtype}")
+    if real_size and (mtp or defects):
+        problems.append("--real-size makes one bare MoE layer: it takes no --mtp and no --defect")
+    if problems:
+        raise UsageError("; ".join(problems), error_id="synth.args", hint="see `dsv4-convert synth --help`")
+
+
+def write_synthetic_checkpoint(out: Path, *, format: str = "nvfp4-modelopt-dsv4", layers: int = 2,
+                               experts: int = 8, hidden: int = 256, intermediate: int = 128, shards: int = 3,
+                               seed: int = 0, mtp: bool = False, defects: Iterable[str] = (),
+                               hash_layers: int = 1, dtype_torch: torch.dtype = torch.bfloat16,
+                               real_size: bool = False, real_size_dims: Dims | None = None,
+                               shard_bytes: int | None = None, force: bool = False,
+                               progress: Progress | None = None) -> Path:
+    """Write a synthetic checkpoint to `out` and return `out`. Same arguments, byte-identical files.
+
+    Expert matrices are random bf16-representable values (`synth_random.expert_matrix`) quantized with
+    the project's codecs. With `real_size=True` it writes ONE DeepSeek-V4-Flash-sized MoE layer
+    (`REAL_SIZE`, or `real_size_dims`) of random codes and scale bytes - not quantized matrices - in
+    shards of about `shard_bytes` (1 GiB), holding one shard in memory at a time; the small-model
+    arguments (layers, experts, hidden, intermediate, shards) are then ignored."""
+    out, defects = Path(out), tuple(defects)
+    _check_args(format, layers, experts, hidden, intermediate, shards, hash_layers, mtp, dtype_torch,
+                real_size, defects)
+    if not real_size:
+        check_defects(defects, format, experts)
+    _check_out(out, force)
+    staging = out.parent / f"{out.name}.partial-{os.getpid()}"
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        if real_size:
+            dims = real_size_dims or REAL_SIZE
+            names, sizes, produce = real_size_plan(format, seed, dims, dtype_torch)
+            groups = _split(sizes, target=shard_bytes or (1 << 30))
+            records = []
+        else:
+            dims = Dims(layers, experts, hidden, intermediate, hash_layers, mtp)
+            tensors = build_tensors(format, seed, dims, tweaks_for(defects, experts), dtype_torch)
+            records = apply_tensor_defects(tensors, defects, format, experts)
+            names = list(tensors)
+            sizes = [_nbytes(tensors[n]) for n in names]
+            if len(names) < shards:
+                raise UsageError(f"{len(names)} tensors cannot fill {shards} shards", error_id="synth.args",
+                                 hint="use fewer --shards")
+            groups, produce = _split(sizes, shards=shards), tensors.__getitem__
+        weight_map = _write_shards(staging, names, sizes, groups, produce, progress)
+        files = [shard_name(k, len(groups)) for k in range(len(groups))]
+        total = sum(sizes)
+        _write_json(staging / INDEX, {"metadata": {"total_size": total},
+                                      "weight_map": dict(sorted(weight_map.items()))})
+        for fname, obj in config_files(format, dims).items():
+            _write_json(staging / fname, obj)
+        for rec in records:
+            if rec.tensors and rec.tensors[0] in weight_map:
+                rec.file = weight_map[rec.tensors[0]]
+        apply_file_defects(staging, files, records)
+        _write_json(staging / MANIFEST, {
+            "generator": "dsv4-convert synth", "version": __version__, "format": format, "seed": seed,
+            "real_size": real_size, "random_codes": real_size, "dtype": str(dtype_torch).removeprefix("torch."),
+            "dims": {"layers": dims.layers, "experts": dims.experts, "hidden": dims.hidden,
+                     "intermediate": dims.intermediate, "hash_layers": dims.hash_layers, "mtp": dims.mtp,
+                     "vocab": dims.vocab},
+            "files": files, "tensors": len(names), "total_size": total,
+            "defects": [r.as_json() for r in records]})
+        _publish(staging, out, force)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,129 @@
+"""config.json / hf_quant_config.json / tokenizer files of a synthetic checkpoint, per source format
+(CHECKPOINT_FORMATS.md §3.2 DeepSeek-V4, §4.2-4.4 ModelOpt, §5 compressed-tensors, §6 gpt-oss)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .synth_layouts import Dims
+
+__all__ = ["config_files"]
+
+_DSV4_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "scale_fmt": "ue8m0",
+             "weight_block_size": [128, 128]}
+_DSV4_EXCLUDE = ["*.attn.*", "*.ffn.shared_experts.*", "head", "mtp.*"]
+_HF_EXCLUDE = ["lm_head", "model.layers.*.mlp.gate", "model.layers.*.mlp.shared_experts*",
+               "model.layers.*.self_attn*"]
+_CT_IGNORE = ["lm_head", "re:.*mlp\\.gate$", "re:.*shared_experts.*", "re:.*self_attn.*"]
+_GPTOSS_NOT_CONVERT = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+
+
+def _fp4_args(group: int) -> dict:
+    return {"dynamic": False, "num_bits": 4, "type": "float", "group_size": group}
+
+
+def _modelopt_groups() -> dict:
+    return {"group_0": {"input_activations": _fp4_args(16), "weights": _fp4_args(16), "targets": ["Linear"]}}
+
+
+def _dsv4_config(d: Dims) -> dict[str, Any]:
+    return {
+        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "torch_dtype": "bfloat16",
+        "hidden_size": d.hidden, "moe_intermediate_size": d.intermediate, "num_hidden_layers": d.layers,
+        "num_attention_heads": d.heads, "num_key_value_heads": 1, "head_dim": d.head_dim,
+        "q_lora_rank": d.q_lora_rank, "qk_rope_head_dim": min(64, d.head_dim),
+        "n_routed_experts": d.experts, "n_shared_experts": 1, "num_experts_per_tok": d.top_k,
+        "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5, "swiglu_limit": 10.0,
+        "num_hash_layers": d.hash_layers, "num_nextn_predict_layers": 1 if d.mtp else 0,
+        "vocab_size": d.vocab, "tie_word_embeddings": False, "expert_dtype": "fp4",
+        "quantization_config": dict(_DSV4_FP8),
+    }
+
+
+def _modelopt_dsv4(d: Dims) -> tuple[dict, dict]:
+    layers = {f"layers.{i}.ffn.experts": {"quant_algo": "NVFP4", "group_size": 16} for i in range(d.layers)}
+    producer = {"name": "modelopt", "version": "dsv4-nvfp4-experts"}
+    config = _dsv4_config(d)
+    config["quantization_config"].update({
+        "moe_quant_algo": "NVFP4", "producer": producer, "quant_algo": "MIXED_PRECISION",
+        "kv_cache_quant_algo": None, "group_size": 16, "config_groups": _modelopt_groups(),
+        "quantized_layers": layers, "ignore": list(_DSV4_EXCLUDE)})
+    hf_quant = {"producer": producer, "quantization": {
+        "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "group_size": 16,
+        "quantized_layers": layers, "exclude_modules": list(_DSV4_EXCLUDE)}}
+    return config, hf_quant
+
+
+def _hf_config(d: Dims) -> dict[str, Any]:
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": "bfloat16",
+        "hidden_size": d.hidden, "moe_intermediate_size": d.intermediate, "num_hidden_layers": d.layers,
+        "num_attention_heads": d.heads, "head_dim": d.head_dim, "n_routed_experts": d.experts,
+        "n_shared_experts": 1, "num_experts_per_tok": d.top_k, "vocab_size": d.vocab,
+        "tie_word_embeddings": False,
+    }
+
+
+def _ct_config(quant: str) -> dict[str, Any]:
+    fmt = f"{quant}-pack-quantized"
+    if quant == "nvfp4":
+        weights = {**_fp4_args(16), "strategy": "tensor_group", "symmetric": True,
+                   "scale_dtype": "torch.float8_e4m3fn"}
+        acts = {**weights, "dynamic": "local", "observer": "static_minmax"}
+    else:
+        weights = {**_fp4_args(32), "strategy": "group", "symmetric": True, "scale_dtype": "torch.uint8"}
+        acts = None
+    return {"quant_method": "compressed-tensors", "format": fmt, "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts,
+                                          "output_activations": None, "format": fmt}},
+            "ignore": list(_CT_IGNORE), "kv_cache_scheme": None, "global_compression_ratio": None,
+            "sparsity_config": {}, "version": "0.18.0"}
+
+
+def _gptoss_config(d: Dims) -> dict[str, Any]:
+    return {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "torch_dtype": "bfloat16",
+        "hidden_size": d.hidden, "intermediate_size": d.intermediate, "num_hidden_layers": d.layers,
+        "num_attention_heads": d.heads, "head_dim": d.head_dim, "num_local_experts": d.experts,
+        "num_experts_per_tok": d.top_k, "experts_per_token": d.top_k, "vocab_size": d.vocab,
+        "swiglu_limit": 7.0, "tie_word_embeddings": False,
+        "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": list(_GPTOSS_NOT_CONVERT)},
+    }
+
+
+def _model_config(fmt: str, d: Dims) -> tuple[dict, dict | None]:
+    if fmt == "mxfp4-dsv4":
+        return _dsv4_config(d), None
+    if fmt == "nvfp4-modelopt-dsv4":
+        return _modelopt_dsv4(d)
+    if fmt == "nvfp4-modelopt-hf":
+        producer = {"name": "modelopt", "version": "0.37.0"}
+        config = _hf_config(d)
+        config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4",
+                                         "config_groups": _modelopt_groups(), "ignore": list(_HF_EXCLUDE),
+                                         "producer": producer}
+        hf_quant = {"producer": producer, "quantization": {
+            "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+            "exclude_modules": list(_HF_EXCLUDE)}}
+        return config, hf_quant
+    if fmt in ("nvfp4-ct", "mxfp4-ct"):
+        config = _hf_config(d)
+        config["quantization_config"] = _ct_config(fmt.split("-")[0])
+        return config, None
+    return _gptoss_config(d), None
+
+
+def config_files(fmt: str, dims: Dims) -> dict[str, dict]:
+    """file name -> JSON object, for every non-tensor file of the checkpoint."""
+    config, hf_quant = _model_config(fmt, dims)
+    files = {
+        "config.json": config,
+        "generation_config.json": {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1,
+                                   "do_sample": True, "temperature": 0.6, "top_p": 0.95},
+        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
+                                  "eos_token": "</s>", "model_max_length": 4096,
+                                  "synthetic": "dsv4-convert synth (no real vocabulary)"},
+    }
+    if hf_quant is not None:
+        files["hf_quant_config.json"] = hf_quant
+    return files
