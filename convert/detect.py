@@ -10,6 +10,7 @@ attention) are never grouped, so their FP8 `.scale` tensors stay passthrough.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -299,7 +300,7 @@ def _shape_error(ref: TensorRef, expected: list[int], derivation: str, *, error_
 
 
 def _scalar(ref: TensorRef | None, what: str) -> TensorRef | None:
-    if ref is not None and (ref.dtype != "F32" or ref.nbytes != 4):
+    if ref is not None and (ref.dtype != "F32" or math.prod(ref.shape) != 1):
         raise ContentError(f"{ref.name} is {ref.dtype} {list(ref.shape)}; a {what} is one F32 value",
                            error_id="group.bad_global_scale", tensor=ref.name, file=ref.file,
                            hint="re-export the checkpoint")

@@ -1,0 +1,157 @@
+"""`dsv4-convert inspect PATH [--json]`: what a checkpoint holds, from config files and headers only."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+
+import click
+
+from ..detect import declared_group_size, detect_format
+from ..reader import open_checkpoint
+from ..tensor_model import Checkpoint
+
+__all__ = ["inspect", "summarize", "render_table", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = 1
+_FP8 = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
+_QUANT_KEYS = ("quant_method", "quant_algo", "moe_quant_algo", "format", "fmt", "scale_fmt",
+               "weight_block_size", "group_size", "expert_dtype", "marlin_layout", "target_engine",
+               "source_format", "weight_format")
+
+EXAMPLES = """
+\b
+Examples:
+  dsv4-convert inspect ./DeepSeek-V4-Flash
+  dsv4-convert inspect nvidia/DeepSeek-V4-Flash-NVFP4 --json | jq .format
+"""
+
+
+def _category(dtype: str) -> str:
+    return "fp8" if dtype in _FP8 else "bf16" if dtype == "BF16" else "other"
+
+
+def _layer_key(layer: str):
+    return (layer.startswith("mtp."), int(layer.split(".")[-1]))
+
+
+def _excluded(ckpt: Checkpoint) -> list[dict]:
+    qc = ckpt.config.get("quantization_config") or {}
+    if qc.get("quant_method") == "marlin_fp4":
+        qc = qc.get("original_quantization_config") or {}
+    out = []
+    for key in ("ignore", "modules_to_not_convert", "exclude_modules"):
+        if isinstance(qc.get(key), list):
+            out.append({"source": f"config.json quantization_config.{key}", "modules": qc[key]})
+    hq = (ckpt.hf_quant_config or {}).get("quantization") or {}
+    if isinstance(hq.get("exclude_modules"), list):
+        out.append({"source": "hf_quant_config.json quantization.exclude_modules", "modules": hq["exclude_modules"]})
+    return out
+
+
+def summarize(ckpt: Checkpoint) -> dict:
+    """The `--json` document (docs/INSPECT.md, schema_version 1)."""
+    _, reason = detect_format(ckpt.config, ckpt.hf_quant_config, ckpt.tensors)
+    projections = ckpt.projections
+    experts: dict[str, set[int]] = defaultdict(set)
+    roles: dict[str, Counter] = defaultdict(Counter)
+    for p in projections:
+        experts[p.layer].add(p.expert)
+        shape = f"{p.weight.dtype}{list(p.weight.shape)} + {p.scale.dtype}{list(p.scale.shape)}"
+        if p.expert_index is not None:
+            shape = f"{p.quant.value} [{p.n}, {p.k}] from stacked " + shape
+        roles[p.role.value][(p.quant.value, p.n, p.k, shape)] += 1
+    layers = sorted(experts, key=_layer_key)
+    fp4 = ckpt.projection_names
+    by_cat = Counter()
+    dtypes = Counter()
+    for ref in ckpt.tensors.values():
+        by_cat["fp4_experts" if ref.name in fp4 else _category(ref.dtype)] += ref.nbytes
+        dtypes[ref.dtype] += 1
+    qc = ckpt.config.get("quantization_config") or {}
+    hq = (ckpt.hf_quant_config or {}).get("quantization") or {}
+    declared = declared_group_size(ckpt.config, ckpt.hf_quant_config)
+    mtp = sorted({n.split(".")[0] + "." + n.split(".")[1] for n in ckpt.tensors if n.startswith("mtp.")},
+                 key=_layer_key)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "root": str(ckpt.root),
+        "format": ckpt.format.value,
+        "reason": reason,
+        "shards": len({r.file for r in ckpt.tensors.values()}),
+        "index_file": ckpt.index_file,
+        "tensors": len(ckpt.tensors),
+        "dtypes": dict(sorted(dtypes.items())),
+        "layers": [layer for layer in layers if not layer.startswith("mtp.")],
+        "mtp_layers": mtp,
+        "experts_per_layer": {layer: len(experts[layer]) for layer in layers},
+        "projections": {
+            "total": len(projections),
+            "by_quant": dict(Counter(p.quant.value for p in projections)),
+            "by_role": {role: sum(c.values()) for role, c in sorted(roles.items())},
+        },
+        "shapes_by_role": {
+            role: [{"quant": q, "n": n, "k": k, "tensors": s, "count": c}
+                   for (q, n, k, s), c in sorted(counter.items())]
+            for role, counter in sorted(roles.items())
+        },
+        "group_sizes": sorted({p.group_size for p in projections}),
+        "declared_group_size": declared[0] if declared else None,
+        "bytes": {"fp4_experts": by_cat["fp4_experts"], "fp8": by_cat["fp8"], "bf16": by_cat["bf16"],
+                  "other": by_cat["other"], "total": sum(by_cat.values())},
+        "quantization_config": {k: qc[k] for k in _QUANT_KEYS if k in qc},
+        "hf_quant_config": ({k: hq[k] for k in ("quant_algo", "kv_cache_quant_algo", "group_size") if k in hq}
+                            | {"producer": (ckpt.hf_quant_config or {}).get("producer")})
+        if ckpt.hf_quant_config is not None else None,
+        "excluded_modules": _excluded(ckpt),
+        "other_files": list(ckpt.other_files),
+    }
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.2f} MiB"
+
+
+def render_table(s: dict) -> str:
+    """The readable form of `summarize`'s document."""
+    rows: list[tuple[str, str]] = [
+        ("checkpoint", s["root"]),
+        ("format", f"{s['format']}  ({s['reason']})"),
+        ("shards", f"{s['shards']} ({s['index_file'] or 'single file'})"),
+        ("tensors", f"{s['tensors']}  " + ", ".join(f"{d}: {c}" for d, c in s["dtypes"].items())),
+        ("layers", f"{len(s['layers'])}" + (f"  ({s['layers'][0]}..{s['layers'][-1]})" if s["layers"] else "")),
+        ("MTP layers", ", ".join(s["mtp_layers"]) or "none"),
+    ]
+    per_layer = Counter(s["experts_per_layer"].values())
+    rows.append(("experts / layer", ", ".join(f"{e} x{c} layers" for e, c in sorted(per_layer.items())) or "none"))
+    p = s["projections"]
+    rows.append(("FP4 projections", f"{p['total']}  " + ", ".join(f"{r}: {c}" for r, c in p["by_role"].items())
+                 + "  [" + ", ".join(f"{q}: {c}" for q, c in p["by_quant"].items()) + "]"))
+    for role, entries in s["shapes_by_role"].items():
+        for e in entries:
+            rows.append((f"  {role}", f"{e['quant']} N={e['n']} K={e['k']}: {e['tensors']}  x{e['count']}"))
+    declared = s["declared_group_size"]
+    sizes = ", ".join(map(str, s["group_sizes"])) or "-"
+    rows.append(("group size", sizes + (f" (declared {declared})" if declared else "")))
+    b = s["bytes"]
+    rows.append(("bytes", f"FP4 experts {_gib(b['fp4_experts'])}, FP8 {_gib(b['fp8'])}, BF16 {_gib(b['bf16'])}, "
+                          f"other {_gib(b['other'])}; total {_gib(b['total'])}"))
+    rows.append(("quantization", ", ".join(f"{k}={v}" for k, v in s["quantization_config"].items()) or "none"))
+    if s["hf_quant_config"] is not None:
+        rows.append(("hf_quant_config", ", ".join(f"{k}={v}" for k, v in s["hf_quant_config"].items())))
+    for ex in s["excluded_modules"]:
+        rows.append(("excluded", f"{', '.join(ex['modules'])}  ({ex['source']})"))
+    if not s["excluded_modules"]:
+        rows.append(("excluded", "none declared"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+@click.command(help="Show what a checkpoint holds (format, layers, experts, dtypes, bytes), reading only "
+                    "config files and safetensors headers. PATH is a checkpoint directory or a Hugging "
+                    "Face repo id." + EXAMPLES)
+@click.argument("path")
+@click.option("--json", "as_json", is_flag=True, help="print a JSON document instead (schema: docs/INSPECT.md)")
+def inspect(path: str, as_json: bool) -> None:
+    summary = summarize(open_checkpoint(path))
+    click.echo(json.dumps(summary, indent=2) if as_json else render_table(summary))
