@@ -3,20 +3,41 @@
 Source element (k, n) of a W4A16 tile lands at
     row = k // 16,  col = 128*(n // 64) + 4*(4*(n % 8) + (k % 8) // 2) + (n % 64) // 16,
     nibble = 4*(k % 2) + 2*((n % 16) // 8) + (k % 16) // 8.
-Each output int32 therefore takes 4 whole source bytes (the two codes of a byte go to nibbles s
-and s+4). The repack is done as three vectorized passes, with no per-element Python:
-  1. permute 4-byte source words (the 4 bytes q = lane % 4 are contiguous in the source),
-  2. a 16x4 byte transpose inside each 64-byte block,
-  3. a nibble shuffle inside each int32 (low nibbles -> bits 0-15, high nibbles -> bits 16-31).
-W4A8 (32x32 tiles) uses the same idea with 2-byte units. Leading (expert) dimensions are kept.
+
+W4A16 is computed on 64-bit words (8 source bytes of one row, j = 8*kt + 4*h + q) as a few
+bit-swaps plus one word transpose, so every pass is either a contiguous ufunc or a word copy.
+Name the nibble address inside a word (a0 = k % 2, a1 a2 = q, a3 = h) and the row bits of
+n % 64 = 16*t + 8*dn + r (t = 2*t1 + t0). Each step exchanges two address bits:
+  1. a0 <-> a3 in-word (nibble swap with shift 28),
+  2. a1 <-> dn and a2 <-> t0 across word pairs (byte swaps with shift 8 / 16 between rows n, n+8 / n+16),
+  3. a2 <-> a3 in-word (byte swap with shift 16),
+after which every word holds two finished output int32 and one word transpose
+(c, t1, q1, q0, r, kt) -> (kt, c, r, q1, q0, t1) puts them in place. All swaps are their own
+inverse, so from_marlin_weight runs the same steps backwards. Rows are processed in blocks of a
+few 64-row tiles so the intermediates stay in L2; with torch.get_num_threads() > 1 the blocks are
+shared out to threads (numpy ufuncs release the GIL).
+W4A8 (32x32 tiles) permutes 2-byte units and swaps nibbles inside each int32.
+Leading (expert) dimensions are kept.
 """
+
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 
 from .constants import MARLIN_TILE_K, MARLIN_TILE_N, W4A8_TILE
 
-__all__ = ["to_marlin_weight", "from_marlin_weight", "check_marlin_weight_shape"]
+__all__ = ["check_marlin_weight_shape", "from_marlin_weight", "to_marlin_weight"]
+
+_U64 = np.uint64
+_BLOCK_BYTES = 1 << 19  # source bytes per block of 64-row tiles: two such buffers fit a 1 MiB L2
+# (shift, mask) of each bit exchange, in forward order; see the module docstring
+_NIBBLE_SWAP = (_U64(28), _U64(0x00000000_F0F0F0F0))  # a0 <-> a3
+_DN_SWAP = (_U64(8), _U64(0x00FF00FF_00FF00FF))  # a1 <-> dn (rows n, n + 8)
+_T0_SWAP = (_U64(16), _U64(0x0000FFFF_0000FFFF))  # a2 <-> t0 (rows n, n + 16)
+_HALF_SWAP = (_U64(16), _U64(0x00000000_FFFF0000))  # a2 <-> a3
+_TO_OUT = (5, 0, 4, 2, 3, 1)  # block (c, t1, t0, dn, r, kt) -> output (kt, c, r, q1, q0, t1)
+_FROM_OUT = (1, 5, 3, 4, 2, 0)
 
 
 def check_marlin_weight_shape(n: int, k: int, *, w4a8: bool = False) -> None:
@@ -31,16 +52,80 @@ def check_marlin_weight_shape(n: int, k: int, *, w4a8: bool = False) -> None:
         )
 
 
-def _compress_nibbles(x: np.ndarray) -> np.ndarray:
-    """4 nibbles at bits 0, 8, 16, 24 -> bits 0, 4, 8, 12."""
-    x = (x | (x >> 4)) & 0x00FF00FF
-    return (x | (x >> 8)) & 0x0000FFFF
+def _delta_swap(src: np.ndarray, dst: np.ndarray, t: np.ndarray, shift, mask) -> None:
+    """dst = src with its bits under `mask` exchanged with those `shift` higher (src may be dst)."""
+    np.right_shift(src, shift, out=t)
+    np.bitwise_xor(t, src, out=t)
+    np.bitwise_and(t, mask, out=t)
+    np.bitwise_xor(src, t, out=dst)
+    np.left_shift(t, shift, out=t)
+    np.bitwise_xor(dst, t, out=dst)
 
 
-def _expand_nibbles(x: np.ndarray) -> np.ndarray:
-    """Inverse of _compress_nibbles."""
-    x = (x | (x << 8)) & 0x00FF00FF
-    return (x | (x << 4)) & 0x0F0F0F0F
+def _cross_swap(lo: np.ndarray, hi: np.ndarray, t: np.ndarray, shift, mask) -> None:
+    """Exchange the bits of `lo` under mask << shift with the bits of `hi` under mask, in place."""
+    np.right_shift(lo, shift, out=t)
+    np.bitwise_xor(t, hi, out=t)
+    np.bitwise_and(t, mask, out=t)
+    np.bitwise_xor(hi, t, out=hi)
+    np.left_shift(t, shift, out=t)
+    np.bitwise_xor(lo, t, out=lo)
+
+
+def _row_pair_swaps(y: np.ndarray, t: np.ndarray) -> None:
+    """Step 2 on a block y [m, t1, t0, dn, r, kt] (t: scratch like y); the two swaps commute."""
+    _cross_swap(y[:, :, :, 0], y[:, :, :, 1], t[:, :, :, 0], *_DN_SWAP)
+    _cross_swap(y[:, :, 0], y[:, :, 1], t[:, :, 0], *_T0_SWAP)
+
+
+def _a16_blocks(src: np.ndarray, dst: np.ndarray, blocks: list[tuple[int, int]], tiles: int, forward: bool):
+    """Run the W4A16 steps on the given (expert, first 64-row tile) blocks. Source words are
+    [E, C, t1, t0, dn, r, kt], Marlin words [E, kt, C, r, q1, q0, t1] (u64 = two output int32)."""
+    rows = src if forward else dst
+    n_tiles, kt = rows.shape[1], rows.shape[-1]
+    y = np.empty((tiles, 2, 2, 2, 8, kt), _U64)
+    t = np.empty_like(y)
+    for e, c0 in blocks:
+        m = min(tiles, n_tiles - c0)
+        yb, tb = y[:m], t[:m]
+        if forward:
+            _delta_swap(src[e, c0:c0 + m], yb, tb, *_NIBBLE_SWAP)
+            _row_pair_swaps(yb, tb)
+            _delta_swap(yb, yb, tb, *_HALF_SWAP)
+            np.copyto(dst[e, :, c0:c0 + m], yb.transpose(_TO_OUT))
+        else:
+            np.copyto(yb, src[e, :, c0:c0 + m].transpose(_FROM_OUT))
+            _delta_swap(yb, yb, tb, *_HALF_SWAP)
+            _row_pair_swaps(yb, tb)
+            _delta_swap(yb, dst[e, c0:c0 + m], tb, *_NIBBLE_SWAP)
+
+
+def _a16_run(src: np.ndarray, dst: np.ndarray, k2: int, forward: bool) -> None:
+    n_experts, n_tiles = (src.shape[0], src.shape[1]) if forward else (src.shape[0], src.shape[2])
+    tiles = max(1, min(n_tiles, _BLOCK_BYTES // (MARLIN_TILE_N * k2)))
+    blocks = [(e, c0) for e in range(n_experts) for c0 in range(0, n_tiles, tiles)]
+    threads = min(torch.get_num_threads(), len(blocks))
+    if threads <= 1:
+        _a16_blocks(src, dst, blocks, tiles, forward)
+        return
+    with ThreadPoolExecutor(threads) as pool:  # blocks write disjoint parts of dst
+        jobs = [pool.submit(_a16_blocks, src, dst, blocks[i::threads], tiles, forward) for i in range(threads)]
+        for job in jobs:
+            job.result()
+
+
+def _a16_forward(b: np.ndarray, n: int, k2: int) -> np.ndarray:
+    src = b.reshape(-1, n // 64, 2, 2, 2, 8, k2).view(_U64)
+    out = np.empty((src.shape[0], k2 // 8, n // 64, 8, 2, 2, 2), _U64)
+    _a16_run(src, out, k2, forward=True)
+    return out.reshape(-1).view("<u4")
+
+
+def _a16_inverse(q: np.ndarray, n: int, k2: int) -> np.ndarray:
+    src = q.view(_U64).reshape(-1, k2 // 8, n // 64, 8, 2, 2, 2)
+    out = np.empty((src.shape[0], n // 64, 2, 2, 2, 8, k2 // 8), _U64)
+    _a16_run(src, out, k2, forward=False)
+    return out.reshape(-1).view(np.uint8)
 
 
 def _swap_bytes_1_2(w: np.ndarray) -> np.ndarray:
@@ -50,22 +135,6 @@ def _swap_bytes_1_2(w: np.ndarray) -> np.ndarray:
 def _swap_nibbles_1_2(w: np.ndarray) -> np.ndarray:
     """Swap nibbles 1 and 2 of each 16-bit half."""
     return (w & 0xF00FF00F) | ((w & 0x00F000F0) << 4) | ((w & 0x0F000F00) >> 4)
-
-
-def _a16_forward(b: np.ndarray, n: int, k2: int) -> np.ndarray:
-    # source word (c, t, dn, r, kt, dk) holds bytes q = 0..3 of n = 64c+16t+8dn+r, j = 8kt+4dk+q
-    words = b.view("<u4").reshape(-1, n // 64, 4, 2, 8, k2 // 8, 2)
-    words = np.ascontiguousarray(words.transpose(0, 5, 1, 4, 2, 3, 6))  # -> (kt, c, r, t, dn, dk)
-    blocks = words.view(np.uint8).reshape(-1, 16, 4)  # per (kt, c, r): bytes (t, dn, dk) x q
-    out = np.ascontiguousarray(blocks.transpose(0, 2, 1)).reshape(-1).view("<u4")  # word (q, t)
-    return _compress_nibbles(out & 0x0F0F0F0F) | (_compress_nibbles((out >> 4) & 0x0F0F0F0F) << 16)
-
-
-def _a16_inverse(q: np.ndarray, n: int, k2: int) -> np.ndarray:
-    out = _expand_nibbles(q & 0xFFFF) | (_expand_nibbles(q >> 16) << 4)
-    blocks = np.ascontiguousarray(out.view(np.uint8).reshape(-1, 4, 16).transpose(0, 2, 1))
-    words = blocks.reshape(-1).view("<u4").reshape(-1, k2 // 8, n // 64, 8, 4, 2, 2)
-    return np.ascontiguousarray(words.transpose(0, 2, 4, 5, 3, 1, 6)).reshape(-1).view(np.uint8)
 
 
 def _a8_forward(b: np.ndarray, n: int, k2: int) -> np.ndarray:
@@ -84,8 +153,12 @@ def to_marlin_weight(packed: torch.Tensor, *, w4a8: bool = False) -> torch.Tenso
     """uint8/int8 packed codes [..., N, K/2] -> int32 [..., K/16, 2N] in Marlin tile order."""
     if packed.dtype not in (torch.uint8, torch.int8):
         raise ValueError(f"packed FP4 weights must be uint8 or int8, got {packed.dtype}")
+    if packed.dim() < 2:
+        raise ValueError(f"packed FP4 weights must be [..., N, K/2], got shape {list(packed.shape)}")
     *lead, n, k2 = packed.shape
     check_marlin_weight_shape(n, 2 * k2, w4a8=w4a8)
+    if packed.numel() == 0:
+        return torch.empty(*lead, 2 * k2 // MARLIN_TILE_K, 2 * n, dtype=torch.int32)
     b = packed.contiguous().view(torch.uint8).numpy().reshape(-1)
     words = (_a8_forward if w4a8 else _a16_forward)(b, n, k2)
     return torch.from_numpy(words.view(np.int32)).reshape(*lead, 2 * k2 // MARLIN_TILE_K, 2 * n)
@@ -95,9 +168,13 @@ def from_marlin_weight(qweight: torch.Tensor, *, w4a8: bool = False) -> torch.Te
     """int32 [..., K/16, 2N] -> uint8 packed codes [..., N, K/2]; the exact inverse of to_marlin_weight."""
     if qweight.dtype != torch.int32:
         raise ValueError(f"Marlin weights must be int32, got {qweight.dtype}")
+    if qweight.dim() < 2 or qweight.shape[-1] % 2:
+        raise ValueError(f"Marlin weights must be [..., K/16, 2N] (even last dimension), got {list(qweight.shape)}")
     *lead, rows, cols = qweight.shape
     n, k2 = cols // 2, rows * MARLIN_TILE_K // 2
     check_marlin_weight_shape(n, 2 * k2, w4a8=w4a8)
+    if qweight.numel() == 0:
+        return torch.empty(*lead, n, k2, dtype=torch.uint8)
     q = qweight.contiguous().numpy().reshape(-1).view("<u4")
     b = (_a8_inverse if w4a8 else _a16_inverse)(q, n, k2)
     return torch.from_numpy(b).reshape(*lead, n, k2)
