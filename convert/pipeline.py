@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from . import __version__
@@ -30,12 +31,14 @@ from .serving_notes import serving_markdown
 from .staging import MANIFEST, Staging, write_json_atomic
 from .tensor_io import PreadReader, safetensors_dtype
 from .tensor_model import Projection, Quant, SourceFormat
-from .transform import convert_projection
+from .transform import convert_projection, lost_scales
 
-__all__ = ["ConvertResult", "run_conversion", "SOURCE_DIR", "INDEX"]
+__all__ = ["ConvertResult", "run_conversion", "SOURCE_DIR", "INDEX", "LOST"]
 
 SOURCE_DIR = "dsv4-convert-source"  # originals needed to give the input back byte for byte
 INDEX = "model.safetensors.index.json"
+LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
+LOST_SUFFIX = ".lost.safetensors"  # per shard, in staging, merged into LOST at the end
 _KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: SIGKILL this process at the n-th step
 
 
@@ -50,6 +53,7 @@ class ConvertResult:
     bytes_out: int
     seconds: float
     rescale_factors: dict = field(default_factory=dict)
+    lost_scales: int = 0  # NVFP4 scale bytes the target cannot represent (recorded for the reverse)
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -92,7 +96,7 @@ def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_pat
     with PreadReader(Path(root)) as reader:
         writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata)
         try:
-            converted_key, parts = None, {}
+            converted_key, parts, lost = None, {}, {}
             for o in shard.tensors:
                 _step()
                 if o.source is not None:
@@ -106,6 +110,10 @@ def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_pat
                         src = load_projection(reader, p, fmt=fmt)
                         parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf)
                         converted_key = p.key
+                        if p.quant is Quant.NVFP4:
+                            idx, orig = lost_scales(src.scale, target=target, sf=sf)
+                            if idx.numel():
+                                lost[f"{p.key}.index"], lost[f"{p.key}.bytes"] = idx, orig
                     t = parts[o.part]
                     if safetensors_dtype(t) != o.spec.dtype or tuple(t.shape) != o.spec.shape:
                         raise RuntimeError(f"{o.spec.name}: produced {safetensors_dtype(t)}{list(t.shape)}, "
@@ -116,6 +124,8 @@ def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_pat
         except BaseException:
             writer.abort()
             raise
+    if lost:
+        save_file(lost, tmp_path.removesuffix(".tmp") + LOST_SUFFIX)
     return shard.file, sha, size
 
 
@@ -193,7 +203,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         pool.map(_write_shard, args, lambda r: staging.finish_shard(*r), reports_progress=True)
         bar.close()
         pool.shutdown()
-        _finalize(plan, staging, rescale)
+        lost = _finalize(plan, staging, rescale)
         staging.publish()
     except KeyboardInterrupt:
         if pool:
@@ -222,7 +232,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         raise
     return ConvertResult(Path(out), len(plan.shards), len(done), sum(len(s.tensors) for s in plan.shards),
                          len(plan.projections), sum(t.nbytes for t in ckpt.tensors.values()), plan.output_bytes,
-                         time.perf_counter() - start, rescale)
+                         time.perf_counter() - start, rescale, lost)
 
 
 def _plan_rescale(plan: ConvertPlan, pool: _Pool) -> dict[str, float]:
@@ -236,7 +246,8 @@ def _plan_rescale(plan: ConvertPlan, pool: _Pool) -> dict[str, float]:
     return factors
 
 
-def _finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float]) -> None:
+def _finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float]) -> int:
+    """Write everything but the shards; returns the number of lost (clamped) scale bytes recorded."""
     ckpt, dst = plan.checkpoint, staging.path
     src_dir = dst / SOURCE_DIR
     src_dir.mkdir(exist_ok=True)
@@ -251,6 +262,12 @@ def _finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float]) ->
         if (ckpt.root / name).exists():
             shutil.copyfile(ckpt.root / name, src_dir / name)
     _step()
+    lost = {}
+    for f in sorted(dst.glob("*" + LOST_SUFFIX)):
+        lost.update(load_file(f))
+        f.unlink()
+    if lost:
+        save_file(lost, src_dir / LOST)
     (src_dir / "headers.json").write_text(json.dumps(_source_headers(ckpt), indent=1) + "\n")
     block = marlin_quant_config(plan, ckpt.config.get("quantization_config"), ckpt.hf_quant_config, rescale)
     (dst / "config.json").write_text(rewrite_config(ckpt.config, block))
@@ -266,6 +283,7 @@ def _finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float]) ->
                 "source_format": ckpt.format.value, "shards": staging.done}
     write_json_atomic(dst / MANIFEST, manifest)
     _step()
+    return sum(v.numel() for k, v in lost.items() if k.endswith(".bytes"))
 
 
 def _source_headers(ckpt) -> dict[str, str]:

@@ -102,7 +102,8 @@ class Staging:
                               hint="rerun with the same input and options, or --force to start over")
         keep = state.get("shards", {}) if (self.resume and same) else {}
         for entry in self.path.iterdir():
-            if entry.name not in (_LOCK, PROGRESS) and entry.name not in keep:
+            shard = entry.name.removesuffix(".lost.safetensors")  # a kept shard keeps its lost-scale record
+            if entry.name not in (_LOCK, PROGRESS) and entry.name not in keep and shard not in keep:
                 _remove(entry)
         for name, rec in keep.items():
             f = self.path / name

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from .formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
-from .formats.marlin_scales import nvfp4_global_to_marlin
+from .formats.marlin_scales import nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales
 from .tensor_model import Projection, Quant
 
-__all__ = ["convert_projection"]
+__all__ = ["convert_projection", "lost_scales"]
 
 
 def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
@@ -23,3 +23,13 @@ def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor,
         return {"weight": q, "weight_scale": s, "weight_global_scale": processed, "weight_scale_2": g}
     q, s = mxfp4_to_marlin(weight, scale, target=target)
     return {"weight": q, "weight_scale": s}
+
+
+def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 block scales the target cannot represent (vllm clamps values below 2 after x128 and
+    rescaling, incl. negatives; sglang drops signs): (flat indices into the source [N, K/16] scale,
+    their original bytes). Empty for normal checkpoints; stored so that the reverse is exact."""
+    src = scale.view(torch.uint8).reshape(-1)
+    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(scale, engine=target.engine, sf=sf), sf=sf)
+    idx = torch.nonzero(back.view(torch.uint8).reshape(-1) != src).flatten()
+    return idx, src[idx].clone()

@@ -3,6 +3,7 @@
 from .convert_cmds import mxfp4_to_marlin, nvfp4_to_marlin
 from .demo import demo
 from .inspect import inspect
+from .reverse_cmd import marlin_to_source
 from .synth import synth
 
-ALL = [nvfp4_to_marlin, mxfp4_to_marlin, demo, inspect, synth]
+ALL = [nvfp4_to_marlin, mxfp4_to_marlin, marlin_to_source, demo, inspect, synth]
