@@ -27,8 +27,14 @@ from .synth_defects import DEFECTS, apply_file_defects, apply_tensor_defects, ch
 from .synth_layouts import DSV4_FORMATS, Dims, build_tensors
 from .synth_realsize import REAL_SIZE, real_size_plan
 
-__all__ = ["SYNTH_FORMATS", "DEFECT_NAMES", "MANIFEST", "REAL_SIZE", "write_synthetic_checkpoint",
-           "shard_name"]
+__all__ = [
+    "DEFECT_NAMES",
+    "MANIFEST",
+    "REAL_SIZE",
+    "SYNTH_FORMATS",
+    "shard_name",
+    "write_synthetic_checkpoint",
+]
 
 SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-ct",
                  "mxfp4-gptoss")
@@ -36,7 +42,7 @@ DEFECT_NAMES = tuple(DEFECTS)
 MANIFEST = "synth.json"
 INDEX = "model.safetensors.index.json"
 
-Progress = Callable[[int], None]  # called with the bytes of each tensor as it is produced
+Progress = Callable[[int, int], None]  # (bytes of the tensor just produced, total bytes of the checkpoint)
 
 
 def shard_name(i: int, n: int) -> str:
@@ -48,19 +54,8 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _split(sizes: list[int], shards: int | None = None, target: int | None = None) -> list[list[int]]:
-    """Contiguous groups of tensor indices: `shards` groups of about equal bytes, or groups of at
-    most `target` bytes (a bigger tensor gets a shard of its own)."""
-    groups: list[list[int]] = [[]]
-    if target is not None:
-        used = 0
-        for i, size in enumerate(sizes):
-            if groups[-1] and used + size > target:
-                groups.append([])
-                used = 0
-            groups[-1].append(i)
-            used += size
-        return groups
+def _split(sizes: list[int], shards: int) -> list[list[int]]:
+    """`shards` contiguous, non-empty groups of tensor indices with about equal bytes each."""
     total, before = sum(sizes), 0
     groups = [[] for _ in range(shards)]
     for i, size in enumerate(sizes):
@@ -90,7 +85,7 @@ def _publish(staging: Path, out: Path, force: bool) -> None:
 
 def _write_shards(staging: Path, names: list[str], sizes: list[int], groups: list[list[int]],
                   produce: Callable[[str], torch.Tensor], progress: Progress | None) -> dict[str, str]:
-    weight_map = {}
+    weight_map, total = {}, sum(sizes)
     for k, group in enumerate(groups):
         file = shard_name(k, len(groups))
         shard = {}
@@ -98,9 +93,10 @@ def _write_shards(staging: Path, names: list[str], sizes: list[int], groups: lis
             shard[names[i]] = produce(names[i]).contiguous()
             weight_map[names[i]] = file
             if progress:
-                progress(sizes[i])
+                progress(sizes[i], total)
         # save_file, never save() to bytes: safetensors 0.8.0 save() writes F8_E8M0 it cannot read back
         save_file(shard, str(staging / file), metadata={"format": "pt"})
+        os.chmod(staging / file, 0o644)
         del shard
     return weight_map
 
@@ -160,7 +156,8 @@ def write_synthetic_checkpoint(out: Path, *, format: str = "nvfp4-modelopt-dsv4"
         if real_size:
             dims = real_size_dims or REAL_SIZE
             names, sizes, produce = real_size_plan(format, seed, dims, dtype_torch)
-            groups = _split(sizes, target=shard_bytes or (1 << 30))
+            target = shard_bytes or (1 << 30)
+            groups = _split(sizes, min(len(sizes), max(1, -(-sum(sizes) // target))))
             records = []
         else:
             dims = Dims(layers, experts, hidden, intermediate, hash_layers, mtp)
@@ -171,7 +168,7 @@ def write_synthetic_checkpoint(out: Path, *, format: str = "nvfp4-modelopt-dsv4"
             if len(names) < shards:
                 raise UsageError(f"{len(names)} tensors cannot fill {shards} shards", error_id="synth.args",
                                  hint="use fewer --shards")
-            groups, produce = _split(sizes, shards=shards), tensors.__getitem__
+            groups, produce = _split(sizes, shards), tensors.__getitem__
         weight_map = _write_shards(staging, names, sizes, groups, produce, progress)
         files = [shard_name(k, len(groups)) for k in range(len(groups))]
         total = sum(sizes)

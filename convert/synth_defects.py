@@ -16,10 +16,17 @@ from pathlib import Path
 import torch
 
 from .errors import UsageError
-from .synth_experts import ROLES, Tweaks, expert_slot, expert_quant
+from .synth_experts import ROLES, Tweaks, expert_quant, expert_slot
 
-__all__ = ["DEFECTS", "DefectSpec", "DefectRecord", "check_defects", "tweaks_for", "apply_tensor_defects",
-           "apply_file_defects"]
+__all__ = [
+    "DEFECTS",
+    "DefectRecord",
+    "DefectSpec",
+    "apply_file_defects",
+    "apply_tensor_defects",
+    "check_defects",
+    "tweaks_for",
+]
 
 _NVFP4 = ("nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct")
 _MXFP4 = ("mxfp4-dsv4", "mxfp4-ct", "mxfp4-gptoss")

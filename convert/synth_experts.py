@@ -13,7 +13,12 @@ from .formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
 from .synth_random import expert_matrix, generator_for
 
 __all__ = [
-    "ROLES", "ExpertSlot", "Tweaks", "expert_slot", "expert_quant", "encode_layer_experts",
+    "ROLES",
+    "ExpertSlot",
+    "Tweaks",
+    "encode_layer_experts",
+    "expert_quant",
+    "expert_slot",
     "gptoss_interleave",
 ]
 

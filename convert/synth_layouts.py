@@ -14,7 +14,7 @@ import torch
 from .synth_experts import Tweaks, encode_layer_experts
 from .synth_random import dense, fp8_block_quantize, generator_for
 
-__all__ = ["Dims", "build_tensors", "DSV4_FORMATS"]
+__all__ = ["DSV4_FORMATS", "Dims", "build_tensors"]
 
 DSV4_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4")
 

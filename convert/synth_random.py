@@ -11,7 +11,7 @@ import torch
 from .formats.constants import E4M3_MAX
 from .formats.e8m0 import exponent_to_e8m0
 
-__all__ = ["generator_for", "expert_matrix", "dense", "fp8_block_quantize", "FP8_BLOCK"]
+__all__ = ["FP8_BLOCK", "dense", "expert_matrix", "fp8_block_quantize", "generator_for"]
 
 FP8_BLOCK = 128  # DeepSeek-V4 FP8 linears: one E8M0 scale per 128x128 block (ceil at the edges)
 

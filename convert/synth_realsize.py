@@ -16,7 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .synth_experts import ROLES, expert_slot, expert_quant
+from .synth_experts import ROLES, expert_quant, expert_slot
 from .synth_layouts import Dims
 
 __all__ = ["REAL_SIZE", "real_size_plan"]

@@ -53,6 +53,13 @@ Examples:
 """
 
 
+def _advance(bar):
+    def update(nbytes: int, total: int) -> None:
+        bar.total = total
+        bar.update(nbytes)
+    return update
+
+
 @click.command(help=HELP)
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(SYNTH_FORMATS), default="nvfp4-modelopt-dsv4",
@@ -79,9 +86,9 @@ def synth(out, fmt, layers, experts, hidden, intermediate, shards, seed, hash_la
         path = write_synthetic_checkpoint(
             out, format=fmt, layers=layers, experts=experts, hidden=hidden, intermediate=intermediate,
             shards=shards, seed=seed, mtp=mtp, defects=defects, hash_layers=min(hash_layers, layers),
-            real_size=real_size, force=force, progress=bar.update if bar else None)
+            real_size=real_size, force=force, progress=None if bar is None else _advance(bar))
     finally:
-        if bar:
+        if bar is not None:
             bar.close()
     m = json.loads((path / MANIFEST).read_text())
     extra = f", defects: {', '.join(defects)}" if defects else ""

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-
 from dsv4_convert.errors import OutputError, UsageError
 from dsv4_convert.formats.mxfp4 import dequantize_mxfp4
 from dsv4_convert.formats.nvfp4 import dequantize_nvfp4, global_from_ct
@@ -21,8 +19,9 @@ from dsv4_convert.synth_defects import DEFECTS
 from dsv4_convert.synth_experts import expert_slot
 from dsv4_convert.synth_layouts import Dims
 from dsv4_convert.synth_random import expert_matrix
+from safetensors import safe_open
 
-SMALL = dict(layers=1, experts=6, hidden=64, intermediate=64, shards=2)
+SMALL = {"layers": 1, "experts": 6, "hidden": 64, "intermediate": 64, "shards": 2}
 
 
 def header(path: Path) -> dict:
@@ -35,7 +34,7 @@ def load_all(root: Path) -> dict[str, torch.Tensor]:
     out = {}
     for shard in sorted(root.glob("*.safetensors")):
         with safe_open(str(shard), framework="pt") as f:
-            for k in f.keys():
+            for k in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 out[k] = f.get_tensor(k)
     return out
 
@@ -317,7 +316,7 @@ def test_real_size_layout_with_tiny_dims(tmp_path, fmt):
     dims = Dims(layers=1, experts=4, hidden=128, intermediate=64, hash_layers=0, mtp=False)
     seen = []
     root = write_synthetic_checkpoint(tmp_path / "r", format=fmt, real_size=True, real_size_dims=dims,
-                                      shard_bytes=8 << 10, progress=seen.append)
+                                      shard_bytes=8 << 10, progress=lambda n, total: seen.append(n))
     m = manifest(root)
     assert m["real_size"] and m["random_codes"] and len(m["files"]) >= 2
     assert sum(seen) == m["total_size"]
@@ -343,8 +342,8 @@ def test_real_size_refuses_defects(tmp_path):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "dsv4_convert.cli", "synth", *args], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "dsv4_convert.cli", "synth", *args], check=False,
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_cli_writes_and_refuses_existing(tmp_path):
@@ -357,7 +356,21 @@ def test_cli_writes_and_refuses_existing(tmp_path):
                                 f"{m['total_size']:,} bytes, defects: e8m0-nan")
     r = _cli(str(out), "--format", "mxfp4-dsv4")
     assert r.returncode == 5 and "already exists" in r.stderr
-    r = _cli(str(tmp_path / "d"), "--format", "nvfp4-ct", "--defect", "e8m0-nan")
-    assert r.returncode == 2 and "does not apply" in r.stderr
-    r = _cli("--help")
-    assert r.returncode == 0 and "--real-size" in r.stdout and "swapped-nibbles" in r.stdout
+
+
+def _main(capsys, *args) -> tuple[int, str, str]:
+    from dsv4_convert.cli.main import main
+    try:
+        main(["synth", *args])
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_usage_errors_and_help(tmp_path, capsys):
+    code, _, err = _main(capsys, str(tmp_path / "d"), "--format", "nvfp4-ct", "--defect", "e8m0-nan")
+    assert code == 2 and "does not apply" in err and not (tmp_path / "d").exists()
+    code, out, _ = _main(capsys, "--help")
+    assert code == 0 and "--real-size" in out and "swapped-nibbles" in out and "Examples" in out
