@@ -33,7 +33,12 @@ def _rng(seed: int, key: str) -> np.random.Generator:
 
 
 def _bytes(seed: int, key: str, shape: tuple[int, ...], low: int = 0, high: int = 256) -> torch.Tensor:
-    return torch.from_numpy(_rng(seed, key).integers(low, high, size=shape, dtype=np.uint8))
+    rng = _rng(seed, key)
+    if (low, high) == (0, 256):  # uniform bytes: draw 64-bit words, about twice as fast
+        n = int(np.prod(shape, dtype=np.int64))
+        words = rng.integers(0, 2**64, size=-(-n // 8), dtype=np.uint64)
+        return torch.from_numpy(words.view(np.uint8)[:n].reshape(shape))
+    return torch.from_numpy(rng.integers(low, high, size=shape, dtype=np.uint8))
 
 
 def _scalar(seed: int, key: str, low: float, high: float) -> float:

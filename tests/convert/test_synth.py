@@ -346,7 +346,7 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=120)
 
 
-def test_cli_writes_and_refuses_existing(tmp_path):
+def test_cli_writes_and_refuses_existing(tmp_path, capsys):
     out = tmp_path / "c"
     r = _cli(str(out), "--format", "mxfp4-dsv4", "--layers", "1", "--experts", "4", "--hidden", "64",
              "--intermediate", "64", "--shards", "2", "--mtp", "--defect", "e8m0-nan")
@@ -354,9 +354,8 @@ def test_cli_writes_and_refuses_existing(tmp_path):
     m = manifest(out)
     assert r.stdout.strip() == (f"wrote {out} (mxfp4-dsv4): 2 files, {m['tensors']} tensors, "
                                 f"{m['total_size']:,} bytes, defects: e8m0-nan")
-    r = _cli(str(out), "--format", "mxfp4-dsv4")
-    assert r.returncode == 5 and "already exists" in r.stderr
-
+    code, _, err = _main(capsys, str(out), "--format", "mxfp4-dsv4")  # in-process: saves a torch import
+    assert code == 5 and "already exists" in err and manifest(out) == m
 
 def _main(capsys, *args) -> tuple[int, str, str]:
     from dsv4_convert.cli.main import main
@@ -374,3 +373,14 @@ def test_cli_usage_errors_and_help(tmp_path, capsys):
     assert code == 2 and "does not apply" in err and not (tmp_path / "d").exists()
     code, out, _ = _main(capsys, "--help")
     assert code == 0 and "--real-size" in out and "swapped-nibbles" in out and "Examples" in out
+
+
+def test_float16_one_shard_no_hash_layers(tmp_path):
+    root = write_synthetic_checkpoint(tmp_path / "h", format="mxfp4-dsv4", dtype_torch=torch.float16, shards=1,
+                                      hash_layers=0, **{k: v for k, v in SMALL.items() if k != "shards"})
+    t = load_all(root)
+    assert [p.name for p in root.glob("model-*")] == ["model-00001-of-00001.safetensors"]
+    assert t["embed.weight"].dtype == torch.float16 and "layers.0.ffn.gate.bias" in t
+    assert not any(n.endswith("tid2eid") for n in t)
+    w = expert_matrix(0, "0", 1, "gate", 64, 64, dtype=torch.float16)
+    assert ((_dequant("mxfp4-dsv4", t, "0", 1, "gate") - w).norm() / w.norm()).item() < 0.2
