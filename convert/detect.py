@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .errors import ContentError
 from .tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 
-__all__ = ["detect_format", "group_projections", "DETECTORS", "declared_group_size"]
+__all__ = ["DETECTORS", "declared_group_size", "detect_format", "group_projections"]
 
 # `layers.3.ffn.experts.17.w1.weight`, `mtp.0.ffn.experts.5.w2.scale`
 _DS_NAME = re.compile(r"^(?P<prefix>(?:layers\.(?P<layer>\d+)|mtp\.(?P<mtp>\d+))\.ffn\.experts\.(?P<expert>\d+)"

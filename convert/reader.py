@@ -21,8 +21,16 @@ from .errors import ContentError, InputError, UsageError
 from .safetensors_header import read_header
 from .tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
 
-__all__ = ["resolve_source", "open_checkpoint", "TensorReader", "ProjectionData", "load_projection",
-           "INDEX_FILE", "SINGLE_FILE", "HUB_PATTERNS"]
+__all__ = [
+    "HUB_PATTERNS",
+    "INDEX_FILE",
+    "SINGLE_FILE",
+    "ProjectionData",
+    "TensorReader",
+    "load_projection",
+    "open_checkpoint",
+    "resolve_source",
+]
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -56,8 +64,12 @@ def resolve_source(source: str | Path) -> Path:
 
 def _snapshot(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS)).resolve()
@@ -190,7 +202,7 @@ class TensorReader:
         self._safe: dict[str, object] = {}
         self._fds: dict[str, int] = {}
 
-    def __enter__(self) -> TensorReader:
+    def __enter__(self) -> TensorReader:  # noqa: PYI034 (Self needs 3.11)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -216,7 +228,7 @@ class TensorReader:
             if handle is None:
                 handle = self._safe[ref.file] = safe_open(self.root / ref.file, framework="pt")
             tensor = handle.get_tensor(ref.name)
-        except Exception as e:  # safetensors raises its own untyped errors
+        except Exception as e:  # noqa: BLE001 (safetensors raises untyped errors)
             raise self._open_error(ref, e) from None
         if tensor.numel() * tensor.element_size() != ref.nbytes:
             raise ContentError(f"{ref.name} read back with {tensor.numel() * tensor.element_size()} bytes, "

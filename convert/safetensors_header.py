@@ -21,7 +21,7 @@ from pathlib import Path
 from .errors import InputError
 from .tensor_model import DTYPE_SIZES, TensorRef
 
-__all__ = ["parse_header", "read_header", "MAX_HEADER_SIZE", "dtype_bits"]
+__all__ = ["MAX_HEADER_SIZE", "dtype_bits", "parse_header", "read_header"]
 
 MAX_HEADER_SIZE = 100_000_000  # the reference implementation's hard limit
 _SUB_BYTE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}

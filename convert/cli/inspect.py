@@ -11,7 +11,7 @@ from ..detect import declared_group_size, detect_format
 from ..reader import open_checkpoint
 from ..tensor_model import Checkpoint
 
-__all__ = ["inspect", "summarize", "render_table", "SCHEMA_VERSION"]
+__all__ = ["SCHEMA_VERSION", "inspect", "render_table", "summarize"]
 
 SCHEMA_VERSION = 1
 _FP8 = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
@@ -20,6 +20,7 @@ _QUANT_KEYS = ("quant_method", "quant_algo", "moe_quant_algo", "format", "fmt", 
                "source_format", "weight_format")
 
 EXAMPLES = """
+
 \b
 Examples:
   dsv4-convert inspect ./DeepSeek-V4-Flash
@@ -134,8 +135,9 @@ def render_table(s: dict) -> str:
     sizes = ", ".join(map(str, s["group_sizes"])) or "-"
     rows.append(("group size", sizes + (f" (declared {declared})" if declared else "")))
     b = s["bytes"]
-    rows.append(("bytes", f"FP4 experts {_gib(b['fp4_experts'])}, FP8 {_gib(b['fp8'])}, BF16 {_gib(b['bf16'])}, "
-                          f"other {_gib(b['other'])}; total {_gib(b['total'])}"))
+    sizes = (f"FP4 experts {_gib(b['fp4_experts'])}, FP8 {_gib(b['fp8'])}, BF16 {_gib(b['bf16'])}, "
+             f"other {_gib(b['other'])}; total {_gib(b['total'])}")
+    rows.append(("bytes", sizes))
     rows.append(("quantization", ", ".join(f"{k}={v}" for k, v in s["quantization_config"].items()) or "none"))
     if s["hf_quant_config"] is not None:
         rows.append(("hf_quant_config", ", ".join(f"{k}={v}" for k, v in s["hf_quant_config"].items())))

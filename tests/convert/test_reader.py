@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 from ckpt_factory import FORMATS, make_checkpoint, write_json
-
 from dsv4_convert.errors import ContentError, InputError, UsageError
 from dsv4_convert.reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from dsv4_convert.tensor_model import Quant, Role, SourceFormat
@@ -228,7 +227,7 @@ def _fill_cache(hf_home: Path, repo: str, src: Path) -> Path:
 def _offline(code: str, hf_home: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
     env.pop("HF_HUB_CACHE", None)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_hub_repo_id_from_prefilled_cache_offline(tmp_path):

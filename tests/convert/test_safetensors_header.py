@@ -3,11 +3,10 @@ import struct
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
-
 from dsv4_convert.errors import InputError
 from dsv4_convert.safetensors_header import parse_header, read_header
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 
 def _raw(path, header, data: bytes = b"", *, pad: bool = True) -> None:
@@ -110,7 +109,7 @@ def test_not_an_object(tmp_path):
 def test_duplicate_keys(tmp_path):
     p = tmp_path / "s.safetensors"
     e = _entry("U8", [2], 0, 2)
-    _raw(p, ('{"a": %s, "a": %s}' % (json.dumps(e), json.dumps(e))).encode(), b"\0\0")
+    _raw(p, f'{{"a": {json.dumps(e)}, "a": {json.dumps(e)}}}'.encode(), b"\0\0")
     err = _fails(p, "header.duplicate_key")
     assert err.tensor == "a"
 
