@@ -5,5 +5,6 @@ from .demo import demo
 from .inspect import inspect
 from .reverse_cmd import marlin_to_source
 from .synth import synth
+from .validate import validate
 
-ALL = [nvfp4_to_marlin, mxfp4_to_marlin, marlin_to_source, demo, inspect, synth]
+ALL = [nvfp4_to_marlin, mxfp4_to_marlin, marlin_to_source, demo, inspect, synth, validate]

@@ -1,0 +1,86 @@
+"""`dsv4-convert validate`: pre-flight checks of a source or converted checkpoint (docs/VALIDATE.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from ..validate.inputs import Options
+from ..validate.runner import Unreadable, validate as run_validation
+
+__all__ = ["validate"]
+
+EXAMPLES = """
+\b
+Examples:
+  dsv4-convert validate ./DeepSeek-V4-Flash --target sglang --tp 8
+  dsv4-convert validate ./dsv4-marlin --against ./DeepSeek-V4-Flash-NVFP4 --json report.json
+  dsv4-convert validate ./dsv4-marlin --sample 0.1 --plot layers.png
+
+\b
+Exit codes: 0 clean, 1 errors found (warnings too with --strict), 2 usage error or unreadable input.
+"""
+
+
+def _fraction(ctx, param, value):
+    if not 0 < value <= 1:
+        raise click.BadParameter(f"must be in (0, 1], got {value}")
+    return value
+
+
+@click.command(help="Check a checkpoint before you launch it: structure, numerics, Marlin layout round trip "
+                    "and a GEMM spot check. Full by default (every block of every expert)." + EXAMPLES)
+@click.argument("path")
+@click.option("--against", "against", metavar="SRC", help="reference source checkpoint: compare byte for byte")
+@click.option("--target", type=click.Choice(["sglang", "vllm"]), default=None,
+              help="engine that will serve it [default: sglang, or what a converted checkpoint records]")
+@click.option("--act-dtype", type=click.Choice(["bfloat16", "float16"]), default=None,
+              help="activation dtype [default: bfloat16, or what a converted checkpoint records]")
+@click.option("--w4a8", is_flag=True, help="MXFP4 with FP8 activations (vLLM only)")
+@click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1), help="tensor-parallel size")
+@click.option("--ep", default=1, show_default=True, type=click.IntRange(min=1), help="expert-parallel size")
+@click.option("--sample", default=1.0, show_default=True, type=float, callback=_fraction,
+              help="fraction of each layer's experts to check (1 = all)")
+@click.option("--gemm-experts", default=2, show_default=True, type=click.IntRange(min=0),
+              help="experts per layer for the GEMM spot check")
+@click.option("--seed", default=0, show_default=True, help="seed for sampling and GEMM activations")
+@click.option("--workers", default=None, type=click.IntRange(min=1),
+              help="worker processes [default: CPU count; 1 for small checkpoints]")
+@click.option("--json", "json_file", metavar="FILE", help="write the JSON report to FILE ('-' for stdout)")
+@click.option("--plot", "plot_file", metavar="FILE", help="per-layer heat map PNG (needs matplotlib)")
+@click.option("--strict", is_flag=True, help="warnings fail too (exit 1)")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+@click.pass_context
+def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_experts, seed, workers, json_file,
+             plot_file, strict, quiet):
+    if tp % ep:
+        raise click.BadParameter(f"--ep {ep} must divide --tp {tp} (the MoE runs with TP / EP per expert)",
+                                 param_hint="--ep")
+    if w4a8 and target not in (None, "vllm"):
+        raise click.BadParameter("W4A8 exists only in vLLM's Marlin; drop --w4a8 or use --target vllm",
+                                 param_hint="--w4a8")
+    opts = Options(engine=target or ("vllm" if w4a8 else "sglang"), act_dtype=act_dtype or "bfloat16", w4a8=w4a8,
+                   tp=tp, ep=ep, sample=sample, gemm_experts=gemm_experts, seed=seed, engine_requested=target,
+                   act_dtype_requested=act_dtype)
+    try:
+        report = run_validation(path, opts, against=against, workers=workers or os.cpu_count() or 1,
+                                progress=not quiet and sys.stderr.isatty())
+    except Unreadable as e:
+        click.echo(e.error.render(), err=True)
+        click.echo("  (unreadable input: exit 2)", err=True)
+        sys.exit(2)
+    data = report.to_json(strict=strict)
+    if json_file == "-":
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(report.render_text(strict=strict))
+        if json_file:
+            with open(json_file, "w") as f:
+                json.dump(data, f, indent=2)
+    if plot_file:
+        from ..validate.plot import plot_report
+        click.echo(plot_report(report, plot_file), err=True)
+    sys.exit(report.exit_code(strict=strict))

@@ -1,0 +1,48 @@
+"""Every check, in report order: one explicit tuple (tests assert the ids are unique)."""
+
+from . import against, gemm, globals, marlin_layout, mxfp4_scales, numerics, nvfp4_scales, quant_config, structure, tiles
+
+__all__ = ["ALL_CHECKS", "BY_ID"]
+
+ALL_CHECKS = (
+    # structure: index, headers, experts, shapes, config (headers only)
+    structure.shard_headers,
+    structure.shard_truncated,
+    structure.index_missing_file,
+    structure.index_keys,
+    structure.index_extra_file,
+    structure.reader_refused,
+    structure.experts_missing,
+    structure.dtype_shape,
+    structure.k_alignment,
+    tiles.tile_rules_per_rank,
+    quant_config.group_size_matches,
+    quant_config.experts_method,
+    quant_config.exclusions_cover,
+    quant_config.mxfp4_act_dtype,
+    quant_config.marlin_config,
+    quant_config.marlin_dtype_shape,
+    # numerics, per projection / per expert
+    nvfp4_scales.nan_scales,
+    nvfp4_scales.negative_scales,
+    nvfp4_scales.subnormal_scales,
+    nvfp4_scales.zero_scales,
+    globals.global_invalid,
+    globals.global_range,
+    globals.gate_up_mismatch,
+    mxfp4_scales.nan_scale_bytes,
+    mxfp4_scales.overflow_scale_bytes,
+    mxfp4_scales.zero_scale_bytes,
+    mxfp4_scales.w4a8_scale_range,
+    numerics.dequant_nonfinite,
+    numerics.all_zero_expert,
+    # converted (Marlin) checkpoints
+    marlin_layout.layout_weight,
+    marlin_layout.layout_scale,
+    marlin_layout.layout_global,
+    against.same_as_reference,
+    # sampled experts
+    gemm.gemm_rel_error,
+)
+
+BY_ID = {c.id: c for c in ALL_CHECKS}

@@ -1,0 +1,207 @@
+"""Index, headers, experts, dtypes and shapes, from headers and config alone (no tensor data)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterator
+
+from ...tensor_model import Role, SourceFormat
+from ..check import Finding, Scope, Severity, check
+from ..headers import INDEX_FILE
+from ..inputs import CheckpointInput, Options
+
+__all__ = ["shard_headers", "shard_truncated", "index_missing_file", "index_keys", "index_extra_file",
+           "reader_refused", "experts_missing", "dtype_shape", "k_alignment", "model_dims"]
+
+_SOURCE_WEIGHT = {"U8", "I8"}
+_SCALE_DTYPES = {"nvfp4": {"F8_E4M3", "U8"}, "mxfp4": {"F8_E8M0", "U8", "I8"}}
+
+
+def model_dims(config: dict) -> dict:
+    """hidden / intermediate / experts from a DeepSeek-V4 or Hugging Face config (None when absent)."""
+    text = config.get("text_config", config)
+    return {
+        "hidden": text.get("hidden_size"),
+        "intermediate": text.get("moe_intermediate_size") or text.get("intermediate_size"),
+        "experts": text.get("n_routed_experts") or text.get("num_local_experts") or text.get("num_experts"),
+        "layers": text.get("num_hidden_layers"),
+    }
+
+
+@check(id="structure.shard.header", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="re-download the shard; a header that does not parse or whose offsets are inconsistent is corrupt")
+def shard_headers(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """A corrupt header means the engine cannot load the shard, or loads the wrong bytes as a tensor."""
+    for h in c.headers.values():
+        if h.error:
+            yield Finding(h.file, h.error, file=h.file)
+
+
+@check(id="structure.shard.truncated", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="re-download the shard (compare its size with the hub's); an interrupted copy leaves it short")
+def shard_truncated(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """A shard shorter than its header says holds only part of its tensors."""
+    for h in c.headers.values():
+        ends = [(end, name) for name, (_, _, _, end) in h.tensors.items()]
+        if ends:
+            end, name = max(ends)
+            if end > h.size:
+                cut = [n for n, (_, _, b, e) in h.tensors.items() if e > h.size]
+                yield Finding(h.file, f"file is {h.size} bytes but its header needs {end}: {len(cut)} tensors are "
+                              f"cut off, first {sorted(cut)[0]}.", count=len(cut), file=h.file)
+
+
+@check(id="structure.index.missing_file", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="download the missing shard(s); the index lists them but they are not in the directory")
+def index_missing_file(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """Tensors the index puts in a file that does not exist cannot be loaded."""
+    if c.index is None:
+        return
+    by_file = defaultdict(list)
+    for name, f in c.index["weight_map"].items():
+        if f not in c.headers:
+            by_file[f].append(name)
+    for f, names in sorted(by_file.items()):
+        yield Finding(INDEX_FILE, f"{len(names)} tensors are mapped to {f}, which does not exist (first "
+                      f"{sorted(names)[0]}).", count=len(names), file=f)
+
+
+@check(id="structure.index.keys", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="rebuild model.safetensors.index.json from the shard headers")
+def index_keys(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """Every tensor must be in exactly one shard and the index must say which, or loaders pick the wrong one or none."""
+    if c.index_error:
+        yield Finding(INDEX_FILE, c.index_error)
+        return
+    owners = defaultdict(list)
+    for h in c.headers.values():
+        for name in h.tensors:
+            owners[name].append(h.file)
+    dup = {n: fs for n, fs in owners.items() if len(fs) > 1}
+    if dup:
+        n = sorted(dup)[0]
+        yield Finding(n, f"{len(dup)} tensors appear in more than one shard; first {n} in {', '.join(dup[n])}.",
+                      count=len(dup))
+    if c.index is None:
+        return
+    wmap = c.index["weight_map"]
+    wrong = [(n, f) for n, f in wmap.items() if f in c.headers and n not in c.headers[f].tensors]
+    if wrong:
+        n, f = sorted(wrong)[0]
+        yield Finding(n, f"{len(wrong)} index entries point to a shard that does not hold the tensor; first {n} "
+                      f"-> {f}.", count=len(wrong), file=f)
+    extra = sorted(n for n, fs in owners.items() if n not in wmap)
+    if extra:
+        yield Finding(extra[0], f"{len(extra)} tensors are in shard headers but not in the index; first {extra[0]} "
+                      f"({owners[extra[0]][0]}).", count=len(extra), file=owners[extra[0]][0])
+
+
+@check(id="structure.index.extra_file", severity=Severity.WARNING, scope=Scope.CHECKPOINT,
+       hint="delete the stray file or add its tensors to the index; engines ignore it")
+def index_extra_file(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """A shard the index does not mention is dead weight, or a sign of a mixed-up download."""
+    if c.index is None:
+        return
+    used = set(c.index["weight_map"].values())
+    for f in c.files_on_disk:
+        if f not in used:
+            yield Finding(f, "this .safetensors file is not referenced by the index.", file=f)
+
+
+@check(id="structure.reader", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="see the reader's message; the tensor-level checks were skipped")
+def reader_refused(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """If the reader refuses the checkpoint, so will an engine; nothing else can be checked."""
+    e = c.reader_error
+    if e is not None:
+        yield Finding(getattr(e, "tensor", None) or str(c.root), f"the reader refused the checkpoint "
+                      f"[{getattr(e, 'error_id', type(e).__name__)}]: {getattr(e, 'message', e)}",
+                      file=getattr(e, "file", None))
+
+
+@check(id="structure.experts.missing", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="re-download the shards that hold these experts; every expert of every layer must be present")
+def experts_missing(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """The engine allocates n_routed_experts per layer; a missing expert fails the load or serves zeros."""
+    if c.checkpoint is None:
+        return
+    want = model_dims(c.config)["experts"]
+    layers = defaultdict(lambda: defaultdict(set))
+    for p in c.checkpoint.projections:
+        layers[p.layer][p.expert].add(p.role)
+    for layer, experts in sorted(layers.items()):
+        expected = set(range(want)) if want else set(range(max(experts) + 1))
+        missing = sorted(expected - set(experts))
+        partial = sorted(e for e, roles in experts.items() if roles != set(Role))
+        prefix = _container(c, layer)
+        if missing:
+            yield Finding(prefix, f"layer {layer} has {len(experts)} of {len(expected)} experts "
+                          f"(n_routed_experts={want}); missing {_ranges(missing)}.", count=len(missing), layer=layer,
+                          expert=missing[0])
+        for e in partial:
+            lacking = sorted(r.value for r in set(Role) - experts[e])
+            yield Finding(f"{prefix}.{e}", f"expert {e} of layer {layer} lacks projection(s) {', '.join(lacking)}.",
+                          layer=layer, expert=e)
+
+
+def _container(c: CheckpointInput, layer: str) -> str:
+    for p in c.checkpoint.projections:
+        if p.layer == layer:
+            return p.key.rsplit(".", 2)[0]
+    return f"layers.{layer}"
+
+
+def _ranges(xs: list[int]) -> str:
+    out, start = [], xs[0]
+    for a, b in zip(xs, xs[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out[:8]) + (" ..." if len(out) > 8 else "")
+
+
+@check(id="structure.dtype_shape", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="the checkpoint was exported with another config or tool version; re-export it consistently")
+def dtype_shape(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """Every projection of a role must have the dtypes and shapes the config implies, or the engine's fused tensors cannot hold it."""
+    if c.checkpoint is None:
+        return
+    dims = model_dims(c.config)
+    h, i = dims["hidden"], dims["intermediate"]
+    marlin = c.checkpoint.format is SourceFormat.MARLIN
+    problems = defaultdict(list)
+    for p in c.checkpoint.projections:
+        n_want, k_want = (h, i) if p.role is Role.DOWN else (i, h)
+        if h and i and (p.n, p.k) != (n_want, k_want):
+            problems[f"{p.role.value}: [N, K] = [{p.n}, {p.k}], config implies [{n_want}, {k_want}]"].append(p)
+        if marlin or p.row_step != 1 or p.expert_index is not None:
+            continue  # Marlin tensors: marlin.dtype_shape; stacked gpt-oss tensors: checked by the reader
+        g = p.group_size
+        if p.weight.dtype not in _SOURCE_WEIGHT or p.weight.shape[-2:] != (p.n, p.k // 2):
+            problems[f"{p.role.value} weight: {p.weight.dtype} {list(p.weight.shape)}, expected U8/I8 "
+                     f"[{p.n}, {p.k // 2}]"].append(p)
+        if p.scale.dtype not in _SCALE_DTYPES[p.quant.value] or p.scale.shape[-2:] != (p.n, p.k // g):
+            problems[f"{p.role.value} scale: {p.scale.dtype} {list(p.scale.shape)}, expected "
+                     f"{'/'.join(sorted(_SCALE_DTYPES[p.quant.value]))} [{p.n}, {p.k // g}] (group {g})"].append(p)
+        if p.global_scale is not None and p.global_scale.dtype != "F32":
+            problems[f"{p.role.value} global: {p.global_scale.dtype}, expected F32"].append(p)
+    for text, ps in problems.items():
+        yield Finding(ps[0].weight.name, f"{len(ps)} projections: {text}; first {ps[0].key}.", count=len(ps),
+                      file=ps[0].weight.file, layer=ps[0].layer, expert=ps[0].expert)
+
+
+@check(id="structure.k_align", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="this shape cannot be served by Marlin; pad K to a multiple of 8 and of the group size when quantizing")
+def k_alignment(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """Marlin views the packed bytes as int32 (K % 8) and infers the group size as K / scale rows (K % g)."""
+    if c.checkpoint is None:
+        return
+    seen = set()
+    for p in c.checkpoint.projections:
+        bad = [f"K % 8 = {p.k % 8}"] if p.k % 8 else []
+        if p.k % p.group_size:
+            bad.append(f"K % {p.group_size} = {p.k % p.group_size}")
+        if bad and (p.role, p.k) not in seen:
+            seen.add((p.role, p.k))
+            yield Finding(p.weight.name, f"K={p.k}: {', '.join(bad)}.", file=p.weight.file, layer=p.layer,
+                          expert=p.expert)

@@ -1,0 +1,52 @@
+"""Optional per-layer picture: findings per (layer, expert) and the GEMM spot-check error."""
+
+from __future__ import annotations
+
+
+from .check import Severity
+
+__all__ = ["plot_report"]
+
+
+def plot_report(report, path: str) -> str:
+    """Write a PNG heat map; returns a one-line note (also when matplotlib is missing)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "note: --plot skipped: matplotlib is not installed (pip install 'dsv4-convert[plot]')"
+    layers = sorted({str(r.finding.layer) for r in report.results if r.finding.layer is not None}
+                    | {str(g["layer"]) for g in report.gemm}, key=_natural)
+    if not layers:
+        return "note: --plot skipped: no per-layer findings or GEMM cases to draw"
+    experts = 1 + max([r.finding.expert or 0 for r in report.results] + [g["expert"] for g in report.gemm])
+    row = {layer: i for i, layer in enumerate(layers)}
+    grid = [[0.0] * experts for _ in layers]
+    for r in report.results:
+        f = r.finding
+        if f.layer is not None and f.expert is not None and report.severity(r) is not Severity.INFO:
+            grid[row[str(f.layer)]][f.expert] += f.count
+    gemm = [[float("nan")] * experts for _ in layers]
+    for g in report.gemm:
+        e = g["rel_error"] if g["rel_error"] is not None else float("inf")
+        cur = gemm[row[str(g["layer"])]][g["expert"]]
+        gemm[row[str(g["layer"])]][g["expert"]] = e if cur != cur else max(cur, e)
+    fig, axes = plt.subplots(1, 2, figsize=(14, max(3, 0.25 * len(layers) + 2)))
+    for ax, data, title in ((axes[0], grid, "findings (count)"), (axes[1], gemm, "GEMM relative error")):
+        im = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="magma")
+        ax.set_title(title)
+        ax.set_xlabel("expert")
+        ax.set_ylabel("layer")
+        ax.set_yticks(range(len(layers)), layers)
+        fig.colorbar(im, ax=ax)
+    fig.suptitle(f"dsv4-convert validate {report.path}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+def _natural(s: str):
+    import re
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
