@@ -81,6 +81,21 @@ def _pad_last2(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     return F.pad(t.view(torch.uint8), (0, cols - c, 0, rows - r)).view(t.dtype)
 
 
+def _check_source(weight: torch.Tensor, scale: torch.Tensor, group: int, fmt: str) -> None:
+    """The packed weight and its block scales must agree before anything is padded or permuted."""
+    if weight.dtype not in (torch.uint8, torch.int8):
+        raise ValueError(f"{fmt} weight must be packed FP4 bytes (uint8 or int8), got {weight.dtype}")
+    if weight.dim() < 2:
+        raise ValueError(f"{fmt} weight must be [..., N, K/2], got shape {list(weight.shape)}")
+    k = weight.shape[-1] * 2
+    if k % group:
+        raise ValueError(f"{fmt}: K={k} (weight {list(weight.shape)}) is not a multiple of the group size {group}")
+    expected = [*weight.shape[:-1], k // group]
+    if list(scale.shape) != expected:
+        raise ValueError(f"{fmt} scale has shape {list(scale.shape)}, expected {expected} "
+                         f"(weight {list(weight.shape)} -> K={k}, / group {group})")
+
+
 def _pad_source(weight, scale, group, n_pad, k_pad):
     n, k = weight.shape[-2], weight.shape[-1] * 2
     n_pad, k_pad = n_pad or n, k_pad or k
@@ -92,6 +107,7 @@ def nvfp4_to_marlin(weight, scale, *, target: MarlinTarget, sf: float = 1.0, n_p
     float8_e4m3fn [..., Kp/16, Np]). `sf` is the vllm rescale factor of the whole stack (1 otherwise)."""
     if target.w4a8:
         raise ValueError("NVFP4 has no W4A8 Marlin variant (vLLM raises for it); drop --w4a8")
+    _check_source(weight, scale, NVFP4_GROUP, "NVFP4")
     weight, scale = _pad_source(weight, as_e4m3(scale), NVFP4_GROUP, n_pad, k_pad)
     qweight = to_marlin_weight(weight)
     s = nvfp4_scales_to_s0e5m3(scale.transpose(-1, -2), engine=target.engine, sf=sf)
@@ -112,6 +128,7 @@ def mxfp4_to_marlin(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=No
     if target.act_dtype != "bfloat16":
         raise ValueError("MXFP4 Marlin runs with bfloat16 activations only (vLLM compiles no fp16 "
                          "MXFP4 kernel; SGLang would corrupt E8M0 scales through fp16)")
+    _check_source(weight, scale, MXFP4_GROUP, "MXFP4")
     weight, scale = _pad_source(weight, as_e8m0_bytes(scale), MXFP4_GROUP, n_pad, k_pad)
     qweight = to_marlin_weight(weight, w4a8=target.w4a8)
     s = mxfp4_scales_to_marlin(scale.transpose(-1, -2), w4a8=target.w4a8)

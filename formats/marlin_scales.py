@@ -105,7 +105,14 @@ def s0e5m3_to_nvfp4_scales(b: torch.Tensor, *, sf: float = 1.0) -> torch.Tensor:
 def nvfp4_global_to_marlin(g: torch.Tensor, *, engine: str, act_dtype: str, sf: float = 1.0) -> torch.Tensor:
     """ModelOpt global scale(s) -> the processed global the kernel multiplies by: g * 2**(B-7) / sf,
     in float32 for vllm and in the activation dtype for sglang (which has no sf)."""
+    if act_dtype not in ACT_EXPONENT_BIAS:
+        raise ValueError(f"unknown activation dtype {act_dtype!r}; expected one of {sorted(ACT_EXPONENT_BIAS)}")
     bias = ACT_EXPONENT_BIAS[act_dtype]
+    bad = ~(torch.isfinite(g) & (g > 0))
+    if bad.any():
+        first = torch.nonzero(bad.reshape(-1))[0].item()
+        raise ValueError(f"NVFP4 global scales must be finite and > 0; {int(bad.sum())} of {g.numel()} are not "
+                         f"(first at flat index {first}: {g.reshape(-1)[first].item()})")
     if engine == "vllm":
         return g.float() * (2.0 ** (bias - 7)) / sf
     if engine == "sglang":
