@@ -39,7 +39,8 @@ SOURCE_DIR = "dsv4-convert-source"  # originals needed to give the input back by
 INDEX = "model.safetensors.index.json"
 LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
 LOST_SUFFIX = ".lost.safetensors"  # per shard, in staging, merged into LOST at the end
-_KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: SIGKILL this process at the n-th step
+_KILL_ENV = "DSV4_CONVERT_KILL_AT"
+_BYTES_PER_WORKER = 256 << 20  # test hook: SIGKILL this process at the n-th step
 
 
 @dataclass
@@ -185,6 +186,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
                    force: bool = False, progress: bool = True) -> ConvertResult:
     start = time.perf_counter()
     ckpt = plan.checkpoint
+    auto = workers is None
     workers = max(1, workers or os.cpu_count() or 1)
     staging = Staging(Path(out), force=force, resume=resume)
     done = staging.open(plan.fingerprint())
@@ -194,6 +196,8 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         total = sum(s.nbytes for s in todo)
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting",
                    disable=not progress, dynamic_ncols=True)
+        if auto:  # starting a worker costs a torch import: not worth it for small inputs
+            workers = min(workers, 1 + total // _BYTES_PER_WORKER)
         pool = _Pool(min(workers, max(1, len(todo))), bar)
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
         meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,

@@ -1,4 +1,16 @@
+"""Shared test helpers. Keep this the only conftest.py: tests import `assert_bytes_equal` from it."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
 import torch
+
+from dsv4_convert.synth import write_synthetic_checkpoint
+
 
 
 def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, what: str = "tensor") -> None:
@@ -12,3 +24,30 @@ def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, what: str =
         i = diff[0].item()
         raise AssertionError(f"{what}: {diff.numel()} of {a.numel()} bytes differ; first at byte {i}: "
                              f"{a[i].item():#04x} != {b[i].item():#04x}")
+
+
+def _read_only(root: Path) -> None:
+    for p in [root, *root.rglob("*")]:
+        p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+
+
+@pytest.fixture(scope="session")
+def synth_source(tmp_path_factory):
+    """synth_source(fmt, **kwargs) -> a read-only synthetic checkpoint, cached by its arguments.
+    Read-only proves that no command ever writes into its input (root ignores the bits, so the
+    tests also compare hashes)."""
+    cache: dict = {}
+
+    def make(fmt: str, **kwargs) -> Path:
+        key = (fmt, tuple(sorted(kwargs.items())))
+        if key not in cache:
+            out = tmp_path_factory.mktemp("src") / fmt
+            write_synthetic_checkpoint(out, format=fmt, **kwargs)
+            _read_only(out)
+            cache[key] = out
+        return cache[key]
+
+    yield make
+    for root in cache.values():
+        for p in [root, *root.rglob("*")]:
+            os.chmod(p, 0o755 if p.is_dir() else 0o644)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 
 import click
@@ -31,8 +30,8 @@ def target_options(fn):
 
 def run_options(fn):
     for opt in reversed([
-        click.option("--workers", type=click.IntRange(1), default=os.cpu_count() or 1, show_default="number of cores",
-                     help="Processes converting shards in parallel."),
+        click.option("--workers", type=click.IntRange(1), default=None, show_default="number of cores",
+                     help="Processes converting shards in parallel (small inputs run in one process)."),
         click.option("--max-shard-size", default=None, metavar="SIZE",
                      help="Re-shard the output (e.g. 5GB). Default: keep the input's shards."),
         click.option("--resume", is_flag=True, help="Continue an interrupted run; finished shards whose hash verifies are kept."),

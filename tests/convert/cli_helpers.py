@@ -1,0 +1,24 @@
+"""Run the real CLI in a subprocess, and hash directories, for the converter tests."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+CLI = [sys.executable, "-m", "dsv4_convert.cli"]
+
+
+def run_cli(*args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    e = dict(os.environ, **(env or {}))
+    proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=e)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(root).rglob("*")) if p.is_file()}

@@ -1,0 +1,149 @@
+"""End to end, through the CLI in a subprocess: synth -> convert -> compare every tensor with the
+codec module's output on the same source (the codecs are pinned to the engines by the golden cases)
+-> marlin-to-source gives back the input directory byte for byte."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from cli_helpers import run_cli, tree_hashes
+from conftest import assert_bytes_equal
+from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
+from dsv4_convert.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.tensor_model import Quant, Role, SourceFormat
+
+CASES = [  # (synth format, command, target, act dtype, extra flags)
+    ("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "sglang", "bfloat16", ()),
+    ("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "vllm", "bfloat16", ()),
+    ("nvfp4-modelopt-hf", "nvfp4-to-marlin", "vllm", "float16", ()),
+    ("nvfp4-modelopt-hf", "nvfp4-to-marlin", "sglang", "float16", ()),
+    ("nvfp4-ct", "nvfp4-to-marlin", "vllm", "bfloat16", ()),
+    ("nvfp4-ct", "nvfp4-to-marlin", "sglang", "bfloat16", ()),
+    ("mxfp4-dsv4", "mxfp4-to-marlin", "sglang", "bfloat16", ()),
+    ("mxfp4-dsv4", "mxfp4-to-marlin", "vllm", "bfloat16", ("--w4a8",)),
+    ("mxfp4-ct", "mxfp4-to-marlin", "vllm", "bfloat16", ()),
+]
+
+
+def _tensors(root: Path) -> dict[str, torch.Tensor]:
+    index = json.loads((root / "model.safetensors.index.json").read_text())
+    out = {}
+    for file in sorted(set(index["weight_map"].values())):
+        with safe_open(root / file, "pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys()})
+    return out
+
+
+def _expected(src_root: Path, target: MarlinTarget) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """What the converter must write for each projection, computed with the codecs directly."""
+    ckpt = open_checkpoint(src_root)
+    stacks = defaultdict(list)
+    for p in ckpt.projections:
+        stacks[(p.key.rsplit(".", 2)[0], p.role is Role.DOWN)].append(p)
+    expected, replaced = {}, set()
+    with TensorReader(src_root) as reader:
+        data = {p.key: load_projection(reader, p, fmt=ckpt.format) for p in ckpt.projections}
+        for members in stacks.values():
+            nv = [p for p in members if p.quant is Quant.NVFP4]
+            sf = (vllm_rescale_factor([data[p.key].scale for p in nv], target.act_dtype)
+                  if target.engine == "vllm" and nv else 1.0)
+            for p in members:
+                d = data[p.key]
+                replaced.update(r.name for r in p.source_refs)
+                if p.quant is Quant.NVFP4:
+                    q, s = nvfp4_to_marlin(d.weight, d.scale, target=target, sf=sf)
+                    expected[f"{p.key}.weight_global_scale"] = nvfp4_global_to_marlin(
+                        d.global_scale, engine=target.engine, act_dtype=target.act_dtype, sf=sf)
+                    if ckpt.format is SourceFormat.NVFP4_CT:
+                        expected[f"{p.key}.weight_scale_2"] = d.global_scale
+                        expected[f"{p.key}.ct_weight_global_scale"] = reader.get(p.global_scale)
+                    else:
+                        expected[f"{p.key}.weight_scale_2"] = reader.get(p.global_scale)
+                    if p.input_scale is not None:
+                        expected[p.input_scale.name] = reader.get(p.input_scale)
+                else:
+                    q, s = mxfp4_to_marlin(d.weight, d.scale, target=target)
+                expected[f"{p.key}.weight"], expected[f"{p.key}.weight_scale"] = q, s
+    return expected, replaced
+
+
+@pytest.mark.parametrize("fmt,command,engine,act,extra", CASES, ids=[f"{c[0]}-{c[2]}-{c[3]}{''.join(c[4])}" for c in CASES])
+def test_convert_matches_codecs_and_reverses(tmp_path, synth_source, fmt, command, engine, act, extra):
+    out, back = tmp_path / "out", tmp_path / "back"
+    src = synth_source(fmt, experts=4, mtp=fmt.endswith("dsv4"))
+    before = tree_hashes(src)
+    workers = ("--workers", 2) if engine == "vllm" and fmt == "nvfp4-modelopt-dsv4" else ()  # the process pool
+    proc = run_cli(command, src, out, "--target", engine, "--act-dtype", act, "--json", *workers, *extra)
+    summary = json.loads(proc.stdout)
+    assert summary["projections"] > 0 and summary["lost_scales"] == 0
+
+    target = MarlinTarget(engine, act, "--w4a8" in extra)
+    expected, replaced = _expected(src, target)
+    got = _tensors(out)
+    for name, value in expected.items():
+        assert_bytes_equal(got[name], value, name)
+    source = _tensors(src)
+    passthrough = set(source) - replaced
+    assert passthrough, "synth checkpoints have non-expert tensors"
+    for name in passthrough:
+        assert_bytes_equal(got[name], source[name], name)
+    assert set(got) == set(expected) | passthrough, "no tensor is lost or invented"
+
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(got)
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in got.values())
+    for rel in ("tokenizer_config.json", "generation_config.json"):
+        assert (out / rel).read_bytes() == (src / rel).read_bytes()
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["quant_method"] == "marlin_fp4" and qc["marlin_layout"] == target.layout_tag
+    assert qc["original_quantization_config"] == json.loads((src / "config.json").read_text()).get("quantization_config")
+
+    run_cli("marlin-to-source", out, back)
+    assert tree_hashes(back) == before, "marlin-to-source gives back the input byte for byte"
+    assert tree_hashes(src) == before, "the input is never modified"
+
+
+@pytest.mark.parametrize("defect,engine", [("negative-scale", "vllm"), ("negative-scale", "sglang"),
+                                           ("subnormal-scale", "vllm"), ("zero-scale", "vllm")])
+def test_clamped_scales_are_reported_and_restored(tmp_path, synth_source, defect, engine):
+    out, back = tmp_path / "out", tmp_path / "back"
+    src = synth_source("nvfp4-modelopt-dsv4", experts=4, defects=(defect,))
+    proc = run_cli("nvfp4-to-marlin", src, out, "--target", engine)
+    lost = "scale bytes are negative or too small" in proc.stderr
+    assert lost == (defect != "zero-scale"), proc.stderr  # a zero scale is representable: nothing is lost
+    proc = run_cli("marlin-to-source", out, back)
+    assert tree_hashes(back) == tree_hashes(src)
+    assert ("restored from the record" in proc.stdout) == lost
+
+
+def test_vllm_rescale_factor_is_recorded_per_layer_stack(tmp_path, synth_source):
+    src, out = synth_source("nvfp4-modelopt-dsv4", experts=4), tmp_path / "out"
+    run_cli("nvfp4-to-marlin", src, out, "--target", "vllm")
+    factors = json.loads((out / "config.json").read_text())["quantization_config"]["rescale_factors"]
+    assert set(factors) == {f"layers.{i}.ffn.experts.{s}" for i in range(2) for s in ("w13", "w2")}
+    assert all(f >= 1 and (f & (f - 1) == 0 if isinstance(f, int) else float(f).is_integer()) for f in factors.values())
+
+
+def test_dry_run_writes_nothing_and_predicts_the_size(tmp_path, synth_source):
+    src, out = synth_source("nvfp4-modelopt-hf", experts=4), tmp_path / "out"
+    plan = json.loads(run_cli("nvfp4-to-marlin", src, out, "--dry-run", "--json").stdout)
+    assert not out.exists() and not Path(str(out) + ".partial").exists()
+    run_cli("nvfp4-to-marlin", src, out, "-q")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert plan["bytes_out"] == index["metadata"]["total_size"]
+
+
+def test_max_shard_size_reshards_and_still_reverses(tmp_path, synth_source):
+    src, out, back = synth_source("mxfp4-dsv4", experts=8, shards=2), tmp_path / "out", tmp_path / "back"
+    run_cli("mxfp4-to-marlin", src, out, "--max-shard-size", "300KB", "-q")
+    files = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert len(files) > 2 and files[0].endswith(f"-of-{len(files):05d}.safetensors")
+    run_cli("marlin-to-source", out, back, "-q")
+    assert tree_hashes(back) == tree_hashes(src)
