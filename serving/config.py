@@ -1,0 +1,206 @@
+"""The converted checkpoint's `quantization_config` (docs/FORMAT.md), parsed without any engine.
+
+Everything an engine plugin decides before it touches a tensor lives here and is pure: parsing and
+validating the block, refusing a layout tag written for another engine, finding the FP4 format of
+an experts module from the engine's layer prefix, and refusing per-rank shapes the engine would pad.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "QUANT_METHOD", "FORMAT_VERSION", "LAYOUTS", "PluginConfigError", "MarlinFp4Spec",
+    "parse_quant_config", "check_layout", "expert_container", "check_rank_shape", "working_tp_sizes",
+    "registration_log_line",
+]
+
+QUANT_METHOD = "marlin_fp4"
+FORMAT_VERSION = 1
+FORMATS = ("nvfp4", "mxfp4")
+ACT_DTYPES = ("bfloat16", "float16")
+
+# layout tag -> (engine, oldest engine version with these bytes, version the tag was checked on).
+# vllm-L4: vLLM >= 0.20 (MARLIN_FP4.md §9); sglang-L2: SGLang 0.5.23 (the NVFP4 Marlin fallback and
+# the DSv4 MXFP4 Marlin method exist only since 0.5.2x; 0.5.23 is the version verified byte for byte).
+LAYOUTS = {
+    "vllm-L4": ("vllm", (0, 20, 0), "0.33.0"),
+    "sglang-L2": ("sglang", (0, 5, 23), "0.5.23"),
+}
+
+
+class PluginConfigError(ValueError):
+    """The checkpoint's quantization_config cannot be served by this engine; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class MarlinFp4Spec:
+    marlin_layout: str
+    target_engine: str
+    act_dtype: str
+    w4a8: bool
+    weight_format: str
+    group_size: int
+    experts: dict[str, str]
+    rescale_factors: dict[str, float]
+    original_quantization_config: dict | None
+    format_version: int = FORMAT_VERSION
+    target_engine_version: str | None = None
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def format_of(self, container: str) -> str:
+        return self.experts[container]
+
+
+def parse_quant_config(cfg: dict) -> MarlinFp4Spec:
+    """Validate the whole block at once and list every problem in one error."""
+    if not isinstance(cfg, dict):
+        raise PluginConfigError(f"quantization_config must be a JSON object, got {type(cfg).__name__}")
+    problems = []
+    if cfg.get("quant_method") != QUANT_METHOD:
+        problems.append(f"quant_method is {cfg.get('quant_method')!r}, expected {QUANT_METHOD!r}")
+    version = cfg.get("format_version")
+    if version != FORMAT_VERSION:
+        problems.append(f"format_version is {version!r}; this plugin reads format_version {FORMAT_VERSION} "
+                        "(upgrade dsv4-convert in the server environment)")
+    layout = cfg.get("marlin_layout")
+    if layout is None:
+        problems.append("marlin_layout is missing (every dsv4-convert checkpoint records it; re-convert)")
+    elif layout not in LAYOUTS:
+        problems.append(f"marlin_layout {layout!r} is unknown; known tags: {sorted(LAYOUTS)}")
+    act = cfg.get("act_dtype")
+    if act not in ACT_DTYPES:
+        problems.append(f"act_dtype is {act!r}, expected one of {ACT_DTYPES}")
+    experts = cfg.get("experts")
+    if not isinstance(experts, dict) or not experts:
+        problems.append("experts must map each experts module to 'nvfp4' or 'mxfp4'")
+        experts = {}
+    for name, fmt in experts.items():
+        if fmt not in FORMATS:
+            problems.append(f"experts[{name!r}] is {fmt!r}, expected one of {FORMATS}")
+    rescale = cfg.get("rescale_factors", {})
+    if not isinstance(rescale, dict):
+        problems.append("rescale_factors must be an object")
+        rescale = {}
+    original = cfg.get("original_quantization_config")
+    if original is not None and not (isinstance(original, dict) and "quant_method" in original):
+        problems.append("original_quantization_config must be the source's block (with its quant_method) or null")
+    if problems:
+        raise PluginConfigError("dsv4-convert checkpoint config refused:\n  - " + "\n  - ".join(problems))
+    return MarlinFp4Spec(
+        marlin_layout=layout,
+        target_engine=cfg.get("target_engine", LAYOUTS[layout][0]),
+        act_dtype=act,
+        w4a8=bool(cfg.get("w4a8", False)),
+        weight_format=cfg.get("weight_format", next(iter(experts.values()))),
+        group_size=int(cfg.get("group_size", 16)),
+        experts=dict(experts),
+        rescale_factors={k: float(v) for k, v in rescale.items()},
+        original_quantization_config=original,
+        format_version=version,
+        target_engine_version=cfg.get("target_engine_version"),
+        raw=dict(cfg),
+    )
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    nums = []
+    for part in version.split("."):
+        m = re.match(r"\d+", part)
+        if not m:
+            break
+        nums.append(int(m.group()))
+    return tuple(nums)
+
+
+def check_layout(spec: MarlinFp4Spec, *, engine: str, engine_version: str, model_dtype: str | None = None) -> None:
+    """Refuse a checkpoint whose bytes were laid out for another engine (or an older version)."""
+    tag_engine, oldest, checked = LAYOUTS[spec.marlin_layout]
+    if tag_engine != engine:
+        other = next(t for t, (e, _, _) in LAYOUTS.items() if e == engine)
+        raise PluginConfigError(
+            f"this checkpoint was converted for {tag_engine} (marlin_layout {spec.marlin_layout!r}) but is being "
+            f"loaded by {engine} {engine_version}, which expects {other!r}: the NVFP4 scale bytes and global "
+            f"scales differ between the engines. Re-convert with `--target {engine}`, or serve it with {tag_engine}.")
+    have = _version_tuple(engine_version)
+    if have < oldest:
+        raise PluginConfigError(
+            f"marlin_layout {spec.marlin_layout!r} needs {engine} >= {'.'.join(map(str, oldest))} (checked on "
+            f"{checked}); the running {engine} is {engine_version}, whose Marlin layout differs. Upgrade {engine}.")
+    if spec.w4a8 and engine != "vllm":
+        raise PluginConfigError("w4a8 (fp8 activations) checkpoints exist only for vLLM")
+    if model_dtype is not None and model_dtype != spec.act_dtype and "nvfp4" in spec.experts.values():
+        raise PluginConfigError(
+            f"this NVFP4 checkpoint was converted for {spec.act_dtype} activations but the server runs "
+            f"{model_dtype}: its scale bytes and globals depend on the activation dtype. Start the server with "
+            f"--dtype {spec.act_dtype}, or re-convert with --act-dtype {model_dtype}.")
+
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_MTP = re.compile(r"(?:^|\.)mtp\.(\d+)\.")
+
+
+def expert_container(spec: MarlinFp4Spec, prefix: str, *, num_hidden_layers: int | None = None) -> str | None:
+    """The checkpoint's experts container for an engine layer prefix, or None if it holds no FP4 experts.
+
+    Engines rename modules (`model.layers.3.mlp.experts`, `model.layers.3.ffn.experts`) and put MTP
+    layers after the decoder layers (`model.layers.{num_hidden_layers + i}`) or under
+    `model.decoder`/`mtp`; the checkpoint keeps `layers.3.ffn.experts` and `mtp.0.ffn.experts`."""
+    by_layer, by_mtp = {}, {}
+    for name in spec.experts:
+        if m := _MTP.search(name + "."):
+            by_mtp[int(m.group(1))] = name
+        elif m := _LAYER.search(name + "."):
+            by_layer[int(m.group(1))] = name
+    p = prefix + "."
+    if m := _MTP.search(p):
+        return by_mtp.get(int(m.group(1)))
+    if ".decoder." in p or p.startswith("decoder."):
+        return by_mtp.get(0)
+    if m := _LAYER.search(p):
+        idx = int(m.group(1))
+        if num_hidden_layers is not None and idx >= num_hidden_layers:
+            return by_mtp.get(idx - num_hidden_layers)
+        return by_layer.get(idx)
+    return None
+
+
+def _shape_rule(fmt: str, engine: str) -> tuple[int, int]:
+    """(multiple the per-rank intermediate size must be, multiple the hidden size must be) so that the
+    engine pads nothing. MXFP4: both engines round I to 128 and H to 256 when they create the
+    parameters. NVFP4: Marlin tiles (vLLM pads I to 64 when H % 128 == 0)."""
+    if fmt == "mxfp4":
+        return 128, 256
+    return 64, 128
+
+
+def working_tp_sizes(fmt: str, engine: str, *, intermediate: int, hidden: int, limit: int = 64) -> list[int]:
+    mi, mh = _shape_rule(fmt, engine)
+    if hidden % mh:
+        return []
+    return [tp for tp in range(1, limit + 1) if intermediate % tp == 0 and (intermediate // tp) % mi == 0]
+
+
+def check_rank_shape(fmt: str, engine: str, *, intermediate: int, hidden: int, tp_size: int) -> None:
+    """Refuse a TP split whose per-rank shapes the engine would pad (slicing packed tiles is then wrong)."""
+    mi, mh = _shape_rule(fmt, engine)
+    reasons = []
+    if intermediate % tp_size:
+        reasons.append(f"the intermediate size {intermediate} does not split evenly over TP={tp_size}")
+    elif (intermediate // tp_size) % mi:
+        reasons.append(f"the per-rank intermediate size {intermediate}/{tp_size} = {intermediate // tp_size} is "
+                       f"not a multiple of {mi}")
+    if hidden % mh:
+        reasons.append(f"the hidden size {hidden} is not a multiple of {mh}")
+    if reasons:
+        ok = working_tp_sizes(fmt, engine, intermediate=intermediate, hidden=hidden)
+        raise PluginConfigError(
+            f"{fmt} experts cannot be loaded pre-packed here: {'; '.join(reasons)}, so {engine} would pad them "
+            f"and the packed tiles would no longer line up. TP sizes that work for this model: "
+            f"{ok or 'none'}. Otherwise serve the unconverted checkpoint.")
+
+
+def registration_log_line(engine: str, engine_version: str) -> str:
+    """The exact line each plugin logs (at INFO) when it registers; docs/SERVING.md quotes it."""
+    return f"dsv4-convert: registered quantization method '{QUANT_METHOD}' for {engine} {engine_version}"

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Build the engine test venvs (.venv-vllm, .venv-sglang) from the committed lock lists.
+# Idempotent: a venv whose stamp matches the lock file and pins is left as is.
+# Never lets pip resolve an engine's own requirements (CUDA torch, flashinfer, ...): --no-deps.
+# Usage: serving_tests/build_venvs.sh [vllm|sglang]...   (default: both)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+LOCKS="$ROOT/serving_tests/locks"
+PY="${PYTHON:-python3}"
+TORCH="torch==2.13.0"
+
+build() {
+  local name="$1" pin="$2" lock="$3"
+  local venv="$ROOT/.venv-$name"
+  local stamp="$venv/.dsv4-stamp"
+  local want
+  want="$( (echo "$TORCH $pin"; cat "$LOCKS/$lock") | sha256sum | cut -d' ' -f1)"
+  if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    # the project itself is an editable install, so only re-link it (fast) in case pyproject changed
+    "$venv/bin/pip" install -q -e "$ROOT" --no-deps
+    echo "[build_venvs] $name: up to date"
+    return
+  fi
+  local t0=$SECONDS
+  rm -rf "$venv"
+  "$PY" -m venv "$venv"
+  "$venv/bin/pip" install -q "$TORCH"                       # CPU build (local wheel)
+  "$venv/bin/pip" install -q --no-deps "$pin"
+  "$venv/bin/pip" install -q --no-deps -r "$LOCKS/$lock"
+  "$venv/bin/pip" install -q --no-deps pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
+  "$venv/bin/pip" install -q -e "$ROOT" --no-deps
+  echo "$want" > "$stamp"
+  echo "[build_venvs] $name: built in $((SECONDS - t0)) s"
+}
+
+targets=("$@")
+[[ ${#targets[@]} -eq 0 ]] && targets=(vllm sglang)
+for t in "${targets[@]}"; do
+  case "$t" in
+    vllm)   build vllm   vllm==0.33.0   vllm-0.33.0-cpu-test.lock ;;
+    sglang) build sglang sglang==0.5.23 sglang-0.5.23-cpu-test.lock ;;
+    *) echo "unknown engine: $t" >&2; exit 2 ;;
+  esac
+done

@@ -1,0 +1,76 @@
+"""Engine-independent helpers for the engine tests: spawning gloo ranks and comparing bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+__all__ = ["spawn_ranks", "byte_diff", "compare_params"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, port: int, target: str, args: dict, out_dir: str) -> None:
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world,
+                                         init_method=f"tcp://127.0.0.1:{port}")
+    module_name, fn_name = target.split(":")
+    try:
+        __import__(module_name)
+        result = getattr(sys.modules[module_name], fn_name)(rank, world, **args)
+    except BaseException:
+        result = {"__error__": traceback.format_exc()}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+def spawn_ranks(target: str, args: dict, tmp_path: Path, world: int = 2) -> list[dict]:
+    """Run `module:function(rank, world, **args)` in `world` spawned processes that share a gloo group;
+    return each rank's JSON result (a rank that raised returns {'__error__': traceback})."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    os.environ.setdefault("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), os.environ["PYTHONPATH"]])
+    torch.multiprocessing.spawn(_rank_main, args=(world, _free_port(), target, args, str(tmp_path)), nprocs=world)
+    results = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(world)]
+    errors = [f"rank {r}:\n{res['__error__']}" for r, res in enumerate(results) if "__error__" in res]
+    if errors:
+        raise AssertionError("\n".join(errors))
+    return results
+
+
+def byte_diff(actual: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """None when dtype, shape and every byte agree; otherwise what differs (first index, both bytes)."""
+    if actual.dtype != expected.dtype:
+        return f"dtype {actual.dtype} != {expected.dtype}"
+    if tuple(actual.shape) != tuple(expected.shape):
+        return f"shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    a = actual.detach().contiguous().reshape(-1).view(torch.uint8)
+    b = expected.detach().contiguous().reshape(-1).view(torch.uint8)
+    bad = torch.nonzero(a != b).flatten()
+    if bad.numel():
+        i = bad[0].item()
+        return f"{bad.numel()} of {a.numel()} bytes differ; first at byte {i}: {a[i].item():#04x} != {b[i].item():#04x}"
+    return None
+
+
+def compare_params(engine_layer: torch.nn.Module, plugin_layer: torch.nn.Module, names: list[str]) -> dict:
+    """Byte comparison of the named final parameters: {name: None or what differs}."""
+    out = {}
+    for name in names:
+        exp = getattr(engine_layer, name, None)
+        act = getattr(plugin_layer, name, None)
+        if exp is None or act is None:
+            out[name] = f"missing: engine has {exp is not None}, plugin has {act is not None}"
+        else:
+            out[name] = byte_diff(act, exp)
+    return out

@@ -1,0 +1,113 @@
+"""Synthetic DeepSeek-V4-style expert tensors (source and converted) shared by the engine tests.
+
+Until `dsv4-convert synth` / `nvfp4-to-marlin` are available, the converted tensors are produced per
+projection with the project's own codecs, exactly as docs/FORMAT.md describes the converter output.
+Engine-independent: imports torch and dsv4_convert.formats only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
+
+__all__ = ["CONTAINER", "source_experts", "converted_experts", "quant_config", "rescale_factors"]
+
+CONTAINER = "layers.0.ffn.experts"
+PROJ = ("w1", "w2", "w3")  # gate, down, up (DeepSeek names)
+
+
+def _proj_shape(proj: str, hidden: int, inter: int) -> tuple[int, int]:
+    return (hidden, inter) if proj == "w2" else (inter, hidden)  # (N, K)
+
+
+def source_experts(fmt: str, *, experts: int, hidden: int, inter: int, seed: int = 0,
+                   small_scales_for: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
+    """Unconverted tensors named as in the checkpoint. MXFP4 uses DeepSeek-V4's own names (`.weight`
+    int8, `.scale` E8M0); NVFP4 uses ModelOpt's (`.weight` uint8, `.weight_scale` E4M3,
+    `.weight_scale_2`, `.input_scale`). Experts in `small_scales_for` get block scales < 224 so that
+    vLLM's bf16 rescale factor depends on which experts a rank holds (the EP case)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for e in range(experts):
+        for p in PROJ:
+            n, k = _proj_shape(p, hidden, inter)
+            name = f"{CONTAINER}.{e}.{p}"
+            packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+            if fmt == "mxfp4":
+                out[f"{name}.weight"] = packed.view(torch.int8)
+                out[f"{name}.scale"] = torch.randint(110, 140, (n, k // 32), generator=g,
+                                                     dtype=torch.uint8).view(torch.float8_e8m0fnu)
+            else:
+                top = 100.0 if e in small_scales_for else 448.0
+                s = torch.rand((n, k // 16), generator=g) * top + 2 ** -5
+                out[f"{name}.weight"] = packed
+                out[f"{name}.weight_scale"] = s.to(torch.float8_e4m3fn)
+                # gate and up share the global (as ModelOpt exports them); down has its own
+                gval = 0.01 * (1 + e) if p != "w2" else 0.02 * (1 + e)
+                out[f"{name}.weight_scale_2"] = torch.tensor(gval, dtype=torch.float32)
+                out[f"{name}.input_scale"] = torch.tensor(0.5, dtype=torch.float32)
+    return out
+
+
+def rescale_factors(src: dict[str, torch.Tensor], target: MarlinTarget, experts: range) -> dict[str, float]:
+    """vLLM's factor per stack over the given experts (all of them, as the converter records it)."""
+    if target.engine != "vllm":
+        return {f"{CONTAINER}.w13": 1.0, f"{CONTAINER}.w2": 1.0}
+    w13 = [src[f"{CONTAINER}.{e}.{p}.weight_scale"] for e in experts for p in ("w1", "w3")]
+    w2 = [src[f"{CONTAINER}.{e}.w2.weight_scale"] for e in experts]
+    return {f"{CONTAINER}.w13": vllm_rescale_factor(w13, target.act_dtype),
+            f"{CONTAINER}.w2": vllm_rescale_factor(w2, target.act_dtype)}
+
+
+def converted_experts(src: dict[str, torch.Tensor], fmt: str, target: MarlinTarget, *,
+                      experts: int) -> dict[str, torch.Tensor]:
+    """The converter's per-projection output (docs/FORMAT.md) for `src`."""
+    out = {}
+    sfs = rescale_factors(src, target, range(experts)) if fmt == "nvfp4" else {}
+    for e in range(experts):
+        for p in PROJ:
+            name = f"{CONTAINER}.{e}.{p}"
+            if fmt == "mxfp4":
+                q, s = mxfp4_to_marlin(src[f"{name}.weight"], src[f"{name}.scale"], target=target)
+                out[f"{name}.weight"], out[f"{name}.weight_scale"] = q, s
+                continue
+            sf = sfs[f"{CONTAINER}.{'w2' if p == 'w2' else 'w13'}"]
+            q, s = nvfp4_to_marlin(src[f"{name}.weight"], src[f"{name}.weight_scale"], target=target, sf=sf)
+            gm = nvfp4_global_to_marlin(src[f"{name}.weight_scale_2"], engine=target.engine,
+                                        act_dtype=target.act_dtype, sf=sf)
+            out[f"{name}.weight"], out[f"{name}.weight_scale"] = q, s
+            out[f"{name}.weight_global_scale"] = gm.reshape(())
+            out[f"{name}.weight_scale_2"] = src[f"{name}.weight_scale_2"]
+            out[f"{name}.input_scale"] = src[f"{name}.input_scale"]
+    return out
+
+
+def quant_config(fmt: str, target: MarlinTarget, *, rescale: dict[str, float] | None = None,
+                 original: dict | None = None) -> dict:
+    """The `quantization_config` block the converter writes (docs/FORMAT.md)."""
+    return {
+        "quant_method": "marlin_fp4",
+        "format_version": 1,
+        "producer": {"name": "dsv4-convert", "version": "0.1.0"},
+        "marlin_layout": target.layout_tag,
+        "target_engine": target.engine,
+        "target_engine_version": target.engine_version,
+        "act_dtype": target.act_dtype,
+        "w4a8": target.w4a8,
+        "source_format": f"{fmt}-synthetic",
+        "weight_format": fmt,
+        "group_size": 16 if fmt == "nvfp4" else 32,
+        "experts": {CONTAINER: fmt},
+        "packed_modules": [f"{CONTAINER}.*.w1", f"{CONTAINER}.*.w2", f"{CONTAINER}.*.w3"],
+        "rescale_factors": rescale or {},
+        "original_quantization_config": original or DSV4_FP8,
+        "original_hf_quant_config": None,
+    }
+
+
+# DeepSeek-V4's own block (the FP8 parts of the model are served by the engine's method built from it)
+DSV4_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "scale_fmt": "ue8m0",
+            "weight_block_size": [128, 128]}
+__all__.append("DSV4_FP8")
