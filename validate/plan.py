@@ -1,0 +1,233 @@
+"""`dsv4-convert plan`: from headers alone, which TP/EP splits work, how much memory each GPU needs,
+the memory flag to pass, the MoE backend to force, and a launch command (docs/PLAN.md).
+
+Memory model (per GPU, GiB): weights = expert bytes / TP + other bytes / TP (attention is TP-sharded,
+embeddings and head are vocab-parallel; the few replicated norms are ignored) plus fixed reserves
+for activations, CUDA graphs and the runtime (CUDA context, NCCL buffers, allocator slack). A source
+checkpoint also needs room to repack one layer's experts at load time; a converted one does not.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from ..tensor_model import Checkpoint, SourceFormat
+from .checks.structure import model_dims
+from .tiles import ShardVerdict, moe_shard_verdict
+
+__all__ = ["ModelShape", "ConfigVerdict", "LaunchPlan", "shape_from_checkpoint", "make_plan",
+           "ACTIVATION_GIB", "CUDA_GRAPH_GIB", "RUNTIME_GIB", "MIN_KV_GIB"]
+
+GIB = 1 << 30
+ACTIVATION_GIB = 2.0  # peak activations of a chunked prefill (8k tokens) incl. the MoE intermediate
+CUDA_GRAPH_GIB = 1.5  # captured decode graphs for batch sizes up to ~256
+RUNTIME_GIB = 1.0  # CUDA context, NCCL buffers, allocator fragmentation
+MIN_KV_GIB = 4.0  # below this the KV cache holds too few tokens to serve anything useful
+_SM100_ONLY = "trtllm-gen / flashinfer_trtllm_routed MoE kernels are built for SM100 (B200/GB200) only"
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    format: str
+    quant: str  # nvfp4 | mxfp4 (the routed experts of the trunk)
+    hidden: int
+    intermediate: int
+    experts: int
+    layers: int
+    expert_bytes: int
+    other_bytes: int
+    largest_layer_expert_bytes: int
+    converted: bool
+    converted_for: str | None = None  # target engine of a converted checkpoint
+
+
+def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
+    dims = model_dims(ckpt.config)
+    per_layer, quants = defaultdict(int), defaultdict(int)
+    hidden = intermediate = None
+    for p in ckpt.projections:
+        per_layer[p.layer] += sum(r.nbytes for r in p.source_refs)
+        if not p.layer.startswith("mtp"):
+            quants[p.quant.value] += 1
+        if p.role.value == "down":
+            hidden, intermediate = p.n, p.k
+    expert_bytes = sum(per_layer.values())
+    total = sum(t.nbytes for t in ckpt.tensors.values())
+    qc = ckpt.config.get("quantization_config") or {}
+    experts = dims["experts"] or len({p.expert for p in ckpt.projections})
+    return ModelShape(name=ckpt.root.name, format=ckpt.format.value,
+                      quant=max(quants, key=quants.get) if quants else "mxfp4",
+                      hidden=dims["hidden"] or hidden or 0, intermediate=dims["intermediate"] or intermediate or 0,
+                      experts=experts, layers=len([layer for layer in per_layer if not layer.startswith("mtp")]),
+                      expert_bytes=expert_bytes, other_bytes=total - expert_bytes,
+                      largest_layer_expert_bytes=max(per_layer.values(), default=0),
+                      converted=ckpt.format is SourceFormat.MARLIN, converted_for=qc.get("target_engine"))
+
+
+@dataclass
+class ConfigVerdict:
+    tp: int
+    ep: int
+    tiles: ShardVerdict
+    weights_gib: float
+    repack_gib: float
+    kv_gib: float
+    fits: bool
+    valid: bool
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LaunchPlan:
+    shape: ModelShape
+    gpus: int
+    gpu_mem_gib: float
+    arch: str
+    engine: str
+    act_dtype: str
+    mem_flag: str
+    mem_value: float
+    backend_flag: str
+    backend_why: str
+    candidates: list[ConfigVerdict]
+    chosen: ConfigVerdict | None
+    command: str | None
+    reasoning: list[str]
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": 1, "model": asdict(self.shape),
+            "hardware": {"gpus": self.gpus, "gpu_mem_gib": self.gpu_mem_gib, "arch": self.arch},
+            "engine": self.engine, "act_dtype": self.act_dtype,
+            "memory_flag": {"flag": self.mem_flag, "value": self.mem_value},
+            "moe_backend": {"flag": self.backend_flag, "why": self.backend_why},
+            "candidates": [{"tp": c.tp, "ep": c.ep, "moe_tp": c.tiles.moe_tp, "i_shard": c.tiles.i_shard,
+                            "tiles_ok": c.tiles.ok, "servable": c.tiles.servable, "sliceable": c.tiles.sliceable,
+                            "padding": c.tiles.padding or None, "weights_gib": round(c.weights_gib, 2),
+                            "repack_gib": round(c.repack_gib, 2), "kv_gib": round(c.kv_gib, 2), "fits": c.fits,
+                            "valid": c.valid, "reasons": c.reasons} for c in self.candidates],
+            "recommended": None if self.chosen is None else {"tp": self.chosen.tp, "ep": self.chosen.ep},
+            "command": self.command, "reasoning": self.reasoning,
+        }
+
+    def render_text(self) -> str:
+        rows = [("TP", "EP", "I/rank", "tiles", "weights/GPU", "KV/GPU", "verdict")]
+        for c in self.candidates:
+            rows.append((str(c.tp), str(c.ep), str(c.tiles.i_shard), "ok" if c.tiles.ok else
+                         ("pad" if c.tiles.servable else "NO"), f"{c.weights_gib:.1f} GiB", f"{c.kv_gib:.1f} GiB",
+                         "valid" if c.valid else "; ".join(c.reasons)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        table = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+        out = [f"plan for {self.shape.name} ({self.shape.format}) on {self.gpus} x {self.gpu_mem_gib:g} GiB "
+               f"{self.arch}, {self.engine}", ""] + table + [""] + [f"- {line}" for line in self.reasoning]
+        out += ["", "launch:" if self.command else "no configuration fits; see the reasons above",
+                f"  {self.command}" if self.command else ""]
+        return "\n".join(out).rstrip()
+
+
+def _mem_flag(engine: str, gpu_mem: float) -> tuple[str, float]:
+    if engine == "sglang":
+        # SGLang's static pool (weights + KV) is this fraction; activations and graphs live in the rest
+        frac = (gpu_mem - ACTIVATION_GIB - CUDA_GRAPH_GIB - RUNTIME_GIB) / gpu_mem
+        return "--mem-fraction-static", max(0.5, min(0.92, int(frac * 100) / 100))
+    # vLLM profiles activations and graphs itself inside this budget; leave the runtime outside it
+    frac = (gpu_mem - RUNTIME_GIB) / gpu_mem
+    return "--gpu-memory-utilization", max(0.5, min(0.95, int(frac * 100) / 100))
+
+
+def _backend(engine: str, arch: str) -> tuple[str, str]:
+    flag = "--moe-runner-backend marlin" if engine == "sglang" else "--moe-backend marlin"
+    if arch == "sm_120":
+        default = ("SGLang's DeepSeek-V4 default on sm_120 is flashinfer_mxfp4 (NVFP4: flashinfer_trtllm_routed)"
+                   if engine == "sglang" else "vLLM usually auto-selects Marlin on sm_120, but an SM100 path can "
+                   "still be picked for NVFP4")
+        return flag, f"{default}; the {_SM100_ONLY}, so force Marlin W4A16 on sm_120 (RTX PRO 6000 / RTX 50xx)"
+    if arch == "sm_90":
+        return flag, f"the {_SM100_ONLY}; on sm_90 Marlin is the FP4 MoE path (vLLM may prefer Humming)"
+    return flag, ("on SM100 the native FP4 MoE kernels are faster for a source checkpoint; a dsv4-convert "
+                  "checkpoint holds Marlin tensors and must still use Marlin")
+
+
+def _command(shape: ModelShape, c: ConfigVerdict, engine: str, act: str, mem_flag: str, mem: float,
+             backend: str, path: str) -> str:
+    if engine == "sglang":
+        parts = ["python -m sglang.launch_server", f"--model-path {path}", f"--tp {c.tp}"]
+        if c.ep > 1:
+            parts.append(f"--ep {c.ep}")
+        parts += [backend, f"{mem_flag} {mem:.2f}", f"--dtype {act}", "--trust-remote-code"]
+    else:
+        parts = [f"vllm serve {path}", f"--tensor-parallel-size {c.tp}"]
+        if c.ep > 1:
+            parts.append("--enable-expert-parallel")
+        parts += [backend, f"{mem_flag} {mem:.2f}", f"--dtype {act}", "--trust-remote-code"]
+    return " ".join(parts)
+
+
+def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "sm_120", engine: str = "sglang",
+              act_dtype: str = "bfloat16", path: str = "PATH") -> LaunchPlan:
+    group = 16 if shape.quant == "nvfp4" else 32
+    mem_flag, mem = _mem_flag(engine, gpu_mem_gib)
+    backend, why = _backend(engine, arch)
+    reasoning = []
+    candidates = []
+    for tp in (t for t in (1, 2, 4, 8, 16) if t <= gpus):
+        for ep in sorted({1, tp}):
+            tiles = moe_shard_verdict(hidden=shape.hidden, intermediate=shape.intermediate, experts=shape.experts,
+                                      group=group, quant=shape.quant, tp=tp, ep=ep, engine=engine)
+            weights = (shape.expert_bytes + shape.other_bytes) / tp / GIB
+            repack = 0.0 if shape.converted else shape.largest_layer_expert_bytes / tp / GIB
+            if engine == "sglang":
+                kv = mem * gpu_mem_gib - weights
+            else:
+                kv = mem * gpu_mem_gib - weights - ACTIVATION_GIB - CUDA_GRAPH_GIB
+            loads = weights + repack + RUNTIME_GIB <= gpu_mem_gib
+            fits = loads and kv >= MIN_KV_GIB
+            reasons = []
+            if not tiles.servable:
+                reasons.append("tile rule: " + "; ".join(tiles.problems + ([tiles.padding] if tiles.padding else [])))
+            elif not tiles.ok:
+                reasons.append("needs padding: " + tiles.padding)
+            if shape.converted and not tiles.sliceable:
+                reasons.append("converted tensors cannot be sliced for this split")
+            if not loads:
+                reasons.append(f"weights {weights:.1f} GiB" + (f" + repack {repack:.1f} GiB" if repack else "")
+                               + f" do not fit {gpu_mem_gib:g} GiB")
+            elif kv < MIN_KV_GIB:
+                reasons.append(f"only {kv:.1f} GiB left for the KV cache (< {MIN_KV_GIB:g})")
+            valid = tiles.servable and fits and not (shape.converted and not tiles.sliceable)
+            candidates.append(ConfigVerdict(tp, ep, tiles, weights, repack, kv, fits, valid, reasons))
+    usable = [c for c in candidates if c.valid]
+    chosen = max(usable, key=lambda c: (c.tp, c.tiles.ok, -c.ep), default=None)
+    reasoning.append(f"experts: {shape.layers} layers x {shape.experts} x 3 projections, H={shape.hidden}, "
+                     f"I={shape.intermediate}, {shape.quant} (group {group}); {shape.expert_bytes / GIB:.1f} GiB of "
+                     f"experts + {shape.other_bytes / GIB:.1f} GiB of other weights")
+    reasoning.append("tile rule per rank: w13 [N=2*I/TP, K=H] and w2 [N=H, K=I/TP] need (N%64, K%128) or "
+                     f"(N%128, K%64), and I/TP % {group} == 0; with EP each expert stays whole on one rank "
+                     "(MoE TP = TP / EP)")
+    reasoning.append(f"memory per GPU = weights / TP + activations {ACTIVATION_GIB:g} + CUDA graphs "
+                     f"{CUDA_GRAPH_GIB:g} + runtime {RUNTIME_GIB:g} GiB; the rest is KV cache (need >= "
+                     f"{MIN_KV_GIB:g} GiB)" + ("" if shape.converted else "; loading a source checkpoint also "
+                                               "repacks one layer of experts at a time (repack column), which a "
+                                               "dsv4-convert checkpoint avoids"))
+    reasoning.append(f"{mem_flag} {mem:.2f}: " + (
+        "SGLang's static pool (weights + KV) gets this share; activations, CUDA graphs and the runtime need "
+        f"about {ACTIVATION_GIB + CUDA_GRAPH_GIB + RUNTIME_GIB:g} GiB outside it" if engine == "sglang" else
+        f"vLLM may use this share; it profiles activations and CUDA graphs inside it, leaving "
+        f"{RUNTIME_GIB:g} GiB for the CUDA context outside"))
+    reasoning.append(f"MoE backend {backend}: {why}")
+    if shape.converted and shape.converted_for and shape.converted_for != engine:
+        reasoning.append(f"WARNING: this checkpoint was converted for {shape.converted_for}, not {engine}; "
+                         "re-convert it or plan for the other engine")
+    if shape.converted:
+        reasoning.append("a dsv4-convert checkpoint needs the dsv4-convert loader plugin (see SERVING.md in it)")
+    if chosen is not None:
+        reasoning.append(f"recommended: TP {chosen.tp}" + (f" with EP {chosen.ep}" if chosen.ep > 1 else "")
+                         + f" (the largest valid split on {gpus} GPUs; {chosen.weights_gib:.1f} GiB weights and "
+                         f"{chosen.kv_gib:.1f} GiB KV cache per GPU)")
+        if chosen.tp < gpus:
+            reasoning.append(f"{gpus // chosen.tp} replicas of TP {chosen.tp} (data parallel) would use all {gpus} GPUs")
+    command = None if chosen is None else _command(shape, chosen, engine, act_dtype, mem_flag, mem, backend, path)
+    return LaunchPlan(shape, gpus, gpu_mem_gib, arch, engine, act_dtype, mem_flag, mem, backend, why, candidates,
+                      chosen, command, reasoning)
