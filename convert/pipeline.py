@@ -4,6 +4,7 @@ projection in flight plus one copy chunk, whatever the checkpoint size."""
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing as mp
 import os
@@ -22,7 +23,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .formats.marlin_scales import vllm_rescale_factor
-from .errors import Interrupted, OutputError
+from .errors import ContentError, Interrupted, OutputError
 from .reader import load_projection
 from .plan import FORMAT_VERSION, ConvertPlan, ShardPlan, container_of, stack_of
 from .quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
@@ -109,7 +110,12 @@ def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_pat
                     if converted_key != p.key:
                         sf = rescale.get(f"{container_of(p)}.{stack_of(p)}", 1.0)
                         src = load_projection(reader, p, fmt=fmt)
-                        parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf)
+                        try:
+                            parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf)
+                        except ValueError as e:  # the codecs refuse values the target cannot encode
+                            raise ContentError(f"{p.key}: {e}", error_id="convert.bad_values", tensor=p.weight.name,
+                                               file=p.weight.file, hint=f"run `dsv4-convert validate` on the input "
+                                               "for the full list; fix or re-export the checkpoint") from None
                         converted_key = p.key
                         if p.quant is Quant.NVFP4:
                             idx, orig = lost_scales(src.scale, target=target, sf=sf)
@@ -218,8 +224,9 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         if pool:
             pool.shutdown(cancel=True)
         staging.discard()
-        if e.errno == 28:
-            raise OutputError(f"disk full while writing {staging.path}", error_id="output.disk_full",
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise OutputError(f"no space left while writing {staging.path} ({e.strerror}); the partial output "
+                              "was removed", error_id="output.disk_full",
                               hint=f"free at least {plan.output_bytes / 2**30:.1f} GiB, or choose another OUT") from e
         raise OutputError(f"cannot write the output: {e}", error_id="output.io_error",
                           hint="check the OUT location and permissions") from e

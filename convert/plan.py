@@ -129,6 +129,36 @@ def _check_convertible(p: Projection, target: MarlinTarget) -> None:
         )
 
 
+def _expected_experts(config: dict) -> int | None:
+    text = config.get("text_config") or {}
+    for key in ("n_routed_experts", "num_experts", "num_local_experts"):
+        for c in (config, text):
+            if isinstance(c.get(key), int):
+                return c[key]
+    return None
+
+
+def _check_complete(ckpt: Checkpoint) -> None:
+    """Every expert of every layer, with gate, up and down: an incomplete MoE fails late at load."""
+    have: dict[str, dict[int, set[Role]]] = {}
+    for p in ckpt.projections:
+        have.setdefault(container_of(p), {}).setdefault(p.expert, set()).add(p.role)
+    n = _expected_experts(ckpt.config)
+    problems = []
+    for container, experts in have.items():
+        missing = sorted(set(range(n)) - set(experts)) if n else []
+        partial = sorted(e for e, roles in experts.items() if len(roles) != len(Role))
+        if missing:
+            problems.append(f"{container}: experts {missing[:8]}{'...' if len(missing) > 8 else ''} missing "
+                            f"(config says {n} per layer)")
+        if partial:
+            problems.append(f"{container}: experts {partial[:8]} lack a gate, up or down projection")
+    if problems:
+        raise ContentError("the checkpoint is incomplete: " + "; ".join(problems[:5]),
+                           error_id="convert.incomplete_experts", file="model.safetensors.index.json",
+                           hint="re-download the missing shards or tensors; `dsv4-convert validate` lists them all")
+
+
 def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | None = None,
                options: dict | None = None) -> ConvertPlan:
     """Emit converted tensors at the position of their projection's first source tensor, everything
@@ -138,6 +168,7 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
                            error_id="convert.unsupported_source", file=str(ckpt.root),
                            hint="use marlin-to-source to undo a conversion" if ckpt.format is SourceFormat.MARLIN
                            else "gpt-oss conversion is not supported yet; the engines repack it at load")
+    _check_complete(ckpt)
     owner: dict[str, Projection] = {}
     for p in ckpt.projections:
         _check_convertible(p, target)

@@ -65,9 +65,9 @@ class Staging:
             existed = self.path.exists()
             self.path.mkdir(exist_ok=True)
             self._take_lock()
-        except PermissionError as e:
-            raise OutputError(f"cannot write to {self.out.parent}: {e.strerror}", error_id="output.not_writable",
-                              hint="choose a writable OUT directory") from e
+        except OSError as e:
+            raise OutputError(f"cannot create {self.path}: {e.strerror}", error_id="output.not_writable",
+                              hint="choose a writable OUT location (its parent must be a directory you can write)") from e
         if existed:
             self._adopt(fingerprint)
         write_json_atomic(self.path / PROGRESS, {"fingerprint": fingerprint, "shards": self.done})

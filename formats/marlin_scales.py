@@ -12,7 +12,7 @@ import math
 import torch
 
 from .constants import (
-    ACT_EXPONENT_BIAS, S0E5M3_MIN, S0E5M3_MULTIPLIER, VLLM_RESCALE_TARGET, W4A8_E8M0_OFFSET,
+    ACT_EXPONENT_BIAS, S0E5M3_MIN, S0E5M3_MULTIPLIER, VLLM_RESCALE_TARGET, W4A8_E8M0_OFFSET, W4A8_MAX_SOURCE_BYTE,
 )
 from .e4m3 import as_e4m3, half_to_s0e5m3, s0e5m3_to_half
 from .e8m0 import as_e8m0_bytes
@@ -131,8 +131,9 @@ def mxfp4_scales_to_marlin(scale: torch.Tensor, *, w4a8: bool = False) -> torch.
     b = as_e8m0_bytes(scale)
     if not w4a8:
         return b.clone()
-    if (b > 255 - W4A8_E8M0_OFFSET).any():
-        raise ValueError("W4A8 needs E8M0 scale bytes <= 249 (the +6 offset would overflow)")
+    if (b > W4A8_MAX_SOURCE_BYTE).any():
+        raise ValueError(f"W4A8 needs E8M0 scale bytes <= {W4A8_MAX_SOURCE_BYTE}: with the +6 offset, 249 becomes "
+                         "255, which the kernel decodes as Inf")
     return b + W4A8_E8M0_OFFSET
 
 
