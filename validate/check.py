@@ -7,11 +7,11 @@ data; the runner adds the check id, and the report adds counts, layers and the e
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Iterator
 
-__all__ = ["Severity", "Scope", "Finding", "Check", "check", "Result"]
+__all__ = ["Check", "Finding", "Result", "Scope", "Severity", "check"]
 
 
 class Severity(str, Enum):

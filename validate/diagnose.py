@@ -7,13 +7,16 @@ import torch
 
 from ..formats.constants import MARLIN_TILE_K, MARLIN_TILE_N
 from ..formats.marlin_scales import (
-    mxfp4_scales_to_marlin, nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, permute_scale_columns,
+    mxfp4_scales_to_marlin,
+    nvfp4_global_to_marlin,
+    nvfp4_scales_to_s0e5m3,
+    permute_scale_columns,
     vllm_rescale_factor,
 )
 from ..formats.marlin_weight import from_marlin_weight
 from ..tensor_model import Quant
 
-__all__ = ["swap_nibbles", "expected_marlin_scales", "weight_cause", "scale_cause", "global_cause"]
+__all__ = ["expected_marlin_scales", "global_cause", "scale_cause", "swap_nibbles", "weight_cause"]
 
 
 def swap_nibbles(b: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from ..formats.mxfp4 import dequantize_mxfp4
 from ..formats.nvfp4 import dequantize_nvfp4
 from ..tensor_model import Quant
 
-__all__ = ["kernel_scale_values", "marlin_dequantize", "source_dequantize", "gemm_errors", "GEMM_REL_ERROR_MAX"]
+__all__ = ["GEMM_REL_ERROR_MAX", "gemm_errors", "kernel_scale_values", "marlin_dequantize", "source_dequantize"]
 
 # Fail the GEMM spot check above this relative (Frobenius) error. With byte-exact tensors the
 # emulated product equals the source product except for the rounding of SGLang's global to the

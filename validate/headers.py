@@ -15,7 +15,7 @@ from pathlib import Path
 from ..tensor_model import DTYPE_SIZES
 from .inputs import HeaderInfo
 
-__all__ = ["INDEX_FILE", "scan_index", "scan_header", "scan_checkpoint"]
+__all__ = ["INDEX_FILE", "scan_checkpoint", "scan_header", "scan_index"]
 
 INDEX_FILE = "model.safetensors.index.json"
 _MAX_HEADER = 100_000_000

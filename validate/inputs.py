@@ -1,30 +1,45 @@
 """The inputs checks receive: plain dataclasses over tensors, built by the runner (or by tests).
 
-Everything a numeric check needs is derived once per projection from two small per-block tensors,
-so no check touches the [N, K] weights element by element:
-  `block_max_code` uint8 [N, G]  the largest E2M1 magnitude index (0..7) in each scale block;
-  `block_absmax`   float32 [N, G] the largest |dequantized value| of each block, computed in fp32
-                   exactly as dequantization would (so NaN / Inf / zero blocks show up here).
+Everything a numeric check needs is derived once per projection from small per-block arrays, so no
+check touches the [N, K] weights element by element:
+  `block_nonzero`  bool [N, G]: the block has a non-zero code. One NVFP4 block (16 codes) is exactly
+                   one 64-bit word and an MXFP4 block two, so this is one AND per 8 bytes;
+  `nonfinite_blocks` / `zero_blocks` bool [N, G]: blocks that dequantize (in fp32) to NaN/Inf, or to
+                   all zeros, decided from the scale bytes, the global and `block_nonzero`; only when
+                   a scale is large enough to overflow is the per-block maximum code looked at;
+  `block_absmax`   float32 [N, G]: the largest |dequantized value| per block (reference, for tests).
+Byte masks use numpy: on small uint8 arrays it is 10-100x faster than torch's threaded kernels.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 import torch
 
-from ..formats.constants import E2M1_VALUES
+from ..formats.constants import E2M1_VALUES, E8M0_NAN
 from ..formats.e8m0 import e8m0_to_float
 from ..tensor_model import Checkpoint, Projection, Quant, Role
 
-__all__ = ["Options", "CheckpointInput", "ProjectionTensors", "ExpertTensors", "MarlinTensors", "GemmCase",
-           "block_max_code"]
+__all__ = [
+    "CheckpointInput",
+    "ExpertTensors",
+    "GemmCase",
+    "MarlinTensors",
+    "Options",
+    "ProjectionTensors",
+    "block_max_code",
+]
 
 # byte -> the larger magnitude index (code & 7) of its two E2M1 nibbles
 _MAX_NIBBLE = np.array([max(b & 7, (b >> 4) & 7) for b in range(256)], dtype=np.uint8)
 _E2M1_MAGNITUDES = torch.tensor(E2M1_VALUES[:8], dtype=torch.float32)
+_MAGNITUDE_BITS = np.uint64(0x7777777777777777)  # every nibble without its sign bit
+_E4M3_MAX = 448.0
+_FP32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +116,54 @@ class ProjectionTensors:
         return self.scale.contiguous().view(torch.uint8)
 
     @cached_property
+    def scale_np(self) -> np.ndarray:
+        return self.scale_bytes.numpy()
+
+    @cached_property
     def block_max_code(self) -> torch.Tensor:
         return block_max_code(self.weight, self.proj.group_size)
+
+    @cached_property
+    def block_nonzero(self) -> np.ndarray:
+        w = self.weight.contiguous().view(torch.uint8).numpy()
+        words = w.reshape(w.shape[0], -1).view("<u8") & _MAGNITUDE_BITS
+        if self.proj.group_size == 32:
+            words = words.reshape(words.shape[0], -1, 2)
+            words = words[..., 0] | words[..., 1]
+        return words != 0
+
+    @cached_property
+    def global_value(self) -> float | None:
+        if self.global_scale is None or self.global_scale.numel() == 0:
+            return None
+        return float(self.global_scale.float().reshape(-1)[0])
+
+    @cached_property
+    def nonfinite_blocks(self) -> np.ndarray:
+        b = self.scale_np
+        if self.quant is Quant.NVFP4:
+            g = self.global_value
+            if g is not None and not math.isfinite(g):
+                return np.ones(b.shape, dtype=bool)
+            mask = (b & 0x7F) == 0x7F
+            if g is not None and abs(g) * _E4M3_MAX * 6 > _FP32_MAX:
+                mask = mask | ~torch.isfinite(self.block_absmax).numpy()
+            return mask
+        mask = b == E8M0_NAN
+        if (b[~mask] >= 253).any() if mask.any() else (b >= 253).any():
+            code = self.block_max_code.numpy()  # 2**126 * 4 and 2**127 * 2 overflow fp32
+            mask = mask | ((b == 254) & (code >= 4)) | ((b == 253) & (code >= 6))
+        return mask
+
+    @cached_property
+    def zero_blocks(self) -> np.ndarray:
+        zero = ~self.block_nonzero
+        if self.quant is Quant.NVFP4:
+            g = self.global_value
+            if g == 0:
+                return np.ones(zero.shape, dtype=bool)
+            zero = zero | ((self.scale_np & 0x7F) == 0)
+        return zero
 
     @cached_property
     def scale_values(self) -> torch.Tensor:

@@ -16,8 +16,17 @@ from ..tensor_model import Checkpoint, SourceFormat
 from .checks.structure import model_dims
 from .tiles import ShardVerdict, moe_shard_verdict
 
-__all__ = ["ModelShape", "ConfigVerdict", "LaunchPlan", "shape_from_checkpoint", "make_plan",
-           "ACTIVATION_GIB", "CUDA_GRAPH_GIB", "RUNTIME_GIB", "MIN_KV_GIB"]
+__all__ = [
+    "ACTIVATION_GIB",
+    "CUDA_GRAPH_GIB",
+    "MIN_KV_GIB",
+    "RUNTIME_GIB",
+    "ConfigVerdict",
+    "LaunchPlan",
+    "ModelShape",
+    "make_plan",
+    "shape_from_checkpoint",
+]
 
 GIB = 1 << 30
 ACTIVATION_GIB = 2.0  # peak activations of a chunked prefill (8k tokens) incl. the MoE intermediate
@@ -120,8 +129,9 @@ class LaunchPlan:
                          "valid" if c.valid else "; ".join(c.reasons)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         table = ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
-        out = [f"plan for {self.shape.name} ({self.shape.format}) on {self.gpus} x {self.gpu_mem_gib:g} GiB "
-               f"{self.arch}, {self.engine}", ""] + table + [""] + [f"- {line}" for line in self.reasoning]
+        title = (f"plan for {self.shape.name} ({self.shape.format}) on {self.gpus} x {self.gpu_mem_gib:g} GiB "
+                 f"{self.arch}, {self.engine}")
+        out = [title, ""] + table + [""] + [f"- {line}" for line in self.reasoning]
         out += ["", "launch:" if self.command else "no configuration fits; see the reasons above",
                 f"  {self.command}" if self.command else ""]
         return "\n".join(out).rstrip()

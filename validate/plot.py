@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 
 from .check import Severity
 
@@ -31,7 +32,7 @@ def plot_report(report, path: str) -> str:
     for g in report.gemm:
         e = g["rel_error"] if g["rel_error"] is not None else float("inf")
         cur = gemm[row[str(g["layer"])]][g["expert"]]
-        gemm[row[str(g["layer"])]][g["expert"]] = e if cur != cur else max(cur, e)
+        gemm[row[str(g["layer"])]][g["expert"]] = e if math.isnan(cur) else max(cur, e)
     fig, axes = plt.subplots(1, 2, figsize=(14, max(3, 0.25 * len(layers) + 2)))
     for ax, data, title in ((axes[0], grid, "findings (count)"), (axes[1], gemm, "GEMM relative error")):
         im = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="magma")

@@ -14,7 +14,7 @@ from .check import Result, Severity
 from .checks import BY_ID
 from .inputs import Options
 
-__all__ = ["SCHEMA_VERSION", "Report", "CheckSummary"]
+__all__ = ["SCHEMA_VERSION", "CheckSummary", "Report"]
 
 SCHEMA_VERSION = 1
 _STATUS = {Severity.ERROR: "fail", Severity.WARNING: "warn", Severity.INFO: "info"}

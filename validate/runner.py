@@ -27,11 +27,16 @@ from .check import Check, Finding, Result, Scope
 from .checks import ALL_CHECKS
 from .headers import scan_checkpoint
 from .inputs import (
-    CheckpointInput, ExpertTensors, GemmCase, MarlinTensors, Options, ProjectionTensors,
+    CheckpointInput,
+    ExpertTensors,
+    GemmCase,
+    MarlinTensors,
+    Options,
+    ProjectionTensors,
 )
 from .report import Report
 
-__all__ = ["Unreadable", "validate", "resolve_options"]
+__all__ = ["Unreadable", "resolve_options", "validate"]
 
 
 _POOL_MIN_TASKS = 32  # below this, starting worker processes costs more than it saves
@@ -127,7 +132,7 @@ class _Worker:
 
     def run(self, task: _Task) -> _Outcome:
         out = _Outcome()
-        job, o = self.job, self.job.opts
+        job = self.job
         marlin = job.fmt is SourceFormat.MARLIN
         tensors: dict[Role, ProjectionTensors] = {}
         marlins: dict[Role, MarlinTensors] = {}
@@ -277,6 +282,15 @@ def _truncated_tensors(headers) -> set:
 def validate(path: str | Path, opts: Options, *, against: str | Path | None = None, workers: int = 1,
              progress: bool = True) -> Report:
     """Validate one checkpoint; raises Unreadable when it cannot be validated at all (exit 2)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the per-block work is many small ops: threads only add overhead
+    try:
+        return _validate(path, opts, against=against, workers=workers, progress=progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _validate(path, opts: Options, *, against, workers: int, progress: bool) -> Report:
     start = time.monotonic()
     try:
         root = resolve_source(path)
@@ -331,7 +345,9 @@ def validate(path: str | Path, opts: Options, *, against: str | Path | None = No
     bar = tqdm(total=len(tasks), unit="expert", desc="validate", disable=not progress, leave=False)
     if workers > 1 and len(tasks) >= _POOL_MIN_TASKS:
         import multiprocessing as mp
-        with ProcessPoolExecutor(workers, mp_context=mp.get_context("forkserver"), initializer=_init_worker,
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([__name__])  # workers fork from a server that has torch imported already
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                  initargs=(job,)) as pool:
             for outcome in pool.map(_run_task, tasks, chunksize=max(1, len(tasks) // (workers * 16))):
                 report.add(outcome.results, outcome.ran, outcome.gemm, outcome.projections)

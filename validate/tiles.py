@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..formats.marlin import padded_moe_intermediate
 
-__all__ = ["tile_ok", "ShardVerdict", "moe_shard_verdict"]
+__all__ = ["ShardVerdict", "moe_shard_verdict", "tile_ok"]
 
 
 def tile_ok(n: int, k: int) -> bool:

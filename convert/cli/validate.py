@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import click
 
 from ..validate.inputs import Options
-from ..validate.runner import Unreadable, validate as run_validation
+from ..validate.runner import Unreadable
+from ..validate.runner import validate as run_validation
 
 __all__ = ["validate"]
 
@@ -48,7 +48,7 @@ def _fraction(ctx, param, value):
               help="experts per layer for the GEMM spot check")
 @click.option("--seed", default=0, show_default=True, help="seed for sampling and GEMM activations")
 @click.option("--workers", default=None, type=click.IntRange(min=1),
-              help="worker processes [default: CPU count; 1 for small checkpoints]")
+              help="worker processes (the checks are light: more than 1 helps only on many cores) [default: 1]")
 @click.option("--json", "json_file", metavar="FILE", help="write the JSON report to FILE ('-' for stdout)")
 @click.option("--plot", "plot_file", metavar="FILE", help="per-layer heat map PNG (needs matplotlib)")
 @click.option("--strict", is_flag=True, help="warnings fail too (exit 1)")
@@ -66,7 +66,7 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
                    tp=tp, ep=ep, sample=sample, gemm_experts=gemm_experts, seed=seed, engine_requested=target,
                    act_dtype_requested=act_dtype)
     try:
-        report = run_validation(path, opts, against=against, workers=workers or os.cpu_count() or 1,
+        report = run_validation(path, opts, against=against, workers=workers or 1,
                                 progress=not quiet and sys.stderr.isatty())
     except Unreadable as e:
         click.echo(e.error.render(), err=True)

@@ -6,11 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from safetensors import safe_open
-from safetensors.torch import save_file
-
 from dsv4_convert.cli.main import main
 from dsv4_convert.synth import write_synthetic_checkpoint
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 NV_DEFECTS = ("nan-scale", "negative-scale", "subnormal-scale", "zero-scale", "missing-expert", "swapped-nibbles",
               "global-mismatch", "all-zero-expert", "nan-global")
@@ -78,9 +77,9 @@ def test_clean_checkpoint_passes(ckpts, kind):
 
 def test_cli_subprocess_exit_codes(ckpts, tmp_path):
     run = [sys.executable, "-m", "dsv4_convert.cli", "validate", "--quiet", "--workers", "1"]
-    bad = subprocess.run(run + [str(ckpts["nv-bad"])], capture_output=True, text=True)
+    bad = subprocess.run(run + [str(ckpts["nv-bad"])], capture_output=True, text=True, check=False)
     assert bad.returncode == 1 and "error[nvfp4.scale.nan] layers.0.ffn.experts.1.w1.weight_scale" in bad.stdout
-    missing = subprocess.run(run + [str(tmp_path / "nope")], capture_output=True, text=True)
+    missing = subprocess.run(run + [str(tmp_path / "nope")], capture_output=True, text=True, check=False)
     assert missing.returncode == 2 and "source.not_found" in missing.stderr
 
 
@@ -109,7 +108,7 @@ def test_corrupted_marlin_file_names_the_cause(converted, ckpts, tmp_path):
     name = "layers.0.ffn.experts.3.w2.weight"
     shard = json.loads((bad / "model.safetensors.index.json").read_text())["weight_map"][name]
     with safe_open(bad / shard, "pt") as f:
-        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     q = tensors[name].clone()
     q[0, 0:128], q[1, 0:128] = tensors[name][1, 0:128], tensors[name][0, 0:128]  # swap tiles (0,0) and (1,0)
     tensors[name] = q

@@ -1,6 +1,17 @@
 """Every check, in report order: one explicit tuple (tests assert the ids are unique)."""
 
-from . import against, gemm, globals, marlin_layout, mxfp4_scales, numerics, nvfp4_scales, quant_config, structure, tiles
+from . import (
+    against,
+    gemm,
+    globals,
+    marlin_layout,
+    mxfp4_scales,
+    numerics,
+    nvfp4_scales,
+    quant_config,
+    structure,
+    tiles,
+)
 
 __all__ = ["ALL_CHECKS", "BY_ID"]
 

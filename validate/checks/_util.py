@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = ["count_first", "fmt_coords", "roles_text"]
 
 
-def count_first(mask: torch.Tensor) -> tuple[int, tuple[int, ...] | None]:
-    """(number of True entries, coordinates of the first one) without a full nonzero() when clean."""
-    if not bool(mask.any()):
+def count_first(mask) -> tuple[int, tuple[int, ...] | None]:
+    """(number of True entries, coordinates of the first one) of a bool numpy array or torch tensor."""
+    if isinstance(mask, torch.Tensor):
+        mask = mask.numpy()
+    if not mask.any():
         return 0, None
     flat = mask.reshape(-1)
-    count = int(flat.sum())
-    i = int(torch.argmax(flat.to(torch.uint8)))
+    count = int(np.count_nonzero(flat))
+    i = int(np.argmax(flat))
     coords = []
     for size in reversed(mask.shape):
         coords.append(i % size)

@@ -3,7 +3,7 @@ same projection must hold the same bytes; on a mismatch, name the likely cause."
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

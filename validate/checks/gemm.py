@@ -4,7 +4,7 @@ activations x the source weights (validate/emulate.py; threshold GEMM_REL_ERROR_
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..check import Finding, Scope, Severity, check
 from ..emulate import GEMM_REL_ERROR_MAX

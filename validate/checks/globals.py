@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -11,7 +11,7 @@ from ...tensor_model import Quant, Role
 from ..check import Finding, Scope, Severity, check
 from ..inputs import ExpertTensors, Options, ProjectionTensors
 
-__all__ = ["global_invalid", "global_range", "gate_up_mismatch"]
+__all__ = ["gate_up_mismatch", "global_invalid", "global_range"]
 
 _BF16_GLOBAL_LIMIT = 512.0  # g * 2**119 must stay below 2**128 (fp32 for vLLM, bf16 for SGLang)
 _FP16_MAX = 65504.0

@@ -4,7 +4,7 @@ themselves). On a mismatch the message names the likely cause (validate/diagnose
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 
@@ -14,7 +14,7 @@ from ..diagnose import expected_marlin_scales, global_cause, scale_cause, weight
 from ..inputs import MarlinTensors, Options
 from ._util import count_first
 
-__all__ = ["layout_weight", "layout_scale", "layout_global"]
+__all__ = ["layout_global", "layout_scale", "layout_weight"]
 
 
 def _where(m: MarlinTensors) -> dict:

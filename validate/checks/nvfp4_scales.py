@@ -3,8 +3,9 @@ source scale tensor [N, K/16]; group g covers k = 16g .. 16g+15."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from ...formats.constants import S0E5M3_MIN, S0E5M3_MULTIPLIER
@@ -18,11 +19,11 @@ _NAN = 0x7F  # e4m3fn NaN is S.1111.111: (byte & 0x7F) == 0x7F
 _SIGN = 0x80
 
 
-def _finding(p: ProjectionTensors, mask: torch.Tensor, text: str, **kw) -> Iterator[Finding]:
+def _finding(p: ProjectionTensors, mask, text: str, **kw) -> Iterator[Finding]:
     count, first = count_first(mask)
     if count:
         value = p.scale_values[first].item()
-        yield Finding(p.scale_name, f"{count} of {mask.numel()} block scales {text}, first at "
+        yield Finding(p.scale_name, f"{count} of {mask.size} block scales {text}, first at "
                       f"{fmt_coords(first)} (value {value:g}).", count=count, first=first, file=p.file,
                       layer=p.proj.layer, expert=p.proj.expert, **kw)
 
@@ -31,14 +32,14 @@ def _finding(p: ProjectionTensors, mask: torch.Tensor, text: str, **kw) -> Itera
        hint="re-export or re-quantize the source checkpoint; a NaN block scale cannot be repaired")
 def nan_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     """A NaN block scale makes its 16 weights NaN, and NaN spreads to every token's output."""
-    yield from _finding(p, (p.scale_bytes & 0x7F) == _NAN, "are NaN (E4M3 0x7F/0xFF)")
+    yield from _finding(p, (p.scale_np & 0x7F) == _NAN, "are NaN (E4M3 0x7F/0xFF)")
 
 
 @check(id="nvfp4.scale.negative", severity=Severity.ERROR, scope=Scope.PROJECTION, quant="nvfp4",
        hint="re-quantize with non-negative block scales (the sign belongs in the FP4 codes)")
 def negative_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     """Marlin has no sign bit for scales: vLLM zeroes negative scales, SGLang silently uses |s|."""
-    b = p.scale_bytes
+    b = p.scale_np
     mask = (b > _SIGN) & ((b & 0x7F) != _NAN)
     effect = ("vLLM zeroes these blocks" if opts.engine == "vllm" else "SGLang serves them as |s| (sign lost)")
     yield from _finding(p, mask, f"are negative; {effect}")
@@ -49,23 +50,23 @@ def negative_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
             "--target sglang --act-dtype float16, which decodes subnormal scales correctly")
 def subnormal_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     """E4M3 subnormal scales (< 2**-6) are zeroed by vLLM unless its rescale lifts them, and SGLang's bf16 kernel decodes them wrongly."""
-    b = p.scale_bytes
+    b = p.scale_np
     sub = (b < _SIGN) & ((b & 0x78) == 0) & ((b & 0x07) != 0)
-    if not bool(sub.any()):
+    if not sub.any():
         return
-    used = sub & (p.block_max_code > 0)
+    used = sub & p.block_nonzero
     if opts.engine == "vllm":
         v = p.scale_values.to(torch.float16)
-        lifted = (v.float() * p.sf).to(torch.float16) * S0E5M3_MULTIPLIER >= S0E5M3_MIN
+        lifted = ((v.float() * p.sf).to(torch.float16) * S0E5M3_MULTIPLIER >= S0E5M3_MIN).numpy()
         lost = used & ~lifted
         how = f"vLLM zeroes them (rescale factor {p.sf:g} does not lift them to >= 2**-6)"
     elif opts.act_dtype == "bfloat16":
         lost = used
         how = "SGLang's bf16 kernel cannot decode S0E5M3 bytes below 0x80"
     else:
-        lost = torch.zeros_like(used)
+        lost = np.zeros_like(used)
         how = ""
-    if bool(lost.any()):
+    if lost.any():
         yield from _finding(p, lost, f"are E4M3 subnormals (< 2**-6) in blocks with non-zero codes; {how}")
     else:
         yield from _finding(p, sub, f"are E4M3 subnormals; harmless for {opts.engine}/{opts.act_dtype}",
@@ -76,4 +77,4 @@ def subnormal_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
        hint="re-quantize: a block with non-zero codes needs a non-zero scale (ModelOpt uses 1.0 for empty blocks)")
 def zero_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     """A zero block scale with non-zero FP4 codes silently zeroes those 16 weights."""
-    yield from _finding(p, ((p.scale_bytes & 0x7F) == 0) & (p.block_max_code > 0), "are 0 while their codes are not")
+    yield from _finding(p, ((p.scale_np & 0x7F) == 0) & p.block_nonzero, "are 0 while their codes are not")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
 from ...formats.marlin import ENGINES
 from ...tensor_model import SourceFormat
@@ -14,8 +14,14 @@ from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 from .tiles import containers
 
-__all__ = ["group_size_matches", "experts_method", "exclusions_cover", "mxfp4_act_dtype", "marlin_config",
-           "marlin_dtype_shape"]
+__all__ = [
+    "exclusions_cover",
+    "experts_method",
+    "group_size_matches",
+    "marlin_config",
+    "marlin_dtype_shape",
+    "mxfp4_act_dtype",
+]
 
 _FLOAT = {"BF16", "F16", "F32"}
 

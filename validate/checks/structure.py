@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
 from ...tensor_model import Role, SourceFormat
 from ..check import Finding, Scope, Severity, check
 from ..headers import INDEX_FILE
 from ..inputs import CheckpointInput, Options
 
-__all__ = ["shard_headers", "shard_truncated", "index_missing_file", "index_keys", "index_extra_file",
-           "reader_refused", "experts_missing", "dtype_shape", "k_alignment", "model_dims"]
+__all__ = [
+    "dtype_shape",
+    "experts_missing",
+    "index_extra_file",
+    "index_keys",
+    "index_missing_file",
+    "k_alignment",
+    "model_dims",
+    "reader_refused",
+    "shard_headers",
+    "shard_truncated",
+]
 
 _SOURCE_WEIGHT = {"U8", "I8"}
 _SCALE_DTYPES = {"nvfp4": {"F8_E4M3", "U8"}, "mxfp4": {"F8_E8M0", "U8", "I8"}}
@@ -44,11 +54,11 @@ def shard_truncated(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     for h in c.headers.values():
         ends = [(end, name) for name, (_, _, _, end) in h.tensors.items()]
         if ends:
-            end, name = max(ends)
+            end = max(ends)[0]
             if end > h.size:
                 cut = [n for n, (_, _, b, e) in h.tensors.items() if e > h.size]
                 yield Finding(h.file, f"file is {h.size} bytes but its header needs {end}: {len(cut)} tensors are "
-                              f"cut off, first {sorted(cut)[0]}.", count=len(cut), file=h.file)
+                              f"cut off, first {min(cut)}.", count=len(cut), file=h.file)
 
 
 @check(id="structure.index.missing_file", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -63,7 +73,7 @@ def index_missing_file(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
             by_file[f].append(name)
     for f, names in sorted(by_file.items()):
         yield Finding(INDEX_FILE, f"{len(names)} tensors are mapped to {f}, which does not exist (first "
-                      f"{sorted(names)[0]}).", count=len(names), file=f)
+                      f"{min(names)}).", count=len(names), file=f)
 
 
 @check(id="structure.index.keys", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -79,7 +89,7 @@ def index_keys(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
             owners[name].append(h.file)
     dup = {n: fs for n, fs in owners.items() if len(fs) > 1}
     if dup:
-        n = sorted(dup)[0]
+        n = min(dup)
         yield Finding(n, f"{len(dup)} tensors appear in more than one shard; first {n} in {', '.join(dup[n])}.",
                       count=len(dup))
     if c.index is None:
@@ -87,7 +97,7 @@ def index_keys(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     wmap = c.index["weight_map"]
     wrong = [(n, f) for n, f in wmap.items() if f in c.headers and n not in c.headers[f].tensors]
     if wrong:
-        n, f = sorted(wrong)[0]
+        n, f = min(wrong)
         yield Finding(n, f"{len(wrong)} index entries point to a shard that does not hold the tensor; first {n} "
                       f"-> {f}.", count=len(wrong), file=f)
     extra = sorted(n for n, fs in owners.items() if n not in wmap)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from ...tensor_model import Role, SourceFormat
 from ..check import Finding, Scope, Severity, check
@@ -10,7 +10,7 @@ from ..inputs import CheckpointInput, Options
 from ..tiles import moe_shard_verdict
 from .structure import model_dims
 
-__all__ = ["tile_rules_per_rank", "containers"]
+__all__ = ["containers", "tile_rules_per_rank"]
 
 
 def containers(c: CheckpointInput) -> dict[str, dict]:

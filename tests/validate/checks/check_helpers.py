@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
 from dsv4_convert.formats.mxfp4 import quantize_mxfp4
@@ -60,3 +59,11 @@ def marlin_of(src: ProjectionTensors, *, engine="sglang", act_dtype="bfloat16") 
 
 def run(chk, arg, opts: Options | None = None):
     return list(chk(arg, opts or Options()))
+
+
+def refresh(p: ProjectionTensors) -> ProjectionTensors:
+    """Forget the cached per-block arrays after a test edits the tensors in place."""
+    for k in ("scale_bytes", "scale_np", "block_max_code", "block_nonzero", "global_value", "nonfinite_blocks",
+              "zero_blocks", "scale_values", "block_absmax"):
+        p.__dict__.pop(k, None)
+    return p

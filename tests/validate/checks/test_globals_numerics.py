@@ -2,9 +2,7 @@ import math
 
 import pytest
 import torch
-
-from check_helpers import mxfp4_tensors, nvfp4_tensors, run, set_scale_byte
-
+from check_helpers import mxfp4_tensors, nvfp4_tensors, refresh, run, set_scale_byte
 from dsv4_convert.tensor_model import Role
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import globals as g
@@ -14,8 +12,7 @@ from dsv4_convert.validate.inputs import ExpertTensors, Options
 
 def _with_global(p, value):
     p.global_scale = torch.tensor(value, dtype=torch.float32)
-    p.__dict__.pop("block_absmax", None)
-    return p
+    return refresh(p)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0, -1e-3])
@@ -67,6 +64,17 @@ def test_dequant_nonfinite_from_nan_scale_and_global():
     assert run(nm.dequant_nonfinite, nvfp4_tensors()) == []
 
 
+def test_masks_match_real_dequantization():
+    from dsv4_convert.validate.emulate import source_dequantize
+    cases = [set_scale_byte(nvfp4_tensors(), (1, 2), 0x7F), set_scale_byte(nvfp4_tensors(), (3, 3), 0),
+             set_scale_byte(set_scale_byte(mxfp4_tensors(), (0, 0), 254), (1, 1), 253),
+             set_scale_byte(mxfp4_tensors(), (2, 2), 0xFF), _with_global(nvfp4_tensors(), 1e36)]
+    for p in cases:
+        full = source_dequantize(p).reshape(p.proj.n, -1, p.proj.group_size)
+        assert (~torch.isfinite(full).all(-1)).numpy().tolist() == p.nonfinite_blocks.tolist()
+        assert (full == 0).all(-1).numpy().tolist() == p.zero_blocks.tolist()
+
+
 def test_block_absmax_matches_real_dequantization():
     from dsv4_convert.validate.emulate import source_dequantize
     for p in (nvfp4_tensors(), mxfp4_tensors()):
@@ -78,7 +86,6 @@ def test_all_zero_expert():
     e = _expert(0.01, 0.01)
     assert run(nm.all_zero_expert, e) == []
     e.projections[Role.DOWN].weight = torch.zeros_like(e.projections[Role.DOWN].weight)
-    for k in ("block_max_code", "block_absmax"):
-        e.projections[Role.DOWN].__dict__.pop(k, None)
+    refresh(e.projections[Role.DOWN])
     (f,) = run(nm.all_zero_expert, e)
     assert "down" in f.message and f.tensor == "layers.0.ffn.experts.0" and not math.isnan(f.count)
