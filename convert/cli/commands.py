@@ -1,11 +1,10 @@
 """The explicit list of commands (one line each)."""
 
 from .convert_cmds import mxfp4_to_marlin, nvfp4_to_marlin
-from .demo import demo
 from .inspect import inspect
 from .plan import plan
 from .reverse_cmd import marlin_to_source
 from .synth import synth
 from .validate import validate
 
-ALL = [nvfp4_to_marlin, mxfp4_to_marlin, marlin_to_source, demo, inspect, synth, validate, plan]
+ALL = [nvfp4_to_marlin, mxfp4_to_marlin, marlin_to_source, inspect, synth, validate, plan]
