@@ -7,4 +7,4 @@ from .reverse_cmd import marlin_to_source
 from .synth import synth
 from .validate import validate
 
-ALL = [nvfp4_to_marlin, mxfp4_to_marlin, marlin_to_source, inspect, synth, validate, plan]
+ALL = [inspect, nvfp4_to_marlin, mxfp4_to_marlin, validate, plan, marlin_to_source, synth]

@@ -27,7 +27,14 @@ Set DSV4_DEBUG=1 to see tracebacks.
 """
 
 
-@click.group(help=HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _OrderedGroup(click.Group):
+    """List commands in workflow order (commands.ALL), not alphabetically."""
+
+    def list_commands(self, ctx):
+        return list(self.commands)
+
+
+@click.group(cls=_OrderedGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="dsv4-convert")
 def cli():
     pass
