@@ -53,7 +53,7 @@ def source_experts(fmt: str, *, experts: int, hidden: int, inter: int, seed: int
 
 def rescale_factors(src: dict[str, torch.Tensor], target: MarlinTarget, experts: range) -> dict[str, float]:
     """vLLM's factor per stack over the given experts (all of them, as the converter records it)."""
-    if target.engine != "vllm":
+    if target.engine != "vllm" or f"{CONTAINER}.0.w1.weight_scale" not in src:  # MXFP4: no factor
         return {f"{CONTAINER}.w13": 1.0, f"{CONTAINER}.w2": 1.0}
     w13 = [src[f"{CONTAINER}.{e}.{p}.weight_scale"] for e in experts for p in ("w1", "w3")]
     w2 = [src[f"{CONTAINER}.{e}.w2.weight_scale"] for e in experts]

@@ -128,7 +128,7 @@ def run_case(rank: int, world: int, *, fmt: str, act_dtype: str, ep: bool, exper
                             rescale=synth.rescale_factors(src, target, range(experts)))
     with sglang_cpu(world=world, rank=rank, ep=ep, dtype=dtype):
         engine = make_layer(engine_config(fmt), experts=experts, hidden=hidden, inter=inter, dtype=dtype)
-        load_like_dsv4(engine, src, experts=experts)
+        engine_skipped = load_like_dsv4(engine, src, experts=experts)
         engine.quant_method.process_weights_after_loading(engine)
 
         plugin = make_layer(plugin_config(qc), experts=experts, hidden=hidden, inter=inter, dtype=dtype)
@@ -138,6 +138,7 @@ def run_case(rank: int, world: int, *, fmt: str, act_dtype: str, ep: bool, exper
         "engine_method": type(engine.quant_method).__name__,
         "plugin_method": type(plugin.quant_method).__name__,
         "local_experts": int(plugin.w13_weight.shape[0]),
+        "engine_skipped": sorted(set(engine_skipped)),
         "skipped": sorted(set(skipped)),
         "diff": compare_params(engine, plugin, FINAL[fmt]),
     }

@@ -1,0 +1,242 @@
+"""vLLM classes for pre-packed Marlin FP4 experts (imported only by vllm_plugin.register()).
+
+`VllmMarlinFp4Config` serves every non-expert layer with vLLM's own config built from the
+checkpoint's `original_quantization_config` (DeepSeek-V4: `DeepseekV4FP8Config`), and the FP4
+routed / MTP experts with the two methods below. Each subclasses vLLM's own MoE method that runs the
+Marlin backend, creates the parameters in their final Marlin shapes, loads them with vLLM's expert
+`weight_loader`, skips the repack and builds the same Marlin kernel; `apply` is inherited unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import vllm
+from vllm.model_executor.layers.fused_moe import RoutedExperts
+from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
+from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend
+from vllm.model_executor.layers.fused_moe.routed_experts import FusedMoeWeightScaleSupported
+from vllm.model_executor.layers.quantization import get_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
+from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config, ModelOptNvFp4FusedMoE
+from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
+from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
+from vllm.model_executor.utils import set_weight_attrs
+
+from dsv4_convert.formats.marlin_scales import (
+    nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales, vllm_rescale_factor,
+)
+
+from .config import (
+    QUANT_METHOD, PluginConfigError, check_layout, check_rank_shape, expert_container, parse_quant_config,
+)
+
+__all__ = ["VllmMarlinFp4Config", "PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "rank_rescale"]
+
+logger = logging.getLogger("dsv4_convert.serving")
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+_GROUP = FusedMoeWeightScaleSupported.GROUP.value
+_TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
+_MARLIN_HINT = "start vLLM with --moe-backend marlin"
+
+
+def _same_bytes_loader(weight_loader):
+    """Reinterpret (never convert) a checkpoint tensor to the parameter dtype when the element sizes
+    match: vLLM's expert loader copies with `copy_`, and its DSv4 loader views E8M0 scales as uint8."""
+
+    def load(param, loaded_weight, *args, **kwargs):
+        if loaded_weight.dtype != param.dtype and loaded_weight.element_size() == param.element_size():
+            loaded_weight = loaded_weight.view(param.dtype)
+        return weight_loader(param, loaded_weight, *args, **kwargs)
+
+    return load
+
+
+def _register(layer, name, data, attrs, weight_loader, **extra):
+    param = torch.nn.Parameter(data, requires_grad=False)
+    layer.register_parameter(name, param)
+    set_weight_attrs(param, {**attrs, **extra, "weight_loader": weight_loader})
+    return param
+
+
+def _check_layer(fmt, layer, hidden_size, intermediate_size_per_partition):
+    tp = layer.moe_config.moe_parallel_config.tp_size
+    check_rank_shape(fmt, "vllm", intermediate=intermediate_size_per_partition * tp, hidden=hidden_size, tp_size=tp)
+
+
+def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
+    loader = _same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
+    for key in ("global_num_experts", "unpadded_hidden_size"):
+        extra_weight_attrs.pop(key, None)
+    attrs = {**extra_weight_attrs, "is_transposed": True}
+    g = 16 if fmt == "nvfp4" else 32
+    sdt = torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8  # E8M0 arrives viewed as uint8
+    _register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
+    _register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
+    _register(layer, "w13_weight_scale", torch.zeros(e, h // g, 2 * i, dtype=sdt), attrs, loader, quant_method=_GROUP)
+    _register(layer, "w2_weight_scale", torch.zeros(e, i // g, h, dtype=sdt), attrs, loader, quant_method=_GROUP)
+    return loader, extra_weight_attrs
+
+
+class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
+    """MXFP4 experts already in Marlin order (what vLLM's prepare_moe_mxfp4_layer_for_marlin makes)."""
+
+    def __init__(self, moe, activation_key=None):
+        super().__init__(moe, activation_key=activation_key)
+        if self.mxfp4_backend not in (Mxfp4MoeBackend.MARLIN, Mxfp4MoeBackend.BATCHED_MARLIN):
+            raise PluginConfigError(f"{QUANT_METHOD} experts are Marlin-packed but vLLM chose the "
+                                    f"{self.mxfp4_backend.value} MoE backend; {_MARLIN_HINT}")
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
+                       **extra_weight_attrs):
+        _check_layer("mxfp4", layer, hidden_size, intermediate_size_per_partition)
+        self.num_experts = layer.num_experts = num_experts
+        layer.params_dtype = params_dtype
+        self.intermediate_size, self.hidden_size = intermediate_size_per_partition, hidden_size
+        _create_marlin_params(layer, "mxfp4", num_experts, hidden_size, intermediate_size_per_partition,
+                              dict(extra_weight_attrs))
+
+    def process_weights_after_loading(self, layer) -> None:
+        for name in ("w13_weight_scale", "w2_weight_scale"):
+            replace_parameter(layer, name, getattr(layer, name).data.view(torch.float8_e8m0fnu))
+        self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors
+
+
+def rank_rescale(scale_bytes: torch.Tensor, *, stored_sf: float, act_dtype: str) -> tuple[float, torch.Tensor, int]:
+    """vLLM picks its bf16 power-of-two factor over the experts *this rank* holds. Returns (rank_sf,
+    bytes re-encoded for it, count of zero bytes that may have been clamped at conversion)."""
+    scales = s0e5m3_to_nvfp4_scales(scale_bytes.view(torch.uint8), sf=stored_sf)
+    sf = vllm_rescale_factor(scales, act_dtype)
+    if sf == stored_sf:
+        return sf, scale_bytes, 0
+    new = nvfp4_scales_to_s0e5m3(scales, engine="vllm", sf=sf).view(torch.float8_e4m3fn)
+    zeros = int((scale_bytes.view(torch.uint8) == 0).sum()) if sf > stored_sf else 0
+    return sf, new, zeros
+
+
+class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
+    """NVFP4 experts already in Marlin order, with vLLM's S0E5M3 scale bytes and fp32 globals / sf."""
+
+    def __init__(self, quant_config, moe_config, *, spec, container: str):
+        super().__init__(quant_config, moe_config)
+        if self.nvfp4_backend != NvFp4MoeBackend.MARLIN:
+            raise PluginConfigError(f"{QUANT_METHOD} experts are Marlin-packed but vLLM chose the "
+                                    f"{self.nvfp4_backend.value} MoE backend; {_MARLIN_HINT}")
+        self.spec, self.container = spec, container
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
+                       **extra_weight_attrs):
+        if params_dtype != _DTYPES[self.spec.act_dtype]:
+            raise PluginConfigError(f"this NVFP4 checkpoint was converted for {self.spec.act_dtype} activations "
+                                    f"but vLLM runs {params_dtype}; use --dtype {self.spec.act_dtype} or re-convert")
+        _check_layer("nvfp4", layer, hidden_size, intermediate_size_per_partition)
+        layer.num_experts, layer.params_dtype, layer.quant_config = num_experts, params_dtype, self.quant_config
+        global_experts = extra_weight_attrs.get("global_num_experts", num_experts)
+        e, h, i = num_experts, hidden_size, intermediate_size_per_partition
+        loader, attrs = _create_marlin_params(layer, "nvfp4", e, h, i, dict(extra_weight_attrs))
+        t = {**attrs, "quant_method": _TENSOR}
+        _register(layer, "w13_weight_global_scale", torch.zeros(e, 2), t, loader)  # processed, F32
+        _register(layer, "w2_weight_global_scale", torch.zeros(e), t, loader)
+        _register(layer, "w13_weight_scale_2", torch.zeros(e, 2), t, loader)  # the original ModelOpt globals
+        _register(layer, "w2_weight_scale_2", torch.zeros(e), t, loader)
+        n_in = global_experts if self.use_global_sf else e
+        _register(layer, "w13_input_scale", torch.ones(n_in, 2), t, loader)
+        _register(layer, "w2_input_scale", torch.ones(n_in), t, loader)
+
+    def process_weights_after_loading(self, layer) -> None:
+        act = self.spec.act_dtype
+        self.rank_rescale_factors = {}
+        for stack, gname in (("w13", "w13_weight_global_scale"), ("w2", "w2_weight_global_scale")):
+            stored = self.spec.rescale_factors.get(f"{self.container}.{stack}", 1.0)
+            processed = getattr(layer, gname).data
+            processed = processed[:, 0] if processed.dim() == 2 else processed
+            sf, new_bytes, zeros = rank_rescale(getattr(layer, f"{stack}_weight_scale").data,
+                                                stored_sf=stored, act_dtype=act)
+            self.rank_rescale_factors[stack] = (stored, sf)
+            if sf != stored:
+                # expert parallel: this rank's experts give another factor than the whole layer's
+                replace_parameter(layer, f"{stack}_weight_scale", new_bytes)
+                original = getattr(layer, f"{stack}_weight_scale_2").data
+                original = original[:, 0] if original.dim() == 2 else original
+                processed = nvfp4_global_to_marlin(original, engine="vllm", act_dtype=act, sf=sf)
+                if zeros:
+                    logger.warning("dsv4-convert: %s %s: %d scale bytes were 0 at conversion; with this rank's "
+                                   "rescale factor %g (stored %g) tiny source scales could have become non-zero",
+                                   self.container, stack, zeros, sf, stored)
+            replace_parameter(layer, f"{stack}_weight_scale_2", processed.float().contiguous())
+            delattr(layer, gname)
+        self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors
+
+
+class VllmMarlinFp4Config(QuantizationConfig):
+    """quant_method `marlin_fp4` for vLLM: our experts, vLLM's own config for everything else."""
+
+    def __init__(self, spec, inner: QuantizationConfig | None):
+        super().__init__()
+        self.spec = spec
+        self.inner = inner
+        self.packed_modules_mapping = getattr(inner, "packed_modules_mapping", {}) if inner is not None else {}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "VllmMarlinFp4Config":
+        spec = parse_quant_config(config)
+        check_layout(spec, engine="vllm", engine_version=vllm.__version__)
+        original = spec.original_quantization_config
+        inner = None
+        if original is not None:
+            inner = get_quantization_config(_inner_method(original)).from_config(original)
+        return cls(spec, inner)
+
+    def get_name(self):
+        return QUANT_METHOD
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [_DTYPES[self.spec.act_dtype]]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 80
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper):
+        if self.inner is not None:
+            self.inner.apply_vllm_mapper(hf_to_vllm_mapper)
+
+    def get_quant_method(self, layer, prefix: str):
+        if isinstance(layer, RoutedExperts):
+            container = expert_container(self.spec, prefix, num_hidden_layers=_num_hidden_layers())
+            if container is not None:
+                if self.spec.format_of(container) == "mxfp4":
+                    return PrepackedMxfp4MarlinMoE(layer.moe_config)
+                nvfp4 = ModelOptNvFp4Config(is_checkpoint_nvfp4_serialized=True, kv_cache_quant_algo=None,
+                                            exclude_modules=[], group_size=16)
+                return PrepackedNvFp4MarlinMoE(nvfp4, layer.moe_config, spec=self.spec, container=container)
+        return None if self.inner is None else self.inner.get_quant_method(layer, prefix)
+
+
+def _hf_config():
+    try:
+        from vllm.config import get_current_vllm_config
+        return get_current_vllm_config().model_config.hf_config
+    except Exception:
+        return None
+
+
+def _num_hidden_layers():
+    return getattr(_hf_config(), "num_hidden_layers", None)
+
+
+def _inner_method(original: dict) -> str:
+    """The vLLM method name for the original block, as vLLM itself resolves it (DeepSeek-V4 `fp8`
+    becomes `deepseek_v4_fp8` through that config's override hook)."""
+    from vllm.models.deepseek_v4 import DeepseekV4FP8Config
+
+    hf = _hf_config()
+    if getattr(hf, "model_type", "deepseek_v4") == "deepseek_v4" and original.get("quant_method") in ("fp8", "deepseek_v4_fp8"):
+        return "deepseek_v4_fp8"
+    return DeepseekV4FP8Config.override_quantization_method(original, None, hf) or original["quant_method"]

@@ -1,0 +1,149 @@
+"""vLLM 0.33.0 plugin tests, on CPU, against vLLM's own code.
+
+CPU substitutions (nothing an assertion compares comes from any of them):
+- `VLLM_TARGET_DEVICE=cpu`: vLLM's CPU platform (imports the CPU DeepSeek-V4 model module, whose
+  weights mapper is the same function as the CUDA one's).
+- `MarlinExperts._supports_current_device` -> True (forced Marlin backend): vLLM's backend oracle finds
+  no MoE backend on CPU; `--moe-backend marlin` (set here in KernelConfig) is what the documented
+  launch command uses on sm_120, and it is what vLLM picks there by itself.
+- `vllm._custom_ops.gptq_marlin_repack` -> the project's `to_marlin_weight`: the op is CUDA-only. It
+  runs only in the engine's reference path (a); tests/formats/test_golden.py pins `to_marlin_weight` to
+  the engines' bytes. Scale permutation, S0E5M3 processing, the rescale factor and the globals are
+  vLLM's own Python in path (a).
+- `DeepseekV4FP8Config`'s `expert_dtype` / `moe_quant_algo` are set on the config object: vLLM reads
+  them from the model's hf_config, and there is no model here.
+- A fresh `VllmConfig` per layer (vLLM registers each layer name once per config); one MoE layer is
+  built with vLLM's `FusedMoEFactory` instead of a whole model, and fed through vLLM's own DSv4 weights
+  mapper, E8M0 -> uint8 view and expert params mapping (as `DeepseekV4Model.load_weights` does).
+- 2 spawned gloo ranks with vLLM's own `init_distributed_environment` / `initialize_model_parallel`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+vllm = pytest.importorskip("vllm")
+
+from common import spawn_ranks  # noqa: E402
+from dsv4_convert.formats.marlin import MarlinTarget  # noqa: E402
+from dsv4_convert.serving.config import PluginConfigError, registration_log_line  # noqa: E402
+import synth  # noqa: E402
+
+H, I, E = 256, 256, 4
+BASE = dict(experts=E, hidden=H, inter=I, ep=False)
+CASES = [
+    dict(id="mxfp4-bf16-tp2", fmt="mxfp4", act_dtype="bfloat16", **BASE),
+    dict(id="nvfp4-bf16-tp2", fmt="nvfp4", act_dtype="bfloat16", **BASE),
+    dict(id="nvfp4-fp16-tp2", fmt="nvfp4", act_dtype="float16", **BASE),
+    dict(id="nvfp4-bf16-small-tp2", fmt="nvfp4", act_dtype="bfloat16", small_scales=[0, 1, 2, 3], **BASE),
+    # negative control: SGLang's output (globals rounded to bf16) loaded by the vLLM plugin must NOT
+    # match vLLM's fp32 globals. (With small scales the plugin's rescale step would re-derive vLLM's
+    # scale bytes from SGLang's, so the control uses normal scales, where only the globals differ.)
+    dict(id="negative-sglang-bytes", fmt="nvfp4", act_dtype="bfloat16", convert_for="sglang", **BASE),
+]
+EP = dict(BASE, ep=True)
+EP_CASES = [
+    dict(id="mxfp4-bf16-ep2", fmt="mxfp4", act_dtype="bfloat16", **EP),
+    # experts 0-1 (rank 0) have small scales: rank 0's rescale factor differs from the stored one
+    dict(id="nvfp4-bf16-ep2-rescale", fmt="nvfp4", act_dtype="bfloat16", small_scales=[0, 1], **EP),
+]
+
+
+@pytest.fixture(scope="module")
+def tp_results(tmp_path_factory):
+    return spawn_ranks("harness_vllm:run_cases", {"cases": CASES}, tmp_path_factory.mktemp("tp"))
+
+
+@pytest.fixture(scope="module")
+def ep_results(tmp_path_factory):
+    return spawn_ranks("harness_vllm:run_cases", {"cases": EP_CASES}, tmp_path_factory.mktemp("ep"))
+
+
+def _assert_equal(results, case_id, expected_local):
+    for rank, res in enumerate(results):
+        r = res[case_id]
+        assert r["plugin_method"].startswith("Prepacked") and r["local_experts"] == expected_local, r
+        # the converter keeps every source name; what vLLM's DSv4 mapper cannot place (ModelOpt
+        # `input_scale`, mapped to `input_scale_2`) it cannot place for the source either
+        assert r["skipped"] == r["engine_skipped"], r
+        bad = {k: v for k, v in r["diff"].items() if v is not None}
+        assert not bad, f"rank {rank} {case_id}: {bad}"
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in CASES if not c["id"].startswith("negative")])
+def test_tp2_plugin_params_byte_equal_engine(tp_results, case_id):
+    _assert_equal(tp_results, case_id, expected_local=E)
+
+
+def test_tp2_engine_path_is_vllm_marlin_method(tp_results):
+    assert {res[c["id"]]["engine_method"] for res in tp_results for c in CASES} == {
+        "Mxfp4MoEMethod", "ModelOptNvFp4FusedMoE"}
+
+
+def test_negative_control_wrong_target_differs(tp_results):
+    for res in tp_results:
+        diff = res["negative-sglang-bytes"]["diff"]
+        assert diff["w13_weight"] is None and diff["w13_weight_scale"] is None  # same bytes in both engines
+        assert diff["w13_weight_scale_2"] is not None and diff["w2_weight_scale_2"] is not None
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in EP_CASES])
+def test_ep2_plugin_params_byte_equal_engine(ep_results, case_id):
+    _assert_equal(ep_results, case_id, expected_local=E // 2)
+
+
+def test_ep2_rank_rescale_factor_was_recomputed(ep_results):
+    stored, rank0 = ep_results[0]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"]
+    assert stored == 1.0 and rank0 > 1.0  # rank 0 re-encoded its scales; rank 1 kept the stored bytes
+    assert ep_results[1]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"] == [1.0, 1.0]
+
+
+# --- discovery and config, in this process --------------------------------------------------------
+
+def test_engine_plugin_loader_calls_register_once(monkeypatch, caplog):
+    import dsv4_convert.serving.vllm_plugin as plugin
+    import vllm.plugins as vplugins
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+
+    calls = []
+    real = plugin.register
+    monkeypatch.setattr(plugin, "register", lambda: calls.append(1) or real())
+    monkeypatch.setattr(vplugins, "plugins_loaded", False)
+    with caplog.at_level(logging.INFO, logger="dsv4_convert.serving"):
+        vplugins.load_general_plugins()
+        vplugins.load_general_plugins()
+    assert len(calls) == 1
+    cls = get_quantization_config("marlin_fp4")
+    assert cls.__name__ == "VllmMarlinFp4Config"
+    assert registration_log_line("vllm", vllm.__version__) in caplog.text
+    assert real() is True and QUANTIZATION_METHODS.count("marlin_fp4") == 1  # idempotent
+
+
+def test_config_builds_inner_dsv4_fp8_config():
+    from dsv4_convert.serving.vllm_plugin import register
+    from vllm.model_executor.layers.quantization import get_quantization_config
+    from vllm.models.deepseek_v4 import DeepseekV4FP8Config
+
+    register()
+    cfg = get_quantization_config("marlin_fp4").from_config(synth.quant_config("mxfp4", MarlinTarget(engine="vllm")))
+    assert isinstance(cfg.inner, DeepseekV4FP8Config)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"marlin_layout": "sglang-L2"}, "converted for sglang"),
+    ({"marlin_layout": None}, "marlin_layout is missing"),
+])
+def test_config_refuses_wrong_or_missing_layout(change, message):
+    from dsv4_convert.serving.vllm_plugin import register
+    from vllm.model_executor.layers.quantization import get_quantization_config
+
+    register()
+    qc = {**synth.quant_config("nvfp4", MarlinTarget(engine="vllm")), **change}
+    if change["marlin_layout"] is None:
+        del qc["marlin_layout"]
+    with pytest.raises(PluginConfigError, match=message):
+        get_quantization_config("marlin_fp4").from_config(qc)
