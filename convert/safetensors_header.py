@@ -24,6 +24,7 @@ from .tensor_model import DTYPE_SIZES, TensorRef
 __all__ = ["MAX_HEADER_SIZE", "dtype_bits", "parse_header", "read_header"]
 
 MAX_HEADER_SIZE = 100_000_000  # the reference implementation's hard limit
+_MAX_NUMEL = 1 << 64  # no file holds more elements; stopping here also bounds the work on forged shapes
 _SUB_BYTE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 _ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
 _REWRITE = "re-download or re-export this shard; a safetensors writer never produces this"
@@ -61,6 +62,18 @@ def _is_uint(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= 0
 
 
+def _numel(shape: list[int]) -> int | None:
+    """The element count, or None when it passes _MAX_NUMEL (a forged shape)."""
+    if 0 in shape:
+        return 0
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel > _MAX_NUMEL:
+            return None
+    return numel
+
+
 def _parse_entry(name: str, entry: object, *, file: str) -> tuple[str, tuple[int, ...], int, int]:
     if not isinstance(entry, dict) or set(entry) != _ENTRY_KEYS:
         got = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
@@ -83,10 +96,11 @@ def _parse_entry(name: str, entry: object, *, file: str) -> tuple[str, tuple[int
         raise _err("header.unknown_dtype", f"tensor {name!r} has unknown dtype {dtype!r} (known: {known})",
                    file=file, tensor=name,
                    hint="upgrade dsv4-convert if this is a newer safetensors dtype, else re-export the shard")
-    numel = 1
-    for d in shape:
-        numel *= d
+    numel = _numel(shape)
     begin, end = offsets
+    if numel is None:
+        raise _err("header.shape_size_mismatch", f"tensor {name!r}: shape {shape!r:.200} has more than 2**64 "
+                   "elements", file=file, tensor=name)
     if (numel * bits) % 8 or numel * bits // 8 != end - begin:
         raise _err("header.shape_size_mismatch",
                    f"tensor {name!r}: shape {shape} x {dtype} ({bits} bits/element) needs "
@@ -127,6 +141,9 @@ def parse_header(buf: bytes, *, file_size: int, file: str) -> tuple[dict[str, Te
         raise _err("header.duplicate_key", f"header names {e.key!r} twice", file=file, tensor=e.key) from None
     except json.JSONDecodeError as e:
         raise _err("header.not_json", f"header is not valid JSON ({e.msg} at header byte {e.pos})",
+                   file=file) from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits; nesting too deep
+        raise _err("header.not_json", f"header is not valid JSON ({type(e).__name__}: {str(e)[:120]})",
                    file=file) from None
     if not isinstance(obj, dict):
         raise _err("header.not_object", "header must be a JSON object", file=file)

@@ -8,7 +8,6 @@ little-endian header length, a JSON header, then the data buffer; offsets relati
 from __future__ import annotations
 
 import json
-import math
 import struct
 from pathlib import Path
 
@@ -19,6 +18,22 @@ __all__ = ["INDEX_FILE", "scan_checkpoint", "scan_header", "scan_index"]
 
 INDEX_FILE = "model.safetensors.index.json"
 _MAX_HEADER = 100_000_000
+_MAX_NUMEL = 1 << 64  # no file holds more elements; stopping here bounds the work on a forged shape
+
+
+def _uint(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _numel(shape: tuple[int, ...]) -> int | None:
+    if 0 in shape:
+        return 0
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel > _MAX_NUMEL:
+            return None
+    return numel
 
 
 def scan_index(root: Path) -> tuple[dict | None, str | None]:
@@ -48,8 +63,8 @@ def scan_header(path: Path, file: str) -> HeaderInfo:
                 return HeaderInfo(file, size, {}, f"header length {n} runs past the end of the file ({size} bytes)")
             raw = f.read(n)
         header = json.loads(raw.decode("utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        return HeaderInfo(file, size, {}, f"header is not valid JSON: {e}")
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as e:
+        return HeaderInfo(file, size, {}, f"header is not valid JSON: {str(e)[:200]}")
     if not isinstance(header, dict):
         return HeaderInfo(file, size, {}, "header is not a JSON object")
     base = 8 + n
@@ -60,12 +75,19 @@ def scan_header(path: Path, file: str) -> HeaderInfo:
         try:
             dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
         except (KeyError, TypeError, ValueError):
-            problems.append(f"{name}: malformed entry {entry!r}")
+            problems.append(f"{name}: malformed entry {entry!r:.200}")
+            continue
+        if not (isinstance(dtype, str) and all(map(_uint, shape)) and _uint(begin) and _uint(end)):
+            problems.append(f"{name}: malformed entry {entry!r:.200} (want a dtype string, a shape and "
+                            "data_offsets of non-negative integers)")
             continue
         if dtype not in DTYPE_SIZES and dtype != "F4":
             problems.append(f"{name}: unknown dtype {dtype!r}")
             continue
-        numel = math.prod(shape)
+        numel = _numel(shape)
+        if numel is None:
+            problems.append(f"{name}: shape {list(shape)!r:.200} has more than 2**64 elements")
+            continue
         nbytes = numel // 2 if dtype == "F4" else numel * DTYPE_SIZES[dtype]
         if end - begin != nbytes or begin < 0:
             problems.append(f"{name}: offsets [{begin}, {end}) hold {end - begin} bytes, {dtype} {list(shape)} "

@@ -14,10 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corrupt import (
-    INDEX, add_tensor, drop_tensors, edit_header, edit_json, poke_tensor_bytes, read_shard, shard_of, write_shard,
+    INDEX,
+    add_tensor,
+    drop_tensors,
+    edit_header,
+    edit_json,
+    poke_tensor_bytes,
+    read_shard,
+    shard_of,
+    write_shard,
 )
 
-__all__ = ["CATALOGUE", "Entry", "NV", "MX", "NV_HF", "EXPERT"]
+__all__ = ["CATALOGUE", "EXPERT", "MX", "NV", "NV_HF", "Entry"]
 
 NV, MX, NV_HF = "nvfp4-modelopt-dsv4", "mxfp4-dsv4", "nvfp4-modelopt-hf"
 EXPERT = "layers.0.ffn.experts.1"  # DeepSeek names (NV, MX): w1 gate, w3 up, w2 down

@@ -1,0 +1,121 @@
+"""Fast fuzz profile (CI) of the parsers that read untrusted bytes (fuzz_targets.py): a few hundred
+examples, a per-example deadline against hangs, and a bound on peak memory growth against
+allocations sized by a forged field. The long profile is benchmarks/fuzz_parsers.py.
+
+Plus the regressions the fuzzing found, as plain tests: integers over Python's 4300-digit limit and
+deep nesting in a header (were ValueError / RecursionError), and shapes whose element count does not
+fit a float (was OverflowError, and quadratic time for long shapes).
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import struct
+import time
+import tracemalloc
+
+import pytest
+from dsv4_convert.errors import InputError
+from dsv4_convert.safetensors_header import MAX_HEADER_SIZE, parse_header, read_header
+from dsv4_convert.validate.headers import scan_header
+from fuzz_targets import make_seeds, run_target, strategy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+EXAMPLES = {"header_bytes": 150, "header_json": 150, "index": 100, "configs": 80}
+MAX_RSS_GROWTH = 256 << 20
+
+
+def _profile(name: str):
+    return settings(max_examples=EXAMPLES[name], deadline=2000, database=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                           HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(scope="module")
+def seeds(synth_source, tmp_path_factory):
+    return make_seeds(synth_source("nvfp4-modelopt-dsv4", layers=1, experts=4, shards=2),
+                      tmp_path_factory.mktemp("fuzz"))
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def _fuzz(name: str, seeds) -> None:
+    @_profile(name)
+    @given(st.data())
+    def run(data):
+        run_target(name, seeds, data.draw(strategy(name, seeds)))
+
+    before = _peak_rss()
+    run()
+    assert _peak_rss() - before < MAX_RSS_GROWTH, "a forged size led to a large allocation"
+
+
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_fuzz(seeds, name):
+    _fuzz(name, seeds)
+
+
+# ------------------------------------------------------------------------------ regressions, sizes
+def _header(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _refused(buf: bytes, error_id: str, *, file_size: int | None = None) -> InputError:
+    with pytest.raises(InputError) as e:
+        parse_header(buf, file_size=len(buf) if file_size is None else file_size, file="x.safetensors")
+    assert e.value.error_id == error_id, e.value.render()
+    return e.value
+
+
+@pytest.mark.parametrize("text", [
+    '{"a": {"dtype": "U8", "shape": [' + "9" * 5000 + '], "data_offsets": [0, 1]}}',
+    '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}",
+], ids=["5000-digit-int", "deep-nesting"])
+def test_unparseable_json_is_header_not_json(tmp_path, text):
+    _refused(_header(text), "header.not_json")
+    path = tmp_path / "x.safetensors"
+    path.write_bytes(_header(text))
+    assert scan_header(path, path.name).error  # the validator's own scan reports it, never raises
+
+
+@pytest.mark.parametrize("dims", [17, 100_000])
+def test_shape_with_more_than_2_64_elements_is_refused_quickly(dims):
+    text = json.dumps({"a": {"dtype": "U8", "shape": [2**63] * dims, "data_offsets": [0, 1]}})
+    start = time.monotonic()
+    err = _refused(_header(text), "header.shape_size_mismatch", file_size=len(_header(text)) + 1)
+    assert time.monotonic() - start < 1.0 and "2**64" in err.message and len(err.message) < 400
+
+
+def test_forged_header_length_allocates_nothing(tmp_path):
+    """A length just under the 100 MB limit in a 1 KiB file: refused before any read of that size."""
+    path = tmp_path / "forged.safetensors"
+    path.write_bytes(struct.pack("<Q", MAX_HEADER_SIZE - 1) + b"{" * 1016)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError) as e:
+            read_header(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert e.value.error_id == "header.length_past_eof" and peak < 1 << 20
+    assert str(path) in e.value.render()
+
+
+def test_forged_data_offsets_allocate_nothing(tmp_path):
+    """Offsets claiming 2**63 bytes: the header is refused from its numbers, no buffer is sized by them."""
+    path = tmp_path / "forged.safetensors"
+    header = {"a": {"dtype": "U8", "shape": [2**63], "data_offsets": [0, 2**63]}}
+    path.write_bytes(_header(json.dumps(header)) + b"\0" * 64)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError) as e:
+            read_header(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert e.value.error_id == "header.offsets_past_eof" and e.value.tensor == "a" and peak < 1 << 20
