@@ -150,7 +150,8 @@ def _check_index(root: Path, weight_map: dict[str, str], headers: dict[str, dict
 
 
 def _natural(name: str):
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+    # odd parts are the digit runs; str.isdigit() would also take "²", which int() refuses
+    return [int(t) if i % 2 else t for i, t in enumerate(re.split(r"(\d+)", name))]
 
 
 def open_checkpoint(source: str | Path) -> Checkpoint:

@@ -197,7 +197,7 @@ def _json_header(draw) -> tuple[bytes, int]:
 # -------------------------------------------------------------------------------- index and configs
 _names = st.text(max_size=20)
 _shard_values = (st.sampled_from(["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "",
-                                  ".", "..", "/", "/etc/passwd", "../ckpt/config.json", "config.json", "x²",
+                                  ".", "..", "/", "/etc/passwd", "../ckpt/config.json", "config.json", "x²", "²",
                                   "model-٣.safetensors", "\x00", "a/b.safetensors"]) | _weird)
 
 

@@ -17,6 +17,7 @@ import tracemalloc
 
 import pytest
 from dsv4_convert.errors import InputError
+from dsv4_convert.reader import open_checkpoint
 from dsv4_convert.safetensors_header import MAX_HEADER_SIZE, parse_header, read_header
 from dsv4_convert.validate.headers import scan_header
 from fuzz_targets import make_seeds, run_target, strategy
@@ -119,3 +120,14 @@ def test_forged_data_offsets_allocate_nothing(tmp_path):
     finally:
         tracemalloc.stop()
     assert e.value.error_id == "header.offsets_past_eof" and e.value.tensor == "a" and peak < 1 << 20
+
+
+@pytest.mark.parametrize("shard", ["²", "model-٣-of-2.safetensors", "/", ""])
+def test_odd_shard_names_in_the_index_are_missing_shards(seeds, shard):
+    """"²" passes str.isdigit() but not int(): the shard sort raised ValueError."""
+    index = json.loads(json.dumps(seeds.index))
+    index["weight_map"]["embed.weight"] = shard
+    (seeds.root / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(InputError) as e:
+        open_checkpoint(seeds.root)
+    assert e.value.error_id == "index.missing_shard"
