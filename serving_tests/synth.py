@@ -111,3 +111,40 @@ def quant_config(fmt: str, target: MarlinTarget, *, rescale: dict[str, float] | 
 DSV4_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "scale_fmt": "ue8m0",
             "weight_block_size": [128, 128]}
 __all__.append("DSV4_FP8")
+
+
+# --- real converter output ------------------------------------------------------------------------
+
+def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int, hidden: int, inter: int):
+    """`dsv4-convert synth` + `dsv4-convert {fmt}-to-marlin` in a subprocess (the CLI of this checkout,
+    run by the current interpreter). Returns (source dir, converted dir)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src, out = Path(tmp, f"src-{fmt}"), Path(tmp, f"conv-{fmt}-{engine}-{act_dtype}")
+    cli = [sys.executable, "-c", "from dsv4_convert.cli.main import main; main()"]
+    if not src.exists():
+        subprocess.run([*cli, "synth", str(src), "--format", "mxfp4-dsv4" if fmt == "mxfp4" else "nvfp4-modelopt-dsv4",
+                        "--layers", "1", "--experts", str(experts), "--hidden", str(hidden),
+                        "--intermediate", str(inter), "--shards", "2"], check=True, capture_output=True)
+    subprocess.run([*cli, f"{fmt}-to-marlin", str(src), str(out), "--target", engine, "--act-dtype", act_dtype,
+                    "--workers", "1"], check=True, capture_output=True)
+    return str(src), str(out)
+
+
+def load_checkpoint_experts(path: str, container: str = CONTAINER) -> tuple[dict, dict]:
+    """(tensors of `container` read from the checkpoint's shards, its config.json quantization_config)."""
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    tensors = {}
+    for shard in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():
+                if name.startswith(container + "."):
+                    tensors[name] = f.get_tensor(name)
+    config = json.loads(Path(path, "config.json").read_text())
+    return tensors, config.get("quantization_config", {})

@@ -110,7 +110,7 @@ def plugin_config(qc: dict):
 
 
 def run_case(rank: int, world: int, *, fmt: str, act_dtype: str, ep: bool, experts: int, hidden: int,
-             inter: int, convert_for: str = "sglang", small_scales: bool = False) -> dict:
+             inter: int, convert_for: str = "sglang", small_scales: bool = False, checkpoints: list | None = None) -> dict:
     """One scenario on this rank: (a) the engine's own method on the source, (b) the plugin on the
     converted tensors; returns the byte comparison of every final expert parameter."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # ServerArgs(model_path="dummy") must not look for a model online
@@ -126,6 +126,9 @@ def run_case(rank: int, world: int, *, fmt: str, act_dtype: str, ep: bool, exper
     conv = synth.converted_experts(src, fmt, target, experts=experts)
     qc = synth.quant_config(fmt, MarlinTarget(engine="sglang", act_dtype=act_dtype),
                             rescale=synth.rescale_factors(src, target, range(experts)))
+    if checkpoints is not None:  # the real converter's output (dsv4-convert synth + *-to-marlin)
+        src, _ = synth.load_checkpoint_experts(checkpoints[0])
+        conv, qc = synth.load_checkpoint_experts(checkpoints[1])
     with sglang_cpu(world=world, rank=rank, ep=ep, dtype=dtype):
         engine = make_layer(engine_config(fmt), experts=experts, hidden=hidden, inter=inter, dtype=dtype)
         engine_skipped = load_like_dsv4(engine, src, experts=experts)

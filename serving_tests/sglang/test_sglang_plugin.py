@@ -50,15 +50,35 @@ EP_CASES = [
     dict(id="nvfp4-bf16-ep2", fmt="nvfp4", act_dtype="bfloat16", ep=True, experts=E, hidden=H, inter=I),
 ]
 
+# the key cases on the real converter output: `dsv4-convert synth` + `*-to-marlin --target sglang`
+CKPT = dict(experts=E, hidden=H, inter=I)
+CKPT_CASES = [
+    dict(id="ckpt-mxfp4-bf16-tp2", fmt="mxfp4", act_dtype="bfloat16", ep=False, **CKPT),
+    dict(id="ckpt-nvfp4-bf16-tp2", fmt="nvfp4", act_dtype="bfloat16", ep=False, **CKPT),
+    dict(id="ckpt-nvfp4-fp16-tp2", fmt="nvfp4", act_dtype="float16", ep=False, **CKPT),
+]
+CKPT_EP_CASES = [dict(id="ckpt-nvfp4-bf16-ep2", fmt="nvfp4", act_dtype="bfloat16", ep=True, **CKPT)]
+
+
+def _with_checkpoints(cases, tmp):
+    out = []
+    for c in cases:
+        ckpt = synth.make_checkpoints(tmp, c["fmt"], engine="sglang", act_dtype=c["act_dtype"],
+                                      experts=c["experts"], hidden=c["hidden"], inter=c["inter"])
+        out.append({**c, "checkpoints": list(ckpt)})
+    return out
+
 
 @pytest.fixture(scope="module")
 def tp_results(tmp_path_factory):
-    return spawn_ranks("harness_sglang:run_cases", {"cases": CASES}, tmp_path_factory.mktemp("tp"))
+    tmp = tmp_path_factory.mktemp("tp")
+    return spawn_ranks("harness_sglang:run_cases", {"cases": CASES + _with_checkpoints(CKPT_CASES, tmp)}, tmp)
 
 
 @pytest.fixture(scope="module")
 def ep_results(tmp_path_factory):
-    return spawn_ranks("harness_sglang:run_cases", {"cases": EP_CASES}, tmp_path_factory.mktemp("ep"))
+    tmp = tmp_path_factory.mktemp("ep")
+    return spawn_ranks("harness_sglang:run_cases", {"cases": EP_CASES + _with_checkpoints(CKPT_EP_CASES, tmp)}, tmp)
 
 
 def _assert_equal(results, case_id, expected_local):
@@ -71,7 +91,7 @@ def _assert_equal(results, case_id, expected_local):
         assert not bad, f"rank {rank} {case_id}: {bad}"
 
 
-@pytest.mark.parametrize("case_id", [c["id"] for c in CASES if not c["id"].startswith("negative")])
+@pytest.mark.parametrize("case_id", [c["id"] for c in CASES + CKPT_CASES if not c["id"].startswith("negative")])
 def test_tp2_plugin_params_byte_equal_engine(tp_results, case_id):
     _assert_equal(tp_results, case_id, expected_local=E)
 
@@ -88,7 +108,7 @@ def test_negative_control_wrong_target_differs(tp_results):
         assert diff["w13_weight_scale"] is not None and diff["w2_weight_scale"] is not None  # ...scales are not
 
 
-@pytest.mark.parametrize("case_id", [c["id"] for c in EP_CASES])
+@pytest.mark.parametrize("case_id", [c["id"] for c in EP_CASES + CKPT_EP_CASES])
 def test_ep2_plugin_params_byte_equal_engine(ep_results, case_id):
     _assert_equal(ep_results, case_id, expected_local=E // 2)
 

@@ -105,7 +105,7 @@ def engine_config(fmt):
 
 
 def run_case(rank, world, *, fmt, act_dtype, ep, experts, hidden, inter, convert_for="vllm",
-             small_scales=(), ) -> dict:
+             small_scales=(), checkpoints: list | None = None) -> dict:
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.plugins import load_general_plugins
 
@@ -118,6 +118,9 @@ def run_case(rank, world, *, fmt, act_dtype, ep, experts, hidden, inter, convert
     conv = synth.converted_experts(src, fmt, target, experts=experts)
     qc = synth.quant_config(fmt, MarlinTarget(engine="vllm", act_dtype=act_dtype),
                             rescale=synth.rescale_factors(src, target, range(experts)))
+    if checkpoints is not None:  # the real converter's output (dsv4-convert synth + *-to-marlin)
+        src, _ = synth.load_checkpoint_experts(checkpoints[0])
+        conv, qc = synth.load_checkpoint_experts(checkpoints[1])
     with vllm_cpu(world=world, rank=rank, ep=ep, dtype=dtype) as fresh:
         engine = make_layer(fresh, engine_config(fmt), experts=experts, hidden=hidden, inter=inter, dtype=dtype)
         engine_skipped = load_like_dsv4(engine, src, experts=experts)
