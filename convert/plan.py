@@ -15,7 +15,7 @@ from .errors import ContentError
 from .safetensors_writer import TensorSpec
 from .tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
 
-__all__ = ["OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "container_of", "stack_of", "FORMAT_VERSION"]
+__all__ = ["refuse_converted", "OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "container_of", "stack_of", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 _GLOBAL_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
@@ -159,31 +159,33 @@ def _check_complete(ckpt: Checkpoint) -> None:
                            hint="re-download the missing shards or tensors; `dsv4-convert validate` lists them all")
 
 
+def refuse_converted(ckpt: Checkpoint) -> None:
+    if ckpt.format is SourceFormat.MARLIN:
+        raise ContentError(f"{ckpt.root} is already converted to Marlin", error_id="convert.already_marlin",
+                           file="config.json", hint="use it as it is, or `dsv4-convert marlin-to-source` to undo")
+
+
 def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | None = None,
                options: dict | None = None) -> ConvertPlan:
     """Emit converted tensors at the position of their projection's first source tensor, everything
     else as a byte copy, in input order. Shards mirror the input's unless max_shard_size is set."""
-    if ckpt.format in (SourceFormat.MARLIN, SourceFormat.MXFP4_GPTOSS):
-        raise ContentError(f"cannot convert a {ckpt.format.value} checkpoint to Marlin",
-                           error_id="convert.unsupported_source", file=str(ckpt.root),
-                           hint="use marlin-to-source to undo a conversion" if ckpt.format is SourceFormat.MARLIN
-                           else "gpt-oss conversion is not supported yet; the engines repack it at load")
+    refuse_converted(ckpt)
     _check_complete(ckpt)
-    owner: dict[str, Projection] = {}
+    owners: dict[str, list[Projection]] = {}  # a stacked tensor (gpt-oss) feeds many projections
     for p in ckpt.projections:
         _check_convertible(p, target)
         for r in p.source_refs:
-            owner[r.name] = p
+            owners.setdefault(r.name, []).append(p)
     emitted: set[str] = set()
     items: list[tuple[str, OutTensor]] = []  # (input shard, output tensor)
-    ordered = sorted(ckpt.tensors.values(), key=lambda t: (t.file, t.begin))
-    for t in ordered:
-        p = owner.get(t.name)
-        if p is None:
+    for t in sorted(ckpt.tensors.values(), key=lambda t: (t.file, t.begin)):
+        if t.name not in owners:
             items.append((t.file, OutTensor(TensorSpec(t.name, t.dtype, t.shape), source=t)))
-        elif p.key not in emitted:
-            emitted.add(p.key)
-            items.extend((t.file, o) for o in _projection_outputs(p, ckpt.format, target))
+            continue
+        for p in owners[t.name]:
+            if p.key not in emitted:
+                emitted.add(p.key)
+                items.extend((t.file, o) for o in _projection_outputs(p, ckpt.format, target))
     shards = _mirror_shards(items) if max_shard_size is None else _pack_shards(items, max_shard_size)
     needs_rescale = target.engine == "vllm" and target.act_dtype == "bfloat16" and any(
         p.quant is Quant.NVFP4 for p in ckpt.projections)

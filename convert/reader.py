@@ -237,6 +237,18 @@ class TensorReader:
                                file=ref.file, hint="the shard changed since its header was read")
         return tensor
 
+    def get_expert(self, ref: TensorRef, index: int) -> torch.Tensor:
+        """Slab `index` of a tensor stacked along dim 0 (gpt-oss experts), without loading the rest."""
+        from safetensors import safe_open
+
+        try:
+            handle = self._safe.get(ref.file)
+            if handle is None:
+                handle = self._safe[ref.file] = safe_open(self.root / ref.file, framework="pt")
+            return handle.get_slice(ref.name)[index]
+        except Exception as e:  # safetensors raises its own untyped errors
+            raise self._open_error(ref, e) from None
+
     def read_bytes(self, ref: TensorRef) -> bytes:
         """The tensor's raw bytes, straight from the file (for byte-identical copies)."""
         try:
@@ -277,16 +289,17 @@ def load_projection(reader: TensorReader, proj: Projection, *, fmt: SourceFormat
     """Read one projection: I8 -> U8 view, E8M0 -> bytes, gpt-oss expert selection, gate/up
     de-interleave (rows `row_start::row_step`) and block reshape. `fmt` is only needed to tell a
     compressed-tensors global (a divisor) from a ModelOpt one; without it the tensor name decides."""
-    weight = reader.get(proj.weight)
-    scale = reader.get(proj.scale)
+    if proj.expert_index is not None:  # one expert's slab of a stacked tensor, then its interleaved rows
+        weight = reader.get_expert(proj.weight, proj.expert_index)[proj.row_start::proj.row_step]
+        scale = reader.get_expert(proj.scale, proj.expert_index)[proj.row_start::proj.row_step]
+        weight = weight.reshape(weight.shape[0], -1)
+    else:
+        weight = reader.get(proj.weight)
+        scale = reader.get(proj.scale)
     if proj.marlin_global is not None or weight.dtype == torch.int32:
         g = reader.get(proj.global_scale).float().reshape(()) if proj.global_scale is not None else None
         inp = reader.get(proj.input_scale) if proj.input_scale is not None else None
         return ProjectionData(weight=weight, scale=scale, global_scale=g, input_scale=inp)
-    if proj.expert_index is not None:
-        weight = weight[proj.expert_index, proj.row_start::proj.row_step]
-        scale = scale[proj.expert_index, proj.row_start::proj.row_step]
-        weight = weight.reshape(weight.shape[0], -1)
     weight = weight.contiguous().view(torch.uint8)
     if proj.quant is Quant.MXFP4:
         scale = scale.contiguous().view(torch.uint8)

@@ -1,9 +1,11 @@
 """marlin-to-source: rebuild the input checkpoint, byte for byte, from a converted one.
 
 The converter keeps what it replaced in `dsv4-convert-source/`: the original config files and index,
-every shard's exact header, and the few scale bytes a target clamps. Each original shard is rebuilt
-as its header followed by its tensors at their original offsets: passthrough tensors are copied from
-the converted checkpoint, FP4 projections are decoded with the exact inverse transforms."""
+every shard's exact header, and the few scale bytes a target clamps. The source projections are
+re-derived from those headers with the reader's own grouping, so every source layout (per-expert
+tensors, or gpt-oss stacks with interleaved gate/up rows) is rebuilt the same way: each original
+shard is its header followed by its tensors at their original offsets, passthrough tensors copied
+from the converted checkpoint and FP4 tensors decoded with the exact inverse transforms."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from .detect import group_projections
 from .errors import ContentError
 from .formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4
 from .pipeline import INDEX, LOST, SOURCE_DIR, _Pool
@@ -24,15 +28,11 @@ from .reader import load_projection, open_checkpoint
 from .safetensors_header import parse_header
 from .staging import MANIFEST, Staging
 from .tensor_io import PreadReader
-from .tensor_model import Checkpoint, Projection, Quant, TensorRef
+from .tensor_model import Projection, Quant, SourceFormat, TensorRef
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
 
 _GENERATED = {"config.json", "hf_quant_config.json", INDEX, "SERVING.md", MANIFEST}
-# original tensor suffix -> where its bytes come from: a decoded part, or a kept tensor of the output
-_DECODED = {"weight": "weight", "weight_packed": "weight", "scale": "scale", "weight_scale": "scale"}
-_KEPT = {"weight_scale_2": "weight_scale_2", "weight_global_scale": "ct_weight_global_scale",
-         "input_scale": "input_scale", "input_global_scale": "input_global_scale"}
 
 
 @dataclass
@@ -40,59 +40,67 @@ class ReverseResult:
     out: Path
     shards: int
     projections: int
-    restored_scales: int  # scale bytes the target had clamped, restored from the sidecar
+    restored_scales: int  # scale bytes the target had clamped, restored from the record
     seconds: float
 
     def as_dict(self) -> dict:
         return dict(self.__dict__, out=str(self.out))
 
 
-def _marlin_target(ckpt: Checkpoint) -> tuple[MarlinTarget, dict]:
-    block = ckpt.config.get("quantization_config") or {}
-    try:
-        return MarlinTarget(block["target_engine"], block["act_dtype"], bool(block["w4a8"])), block
-    except (KeyError, ValueError) as e:
-        raise ContentError(f"config.json quantization_config is not a dsv4-convert block: {e}",
-                           error_id="reverse.bad_config", file="config.json",
-                           hint="was this checkpoint written by dsv4-convert? (format_version 1)") from None
+@dataclass(frozen=True)
+class _Job:
+    """Everything one shard rebuild needs (picklable)."""
+    root: str
+    target: MarlinTarget
+    rescale: dict
+    lost: dict
+    converted: dict  # projection key -> the converted checkpoint's Projection
+    outputs: dict  # converted tensor name -> TensorRef
+    decoded_by: dict  # original tensor name -> [(source Projection, "weight" | "scale")]
+    kept_as: dict  # original tensor name -> converted tensor name (globals, input scales)
 
 
-def _decode(reader, p: Projection, target: MarlinTarget, sf: float, lost: dict) -> dict[str, torch.Tensor]:
-    src = load_projection(reader, p)
-    if p.quant is Quant.NVFP4:
-        weight, scale = marlin_to_nvfp4(src.weight, src.scale, target=target, n=p.n, k=p.k, sf=sf)
-        if f"{p.key}.index" in lost:
-            flat = scale.view(torch.uint8).reshape(-1)
-            flat[lost[f"{p.key}.index"]] = lost[f"{p.key}.bytes"]
+def _decode(reader, cp: Projection, job: _Job) -> dict[str, torch.Tensor]:
+    src = load_projection(reader, cp)
+    if cp.quant is Quant.NVFP4:
+        sf = job.rescale.get(f"{container_of(cp)}.{stack_of(cp)}", 1.0)
+        weight, scale = marlin_to_nvfp4(src.weight, src.scale, target=job.target, n=cp.n, k=cp.k, sf=sf)
+        if f"{cp.key}.index" in job.lost:
+            scale.view(torch.uint8).reshape(-1)[job.lost[f"{cp.key}.index"]] = job.lost[f"{cp.key}.bytes"]
     else:
-        weight, scale = marlin_to_mxfp4(src.weight, src.scale, target=target, n=p.n, k=p.k)
-    return {"weight": weight, "scale": scale}
+        weight, scale = marlin_to_mxfp4(src.weight, src.scale, target=job.target, n=cp.n, k=cp.k)
+    return {"weight": weight.view(torch.uint8), "scale": scale.view(torch.uint8)}
 
 
-def _rebuild_shard(root: str, file: str, header_text: str, projections: dict[str, Projection],
-                   outputs: dict[str, TensorRef], target, rescale: dict, lost: dict, tmp: str, callback=None):
+def _assemble(reader, ref: TensorRef, uses, job: _Job) -> bytes:
+    """The original bytes of an FP4 weight or scale tensor, from the projections it feeds."""
+    if len(uses) == 1 and uses[0][0].expert_index is None:
+        sp, part = uses[0]
+        return _decode(reader, job.converted[sp.key], job)[part].numpy().tobytes()
+    stacked = np.zeros(ref.nbytes, dtype=np.uint8).reshape(ref.shape[0], -1)  # [E, ...] stacks
+    for sp, part in uses:
+        t = _decode(reader, job.converted[sp.key], job)[part].numpy()
+        rows = stacked[sp.expert_index].reshape(ref.shape[1], -1)
+        rows[sp.row_start::sp.row_step] = t.reshape(t.shape[0], -1)
+    return stacked.tobytes()
+
+
+def _rebuild_shard(job: _Job, file: str, header_text: str, tmp: str, callback=None) -> str:
     raw = header_text.encode()
     prefix = len(raw).to_bytes(8, "little") + raw
     refs, _ = parse_header(prefix, file_size=len(prefix) + _data_size(header_text), file=file)
-    with PreadReader(Path(root)) as reader, open(tmp, "wb") as f:
+    with PreadReader(Path(job.root)) as reader, open(tmp, "wb") as f:
         f.write(prefix)
-        cache: tuple[str, dict] | None = None
         for ref in sorted(refs.values(), key=lambda r: r.begin):
-            key, _, suffix = ref.name.rpartition(".")
-            p = projections.get(key)
-            if p is not None and suffix in _DECODED:
-                if cache is None or cache[0] != key:
-                    sf = rescale.get(f"{container_of(p)}.{stack_of(p)}", 1.0)
-                    cache = (key, _decode(reader, p, target, sf, lost))
-                data = cache[1][_DECODED[suffix]].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            if ref.name in job.decoded_by:
+                data = _assemble(reader, ref, job.decoded_by[ref.name], job)
             else:
-                name = f"{key}.{_KEPT[suffix]}" if p is not None and suffix in _KEPT else ref.name
-                out = outputs.get(name)
-                if out is None:
-                    raise ContentError(f"the original shard had {ref.name}, but the converted checkpoint has no {name}",
-                                       error_id="reverse.missing_tensor", tensor=name, file=file,
+                name = job.kept_as.get(ref.name, ref.name)
+                if name not in job.outputs:
+                    raise ContentError(f"the original shard had {ref.name}, but the converted checkpoint has no "
+                                       f"{name}", error_id="reverse.missing_tensor", tensor=name, file=file,
                                        hint="the converted checkpoint is incomplete or was edited")
-                data = reader.read_bytes(out)
+                data = reader.read_bytes(job.outputs[name])
             if f.tell() != ref.begin or len(data) != ref.nbytes:
                 raise ContentError(f"{ref.name}: rebuilt {len(data)} bytes at offset {f.tell()}, the original header "
                                    f"says {ref.nbytes} at {ref.begin}", error_id="reverse.layout_mismatch",
@@ -103,30 +111,59 @@ def _rebuild_shard(root: str, file: str, header_text: str, projections: dict[str
     return file
 
 
-def reverse_checkpoint(src, out: Path, *, workers: int = 1, force: bool = False, progress: bool = True) -> ReverseResult:
+def _load_record(root: Path):
+    sdir = root / SOURCE_DIR
+    if not (sdir / "headers.json").exists():
+        raise ContentError(f"{sdir / 'headers.json'} is missing", error_id="reverse.no_source_record",
+                           file=str(sdir / "headers.json"),
+                           hint="only a complete dsv4-convert output can be reversed; convert again from the source")
+    headers = json.loads((sdir / "headers.json").read_text())
+    config = json.loads((sdir / "config.json").read_text())
+    hfq = json.loads((sdir / "hf_quant_config.json").read_text()) if (sdir / "hf_quant_config.json").exists() else None
+    lost = load_file(sdir / LOST) if (sdir / LOST).exists() else {}
+    tensors = {}
+    for file, text in headers.items():
+        raw = text.encode()
+        prefix = len(raw).to_bytes(8, "little") + raw
+        tensors.update(parse_header(prefix, file_size=len(prefix) + _data_size(text), file=file)[0])
+    return headers, config, hfq, lost, tensors
+
+
+def reverse_checkpoint(src, out: Path, *, force: bool = False, progress: bool = True) -> ReverseResult:
     from tqdm import tqdm
 
     start = time.perf_counter()
     ckpt = open_checkpoint(src)
-    target, block = _marlin_target(ckpt)
-    sdir = ckpt.root / SOURCE_DIR
-    headers_file = sdir / "headers.json"
-    if not headers_file.exists():
-        raise ContentError(f"{headers_file} is missing", error_id="reverse.no_source_record", file=str(headers_file),
-                           hint="only a complete dsv4-convert output can be reversed; convert again from the source")
-    headers = json.loads(headers_file.read_text())
-    lost = load_file(sdir / LOST) if (sdir / LOST).exists() else {}
-    projections = {p.key: p for p in ckpt.projections}
-    rescale = block.get("rescale_factors") or {}
+    block = ckpt.config.get("quantization_config") or {}
+    try:
+        target = MarlinTarget(block["target_engine"], block["act_dtype"], bool(block["w4a8"]))
+        fmt = SourceFormat(block["source_format"])
+    except (KeyError, ValueError) as e:
+        raise ContentError(f"config.json quantization_config is not a dsv4-convert block ({e})",
+                           error_id="reverse.bad_config", file="config.json",
+                           hint="was this checkpoint written by dsv4-convert? (format_version 1)") from None
+    headers, config, _, lost, original = _load_record(ckpt.root)
+    decoded_by, kept_as = {}, {}
+    for sp in group_projections(fmt, config, original):
+        decoded_by.setdefault(sp.weight.name, []).append((sp, "weight"))
+        decoded_by.setdefault(sp.scale.name, []).append((sp, "scale"))
+        if sp.global_scale is not None:
+            kept_as[sp.global_scale.name] = f"{sp.key}.{'ct_weight_global_scale' if fmt is SourceFormat.NVFP4_CT else 'weight_scale_2'}"
+    converted = {p.key: p for p in ckpt.projections}
+    missing = sorted({sp.key for uses in decoded_by.values() for sp, _ in uses} - set(converted))
+    if missing:
+        raise ContentError(f"{len(missing)} projections of the source are not in the converted checkpoint, "
+                           f"e.g. {missing[0]}", error_id="reverse.missing_tensor", tensor=missing[0],
+                           hint="the converted checkpoint is incomplete or was edited")
+    job = _Job(str(ckpt.root), target, block.get("rescale_factors") or {}, lost, converted, ckpt.tensors,
+               decoded_by, kept_as)
     staging = Staging(Path(out), force=force)
     staging.open(json.dumps(sorted(headers)))
     try:
-        total = sum(_data_size(t) for t in headers.values())
-        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="restoring", disable=not progress)
-        pool = _Pool(1, bar)  # restoring is I/O bound; one process keeps the progress exact
-        args = [(str(ckpt.root), file, text, projections, ckpt.tensors, target, rescale, lost,
-                 str(staging.path / file)) for file, text in headers.items()]
-        pool.map(_rebuild_shard, args, lambda _: None, reports_progress=True)
+        bar = tqdm(total=sum(_data_size(t) for t in headers.values()), unit="B", unit_scale=True,
+                   unit_divisor=1024, desc="restoring", disable=not progress)
+        _Pool(1, bar).map(_rebuild_shard, [(job, f, text, str(staging.path / f)) for f, text in headers.items()],
+                          lambda _: None, reports_progress=True)
         bar.close()
         for rel in ckpt.other_files:
             if rel in _GENERATED or rel.startswith(SOURCE_DIR + "/"):
@@ -134,14 +171,14 @@ def reverse_checkpoint(src, out: Path, *, workers: int = 1, force: bool = False,
             (staging.path / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ckpt.root / rel, staging.path / rel)
         for name in ("config.json", "hf_quant_config.json", INDEX):
-            if (sdir / name).exists():
-                shutil.copyfile(sdir / name, staging.path / name)
+            if (ckpt.root / SOURCE_DIR / name).exists():
+                shutil.copyfile(ckpt.root / SOURCE_DIR / name, staging.path / name)
         staging.publish()
     except BaseException:
         staging.discard()
         raise
     restored = sum(v.numel() for k, v in lost.items() if k.endswith(".bytes"))
-    return ReverseResult(Path(out), len(headers), len(projections), restored, time.perf_counter() - start)
+    return ReverseResult(Path(out), len(headers), len(converted), restored, time.perf_counter() - start)
 
 
 def _data_size(header_text: str) -> int:

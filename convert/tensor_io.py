@@ -66,6 +66,13 @@ class PreadReader:
     def read_bytes(self, ref: TensorRef) -> bytes:
         return b"".join(self.iter_bytes(ref))
 
+    def get_expert(self, ref: TensorRef, index: int) -> torch.Tensor:
+        """Slab `index` of a tensor stacked along dim 0 (gpt-oss experts), reading only its bytes."""
+        slab = ref.nbytes // ref.shape[0]
+        part = TensorRef(ref.name, ref.file, ref.dtype, tuple(ref.shape[1:]), ref.begin + index * slab,
+                         ref.begin + (index + 1) * slab)
+        return self.get(part)
+
     def get(self, ref: TensorRef) -> torch.Tensor:
         buf = bytearray(ref.nbytes)
         view, pos = memoryview(buf), 0

@@ -11,9 +11,9 @@ import click
 from ..formats.marlin import MarlinTarget
 from ..errors import ContentError, UsageError
 from ..pipeline import run_conversion
-from ..plan import build_plan
+from ..plan import build_plan, refuse_converted
 from ..reader import open_checkpoint
-from ..tensor_model import Quant, SourceFormat
+from ..tensor_model import Quant
 from .options import parse_size, run_options, target_options
 
 __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
@@ -45,9 +45,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     except ValueError as e:
         raise UsageError(str(e), error_id="usage.target") from None
     ckpt = open_checkpoint(src)
-    if ckpt.format is SourceFormat.MARLIN:
-        raise ContentError(f"{ckpt.root} is already converted to Marlin", error_id="convert.already_marlin",
-                           file="config.json", hint="use it as it is, or `dsv4-convert marlin-to-source` to undo")
+    refuse_converted(ckpt)
     found = _routed_quant(ckpt)
     if found is None:
         raise ContentError(f"no FP4 expert projections found in {ckpt.root} (detected {ckpt.format.value})",

@@ -29,6 +29,7 @@ CASES = [  # (synth format, command, target, act dtype, extra flags)
     ("mxfp4-dsv4", "mxfp4-to-marlin", "sglang", "bfloat16", ()),
     ("mxfp4-dsv4", "mxfp4-to-marlin", "vllm", "bfloat16", ("--w4a8",)),
     ("mxfp4-ct", "mxfp4-to-marlin", "vllm", "bfloat16", ()),
+    ("mxfp4-gptoss", "mxfp4-to-marlin", "sglang", "bfloat16", ()),
 ]
 
 
