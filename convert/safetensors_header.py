@@ -148,7 +148,8 @@ def parse_header(buf: bytes, *, file_size: int, file: str) -> tuple[dict[str, Te
     if not isinstance(obj, dict):
         raise _err("header.not_object", "header must be a JSON object", file=file)
 
-    metadata = obj.pop("__metadata__", None) or {}
+    metadata = obj.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata  # null is allowed (the reference reads it as absent)
     if not isinstance(metadata, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise _err("header.bad_metadata", "__metadata__ must map strings to strings, found "

@@ -84,6 +84,17 @@ def test_unparseable_json_is_header_not_json(tmp_path, text):
     assert scan_header(path, path.name).error  # the validator's own scan reports it, never raises
 
 
+@pytest.mark.parametrize("metadata", [[], 0, "", False, {"a": 1}])
+def test_metadata_that_is_not_a_string_map_is_refused(metadata):
+    """An empty list, 0, "" or false used to pass as "no metadata"."""
+    _refused(_header(json.dumps({"__metadata__": metadata})), "header.bad_metadata")
+
+
+def test_null_metadata_is_no_metadata():
+    buf = _header('{"__metadata__": null}')
+    assert parse_header(buf, file_size=len(buf), file="x") == ({}, {})
+
+
 @pytest.mark.parametrize("dims", [17, 100_000])
 def test_shape_with_more_than_2_64_elements_is_refused_quickly(dims):
     text = json.dumps({"a": {"dtype": "U8", "shape": [2**63] * dims, "data_offsets": [0, 1]}})
