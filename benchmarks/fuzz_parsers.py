@@ -19,7 +19,6 @@ import traceback
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, seed, settings
-from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "reliability"))
 from dsv4_convert.synth import write_synthetic_checkpoint
@@ -39,11 +38,11 @@ def _run(name: str, seeds, examples: int, rng_seed: int) -> tuple[int, int, floa
     @seed(rng_seed)
     @settings(max_examples=examples, deadline=5000, database=None, report_multiple_bugs=True,
               suppress_health_check=list(HealthCheck))
-    @given(st.data())
-    def fuzz(data):
+    @given(strategy(name, seeds))
+    def fuzz(case):
         nonlocal count
         count += 1
-        run_target(name, seeds, data.draw(strategy(name, seeds)))
+        run_target(name, seeds, case)
 
     start = time.monotonic()
     failures = 0

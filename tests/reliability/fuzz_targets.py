@@ -33,7 +33,7 @@ _SPARSE_MAX = 1 << 20  # files are extended (sparse) by at most this much past t
 DTYPES = sorted([*DTYPE_SIZES, "F4", "F6_E2M3", "F6_E3M2"])
 
 
-@dataclass
+@dataclass(repr=False)
 class Seeds:
     """Real inputs to mutate: one shard's bytes, and a writable checkpoint directory whose index and
     config files the index/config targets rewrite (they restore nothing: each example writes all)."""
@@ -44,6 +44,9 @@ class Seeds:
     config: dict
     hf_quant_config: dict
     scratch: Path  # a directory for header files
+
+    def __repr__(self) -> str:  # hypothesis prints strategy arguments: keep the shard bytes out of it
+        return f"Seeds({self.root})"
 
 
 def make_seeds(source: Path, work: Path) -> Seeds:
@@ -169,12 +172,12 @@ def _entries(draw) -> dict:
             entry["dtype"] = draw(st.text(max_size=8) | _weird)
         elif field in ("shape", "data_offsets"):
             entry[field] = draw(_weird | st.lists(_weird, max_size=4))
-        elif field == "shape_item" and isinstance(entry["shape"], list) and entry["shape"]:
+        elif field == "shape_item" and isinstance(entry.get("shape"), list) and entry["shape"]:
             entry["shape"][draw(st.integers(0, len(entry["shape"]) - 1))] = draw(_weird)
-        elif field == "offset_item" and isinstance(entry["data_offsets"], list):
-            entry["data_offsets"][draw(st.integers(0, 1))] = draw(_weird)
+        elif field == "offset_item" and isinstance(entry.get("data_offsets"), list) and entry["data_offsets"]:
+            entry["data_offsets"][draw(st.integers(0, len(entry["data_offsets"]) - 1))] = draw(_weird)
         elif field == "drop":
-            entry.pop(draw(st.sampled_from(["dtype", "shape", "data_offsets"])))
+            entry.pop(draw(st.sampled_from(["dtype", "shape", "data_offsets"])), None)
         elif field == "extra":
             entry[draw(st.text(max_size=6))] = draw(_json)
     if draw(st.booleans()):
@@ -228,6 +231,11 @@ def _index(draw, seeds: Seeds) -> bytes:
     return json.dumps(index).encode()
 
 
+def _key(d: dict):
+    """An existing key of `d` (to replace a value) or a new one."""
+    return st.sampled_from(sorted(d)) | _names if d else _names
+
+
 @st.composite
 def _configs(draw, seeds: Seeds) -> tuple[bytes, bytes | None]:
     config = json.loads(json.dumps(seeds.config))
@@ -236,17 +244,17 @@ def _configs(draw, seeds: Seeds) -> tuple[bytes, bytes | None]:
         where = draw(st.sampled_from(["config", "qc", "group", "hfq", "hfq_q"]))
         value = draw(_json)
         if where == "config":
-            config[draw(st.sampled_from(sorted(config)) | _names)] = value
+            config[draw(_key(config))] = value
         elif where == "qc" and isinstance(config.get("quantization_config"), dict):
             qc = config["quantization_config"]
-            qc[draw(st.sampled_from(sorted(qc) or ["quant_method"]) | _names)] = value
+            qc[draw(_key(qc))] = value
         elif where == "group" and isinstance(config.get("quantization_config"), dict):
             config["quantization_config"]["config_groups"] = {"g": {"weights": value, "format": value}}
         elif where == "hfq":
-            hfq[draw(st.sampled_from(sorted(hfq)) | _names)] = value
+            hfq[draw(_key(hfq))] = value
         elif where == "hfq_q" and isinstance(hfq.get("quantization"), dict):
             q = hfq["quantization"]
-            q[draw(st.sampled_from(sorted(q)) | _names)] = value
+            q[draw(_key(q))] = value
     hf_raw = None if draw(st.integers(0, 5)) == 0 else json.dumps(hfq).encode()
     return json.dumps(config).encode(), hf_raw
 

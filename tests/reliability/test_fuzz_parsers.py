@@ -22,7 +22,6 @@ from dsv4_convert.safetensors_header import MAX_HEADER_SIZE, parse_header, read_
 from dsv4_convert.validate.headers import scan_header
 from fuzz_targets import make_seeds, run_target, strategy
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 EXAMPLES = {"header_bytes": 150, "header_json": 150, "index": 100, "configs": 80}
 MAX_RSS_GROWTH = 256 << 20
@@ -46,9 +45,9 @@ def _peak_rss() -> int:
 
 def _fuzz(name: str, seeds) -> None:
     @_profile(name)
-    @given(st.data())
-    def run(data):
-        run_target(name, seeds, data.draw(strategy(name, seeds)))
+    @given(strategy(name, seeds))
+    def run(case):
+        run_target(name, seeds, case)
 
     before = _peak_rss()
     run()
