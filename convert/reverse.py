@@ -88,7 +88,7 @@ def _assemble(reader, ref: TensorRef, uses, job: _Job) -> bytes:
 def _rebuild_shard(job: _Job, file: str, header_text: str, tmp: str, callback=None) -> str:
     raw = header_text.encode()
     prefix = len(raw).to_bytes(8, "little") + raw
-    refs, _ = parse_header(prefix, file_size=len(prefix) + _data_size(header_text), file=file)
+    refs, _ = parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)  # the header alone
     with PreadReader(Path(job.root)) as reader, open(tmp, "wb") as f:
         f.write(prefix)
         for ref in sorted(refs.values(), key=lambda r: r.begin):
@@ -125,7 +125,7 @@ def _load_record(root: Path):
     for file, text in headers.items():
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw
-        tensors.update(parse_header(prefix, file_size=len(prefix) + _data_size(text), file=file)[0])
+        tensors.update(parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
     return headers, config, hfq, lost, tensors
 
 

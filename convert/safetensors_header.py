@@ -109,11 +109,14 @@ def _parse_entry(name: str, entry: object, *, file: str) -> tuple[str, tuple[int
     return dtype, tuple(shape), begin, end
 
 
-def parse_header(buf: bytes, *, file_size: int, file: str) -> tuple[dict[str, TensorRef], dict[str, str]]:
+def parse_header(buf: bytes, *, file_size: int, file: str,
+                 allow_truncated: bool = False) -> tuple[dict[str, TensorRef], dict[str, str]]:
     """Parse and check a safetensors header.
 
     `buf` holds at least the first 8 + header-length bytes of the file, `file_size` is the whole
-    file's size. Returns (tensors in data order with absolute offsets, `__metadata__` or {})."""
+    file's size. Returns (tensors in data order with absolute offsets, `__metadata__` or {}).
+    `allow_truncated` accepts tensors that run past the end of the file (the validator reports them,
+    and a header kept without its data is checked this way)."""
     if len(buf) < 8 or file_size < 8:
         raise _err("header.too_short", f"file has {min(len(buf), file_size)} bytes, fewer than the "
                    "8-byte header length prefix: not a safetensors file, or an empty download", file=file)
@@ -167,7 +170,7 @@ def parse_header(buf: bytes, *, file_size: int, file: str) -> tuple[dict[str, Te
             raise _err("header.offsets_hole", f"data bytes [{pos}, {begin}) before tensor {name!r} "
                        "belong to no tensor", file=file, tensor=name)
         pos, prev = end, name
-    if pos > data_len:
+    if pos > data_len and not allow_truncated:
         first = next(p[0] for p in parsed if p[4] > data_len)
         raise _err("header.offsets_past_eof", f"the header declares {pos} data bytes but the file holds "
                    f"only {data_len} after the header ({pos - data_len} missing; tensor {first!r} is the "
@@ -182,7 +185,8 @@ def parse_header(buf: bytes, *, file_size: int, file: str) -> tuple[dict[str, Te
     return tensors, dict(metadata)
 
 
-def read_header(path: Path, *, file: str | None = None) -> tuple[dict[str, TensorRef], dict[str, str]]:
+def read_header(path: Path, *, file: str | None = None,
+                allow_truncated: bool = False) -> tuple[dict[str, TensorRef], dict[str, str]]:
     """Read and check only the header of `path`. `file` is the name recorded in the TensorRefs
     (default: the file name; the reader passes the path relative to the checkpoint root)."""
     path = Path(path)
@@ -200,7 +204,7 @@ def read_header(path: Path, *, file: str | None = None) -> tuple[dict[str, Tenso
         raise InputError(f"cannot read {path}: {e.strerror or e}", error_id="header.unreadable",
                          file=str(path), hint="check that the file exists and is readable") from None
     try:
-        return parse_header(buf, file_size=size, file=name)
+        return parse_header(buf, file_size=size, file=name, allow_truncated=allow_truncated)
     except InputError as e:
         e.file = str(path)
         raise
