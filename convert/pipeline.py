@@ -25,7 +25,7 @@ from . import __version__
 from .formats.marlin_scales import vllm_rescale_factor
 from .errors import ContentError, Interrupted, OutputError
 from .reader import load_projection
-from .plan import FORMAT_VERSION, ConvertPlan, ShardPlan, container_of, stack_of
+from .plan import FORMAT_VERSION, ConvertPlan, ShardPlan
 from .quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
 from .safetensors_writer import ShardWriter
 from .serving_notes import serving_markdown
@@ -108,13 +108,13 @@ def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_pat
                 else:
                     p = o.projection
                     if converted_key != p.key:
-                        sf = rescale.get(f"{container_of(p)}.{stack_of(p)}", 1.0)
+                        sf = rescale.get(f"{p.container}.{p.stack}", 1.0)
                         src = load_projection(reader, p, fmt=fmt)
                         try:
                             parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf)
                         except ValueError as e:  # the codecs refuse values the target cannot encode
                             raise ContentError(f"{p.key}: {e}", error_id="convert.bad_values", tensor=p.weight.name,
-                                               file=p.weight.file, hint=f"run `dsv4-convert validate` on the input "
+                                               file=p.weight.file, hint="run `dsv4-convert validate` on the input "
                                                "for the full list; fix or re-export the checkpoint") from None
                         converted_key = p.key
                         if p.quant is Quant.NVFP4:
@@ -140,7 +140,7 @@ def _rescale_for(root: str, act_dtype: str, container: str, projections: list[Pr
     with PreadReader(Path(root)) as reader:
         out = {}
         for stack in ("w13", "w2"):
-            members = [p for p in projections if stack_of(p) == stack]
+            members = [p for p in projections if p.stack == stack]
             if members:  # one scale tensor in memory at a time
                 out[f"{container}.{stack}"] = vllm_rescale_factor((reader.get(p.scale) for p in members), act_dtype)
     return out
@@ -250,7 +250,7 @@ def _plan_rescale(plan: ConvertPlan, pool: _Pool) -> dict[str, float]:
     groups: dict[str, list[Projection]] = {}
     for p in plan.projections:
         if p.quant is Quant.NVFP4:
-            groups.setdefault(container_of(p), []).append(p)
+            groups.setdefault(p.container, []).append(p)
     factors: dict[str, float] = {}
     pool.map(_rescale_for, [(str(plan.checkpoint.root), plan.target.act_dtype, c, ps) for c, ps in groups.items()],
              factors.update)

@@ -15,7 +15,7 @@ from .errors import ContentError
 from .safetensors_writer import TensorSpec
 from .tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
 
-__all__ = ["refuse_converted", "OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "container_of", "stack_of", "FORMAT_VERSION"]
+__all__ = ["refuse_converted", "OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 _GLOBAL_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
@@ -68,16 +68,6 @@ class ConvertPlan:
             if p.exists():
                 h.update(p.read_bytes())
         return h.hexdigest()
-
-
-def container_of(p: Projection) -> str:
-    """`layers.3.ffn.experts.17.w1` -> `layers.3.ffn.experts` (the experts module of a layer)."""
-    return p.key.rsplit(".", 2)[0]
-
-
-def stack_of(p: Projection) -> str:
-    """The engines' stacked tensor a projection belongs to: gate and up -> w13, down -> w2."""
-    return "w2" if p.role is Role.DOWN else "w13"
 
 
 def _projection_outputs(p: Projection, fmt: SourceFormat, target: MarlinTarget) -> list[OutTensor]:
@@ -142,7 +132,7 @@ def _check_complete(ckpt: Checkpoint) -> None:
     """Every expert of every layer, with gate, up and down: an incomplete MoE fails late at load."""
     have: dict[str, dict[int, set[Role]]] = {}
     for p in ckpt.projections:
-        have.setdefault(container_of(p), {}).setdefault(p.expert, set()).add(p.role)
+        have.setdefault(p.container, {}).setdefault(p.expert, set()).add(p.role)
     n = _expected_experts(ckpt.config)
     problems = []
     for container, experts in have.items():

@@ -7,7 +7,7 @@ import re
 from collections import Counter
 
 from . import __version__
-from .plan import FORMAT_VERSION, ConvertPlan, container_of
+from .plan import FORMAT_VERSION, ConvertPlan
 from .tensor_model import Quant
 
 __all__ = ["QUANT_METHOD", "marlin_quant_config", "rewrite_config", "rewrite_hf_quant_config"]
@@ -22,7 +22,7 @@ def _pattern(key: str) -> str:
 def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: dict | None,
                         rescale_factors: dict[str, float]) -> dict:
     projections = plan.projections
-    experts = {container_of(p): p.quant.value for p in projections}
+    experts = {p.container: p.quant.value for p in projections}
     routed = [p.quant for p in projections if not p.layer.startswith("mtp")] or [p.quant for p in projections]
     main = Counter(routed).most_common(1)[0][0] if routed else Quant.NVFP4
     t = plan.target

@@ -23,7 +23,6 @@ from .detect import group_projections
 from .errors import ContentError
 from .formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4
 from .pipeline import INDEX, LOST, SOURCE_DIR, _Pool
-from .plan import container_of, stack_of
 from .reader import load_projection, open_checkpoint
 from .safetensors_header import parse_header
 from .staging import MANIFEST, Staging
@@ -63,7 +62,7 @@ class _Job:
 def _decode(reader, cp: Projection, job: _Job) -> dict[str, torch.Tensor]:
     src = load_projection(reader, cp)
     if cp.quant is Quant.NVFP4:
-        sf = job.rescale.get(f"{container_of(cp)}.{stack_of(cp)}", 1.0)
+        sf = job.rescale.get(f"{cp.container}.{cp.stack}", 1.0)
         weight, scale = marlin_to_nvfp4(src.weight, src.scale, target=job.target, n=cp.n, k=cp.k, sf=sf)
         if f"{cp.key}.index" in job.lost:
             scale.view(torch.uint8).reshape(-1)[job.lost[f"{cp.key}.index"]] = job.lost[f"{cp.key}.bytes"]

@@ -89,6 +89,16 @@ class Projection:
         return self.quant.group_size
 
     @property
+    def container(self) -> str:
+        """The experts module of its layer: `layers.3.ffn.experts.17.w1` -> `layers.3.ffn.experts`."""
+        return self.key.rsplit(".", 2)[0]
+
+    @property
+    def stack(self) -> str:
+        """The engines' stacked tensor it belongs to: gate and up -> `w13`, down -> `w2`."""
+        return "w2" if self.role is Role.DOWN else "w13"
+
+    @property
     def source_refs(self) -> tuple[TensorRef, ...]:
         refs = (self.weight, self.scale, self.global_scale, self.input_scale, self.marlin_global)
         return tuple(r for r in refs if r is not None)

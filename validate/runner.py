@@ -50,14 +50,6 @@ class Unreadable(Exception):
         self.error = error
 
 
-def _container(p: Projection) -> str:
-    return p.key.rsplit(".", 2)[0]
-
-
-def _stack(p: Projection) -> str:
-    return "w2" if p.role is Role.DOWN else "w13"
-
-
 def resolve_options(opts: Options, ckpt: Checkpoint | None) -> Options:
     """For a converted checkpoint, decode with what it was converted for (marlin.config reports a
     disagreement with --target / --act-dtype)."""
@@ -238,7 +230,7 @@ def _rescale_factors(ckpt: Checkpoint, opts: Options, reader: TensorReader, proj
                 b = reader.get(p.scale).contiguous().view(torch.uint8)
             except DsvError:
                 continue
-            key = (_container(p), _stack(p))
+            key = (p.container, p.stack)
             nan[key] |= bool(((b & 0x7F) == 0x7F).any())
             pos = b[b < 0x7F]  # positive E4M3 bytes sort like their values
             top[key] = max(top[key], int(pos.max()) if pos.numel() else 0)
@@ -270,7 +262,7 @@ def _tasks(ckpt: Checkpoint, against: Checkpoint | None, opts: Options, sf: dict
         for e in chosen:
             projs = groups[(layer, e)]
             tasks.append(_Task(layer, e, projs, {p.role: refs[p.key] for p in projs if p.key in refs},
-                               {p.role: sf.get((_container(p), _stack(p)), 1.0) for p in projs}, e in gemm))
+                               {p.role: sf.get((p.container, p.stack), 1.0) for p in projs}, e in gemm))
     return tasks
 
 
