@@ -104,6 +104,9 @@ def _read_json(path: Path, *, missing_id: str | None, bad_id: str, what: str) ->
     except json.JSONDecodeError as e:
         raise InputError(f"{path} is not valid JSON ({e.msg}, line {e.lineno} column {e.colno})",
                          error_id=bad_id, file=str(path), hint=f"re-download or repair the {what}") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits; nesting too deep
+        raise InputError(f"{path} is not valid JSON ({type(e).__name__}: {str(e)[:120]})",
+                         error_id=bad_id, file=str(path), hint=f"re-download or repair the {what}") from None
     if not isinstance(obj, dict):
         raise InputError(f"{path} must hold a JSON object, found {type(obj).__name__}", error_id=bad_id,
                          file=str(path), hint=f"re-download or repair the {what}")

@@ -25,10 +25,11 @@ def scan_index(root: Path) -> tuple[dict | None, str | None]:
         return None, None
     try:
         index = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        return None, f"{INDEX_FILE} is not valid JSON: {e}"
-    if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
-        return None, f"{INDEX_FILE} has no 'weight_map' object"
+    except (OSError, ValueError, RecursionError) as e:
+        return None, f"{INDEX_FILE} is not valid JSON: {str(e)[:200]}"
+    wm = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        return None, f"{INDEX_FILE} has no 'weight_map' object mapping tensor names to shard file names"
     return index, None
 
 

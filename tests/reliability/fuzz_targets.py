@@ -21,7 +21,7 @@ from dsv4_convert.errors import ContentError, InputError
 from dsv4_convert.reader import open_checkpoint
 from dsv4_convert.safetensors_header import MAX_HEADER_SIZE, dtype_bits, parse_header, read_header
 from dsv4_convert.tensor_model import DTYPE_SIZES
-from dsv4_convert.validate.headers import scan_header
+from dsv4_convert.validate.headers import scan_checkpoint, scan_header
 from hypothesis import strategies as st
 
 __all__ = ["EXTREME_INTS", "TARGETS", "Seeds", "check_parse", "make_seeds", "strategy"]
@@ -206,9 +206,13 @@ _shard_values = (st.sampled_from(["model-00001-of-00002.safetensors", "model-000
 
 @st.composite
 def _index(draw, seeds: Seeds) -> bytes:
-    choice = draw(st.integers(0, 9))
+    choice = draw(st.integers(0, 11))
     if choice == 0:
         return draw(st.binary(max_size=64))
+    if choice == 10:  # over Python's 4300-digit int limit, or nested past the recursion limit
+        return b'{"weight_map": {}, "metadata": ' + draw(st.sampled_from([b"9" * 5000, b"[" * 100_000])) + b"}"
+    if choice == 11:
+        return b'{"weight_map": {"embed.weight": ' + draw(st.sampled_from([b"[]", b"1", b"null", b"{}"])) + b"}}"
     if choice == 1:
         return json.dumps(draw(_json)).encode()
     index = json.loads(json.dumps(seeds.index))
@@ -256,7 +260,10 @@ def _configs(draw, seeds: Seeds) -> tuple[bytes, bytes | None]:
             q = hfq["quantization"]
             q[draw(_key(q))] = value
     hf_raw = None if draw(st.integers(0, 5)) == 0 else json.dumps(hfq).encode()
-    return json.dumps(config).encode(), hf_raw
+    config_raw = json.dumps(config).encode()
+    if draw(st.integers(0, 9)) == 0:  # over Python's 4300-digit int limit, or nested past the recursion limit
+        config_raw = b'{"x": ' + draw(st.sampled_from([b"9" * 5000, b"[" * 100_000])) + b"}"
+    return config_raw, hf_raw
 
 
 def _open(seeds: Seeds, index: bytes | None = None, config: bytes | None = None,
@@ -272,6 +279,7 @@ def _open(seeds: Seeds, index: bytes | None = None, config: bytes | None = None,
         hf_path.write_text(json.dumps(seeds.hf_quant_config))
     else:
         hf_path.unlink(missing_ok=True)
+    scan_checkpoint(root)  # validate's own scan never raises: it reports problems as findings
     try:
         ckpt = open_checkpoint(root)
     except ACCEPTED:

@@ -19,7 +19,7 @@ import pytest
 from dsv4_convert.errors import InputError
 from dsv4_convert.reader import open_checkpoint
 from dsv4_convert.safetensors_header import MAX_HEADER_SIZE, parse_header, read_header
-from dsv4_convert.validate.headers import scan_header
+from dsv4_convert.validate.headers import scan_checkpoint, scan_header
 from fuzz_targets import make_seeds, run_target, strategy
 from hypothesis import HealthCheck, given, settings
 
@@ -141,3 +141,29 @@ def test_odd_shard_names_in_the_index_are_missing_shards(seeds, shard):
     with pytest.raises(InputError) as e:
         open_checkpoint(seeds.root)
     assert e.value.error_id == "index.missing_shard"
+
+
+@pytest.mark.parametrize("file,error_id", [("model.safetensors.index.json", "index.not_json"),
+                                           ("config.json", "config.not_json")])
+@pytest.mark.parametrize("junk", [b"9" * 5000, b"[" * 100_000 + b"]" * 100_000], ids=["5000-digits", "nesting"])
+def test_json_files_past_the_parser_limits_are_input_errors(seeds, file, error_id, junk):
+    """Were ValueError / RecursionError out of open_checkpoint (and of validate's index scan)."""
+    run_target("index", seeds, json.dumps(seeds.index).encode())  # restore all three files
+    (seeds.root / file).write_bytes(b'{"weight_map": {}, "x": ' + junk + b"}")
+    index_error = scan_checkpoint(seeds.root)[1]  # validate's own scan: a finding, never an exception
+    assert (index_error is not None) == (file != "config.json")
+    with pytest.raises(InputError) as e:
+        open_checkpoint(seeds.root)
+    assert e.value.error_id == error_id and file in e.value.render()
+
+
+@pytest.mark.parametrize("value", [["x"], 1, None, {}])
+def test_non_string_shard_names_in_the_index(seeds, value):
+    """validate's index scan raised TypeError (unhashable / not a path) on these."""
+    index = json.loads(json.dumps(seeds.index))
+    index["weight_map"]["embed.weight"] = value
+    run_target("index", seeds, json.dumps(index).encode())  # asserts: no exception but our own
+    assert "weight_map" in scan_checkpoint(seeds.root)[1]
+    with pytest.raises(InputError) as e:
+        open_checkpoint(seeds.root)
+    assert e.value.error_id == "index.bad_schema"
