@@ -24,12 +24,13 @@ from corrupt import (
     shard_of,
     write_shard,
 )
+from dsv4_convert.errors import ContentError, InputError
 
-__all__ = ["CATALOGUE", "EXPERT", "MX", "NV", "NV_HF", "Entry"]
+__all__ = ["CATALOGUE", "EXPERT", "MX", "NV", "NV_HF", "VALUE_FINDINGS", "Entry"]
 
 NV, MX, NV_HF = "nvfp4-modelopt-dsv4", "mxfp4-dsv4", "nvfp4-modelopt-hf"
 EXPERT = "layers.0.ffn.experts.1"  # DeepSeek names (NV, MX): w1 gate, w3 up, w2 down
-INPUT, CONTENT = 3, 4  # exit code classes (convert/errors.py)
+INPUT, CONTENT = InputError.exit_code, ContentError.exit_code
 
 
 @dataclass(frozen=True)
