@@ -96,7 +96,9 @@ def _report(nbytes: int, callback=None) -> None:
 def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
                  metadata: dict, callback=None) -> tuple[str, str, int]:
     with PreadReader(Path(root)) as reader:
-        writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata)
+        # no fsync per shard: --resume re-hashes every recorded shard, and publish fsyncs everything
+        # once before the rename, so the disk writes overlap with the conversion of later shards
+        writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata, fsync=False)
         try:
             converted_key, parts, lost = None, {}, {}
             for o in shard.tensors:

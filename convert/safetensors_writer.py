@@ -53,7 +53,8 @@ class ShardWriter:
     """Write one shard: `write(name, data)` in header order, then `close()` (flush + fsync).
     Every write is checked against the plan, so a shard can never silently disagree with its header."""
 
-    def __init__(self, path: Path, specs: list[TensorSpec], metadata: dict[str, str] | None = None):
+    def __init__(self, path: Path, specs: list[TensorSpec], metadata: dict[str, str] | None = None, *,
+                 fsync: bool = True):
         self.path = Path(path)
         self._specs = list(specs)
         self._next = 0
@@ -62,6 +63,7 @@ class ShardWriter:
         self._f = open(self.path, "wb")
         self._emit(header_bytes(self._specs, metadata))
         self._pending = 0  # bytes still owed to the current tensor
+        self._fsync = fsync
 
     def _emit(self, data) -> None:
         self._f.write(data)
@@ -96,12 +98,14 @@ class ShardWriter:
         self.feed(data)
 
     def close(self) -> tuple[str, int]:
-        """Finish the file; returns (sha256 hex, size). Raises if a planned tensor is missing."""
+        """Finish the file (flush, and fsync unless disabled); returns (sha256 hex, size). Raises if a
+        planned tensor is missing."""
         if self._pending or self._next != len(self._specs):
             missing = [s.name for s in self._specs[self._next:]]
             raise RuntimeError(f"{self.path.name}: tensors never written: {missing[:5]}")
         self._f.flush()
-        os.fsync(self._f.fileno())
+        if self._fsync:
+            os.fsync(self._f.fileno())
         self._f.close()
         return self._sha.hexdigest(), self._size
 

@@ -1,5 +1,5 @@
-"""Atomic output: everything is built in `<out>.partial/`, shard by shard, each shard fsync'd and
-recorded with its sha256; the directory is renamed to `<out>` only when complete. A lock in the
+"""Atomic output: everything is built in `<out>.partial/`, shard by shard, each shard recorded with
+its sha256; everything is fsync'd and the directory renamed to `<out>` only when complete. A lock in the
 staging directory keeps two runs apart; `--resume` keeps shards whose recorded hash still verifies."""
 
 from __future__ import annotations
