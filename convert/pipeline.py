@@ -40,8 +40,8 @@ SOURCE_DIR = "dsv4-convert-source"  # originals needed to give the input back by
 INDEX = "model.safetensors.index.json"
 LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
 LOST_SUFFIX = ".lost.safetensors"  # per shard, in staging, merged into LOST at the end
-_KILL_ENV = "DSV4_CONVERT_KILL_AT"
-_BYTES_PER_WORKER = 256 << 20  # test hook: SIGKILL this process at the n-th step
+_KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: SIGKILL this process at the n-th step
+_BYTES_PER_WORKER = 256 << 20  # below this much work per worker, another process is not worth starting
 
 
 @dataclass
@@ -93,6 +93,29 @@ def _report(nbytes: int, callback=None) -> None:
         _progress_queue.put(nbytes)
 
 
+def _convert(reader: PreadReader, p: Projection, fmt: SourceFormat, target, sf: float) -> tuple[dict, dict]:
+    """One projection -> (output parts, {key.index, key.bytes} of scale bytes the target loses)."""
+    src = load_projection(reader, p, fmt=fmt)
+    try:
+        parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf)
+    except ValueError as e:  # the codecs refuse values the target cannot encode
+        raise ContentError(f"{p.key}: {e}", error_id="convert.bad_values", tensor=p.weight.name, file=p.weight.file,
+                           hint="run `dsv4-convert validate` on the input for the full list; fix or re-export "
+                                "the checkpoint") from None
+    if p.quant is Quant.NVFP4:
+        idx, orig = lost_scales(src.scale, target=target, sf=sf)
+        if idx.numel():
+            return parts, {f"{p.key}.index": idx, f"{p.key}.bytes": orig}
+    return parts, {}
+
+
+def _planned_bytes(t: torch.Tensor, spec) -> memoryview:
+    if safetensors_dtype(t) != spec.dtype or tuple(t.shape) != spec.shape:
+        raise RuntimeError(f"{spec.name}: produced {safetensors_dtype(t)}{list(t.shape)}, "
+                           f"planned {spec.dtype}{list(spec.shape)}")
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
 def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
                  metadata: dict, callback=None) -> tuple[str, str, int]:
     with PreadReader(Path(root)) as reader:
@@ -100,7 +123,7 @@ def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_pat
         # once before the rename, so the disk writes overlap with the conversion of later shards
         writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata, fsync=False)
         try:
-            converted_key, parts, lost = None, {}, {}
+            current, parts, lost = None, {}, {}
             for o in shard.tensors:
                 _step()
                 if o.source is not None:
@@ -109,25 +132,11 @@ def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_pat
                         writer.feed(chunk)
                 else:
                     p = o.projection
-                    if converted_key != p.key:
-                        sf = rescale.get(f"{p.container}.{p.stack}", 1.0)
-                        src = load_projection(reader, p, fmt=fmt)
-                        try:
-                            parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf)
-                        except ValueError as e:  # the codecs refuse values the target cannot encode
-                            raise ContentError(f"{p.key}: {e}", error_id="convert.bad_values", tensor=p.weight.name,
-                                               file=p.weight.file, hint="run `dsv4-convert validate` on the input "
-                                               "for the full list; fix or re-export the checkpoint") from None
-                        converted_key = p.key
-                        if p.quant is Quant.NVFP4:
-                            idx, orig = lost_scales(src.scale, target=target, sf=sf)
-                            if idx.numel():
-                                lost[f"{p.key}.index"], lost[f"{p.key}.bytes"] = idx, orig
-                    t = parts[o.part]
-                    if safetensors_dtype(t) != o.spec.dtype or tuple(t.shape) != o.spec.shape:
-                        raise RuntimeError(f"{o.spec.name}: produced {safetensors_dtype(t)}{list(t.shape)}, "
-                                           f"planned {o.spec.dtype}{list(o.spec.shape)}")
-                    writer.write(o.spec.name, t.contiguous().reshape(-1).view(torch.uint8).numpy())
+                    if current != p.key:  # a projection's outputs are consecutive: convert it once
+                        current = p.key
+                        parts, new_lost = _convert(reader, p, fmt, target, rescale.get(f"{p.container}.{p.stack}", 1.0))
+                        lost.update(new_lost)
+                    writer.write(o.spec.name, _planned_bytes(parts[o.part], o.spec))
                 _report(o.spec.nbytes, callback)
             sha, size = writer.close()
         except BaseException:
@@ -217,35 +226,34 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         pool.shutdown()
         lost = _finalize(plan, staging, rescale)
         staging.publish()
-    except KeyboardInterrupt:
+    except BaseException as e:
         if pool:
             pool.shutdown(cancel=True)
-        staging.discard()
-        raise Interrupted("interrupted; the partial output was removed", error_id="convert.interrupted") from None
-    except OSError as e:
-        if pool:
-            pool.shutdown(cancel=True)
-        staging.discard()
-        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise OutputError(f"no space left while writing {staging.path} ({e.strerror}); the partial output "
-                              "was removed", error_id="output.disk_full",
-                              hint=f"free at least {plan.output_bytes / 2**30:.1f} GiB, or choose another OUT") from e
-        raise OutputError(f"cannot write the output: {e}", error_id="output.io_error",
-                          hint="check the OUT location and permissions") from e
-    except BrokenProcessPool as e:
-        if pool:
-            pool.shutdown(cancel=True)
-        staging.discard()
-        raise OutputError("a worker process died (killed, or out of memory); the partial output was removed",
-                          error_id="convert.worker_died", hint="retry with fewer --workers") from e
-    except BaseException:
-        if pool:
-            pool.shutdown(cancel=True)
-        staging.discard()
-        raise
+        staging.discard()  # nothing that looks complete is left behind
+        mapped = _user_error(e, staging.path, plan)
+        if mapped is None:
+            raise
+        raise mapped from (None if isinstance(e, KeyboardInterrupt) else e)
     return ConvertResult(Path(out), len(plan.shards), len(done), sum(len(s.tensors) for s in plan.shards),
                          len(plan.projections), sum(t.nbytes for t in ckpt.tensors.values()), plan.output_bytes,
                          time.perf_counter() - start, rescale, lost)
+
+
+def _user_error(e: BaseException, staging_path: Path, plan: ConvertPlan):
+    """The typed error to show for an exception that aborted a run, or None to re-raise it as is."""
+    if isinstance(e, KeyboardInterrupt):
+        return Interrupted("interrupted; the partial output was removed", error_id="convert.interrupted")
+    if isinstance(e, BrokenProcessPool):
+        return OutputError("a worker process died (killed, or out of memory); the partial output was removed",
+                           error_id="convert.worker_died", hint="retry with fewer --workers")
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return OutputError(f"no space left while writing {staging_path} ({e.strerror}); the partial output "
+                           "was removed", error_id="output.disk_full",
+                           hint=f"free at least {plan.output_bytes / 2**30:.1f} GiB, or choose another OUT")
+    if isinstance(e, OSError):
+        return OutputError(f"cannot write the output: {e}", error_id="output.io_error",
+                           hint="check the OUT location and permissions")
+    return None
 
 
 def _plan_rescale(plan: ConvertPlan, pool: _Pool) -> dict[str, float]:
