@@ -40,7 +40,7 @@ SOURCE_DIR = "dsv4-convert-source"  # originals needed to give the input back by
 INDEX = "model.safetensors.index.json"
 LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
 LOST_SUFFIX = ".lost.safetensors"  # per shard, in staging, merged into LOST at the end
-_KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: SIGKILL this process at the n-th step
+_KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: "n" SIGKILLs this process at the n-th step, "n:INT" sends SIGINT
 _BYTES_PER_WORKER = 256 << 20  # below this much work per worker, another process is not worth starting
 
 
@@ -70,9 +70,9 @@ _steps = 0
 def _step() -> None:
     global _steps
     _steps += 1
-    at = os.environ.get(_KILL_ENV)
+    at, _, sig = os.environ.get(_KILL_ENV, "").partition(":")
     if at and _steps == int(at):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGINT if sig == "INT" else signal.SIGKILL)
 
 
 # -- worker side ---------------------------------------------------------------------------------

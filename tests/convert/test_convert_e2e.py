@@ -104,6 +104,11 @@ def test_convert_matches_codecs_and_reverses(tmp_path, synth_source, fmt, comman
         assert (out / rel).read_bytes() == (src / rel).read_bytes()
     qc = json.loads((out / "config.json").read_text())["quantization_config"]
     assert qc["quant_method"] == "marlin_fp4" and qc["marlin_layout"] == target.layout_tag
+    if (src / "hf_quant_config.json").exists():
+        hfq = json.loads((out / "hf_quant_config.json").read_text())
+        assert hfq["quantization"] == qc and hfq["original"] == json.loads((src / "hf_quant_config.json").read_text())
+    serving = (out / "SERVING.md").read_text()
+    assert target.layout_tag in serving and ("--moe-runner-backend marlin" if engine == "sglang" else "--moe-backend marlin") in serving
     assert qc["original_quantization_config"] == json.loads((src / "config.json").read_text()).get("quantization_config")
 
     run_cli("marlin-to-source", out, back)

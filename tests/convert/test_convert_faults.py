@@ -71,6 +71,14 @@ def test_kill9_while_finalizing_then_resume(tmp_path, reference, after_tensors):
     assert tree_hashes(out) == expected
 
 
+def test_ctrl_c_removes_the_partial_output(tmp_path, reference):
+    src, _, _ = reference
+    out = tmp_path / "out"
+    proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, env={"DSV4_CONVERT_KILL_AT": "25:INT"}, check=False)
+    assert proc.returncode == 130 and "convert.interrupted" in proc.stderr
+    assert not out.exists() and not _partial(out).exists()
+
+
 def test_resume_redoes_a_staged_shard_that_was_modified(tmp_path, reference):
     src, expected, _ = reference
     out = tmp_path / "out"
