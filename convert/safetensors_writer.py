@@ -60,8 +60,9 @@ class ShardWriter:
         self._next = 0
         self._sha = hashlib.sha256()
         self._size = 0
+        header = header_bytes(self._specs, metadata)  # checks every spec before a file is created
         self._f = open(self.path, "wb")
-        self._emit(header_bytes(self._specs, metadata))
+        self._emit(header)
         self._pending = 0  # bytes still owed to the current tensor
         self._fsync = fsync
 
