@@ -11,9 +11,17 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = [
-    "QUANT_METHOD", "FORMAT_VERSION", "LAYOUTS", "PluginConfigError", "MarlinFp4Spec",
-    "parse_quant_config", "check_layout", "expert_container", "check_rank_shape", "working_tp_sizes",
+    "FORMAT_VERSION",
+    "LAYOUTS",
+    "QUANT_METHOD",
+    "MarlinFp4Spec",
+    "PluginConfigError",
+    "check_layout",
+    "check_rank_shape",
+    "expert_container",
+    "parse_quant_config",
     "registration_log_line",
+    "working_tp_sizes",
 ]
 
 QUANT_METHOD = "marlin_fp4"
@@ -62,8 +70,10 @@ def parse_quant_config(cfg: dict) -> MarlinFp4Spec:
         problems.append(f"quant_method is {cfg.get('quant_method')!r}, expected {QUANT_METHOD!r}")
     version = cfg.get("format_version")
     if version != FORMAT_VERSION:
-        problems.append(f"format_version is {version!r}; this plugin reads format_version {FORMAT_VERSION} "
-                        "(upgrade dsv4-convert in the server environment)")
+        problems.append(
+            f"format_version is {version!r}; this plugin reads format_version {FORMAT_VERSION} "
+            "(upgrade dsv4-convert in the server environment)"
+        )
     layout = cfg.get("marlin_layout")
     if layout is None:
         problems.append("marlin_layout is missing (every dsv4-convert checkpoint records it; re-convert)")
@@ -85,7 +95,9 @@ def parse_quant_config(cfg: dict) -> MarlinFp4Spec:
         rescale = {}
     original = cfg.get("original_quantization_config")
     if original is not None and not (isinstance(original, dict) and "quant_method" in original):
-        problems.append("original_quantization_config must be the source's block (with its quant_method) or null")
+        problems.append(
+            "original_quantization_config must be the source's block (with its quant_method) or null"
+        )
     if problems:
         raise PluginConfigError("dsv4-convert checkpoint config refused:\n  - " + "\n  - ".join(problems))
     return MarlinFp4Spec(
@@ -114,7 +126,9 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(nums)
 
 
-def check_layout(spec: MarlinFp4Spec, *, engine: str, engine_version: str, model_dtype: str | None = None) -> None:
+def check_layout(
+    spec: MarlinFp4Spec, *, engine: str, engine_version: str, model_dtype: str | None = None
+) -> None:
     """Refuse a checkpoint whose bytes were laid out for another engine (or an older version)."""
     tag_engine, oldest, checked = LAYOUTS[spec.marlin_layout]
     if tag_engine != engine:
@@ -122,19 +136,22 @@ def check_layout(spec: MarlinFp4Spec, *, engine: str, engine_version: str, model
         raise PluginConfigError(
             f"this checkpoint was converted for {tag_engine} (marlin_layout {spec.marlin_layout!r}) but is being "
             f"loaded by {engine} {engine_version}, which expects {other!r}: the NVFP4 scale bytes and global "
-            f"scales differ between the engines. Re-convert with `--target {engine}`, or serve it with {tag_engine}.")
+            f"scales differ between the engines. Re-convert with `--target {engine}`, or serve it with {tag_engine}."
+        )
     have = _version_tuple(engine_version)
     if have < oldest:
         raise PluginConfigError(
             f"marlin_layout {spec.marlin_layout!r} needs {engine} >= {'.'.join(map(str, oldest))} (checked on "
-            f"{checked}); the running {engine} is {engine_version}, whose Marlin layout differs. Upgrade {engine}.")
+            f"{checked}); the running {engine} is {engine_version}, whose Marlin layout differs. Upgrade {engine}."
+        )
     if spec.w4a8 and engine != "vllm":
         raise PluginConfigError("w4a8 (fp8 activations) checkpoints exist only for vLLM")
     if model_dtype is not None and model_dtype != spec.act_dtype and "nvfp4" in spec.experts.values():
         raise PluginConfigError(
             f"this NVFP4 checkpoint was converted for {spec.act_dtype} activations but the server runs "
             f"{model_dtype}: its scale bytes and globals depend on the activation dtype. Start the server with "
-            f"--dtype {spec.act_dtype}, or re-convert with --act-dtype {model_dtype}.")
+            f"--dtype {spec.act_dtype}, or re-convert with --act-dtype {model_dtype}."
+        )
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
@@ -189,8 +206,10 @@ def check_rank_shape(fmt: str, engine: str, *, intermediate: int, hidden: int, t
     if intermediate % tp_size:
         reasons.append(f"the intermediate size {intermediate} does not split evenly over TP={tp_size}")
     elif (intermediate // tp_size) % mi:
-        reasons.append(f"the per-rank intermediate size {intermediate}/{tp_size} = {intermediate // tp_size} is "
-                       f"not a multiple of {mi}")
+        reasons.append(
+            f"the per-rank intermediate size {intermediate}/{tp_size} = {intermediate // tp_size} is "
+            f"not a multiple of {mi}"
+        )
     if hidden % mh:
         reasons.append(f"the hidden size {hidden} is not a multiple of {mh}")
     if reasons:
@@ -198,7 +217,8 @@ def check_rank_shape(fmt: str, engine: str, *, intermediate: int, hidden: int, t
         raise PluginConfigError(
             f"{fmt} experts cannot be loaded pre-packed here: {'; '.join(reasons)}, so {engine} would pad them "
             f"and the packed tiles would no longer line up. TP sizes that work for this model: "
-            f"{ok or 'none'}. Otherwise serve the unconverted checkpoint.")
+            f"{ok or 'none'}. Otherwise serve the unconverted checkpoint."
+        )
 
 
 def registration_log_line(engine: str, engine_version: str) -> str:

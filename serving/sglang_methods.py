@@ -15,8 +15,7 @@ import sglang
 import torch
 from sglang.srt.layers.moe import get_moe_runner_backend
 from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE, FusedMoeWeightScaleSupported
-from sglang.srt.layers.quantization import get_quantization_config
-from sglang.srt.layers.quantization import marlin_utils
+from sglang.srt.layers.quantization import get_quantization_config, marlin_utils
 from sglang.srt.layers.quantization.base_config import QuantizationConfig
 from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8MoEMethod
 from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config, ModelOptNvFp4FusedMoEMethod
@@ -24,10 +23,15 @@ from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
 from sglang.srt.utils import set_weight_attrs
 
 from .config import (
-    QUANT_METHOD, PluginConfigError, check_layout, check_rank_shape, expert_container, parse_quant_config,
+    QUANT_METHOD,
+    PluginConfigError,
+    check_layout,
+    check_rank_shape,
+    expert_container,
+    parse_quant_config,
 )
 
-__all__ = ["SglangMarlinFp4Config", "PrepackedMxfp4MarlinMoEMethod", "PrepackedNvFp4MarlinMoEMethod"]
+__all__ = ["PrepackedMxfp4MarlinMoEMethod", "PrepackedNvFp4MarlinMoEMethod", "SglangMarlinFp4Config"]
 
 logger = logging.getLogger("dsv4_convert.serving")
 
@@ -60,19 +64,29 @@ def _require_marlin_runner():
     if not get_moe_runner_backend().is_marlin():
         raise PluginConfigError(
             f"a {QUANT_METHOD} checkpoint holds Marlin-packed experts; start SGLang with "
-            f"--moe-runner-backend marlin (got {get_moe_runner_backend()})")
+            f"--moe-runner-backend marlin (got {get_moe_runner_backend()})"
+        )
 
 
 def _check_layer(fmt: str, layer, intermediate_size_per_partition: int, hidden_size: int) -> None:
     tp = getattr(layer, "moe_tp_size", 1)
-    check_rank_shape(fmt, "sglang", intermediate=intermediate_size_per_partition * tp, hidden=hidden_size, tp_size=tp)
+    check_rank_shape(
+        fmt, "sglang", intermediate=intermediate_size_per_partition * tp, hidden=hidden_size, tp_size=tp
+    )
 
 
 class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
     """MXFP4 experts already in Marlin order: w13 [E, H/16, 4I] int32, scales [E, H/32, 2I] E8M0."""
 
-    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
-                       **extra_weight_attrs):
+    def create_weights(
+        self,
+        layer,
+        num_experts,
+        hidden_size,
+        intermediate_size_per_partition,
+        params_dtype,
+        **extra_weight_attrs,
+    ):
         _require_marlin_runner()
         _check_layer("mxfp4", layer, intermediate_size_per_partition, hidden_size)
         layer._dsv4_mxfp4_backend = None
@@ -83,10 +97,22 @@ class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
         _register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
         _register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
         e8m0 = torch.float8_e8m0fnu
-        _register(layer, "w13_weight_scale", torch.zeros(e, h // 32, 2 * i, dtype=torch.uint8).view(e8m0), attrs,
-                  loader, quant_method=_GROUP)
-        _register(layer, "w2_weight_scale", torch.zeros(e, i // 32, h, dtype=torch.uint8).view(e8m0), attrs,
-                  loader, quant_method=_GROUP)
+        _register(
+            layer,
+            "w13_weight_scale",
+            torch.zeros(e, h // 32, 2 * i, dtype=torch.uint8).view(e8m0),
+            attrs,
+            loader,
+            quant_method=_GROUP,
+        )
+        _register(
+            layer,
+            "w2_weight_scale",
+            torch.zeros(e, i // 32, h, dtype=torch.uint8).view(e8m0),
+            attrs,
+            loader,
+            quant_method=_GROUP,
+        )
 
     def process_weights_after_loading(self, layer) -> None:
         # No repack: the tensors are already what SGLang's prepare_moe_mxfp4_layer_for_marlin produces.
@@ -104,12 +130,20 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         super().__init__(quant_config)
         self.act_dtype = act_dtype
 
-    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
-                       **extra_weight_attrs):
+    def create_weights(
+        self,
+        layer,
+        num_experts,
+        hidden_size,
+        intermediate_size_per_partition,
+        params_dtype,
+        **extra_weight_attrs,
+    ):
         if params_dtype != self.act_dtype:
             raise PluginConfigError(
                 f"this checkpoint's NVFP4 globals are stored in {self.act_dtype} but the server runs {params_dtype}; "
-                f"start SGLang with --dtype {str(self.act_dtype).removeprefix('torch.')} or re-convert")
+                f"start SGLang with --dtype {str(self.act_dtype).removeprefix('torch.')} or re-convert"
+            )
         _check_layer("nvfp4", layer, intermediate_size_per_partition, hidden_size)
         layer.intermediate_size_per_partition = intermediate_size_per_partition
         layer.params_dtype = params_dtype
@@ -121,17 +155,34 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         _register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
         _register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
         e4m3 = torch.float8_e4m3fn
-        _register(layer, "w13_weight_scale", torch.zeros(e, h // 16, 2 * i, dtype=e4m3), attrs, loader,
-                  quant_method=_GROUP)
-        _register(layer, "w2_weight_scale", torch.zeros(e, i // 16, h, dtype=e4m3), attrs, loader,
-                  quant_method=_GROUP)
+        _register(
+            layer,
+            "w13_weight_scale",
+            torch.zeros(e, h // 16, 2 * i, dtype=e4m3),
+            attrs,
+            loader,
+            quant_method=_GROUP,
+        )
+        _register(
+            layer,
+            "w2_weight_scale",
+            torch.zeros(e, i // 16, h, dtype=e4m3),
+            attrs,
+            loader,
+            quant_method=_GROUP,
+        )
         tensor_attrs = {**extra_weight_attrs, "quant_method": _TENSOR}
         # processed globals (what the kernel multiplies by) and the original ModelOpt globals
-        _register(layer, "w13_weight_global_scale", torch.zeros(e, 2, dtype=params_dtype), tensor_attrs, loader)
+        _register(
+            layer, "w13_weight_global_scale", torch.zeros(e, 2, dtype=params_dtype), tensor_attrs, loader
+        )
         _register(layer, "w2_weight_global_scale", torch.zeros(e, dtype=params_dtype), tensor_attrs, loader)
         _register(layer, "w13_weight_scale_2", torch.zeros(e, 2, dtype=torch.float32), tensor_attrs, loader)
         _register(layer, "w2_weight_scale_2", torch.zeros(e, dtype=torch.float32), tensor_attrs, loader)
-        for name, shape in (("w13_input_scale", (layer.num_experts, 2)), ("w2_input_scale", (layer.num_experts,))):
+        for name, shape in (
+            ("w13_input_scale", (layer.num_experts, 2)),
+            ("w2_input_scale", (layer.num_experts,)),
+        ):
             p = _register(layer, name, torch.ones(shape, dtype=torch.float32), tensor_attrs, loader)
             p._sglang_require_global_experts = True
 
@@ -140,10 +191,15 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         # processed global in the activation dtype, shape [E].
         g13 = layer.w13_weight_global_scale.data
         if not torch.equal(g13[:, 0].view(torch.int16), g13[:, 1].view(torch.int16)):
-            logger.warning("dsv4-convert: gate and up global scales differ for %s; SGLang uses the gate's "
-                           "(as it does for unconverted checkpoints)", getattr(layer, "layer_name", "experts"))
+            logger.warning(
+                "dsv4-convert: gate and up global scales differ for %s; SGLang uses the gate's "
+                "(as it does for unconverted checkpoints)",
+                getattr(layer, "layer_name", "experts"),
+            )
         layer.w13_weight_scale_2 = torch.nn.Parameter(g13[:, 0].contiguous(), requires_grad=False)
-        layer.w2_weight_scale_2 = torch.nn.Parameter(layer.w2_weight_global_scale.data.clone(), requires_grad=False)
+        layer.w2_weight_scale_2 = torch.nn.Parameter(
+            layer.w2_weight_global_scale.data.clone(), requires_grad=False
+        )
         del layer.w13_weight_global_scale, layer.w2_weight_global_scale
         layer.workspace = marlin_utils.marlin_make_workspace(layer.w13_weight.device, 4)
 
@@ -158,7 +214,7 @@ class SglangMarlinFp4Config(QuantizationConfig):
         self.packed_modules_mapping = getattr(inner, "packed_modules_mapping", {}) or {}
 
     @classmethod
-    def from_config(cls, config: dict) -> "SglangMarlinFp4Config":
+    def from_config(cls, config: dict) -> SglangMarlinFp4Config:
         spec = parse_quant_config(config)
         check_layout(spec, engine="sglang", engine_version=sglang.__version__)
         inner = None
@@ -190,8 +246,9 @@ class SglangMarlinFp4Config(QuantizationConfig):
     def _num_hidden_layers(self):
         try:
             from sglang.srt.runtime_context import process_model_config
+
             return process_model_config().hf_config.num_hidden_layers
-        except Exception:
+        except Exception:  # noqa: BLE001 - no published model config (e.g. tests): MTP by prefix only
             return None
 
     def get_quant_method(self, layer, prefix: str):
@@ -202,7 +259,9 @@ class SglangMarlinFp4Config(QuantizationConfig):
                 if fmt == "mxfp4":
                     fp8_method = Fp8MoEMethod(self.inner) if isinstance(self.inner, Fp8Config) else None
                     return PrepackedMxfp4MarlinMoEMethod(fp8_method, prefix=prefix)
-                nvfp4 = ModelOptFp4Config(is_checkpoint_nvfp4_serialized=True, group_size=16, exclude_modules=[])
+                nvfp4 = ModelOptFp4Config(
+                    is_checkpoint_nvfp4_serialized=True, group_size=16, exclude_modules=[]
+                )
                 return PrepackedNvFp4MarlinMoEMethod(nvfp4, _DTYPES[self.spec.act_dtype])
         if self.inner is None:
             return None

@@ -13,6 +13,12 @@ import logging
 
 import torch
 import vllm
+from dsv4_convert.formats.marlin_scales import (
+    nvfp4_global_to_marlin,
+    nvfp4_scales_to_s0e5m3,
+    s0e5m3_to_nvfp4_scales,
+    vllm_rescale_factor,
+)
 from vllm.model_executor.layers.fused_moe import RoutedExperts
 from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
 from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend
@@ -24,15 +30,16 @@ from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
-from dsv4_convert.formats.marlin_scales import (
-    nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales, vllm_rescale_factor,
-)
-
 from .config import (
-    QUANT_METHOD, PluginConfigError, check_layout, check_rank_shape, expert_container, parse_quant_config,
+    QUANT_METHOD,
+    PluginConfigError,
+    check_layout,
+    check_rank_shape,
+    expert_container,
+    parse_quant_config,
 )
 
-__all__ = ["VllmMarlinFp4Config", "PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "rank_rescale"]
+__all__ = ["PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "VllmMarlinFp4Config", "rank_rescale"]
 
 logger = logging.getLogger("dsv4_convert.serving")
 
@@ -63,7 +70,9 @@ def _register(layer, name, data, attrs, weight_loader, **extra):
 
 def _check_layer(fmt, layer, hidden_size, intermediate_size_per_partition):
     tp = layer.moe_config.moe_parallel_config.tp_size
-    check_rank_shape(fmt, "vllm", intermediate=intermediate_size_per_partition * tp, hidden=hidden_size, tp_size=tp)
+    check_rank_shape(
+        fmt, "vllm", intermediate=intermediate_size_per_partition * tp, hidden=hidden_size, tp_size=tp
+    )
 
 
 def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
@@ -75,8 +84,17 @@ def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
     sdt = torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8  # E8M0 arrives viewed as uint8
     _register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
     _register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
-    _register(layer, "w13_weight_scale", torch.zeros(e, h // g, 2 * i, dtype=sdt), attrs, loader, quant_method=_GROUP)
-    _register(layer, "w2_weight_scale", torch.zeros(e, i // g, h, dtype=sdt), attrs, loader, quant_method=_GROUP)
+    _register(
+        layer,
+        "w13_weight_scale",
+        torch.zeros(e, h // g, 2 * i, dtype=sdt),
+        attrs,
+        loader,
+        quant_method=_GROUP,
+    )
+    _register(
+        layer, "w2_weight_scale", torch.zeros(e, i // g, h, dtype=sdt), attrs, loader, quant_method=_GROUP
+    )
     return loader, extra_weight_attrs
 
 
@@ -86,17 +104,32 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
     def __init__(self, moe, activation_key=None):
         super().__init__(moe, activation_key=activation_key)
         if self.mxfp4_backend not in (Mxfp4MoeBackend.MARLIN, Mxfp4MoeBackend.BATCHED_MARLIN):
-            raise PluginConfigError(f"{QUANT_METHOD} experts are Marlin-packed but vLLM chose the "
-                                    f"{self.mxfp4_backend.value} MoE backend; {_MARLIN_HINT}")
+            raise PluginConfigError(
+                f"{QUANT_METHOD} experts are Marlin-packed but vLLM chose the "
+                f"{self.mxfp4_backend.value} MoE backend; {_MARLIN_HINT}"
+            )
 
-    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
-                       **extra_weight_attrs):
+    def create_weights(
+        self,
+        layer,
+        num_experts,
+        hidden_size,
+        intermediate_size_per_partition,
+        params_dtype,
+        **extra_weight_attrs,
+    ):
         _check_layer("mxfp4", layer, hidden_size, intermediate_size_per_partition)
         self.num_experts = layer.num_experts = num_experts
         layer.params_dtype = params_dtype
         self.intermediate_size, self.hidden_size = intermediate_size_per_partition, hidden_size
-        _create_marlin_params(layer, "mxfp4", num_experts, hidden_size, intermediate_size_per_partition,
-                              dict(extra_weight_attrs))
+        _create_marlin_params(
+            layer,
+            "mxfp4",
+            num_experts,
+            hidden_size,
+            intermediate_size_per_partition,
+            dict(extra_weight_attrs),
+        )
 
     def process_weights_after_loading(self, layer) -> None:
         for name in ("w13_weight_scale", "w2_weight_scale"):
@@ -104,7 +137,9 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors
 
 
-def rank_rescale(scale_bytes: torch.Tensor, *, stored_sf: float, act_dtype: str) -> tuple[float, torch.Tensor, int]:
+def rank_rescale(
+    scale_bytes: torch.Tensor, *, stored_sf: float, act_dtype: str
+) -> tuple[float, torch.Tensor, int]:
     """vLLM picks its bf16 power-of-two factor over the experts *this rank* holds. Returns (rank_sf,
     bytes re-encoded for it, count of zero bytes that may have been clamped at conversion)."""
     scales = s0e5m3_to_nvfp4_scales(scale_bytes.view(torch.uint8), sf=stored_sf)
@@ -122,17 +157,32 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
     def __init__(self, quant_config, moe_config, *, spec, container: str):
         super().__init__(quant_config, moe_config)
         if self.nvfp4_backend != NvFp4MoeBackend.MARLIN:
-            raise PluginConfigError(f"{QUANT_METHOD} experts are Marlin-packed but vLLM chose the "
-                                    f"{self.nvfp4_backend.value} MoE backend; {_MARLIN_HINT}")
+            raise PluginConfigError(
+                f"{QUANT_METHOD} experts are Marlin-packed but vLLM chose the "
+                f"{self.nvfp4_backend.value} MoE backend; {_MARLIN_HINT}"
+            )
         self.spec, self.container = spec, container
 
-    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype,
-                       **extra_weight_attrs):
+    def create_weights(
+        self,
+        layer,
+        num_experts,
+        hidden_size,
+        intermediate_size_per_partition,
+        params_dtype,
+        **extra_weight_attrs,
+    ):
         if params_dtype != _DTYPES[self.spec.act_dtype]:
-            raise PluginConfigError(f"this NVFP4 checkpoint was converted for {self.spec.act_dtype} activations "
-                                    f"but vLLM runs {params_dtype}; use --dtype {self.spec.act_dtype} or re-convert")
+            raise PluginConfigError(
+                f"this NVFP4 checkpoint was converted for {self.spec.act_dtype} activations "
+                f"but vLLM runs {params_dtype}; use --dtype {self.spec.act_dtype} or re-convert"
+            )
         _check_layer("nvfp4", layer, hidden_size, intermediate_size_per_partition)
-        layer.num_experts, layer.params_dtype, layer.quant_config = num_experts, params_dtype, self.quant_config
+        layer.num_experts, layer.params_dtype, layer.quant_config = (
+            num_experts,
+            params_dtype,
+            self.quant_config,
+        )
         global_experts = extra_weight_attrs.get("global_num_experts", num_experts)
         e, h, i = num_experts, hidden_size, intermediate_size_per_partition
         loader, attrs = _create_marlin_params(layer, "nvfp4", e, h, i, dict(extra_weight_attrs))
@@ -152,8 +202,9 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
             stored = self.spec.rescale_factors.get(f"{self.container}.{stack}", 1.0)
             processed = getattr(layer, gname).data
             processed = processed[:, 0] if processed.dim() == 2 else processed
-            sf, new_bytes, zeros = rank_rescale(getattr(layer, f"{stack}_weight_scale").data,
-                                                stored_sf=stored, act_dtype=act)
+            sf, new_bytes, zeros = rank_rescale(
+                getattr(layer, f"{stack}_weight_scale").data, stored_sf=stored, act_dtype=act
+            )
             self.rank_rescale_factors[stack] = (stored, sf)
             if sf != stored:
                 # expert parallel: this rank's experts give another factor than the whole layer's
@@ -162,9 +213,15 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
                 original = original[:, 0] if original.dim() == 2 else original
                 processed = nvfp4_global_to_marlin(original, engine="vllm", act_dtype=act, sf=sf)
                 if zeros:
-                    logger.warning("dsv4-convert: %s %s: %d scale bytes were 0 at conversion; with this rank's "
-                                   "rescale factor %g (stored %g) tiny source scales could have become non-zero",
-                                   self.container, stack, zeros, sf, stored)
+                    logger.warning(
+                        "dsv4-convert: %s %s: %d scale bytes were 0 at conversion; with this rank's "
+                        "rescale factor %g (stored %g) tiny source scales could have become non-zero",
+                        self.container,
+                        stack,
+                        zeros,
+                        sf,
+                        stored,
+                    )
             replace_parameter(layer, f"{stack}_weight_scale_2", processed.float().contiguous())
             delattr(layer, gname)
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors
@@ -177,10 +234,12 @@ class VllmMarlinFp4Config(QuantizationConfig):
         super().__init__()
         self.spec = spec
         self.inner = inner
-        self.packed_modules_mapping = getattr(inner, "packed_modules_mapping", {}) if inner is not None else {}
+        self.packed_modules_mapping = (
+            getattr(inner, "packed_modules_mapping", {}) if inner is not None else {}
+        )
 
     @classmethod
-    def from_config(cls, config: dict) -> "VllmMarlinFp4Config":
+    def from_config(cls, config: dict) -> VllmMarlinFp4Config:
         spec = parse_quant_config(config)
         check_layout(spec, engine="vllm", engine_version=vllm.__version__)
         original = spec.original_quantization_config
@@ -213,8 +272,12 @@ class VllmMarlinFp4Config(QuantizationConfig):
             if container is not None:
                 if self.spec.format_of(container) == "mxfp4":
                     return PrepackedMxfp4MarlinMoE(layer.moe_config)
-                nvfp4 = ModelOptNvFp4Config(is_checkpoint_nvfp4_serialized=True, kv_cache_quant_algo=None,
-                                            exclude_modules=[], group_size=16)
+                nvfp4 = ModelOptNvFp4Config(
+                    is_checkpoint_nvfp4_serialized=True,
+                    kv_cache_quant_algo=None,
+                    exclude_modules=[],
+                    group_size=16,
+                )
                 return PrepackedNvFp4MarlinMoE(nvfp4, layer.moe_config, spec=self.spec, container=container)
         return None if self.inner is None else self.inner.get_quant_method(layer, prefix)
 
@@ -222,8 +285,9 @@ class VllmMarlinFp4Config(QuantizationConfig):
 def _hf_config():
     try:
         from vllm.config import get_current_vllm_config
+
         return get_current_vllm_config().model_config.hf_config
-    except Exception:
+    except Exception:  # noqa: BLE001 - no current vllm config yet: decide without hf_config
         return None
 
 
@@ -237,6 +301,9 @@ def _inner_method(original: dict) -> str:
     from vllm.models.deepseek_v4 import DeepseekV4FP8Config
 
     hf = _hf_config()
-    if getattr(hf, "model_type", "deepseek_v4") == "deepseek_v4" and original.get("quant_method") in ("fp8", "deepseek_v4_fp8"):
+    if getattr(hf, "model_type", "deepseek_v4") == "deepseek_v4" and original.get("quant_method") in (
+        "fp8",
+        "deepseek_v4_fp8",
+    ):
         return "deepseek_v4_fp8"
     return DeepseekV4FP8Config.override_quantization_method(original, None, hf) or original["quant_method"]

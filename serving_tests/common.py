@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["spawn_ranks", "byte_diff", "compare_params"]
+__all__ = ["byte_diff", "compare_params", "spawn_ranks"]
 
 
 def _free_port() -> int:
@@ -21,13 +21,14 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, world: int, port: int, target: str, args: dict, out_dir: str) -> None:
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world,
-                                         init_method=f"tcp://127.0.0.1:{port}")
+    torch.distributed.init_process_group(
+        "gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}"
+    )
     module_name, fn_name = target.split(":")
     try:
         __import__(module_name)
         result = getattr(sys.modules[module_name], fn_name)(rank, world, **args)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - report any failure of a rank to the parent
         result = {"__error__": traceback.format_exc()}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     torch.distributed.barrier()
@@ -40,7 +41,9 @@ def spawn_ranks(target: str, args: dict, tmp_path: Path, world: int = 2) -> list
     sys.path.insert(0, str(Path(__file__).parent))
     os.environ.setdefault("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), os.environ["PYTHONPATH"]])
-    torch.multiprocessing.spawn(_rank_main, args=(world, _free_port(), target, args, str(tmp_path)), nprocs=world)
+    torch.multiprocessing.spawn(
+        _rank_main, args=(world, _free_port(), target, args, str(tmp_path)), nprocs=world
+    )
     results = [json.loads(Path(tmp_path, f"rank{r}.json").read_text()) for r in range(world)]
     errors = [f"rank {r}:\n{res['__error__']}" for r, res in enumerate(results) if "__error__" in res]
     if errors:

@@ -8,11 +8,10 @@ Engine-independent: imports torch and dsv4_convert.formats only.
 from __future__ import annotations
 
 import torch
-
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
 
-__all__ = ["CONTAINER", "source_experts", "converted_experts", "quant_config", "rescale_factors"]
+__all__ = ["CONTAINER", "converted_experts", "quant_config", "rescale_factors", "source_experts"]
 
 CONTAINER = "layers.0.ffn.experts"
 PROJ = ("w1", "w2", "w3")  # gate, down, up (DeepSeek names)
@@ -22,8 +21,9 @@ def _proj_shape(proj: str, hidden: int, inter: int) -> tuple[int, int]:
     return (hidden, inter) if proj == "w2" else (inter, hidden)  # (N, K)
 
 
-def source_experts(fmt: str, *, experts: int, hidden: int, inter: int, seed: int = 0,
-                   small_scales_for: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
+def source_experts(
+    fmt: str, *, experts: int, hidden: int, inter: int, seed: int = 0, small_scales_for: tuple[int, ...] = ()
+) -> dict[str, torch.Tensor]:
     """Unconverted tensors named as in the checkpoint. MXFP4 uses DeepSeek-V4's own names (`.weight`
     int8, `.scale` E8M0); NVFP4 uses ModelOpt's (`.weight` uint8, `.weight_scale` E4M3,
     `.weight_scale_2`, `.input_scale`). Experts in `small_scales_for` get block scales < 224 so that
@@ -37,11 +37,12 @@ def source_experts(fmt: str, *, experts: int, hidden: int, inter: int, seed: int
             packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
             if fmt == "mxfp4":
                 out[f"{name}.weight"] = packed.view(torch.int8)
-                out[f"{name}.scale"] = torch.randint(110, 140, (n, k // 32), generator=g,
-                                                     dtype=torch.uint8).view(torch.float8_e8m0fnu)
+                out[f"{name}.scale"] = torch.randint(
+                    110, 140, (n, k // 32), generator=g, dtype=torch.uint8
+                ).view(torch.float8_e8m0fnu)
             else:
                 top = 100.0 if e in small_scales_for else 448.0
-                s = torch.rand((n, k // 16), generator=g) * top + 2 ** -5
+                s = torch.rand((n, k // 16), generator=g) * top + 2**-5
                 out[f"{name}.weight"] = packed
                 out[f"{name}.weight_scale"] = s.to(torch.float8_e4m3fn)
                 # gate and up share the global (as ModelOpt exports them); down has its own
@@ -57,12 +58,15 @@ def rescale_factors(src: dict[str, torch.Tensor], target: MarlinTarget, experts:
         return {f"{CONTAINER}.w13": 1.0, f"{CONTAINER}.w2": 1.0}
     w13 = [src[f"{CONTAINER}.{e}.{p}.weight_scale"] for e in experts for p in ("w1", "w3")]
     w2 = [src[f"{CONTAINER}.{e}.w2.weight_scale"] for e in experts]
-    return {f"{CONTAINER}.w13": vllm_rescale_factor(w13, target.act_dtype),
-            f"{CONTAINER}.w2": vllm_rescale_factor(w2, target.act_dtype)}
+    return {
+        f"{CONTAINER}.w13": vllm_rescale_factor(w13, target.act_dtype),
+        f"{CONTAINER}.w2": vllm_rescale_factor(w2, target.act_dtype),
+    }
 
 
-def converted_experts(src: dict[str, torch.Tensor], fmt: str, target: MarlinTarget, *,
-                      experts: int) -> dict[str, torch.Tensor]:
+def converted_experts(
+    src: dict[str, torch.Tensor], fmt: str, target: MarlinTarget, *, experts: int
+) -> dict[str, torch.Tensor]:
     """The converter's per-projection output (docs/FORMAT.md) for `src`."""
     out = {}
     sfs = rescale_factors(src, target, range(experts)) if fmt == "nvfp4" else {}
@@ -75,8 +79,9 @@ def converted_experts(src: dict[str, torch.Tensor], fmt: str, target: MarlinTarg
                 continue
             sf = sfs[f"{CONTAINER}.{'w2' if p == 'w2' else 'w13'}"]
             q, s = nvfp4_to_marlin(src[f"{name}.weight"], src[f"{name}.weight_scale"], target=target, sf=sf)
-            gm = nvfp4_global_to_marlin(src[f"{name}.weight_scale_2"], engine=target.engine,
-                                        act_dtype=target.act_dtype, sf=sf)
+            gm = nvfp4_global_to_marlin(
+                src[f"{name}.weight_scale_2"], engine=target.engine, act_dtype=target.act_dtype, sf=sf
+            )
             out[f"{name}.weight"], out[f"{name}.weight_scale"] = q, s
             out[f"{name}.weight_global_scale"] = gm.reshape(())
             out[f"{name}.weight_scale_2"] = src[f"{name}.weight_scale_2"]
@@ -84,8 +89,9 @@ def converted_experts(src: dict[str, torch.Tensor], fmt: str, target: MarlinTarg
     return out
 
 
-def quant_config(fmt: str, target: MarlinTarget, *, rescale: dict[str, float] | None = None,
-                 original: dict | None = None) -> dict:
+def quant_config(
+    fmt: str, target: MarlinTarget, *, rescale: dict[str, float] | None = None, original: dict | None = None
+) -> dict:
     """The `quantization_config` block the converter writes (docs/FORMAT.md)."""
     return {
         "quant_method": "marlin_fp4",
@@ -108,12 +114,18 @@ def quant_config(fmt: str, target: MarlinTarget, *, rescale: dict[str, float] | 
 
 
 # DeepSeek-V4's own block (the FP8 parts of the model are served by the engine's method built from it)
-DSV4_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "scale_fmt": "ue8m0",
-            "weight_block_size": [128, 128]}
+DSV4_FP8 = {
+    "quant_method": "fp8",
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "scale_fmt": "ue8m0",
+    "weight_block_size": [128, 128],
+}
 __all__.append("DSV4_FP8")
 
 
 # --- real converter output ------------------------------------------------------------------------
+
 
 def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int, hidden: int, inter: int):
     """`dsv4-convert synth` + `dsv4-convert {fmt}-to-marlin` in a subprocess (the CLI of this checkout,
@@ -125,11 +137,45 @@ def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int
     src, out = Path(tmp, f"src-{fmt}"), Path(tmp, f"conv-{fmt}-{engine}-{act_dtype}")
     cli = [sys.executable, "-c", "from dsv4_convert.cli.main import main; main()"]
     if not src.exists():
-        subprocess.run([*cli, "synth", str(src), "--format", "mxfp4-dsv4" if fmt == "mxfp4" else "nvfp4-modelopt-dsv4",
-                        "--layers", "1", "--experts", str(experts), "--hidden", str(hidden),
-                        "--intermediate", str(inter), "--shards", "2"], check=True, capture_output=True)
-    subprocess.run([*cli, f"{fmt}-to-marlin", str(src), str(out), "--target", engine, "--act-dtype", act_dtype,
-                    "--workers", "1"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                *cli,
+                "synth",
+                str(src),
+                "--format",
+                "mxfp4-dsv4" if fmt == "mxfp4" else "nvfp4-modelopt-dsv4",
+                "--layers",
+                "1",
+                "--experts",
+                str(experts),
+                "--hidden",
+                str(hidden),
+                "--intermediate",
+                str(inter),
+                "--shards",
+                "2",
+            ],
+            check=True,
+            capture_output=True,
+        )
+    if out.exists():
+        return str(src), str(out)
+    subprocess.run(
+        [
+            *cli,
+            f"{fmt}-to-marlin",
+            str(src),
+            str(out),
+            "--target",
+            engine,
+            "--act-dtype",
+            act_dtype,
+            "--workers",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(src), str(out)
 
 
@@ -143,7 +189,7 @@ def load_checkpoint_experts(path: str, container: str = CONTAINER) -> tuple[dict
     tensors = {}
     for shard in sorted(Path(path).glob("*.safetensors")):
         with safe_open(str(shard), "pt") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
                 if name.startswith(container + "."):
                     tensors[name] = f.get_tensor(name)
     config = json.loads(Path(path, "config.json").read_text())

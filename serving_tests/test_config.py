@@ -1,11 +1,15 @@
 """serving/config.py: parsing the converted checkpoint's quantization_config, without any engine."""
 
 import pytest
-
 import synth
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.serving.config import (
-    PluginConfigError, check_layout, check_rank_shape, expert_container, parse_quant_config, working_tp_sizes,
+    PluginConfigError,
+    check_layout,
+    check_rank_shape,
+    expert_container,
+    parse_quant_config,
+    working_tp_sizes,
 )
 
 
@@ -23,13 +27,21 @@ def test_parse_lists_every_problem_at_once():
     with pytest.raises(PluginConfigError) as e:
         parse_quant_config({"quant_method": "marlin_fp4", "format_version": 2, "act_dtype": "fp8"})
     msg = str(e.value)
-    assert "format_version" in msg and "marlin_layout is missing" in msg and "act_dtype" in msg and "experts" in msg
+    assert (
+        "format_version" in msg
+        and "marlin_layout is missing" in msg
+        and "act_dtype" in msg
+        and "experts" in msg
+    )
 
 
-@pytest.mark.parametrize("engine, version, message", [
-    ("vllm", "0.33.0", "converted for sglang"),
-    ("sglang", "0.5.20", "needs sglang >= 0.5.23"),
-])
+@pytest.mark.parametrize(
+    "engine, version, message",
+    [
+        ("vllm", "0.33.0", "converted for sglang"),
+        ("sglang", "0.5.20", "needs sglang >= 0.5.23"),
+    ],
+)
 def test_layout_refused(engine, version, message):
     with pytest.raises(PluginConfigError, match=message):
         check_layout(parse_quant_config(_qc()), engine=engine, engine_version=version)
@@ -44,16 +56,21 @@ def test_vllm_layout_needs_l4_version():
 
 def test_act_dtype_mismatch_refused_for_nvfp4():
     with pytest.raises(PluginConfigError, match="--dtype bfloat16"):
-        check_layout(parse_quant_config(_qc()), engine="sglang", engine_version="0.5.23", model_dtype="float16")
+        check_layout(
+            parse_quant_config(_qc()), engine="sglang", engine_version="0.5.23", model_dtype="float16"
+        )
 
 
-@pytest.mark.parametrize("prefix, expected", [
-    ("model.layers.0.mlp.experts", "layers.0.ffn.experts"),
-    ("model.layers.0.ffn.experts", "layers.0.ffn.experts"),
-    ("model.layers.1.mlp.experts", None),
-    ("model.layers.43.mlp.experts", "mtp.0.ffn.experts"),
-    ("model.decoder.mlp.experts", "mtp.0.ffn.experts"),
-])
+@pytest.mark.parametrize(
+    "prefix, expected",
+    [
+        ("model.layers.0.mlp.experts", "layers.0.ffn.experts"),
+        ("model.layers.0.ffn.experts", "layers.0.ffn.experts"),
+        ("model.layers.1.mlp.experts", None),
+        ("model.layers.43.mlp.experts", "mtp.0.ffn.experts"),
+        ("model.decoder.mlp.experts", "mtp.0.ffn.experts"),
+    ],
+)
 def test_expert_container(prefix, expected):
     spec = parse_quant_config(_qc(experts={"layers.0.ffn.experts": "nvfp4", "mtp.0.ffn.experts": "mxfp4"}))
     assert expert_container(spec, prefix, num_hidden_layers=43) == expected

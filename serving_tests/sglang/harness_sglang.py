@@ -6,16 +6,21 @@ from __future__ import annotations
 import contextlib
 import os
 
-import torch
-
 import synth
+import torch
 from common import compare_params
 
 PREFIX = "model.layers.0.mlp.experts"  # SGLang's module name for checkpoint `layers.0.ffn.experts`
 FINAL = {
     "mxfp4": ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"],
-    "nvfp4": ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale",
-              "w13_weight_scale_2", "w2_weight_scale_2"],
+    "nvfp4": [
+        "w13_weight",
+        "w2_weight",
+        "w13_weight_scale",
+        "w2_weight_scale",
+        "w13_weight_scale_2",
+        "w2_weight_scale_2",
+    ],
 }
 
 
@@ -43,9 +48,12 @@ def sglang_cpu(*, world: int, rank: int, ep: bool, dtype: torch.dtype):
     marlin_utils_fp4.gptq_marlin_repack = _reference_repack
     marlin_utils_fp4.marlin_make_workspace = _dummy_workspace
     marlin_utils.marlin_make_workspace = _dummy_workspace
-    ov = get_context().override_server_args(tp_size=world, ep_size=world if ep else 1,
-                                            moe_runner_backend="marlin",
-                                            dtype=str(dtype).removeprefix("torch."))
+    ov = get_context().override_server_args(
+        tp_size=world,
+        ep_size=world if ep else 1,
+        moe_runner_backend="marlin",
+        dtype=str(dtype).removeprefix("torch."),
+    )
     ov.install()
     from sglang.srt.layers.moe.utils import initialize_moe_config
 
@@ -62,8 +70,16 @@ def sglang_cpu(*, world: int, rank: int, ep: bool, dtype: torch.dtype):
 def make_layer(quant_config, *, experts: int, hidden: int, inter: int, dtype: torch.dtype):
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
-    return FusedMoE(num_experts=experts, hidden_size=hidden, intermediate_size=inter, layer_id=0, top_k=2,
-                    params_dtype=dtype, quant_config=quant_config, prefix=PREFIX)
+    return FusedMoE(
+        num_experts=experts,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        layer_id=0,
+        top_k=2,
+        params_dtype=dtype,
+        quant_config=quant_config,
+        prefix=PREFIX,
+    )
 
 
 def load_like_dsv4(layer, tensors: dict[str, torch.Tensor], *, experts: int) -> list[str]:
@@ -73,8 +89,12 @@ def load_like_dsv4(layer, tensors: dict[str, torch.Tensor], *, experts: int) -> 
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
     from sglang.srt.models.deepseek_v4 import DeepseekV4ForCausalLM
 
-    mapping = FusedMoE.make_expert_params_mapping(ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
-                                                  ckpt_up_proj_name="up_proj", num_experts=experts)
+    mapping = FusedMoE.make_expert_params_mapping(
+        ckpt_gate_proj_name="gate_proj",
+        ckpt_down_proj_name="down_proj",
+        ckpt_up_proj_name="up_proj",
+        num_experts=experts,
+    )
     params = {f"{PREFIX}.{n}": p for n, p in layer.named_parameters()}
     skipped = []
     for ckpt_name, tensor in tensors.items():
@@ -109,23 +129,42 @@ def plugin_config(qc: dict):
     return get_quantization_config(qc["quant_method"]).from_config(qc)
 
 
-def run_case(rank: int, world: int, *, fmt: str, act_dtype: str, ep: bool, experts: int, hidden: int,
-             inter: int, convert_for: str = "sglang", small_scales: bool = False, checkpoints: list | None = None) -> dict:
+def run_case(
+    rank: int,
+    world: int,
+    *,
+    fmt: str,
+    act_dtype: str,
+    ep: bool,
+    experts: int,
+    hidden: int,
+    inter: int,
+    convert_for: str = "sglang",
+    small_scales: bool = False,
+    checkpoints: list | None = None,
+) -> dict:
     """One scenario on this rank: (a) the engine's own method on the source, (b) the plugin on the
     converted tensors; returns the byte comparison of every final expert parameter."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # ServerArgs(model_path="dummy") must not look for a model online
-    from sglang.srt.plugins import load_plugins
-
     from dsv4_convert.formats.marlin import MarlinTarget
+    from sglang.srt.plugins import load_plugins
 
     load_plugins()
     dtype = getattr(torch, act_dtype)
-    src = synth.source_experts(fmt, experts=experts, hidden=hidden, inter=inter,
-                               small_scales_for=tuple(range(experts)) if small_scales else ())
+    src = synth.source_experts(
+        fmt,
+        experts=experts,
+        hidden=hidden,
+        inter=inter,
+        small_scales_for=tuple(range(experts)) if small_scales else (),
+    )
     target = MarlinTarget(engine=convert_for, act_dtype=act_dtype)
     conv = synth.converted_experts(src, fmt, target, experts=experts)
-    qc = synth.quant_config(fmt, MarlinTarget(engine="sglang", act_dtype=act_dtype),
-                            rescale=synth.rescale_factors(src, target, range(experts)))
+    qc = synth.quant_config(
+        fmt,
+        MarlinTarget(engine="sglang", act_dtype=act_dtype),
+        rescale=synth.rescale_factors(src, target, range(experts)),
+    )
     if checkpoints is not None:  # the real converter's output (dsv4-convert synth + *-to-marlin)
         src, _ = synth.load_checkpoint_experts(checkpoints[0])
         conv, qc = synth.load_checkpoint_experts(checkpoints[1])

@@ -26,59 +26,77 @@ from __future__ import annotations
 import logging
 
 import pytest
-import torch
-
+import synth
 from common import spawn_ranks
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.serving.config import PluginConfigError, registration_log_line
-import synth
 
 sglang = pytest.importorskip("sglang")
 
 H, I, E = 256, 256, 4  # per-rank I: 128 at TP=2 (MXFP4 needs 128, NVFP4 64), 256 at EP=2
 
+
+def _case(case_id, fmt, act_dtype, *, ep=False, **extra):
+    return {
+        "id": case_id,
+        "fmt": fmt,
+        "act_dtype": act_dtype,
+        "ep": ep,
+        "experts": E,
+        "hidden": H,
+        "inter": I,
+        **extra,
+    }
+
+
+# codec-built converted tensors (serving_tests/synth.py): what the converter cannot be asked for
 CASES = [
-    dict(id="mxfp4-bf16-tp2", fmt="mxfp4", act_dtype="bfloat16", ep=False, experts=E, hidden=H, inter=I),
-    dict(id="nvfp4-bf16-tp2", fmt="nvfp4", act_dtype="bfloat16", ep=False, experts=E, hidden=H, inter=I),
-    dict(id="nvfp4-fp16-tp2", fmt="nvfp4", act_dtype="float16", ep=False, experts=E, hidden=H, inter=I),
     # negative control: bytes converted for vLLM (bf16 rescale, fp32 globals) must NOT match SGLang's
-    dict(id="negative-vllm-bytes", fmt="nvfp4", act_dtype="bfloat16", ep=False, experts=E, hidden=H, inter=I,
-         convert_for="vllm", small_scales=True),
+    _case("negative-vllm-bytes", "nvfp4", "bfloat16", convert_for="vllm", small_scales=True),
 ]
-EP_CASES = [
-    dict(id="mxfp4-bf16-ep2", fmt="mxfp4", act_dtype="bfloat16", ep=True, experts=E, hidden=H, inter=I),
-    dict(id="nvfp4-bf16-ep2", fmt="nvfp4", act_dtype="bfloat16", ep=True, experts=E, hidden=H, inter=I),
-]
+EP_CASES = [_case("mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True)]
 
 # the key cases on the real converter output: `dsv4-convert synth` + `*-to-marlin --target sglang`
-CKPT = dict(experts=E, hidden=H, inter=I)
 CKPT_CASES = [
-    dict(id="ckpt-mxfp4-bf16-tp2", fmt="mxfp4", act_dtype="bfloat16", ep=False, **CKPT),
-    dict(id="ckpt-nvfp4-bf16-tp2", fmt="nvfp4", act_dtype="bfloat16", ep=False, **CKPT),
-    dict(id="ckpt-nvfp4-fp16-tp2", fmt="nvfp4", act_dtype="float16", ep=False, **CKPT),
+    _case("ckpt-mxfp4-bf16-tp2", "mxfp4", "bfloat16"),
+    _case("ckpt-nvfp4-bf16-tp2", "nvfp4", "bfloat16"),
+    _case("ckpt-nvfp4-fp16-tp2", "nvfp4", "float16"),
 ]
-CKPT_EP_CASES = [dict(id="ckpt-nvfp4-bf16-ep2", fmt="nvfp4", act_dtype="bfloat16", ep=True, **CKPT)]
+CKPT_EP_CASES = [_case("ckpt-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True)]
 
 
 def _with_checkpoints(cases, tmp):
     out = []
     for c in cases:
-        ckpt = synth.make_checkpoints(tmp, c["fmt"], engine="sglang", act_dtype=c["act_dtype"],
-                                      experts=c["experts"], hidden=c["hidden"], inter=c["inter"])
+        ckpt = synth.make_checkpoints(
+            tmp,
+            c["fmt"],
+            engine="sglang",
+            act_dtype=c["act_dtype"],
+            experts=c["experts"],
+            hidden=c["hidden"],
+            inter=c["inter"],
+        )
         out.append({**c, "checkpoints": list(ckpt)})
     return out
 
 
 @pytest.fixture(scope="module")
-def tp_results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tp")
-    return spawn_ranks("harness_sglang:run_cases", {"cases": CASES + _with_checkpoints(CKPT_CASES, tmp)}, tmp)
+def results(tmp_path_factory):
+    """Every case in one spawn of 2 gloo ranks (the engine import dominates the run time)."""
+    tmp = tmp_path_factory.mktemp("ranks")
+    cases = CASES + EP_CASES + _with_checkpoints(CKPT_CASES + CKPT_EP_CASES, tmp)
+    return spawn_ranks("harness_sglang:run_cases", {"cases": cases}, tmp)
 
 
 @pytest.fixture(scope="module")
-def ep_results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ep")
-    return spawn_ranks("harness_sglang:run_cases", {"cases": EP_CASES + _with_checkpoints(CKPT_EP_CASES, tmp)}, tmp)
+def tp_results(results):
+    return results
+
+
+@pytest.fixture(scope="module")
+def ep_results(results):
+    return results
 
 
 def _assert_equal(results, case_id, expected_local):
@@ -91,13 +109,15 @@ def _assert_equal(results, case_id, expected_local):
         assert not bad, f"rank {rank} {case_id}: {bad}"
 
 
-@pytest.mark.parametrize("case_id", [c["id"] for c in CASES + CKPT_CASES if not c["id"].startswith("negative")])
+@pytest.mark.parametrize(
+    "case_id", [c["id"] for c in CASES + CKPT_CASES if not c["id"].startswith("negative")]
+)
 def test_tp2_plugin_params_byte_equal_engine(tp_results, case_id):
     _assert_equal(tp_results, case_id, expected_local=E)
 
 
 def test_tp2_engine_path_is_sglang_marlin_method(tp_results):
-    methods = {res[c["id"]]["engine_method"] for res in tp_results for c in CASES}
+    methods = {res[c["id"]]["engine_method"] for res in tp_results for c in CASES + CKPT_CASES}
     assert methods == {"Mxfp4MarlinMoEMethod", "ModelOptNvFp4FusedMoEMethod"}
 
 
@@ -105,7 +125,9 @@ def test_negative_control_wrong_target_differs(tp_results):
     for res in tp_results:
         diff = res["negative-vllm-bytes"]["diff"]
         assert diff["w13_weight"] is None  # weights are engine-independent...
-        assert diff["w13_weight_scale"] is not None and diff["w2_weight_scale"] is not None  # ...scales are not
+        assert (
+            diff["w13_weight_scale"] is not None and diff["w2_weight_scale"] is not None
+        )  # ...scales are not
 
 
 @pytest.mark.parametrize("case_id", [c["id"] for c in EP_CASES + CKPT_EP_CASES])
@@ -114,6 +136,7 @@ def test_ep2_plugin_params_byte_equal_engine(ep_results, case_id):
 
 
 # --- discovery and config, in this process --------------------------------------------------------
+
 
 def test_engine_plugin_loader_calls_register_once(monkeypatch, caplog):
     import dsv4_convert.serving.sglang_plugin as plugin
@@ -135,8 +158,8 @@ def test_engine_plugin_loader_calls_register_once(monkeypatch, caplog):
 
 
 def test_config_builds_inner_fp8_method_from_original():
-    from sglang.srt.layers.quantization.fp8 import Fp8Config
     from dsv4_convert.serving.sglang_plugin import register
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
 
     register()
     from sglang.srt.layers.quantization import get_quantization_config
@@ -146,11 +169,14 @@ def test_config_builds_inner_fp8_method_from_original():
     assert isinstance(cfg.inner, Fp8Config) and cfg.inner.weight_block_size == [128, 128]
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"marlin_layout": "vllm-L4"}, "converted for vllm"),
-    ({"marlin_layout": None}, "marlin_layout is missing"),
-    ({"marlin_layout": "sglang-L9"}, "unknown"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"marlin_layout": "vllm-L4"}, "converted for vllm"),
+        ({"marlin_layout": None}, "marlin_layout is missing"),
+        ({"marlin_layout": "sglang-L9"}, "unknown"),
+    ],
+)
 def test_config_refuses_wrong_or_missing_layout(change, message):
     from dsv4_convert.serving.sglang_plugin import register
 

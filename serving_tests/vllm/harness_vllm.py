@@ -8,16 +8,21 @@ import os
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-import torch  # noqa: E402
-
-import synth  # noqa: E402
-from common import compare_params  # noqa: E402
+import synth
+import torch
+from common import compare_params
 
 PREFIX = "model.layers.0.ffn.experts"  # vLLM's module name for checkpoint `layers.0.ffn.experts`
 FINAL = {
     "mxfp4": ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"],
-    "nvfp4": ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale",
-              "w13_weight_scale_2", "w2_weight_scale_2"],
+    "nvfp4": [
+        "w13_weight",
+        "w2_weight",
+        "w13_weight_scale",
+        "w2_weight_scale",
+        "w13_weight_scale_2",
+        "w2_weight_scale_2",
+    ],
 }
 
 
@@ -46,13 +51,16 @@ def vllm_cpu(*, world: int, rank: int, ep: bool, dtype: torch.dtype):
             cls._supports_current_device = staticmethod(lambda: True)
 
     def fresh_config():  # one per layer: a config registers each layer name once
-        return VllmConfig(kernel_config=KernelConfig(moe_backend="marlin"),
-                          parallel_config=ParallelConfig(tensor_parallel_size=world, enable_expert_parallel=ep))
+        return VllmConfig(
+            kernel_config=KernelConfig(moe_backend="marlin"),
+            parallel_config=ParallelConfig(tensor_parallel_size=world, enable_expert_parallel=ep),
+        )
 
     with set_current_vllm_config(fresh_config()):
         if not model_parallel_is_initialized():
-            init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
-                                         distributed_init_method="env://")
+            init_distributed_environment(
+                world_size=world, rank=rank, local_rank=rank, backend="gloo", distributed_init_method="env://"
+            )
             initialize_model_parallel(tensor_model_parallel_size=world)
     yield fresh_config
 
@@ -62,9 +70,17 @@ def make_layer(fresh_config, quant_config, *, experts, hidden, inter, dtype):
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
 
     with set_current_vllm_config(fresh_config()):
-        runner = FusedMoEFactory(num_experts=experts, top_k=2, hidden_size=hidden, intermediate_size=inter,
-                                 params_dtype=dtype, quant_config=quant_config, prefix=PREFIX,
-                                 ckpt_names=("w1", "w2", "w3"), swiglu_limit=10.0)
+        runner = FusedMoEFactory(
+            num_experts=experts,
+            top_k=2,
+            hidden_size=hidden,
+            intermediate_size=inter,
+            params_dtype=dtype,
+            quant_config=quant_config,
+            prefix=PREFIX,
+            ckpt_names=("w1", "w2", "w3"),
+            swiglu_limit=10.0,
+        )
     return runner.routed_experts
 
 
@@ -72,7 +88,9 @@ def load_like_dsv4(layer, tensors, *, experts):
     """Feed checkpoint tensors the way vLLM's DeepseekV4 load_weights does: its weights mapper (names,
     `.scale` suffixes), the E8M0 -> uint8 view, the expert params mapping, then `weight_loader`."""
     from vllm.model_executor.layers.fused_moe.routed_experts import RoutedExperts
-    from vllm.models.deepseek_v4.cpu.model import _make_deepseek_v4_weights_mapper
+
+    # the CUDA model's mapper (what runs on sm_120); the CPU model's renames `.input_scale`
+    from vllm.models.deepseek_v4.nvidia.model import _make_deepseek_v4_weights_mapper
 
     mapper = _make_deepseek_v4_weights_mapper("fp4")
     mapping = RoutedExperts.build_expert_params_mapping("w1", "w2", "w3", experts, routed_experts_prefix="")
@@ -85,12 +103,13 @@ def load_like_dsv4(layer, tensors, *, experts):
         for param_name, weight_name, expert_id, shard_id in mapping:
             if weight_name not in name:
                 continue
-            local = name[name.index(weight_name):].replace(weight_name, param_name).removeprefix("experts.")
+            local = name[name.index(weight_name) :].replace(weight_name, param_name).removeprefix("experts.")
             if local not in params:
                 missing.append(ckpt_name)  # vLLM's loader would raise KeyError here
                 break
-            params[local].weight_loader(params[local], tensor, local, shard_id=shard_id, expert_id=expert_id,
-                                        return_success=True)
+            params[local].weight_loader(
+                params[local], tensor, local, shard_id=shard_id, expert_id=expert_id, return_success=True
+            )
             break
     return missing
 
@@ -104,29 +123,53 @@ def engine_config(fmt):
     return cfg
 
 
-def run_case(rank, world, *, fmt, act_dtype, ep, experts, hidden, inter, convert_for="vllm",
-             small_scales=(), checkpoints: list | None = None) -> dict:
+def run_case(
+    rank,
+    world,
+    *,
+    fmt,
+    act_dtype,
+    ep,
+    experts,
+    hidden,
+    inter,
+    convert_for="vllm",
+    small_scales=(),
+    checkpoints: list | None = None,
+) -> dict:
+    from dsv4_convert.formats.marlin import MarlinTarget
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.plugins import load_general_plugins
 
-    from dsv4_convert.formats.marlin import MarlinTarget
-
     load_general_plugins()
     dtype = getattr(torch, act_dtype)
-    src = synth.source_experts(fmt, experts=experts, hidden=hidden, inter=inter, small_scales_for=tuple(small_scales))
+    src = synth.source_experts(
+        fmt, experts=experts, hidden=hidden, inter=inter, small_scales_for=tuple(small_scales)
+    )
     target = MarlinTarget(engine=convert_for, act_dtype=act_dtype)
     conv = synth.converted_experts(src, fmt, target, experts=experts)
-    qc = synth.quant_config(fmt, MarlinTarget(engine="vllm", act_dtype=act_dtype),
-                            rescale=synth.rescale_factors(src, target, range(experts)))
+    qc = synth.quant_config(
+        fmt,
+        MarlinTarget(engine="vllm", act_dtype=act_dtype),
+        rescale=synth.rescale_factors(src, target, range(experts)),
+    )
     if checkpoints is not None:  # the real converter's output (dsv4-convert synth + *-to-marlin)
         src, _ = synth.load_checkpoint_experts(checkpoints[0])
         conv, qc = synth.load_checkpoint_experts(checkpoints[1])
     with vllm_cpu(world=world, rank=rank, ep=ep, dtype=dtype) as fresh:
-        engine = make_layer(fresh, engine_config(fmt), experts=experts, hidden=hidden, inter=inter, dtype=dtype)
+        engine = make_layer(
+            fresh, engine_config(fmt), experts=experts, hidden=hidden, inter=inter, dtype=dtype
+        )
         engine_skipped = load_like_dsv4(engine, src, experts=experts)
         engine.quant_method.process_weights_after_loading(engine)
-        plugin = make_layer(fresh, get_quantization_config(qc["quant_method"]).from_config(qc), experts=experts,
-                            hidden=hidden, inter=inter, dtype=dtype)
+        plugin = make_layer(
+            fresh,
+            get_quantization_config(qc["quant_method"]).from_config(qc),
+            experts=experts,
+            hidden=hidden,
+            inter=inter,
+            dtype=dtype,
+        )
         missing = load_like_dsv4(plugin, conv, experts=experts)
         plugin.quant_method.process_weights_after_loading(plugin)
     return {
