@@ -24,13 +24,13 @@ from tqdm import tqdm
 from . import __version__
 from .formats.marlin_scales import vllm_rescale_factor
 from .errors import ContentError, Interrupted, OutputError
-from .reader import load_projection
+from .reader import TensorReader, load_projection
 from .plan import FORMAT_VERSION, ConvertPlan, ShardPlan
 from .quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
 from .safetensors_writer import ShardWriter
 from .serving_notes import serving_markdown
 from .staging import MANIFEST, Staging, write_json_atomic
-from .tensor_io import PreadReader, safetensors_dtype
+from .tensor_io import safetensors_dtype
 from .tensor_model import Projection, Quant, SourceFormat
 from .transform import convert_projection, lost_scales
 
@@ -93,7 +93,7 @@ def _report(nbytes: int, callback=None) -> None:
         _progress_queue.put(nbytes)
 
 
-def _convert(reader: PreadReader, p: Projection, fmt: SourceFormat, target, sf: float) -> tuple[dict, dict]:
+def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float) -> tuple[dict, dict]:
     """One projection -> (output parts, {key.index, key.bytes} of scale bytes the target loses)."""
     src = load_projection(reader, p, fmt=fmt)
     try:
@@ -118,7 +118,7 @@ def _planned_bytes(t: torch.Tensor, spec) -> memoryview:
 
 def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
                  metadata: dict, callback=None) -> tuple[str, str, int]:
-    with PreadReader(Path(root)) as reader:
+    with TensorReader(Path(root)) as reader:
         # no fsync per shard: --resume re-hashes every recorded shard, and publish fsyncs everything
         # once before the rename, so the disk writes overlap with the conversion of later shards
         writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata, fsync=False)
@@ -148,7 +148,7 @@ def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_pat
 
 
 def _rescale_for(root: str, act_dtype: str, container: str, projections: list[Projection]) -> dict[str, float]:
-    with PreadReader(Path(root)) as reader:
+    with TensorReader(Path(root)) as reader:
         out = {}
         for stack in ("w13", "w2"):
             members = [p for p in projections if p.stack == stack]

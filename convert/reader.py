@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 from .detect import detect_format, group_projections
-from .errors import ContentError, InputError, UsageError
+from .errors import InputError, UsageError
 from .safetensors_header import read_header
+from .tensor_io import TORCH_DTYPES
 from .tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
 
 __all__ = [
@@ -199,11 +200,13 @@ def open_checkpoint(source: str | Path) -> Checkpoint:
 
 # ----------------------------------------------------------------------------------------------- tensors
 class TensorReader:
-    """Reads tensors of one checkpoint root; keeps one open handle per shard until closed."""
+    """Reads tensors of one checkpoint root with pread, keeping one file descriptor per shard.
+
+    No memory map: a long conversion or validation touches every byte of a 150 GB checkpoint, and
+    mapped pages count toward the process's RSS; with pread, memory stays at the tensors in flight."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        self._safe: dict[str, object] = {}
         self._fds: dict[str, int] = {}
 
     def __enter__(self) -> TensorReader:  # noqa: PYI034 (Self needs 3.11)
@@ -216,58 +219,48 @@ class TensorReader:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
-        self._safe.clear()
 
-    def _open_error(self, ref: TensorRef, e: Exception) -> InputError:
-        return InputError(f"cannot read {ref.name} from {self.root / ref.file}: {e}", error_id="reader.unreadable",
-                          tensor=ref.name, file=str(self.root / ref.file),
-                          hint="the shard changed or vanished since its header was read: re-open the checkpoint")
+    def _error(self, ref: TensorRef, problem: str) -> InputError:
+        return InputError(f"cannot read {ref.name} from {self.root / ref.file}: {problem}",
+                          error_id="reader.unreadable", tensor=ref.name, file=str(self.root / ref.file),
+                          hint="the shard is truncated, changed or vanished since its header was read: "
+                               "re-download it, or re-open the checkpoint")
 
-    def get(self, ref: TensorRef) -> torch.Tensor:
-        """The tensor in its stored dtype (I8 stays int8, F8_E8M0 is float8_e8m0fnu), memory-mapped."""
-        from safetensors import safe_open
-
-        try:
-            handle = self._safe.get(ref.file)
-            if handle is None:
-                handle = self._safe[ref.file] = safe_open(self.root / ref.file, framework="pt")
-            tensor = handle.get_tensor(ref.name)
-        except Exception as e:  # noqa: BLE001 (safetensors raises untyped errors)
-            raise self._open_error(ref, e) from None
-        if tensor.numel() * tensor.element_size() != ref.nbytes:
-            raise ContentError(f"{ref.name} read back with {tensor.numel() * tensor.element_size()} bytes, "
-                               f"header says {ref.nbytes}", error_id="reader.size_mismatch", tensor=ref.name,
-                               file=ref.file, hint="the shard changed since its header was read")
-        return tensor
-
-    def get_expert(self, ref: TensorRef, index: int) -> torch.Tensor:
-        """Slab `index` of a tensor stacked along dim 0 (gpt-oss experts), without loading the rest."""
-        from safetensors import safe_open
-
-        try:
-            handle = self._safe.get(ref.file)
-            if handle is None:
-                handle = self._safe[ref.file] = safe_open(self.root / ref.file, framework="pt")
-            return handle.get_slice(ref.name)[index]
-        except Exception as e:  # safetensors raises its own untyped errors
-            raise self._open_error(ref, e) from None
-
-    def read_bytes(self, ref: TensorRef) -> bytes:
-        """The tensor's raw bytes, straight from the file (for byte-identical copies)."""
+    def iter_bytes(self, ref: TensorRef, chunk: int = 16 << 20):
+        """The tensor's raw bytes in chunks (large passthrough tensors are copied this way)."""
         try:
             fd = self._fds.get(ref.file)
             if fd is None:
                 fd = self._fds[ref.file] = os.open(self.root / ref.file, os.O_RDONLY)
-            chunks, pos = [], ref.begin
+            pos = ref.begin
             while pos < ref.end:
-                chunk = os.pread(fd, min(ref.end - pos, 1 << 30), pos)
-                if not chunk:
-                    raise OSError(f"file ends at byte {pos}, tensor ends at {ref.end}")
-                chunks.append(chunk)
-                pos += len(chunk)
+                data = os.pread(fd, min(chunk, ref.end - pos), pos)
+                if not data:
+                    raise self._error(ref, f"the file ends at byte {pos}, the tensor at {ref.end}")
+                pos += len(data)
+                yield data
         except OSError as e:
-            raise self._open_error(ref, e) from None
-        return b"".join(chunks)
+            raise self._error(ref, e.strerror or str(e)) from None
+
+    def read_bytes(self, ref: TensorRef) -> bytes:
+        """The tensor's raw bytes, straight from the file (for byte-identical copies)."""
+        return b"".join(self.iter_bytes(ref))
+
+    def get(self, ref: TensorRef) -> torch.Tensor:
+        """The tensor in its stored dtype (I8 stays int8, F8_E8M0 is float8_e8m0fnu)."""
+        buf = bytearray(ref.nbytes)
+        view, pos = memoryview(buf), 0
+        for data in self.iter_bytes(ref):
+            view[pos:pos + len(data)] = data
+            pos += len(data)
+        flat = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+        return flat.view(TORCH_DTYPES[ref.dtype]).reshape(ref.shape)
+
+    def get_expert(self, ref: TensorRef, index: int) -> torch.Tensor:
+        """Slab `index` of a tensor stacked along dim 0 (gpt-oss experts), reading only its bytes."""
+        slab = ref.nbytes // ref.shape[0]
+        return self.get(TensorRef(ref.name, ref.file, ref.dtype, tuple(ref.shape[1:]), ref.begin + index * slab,
+                                  ref.begin + (index + 1) * slab))
 
 
 # ----------------------------------------------------------------------------------------- projections

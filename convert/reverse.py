@@ -23,10 +23,9 @@ from .detect import group_projections
 from .errors import ContentError
 from .formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4
 from .pipeline import INDEX, LOST, SOURCE_DIR, _Pool
-from .reader import load_projection, open_checkpoint
+from .reader import TensorReader, load_projection, open_checkpoint
 from .safetensors_header import parse_header
 from .staging import MANIFEST, Staging
-from .tensor_io import PreadReader
 from .tensor_model import Projection, Quant, SourceFormat, TensorRef
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
@@ -88,7 +87,7 @@ def _rebuild_shard(job: _Job, file: str, header_text: str, tmp: str, callback=No
     raw = header_text.encode()
     prefix = len(raw).to_bytes(8, "little") + raw
     refs, _ = parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)  # the header alone
-    with PreadReader(Path(job.root)) as reader, open(tmp, "wb") as f:
+    with TensorReader(Path(job.root)) as reader, open(tmp, "wb") as f:
         f.write(prefix)
         for ref in sorted(refs.values(), key=lambda r: r.begin):
             if ref.name in job.decoded_by:

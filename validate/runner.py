@@ -21,8 +21,7 @@ from tqdm import tqdm
 from ..errors import DsvError, InputError
 from ..formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
 from ..formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
-from ..reader import load_projection, open_checkpoint, resolve_source
-from ..tensor_io import PreadReader
+from ..reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from ..tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat
 from .check import Check, Finding, Result, Scope
 from .checks import ALL_CHECKS
@@ -94,8 +93,8 @@ class _Job:
 class _Worker:
     def __init__(self, job: _Job):
         self.job = job
-        self.reader = PreadReader(job.root)
-        self.against = PreadReader(job.against_root) if job.against_root else None
+        self.reader = TensorReader(job.root)
+        self.against = TensorReader(job.against_root) if job.against_root else None
         self.checks = {s: [c for c in ALL_CHECKS if c.scope is s] for s in Scope}
 
     def _run(self, out: _Outcome, chk: Check, arg, quant=None) -> None:
@@ -216,7 +215,7 @@ def _run_task(task: _Task) -> _Outcome:
 
 
 # ------------------------------------------------------------------------------------------ planning
-def _rescale_factors(ckpt: Checkpoint, opts: Options, reader: PreadReader, projections) -> dict:
+def _rescale_factors(ckpt: Checkpoint, opts: Options, reader: TensorReader, projections) -> dict:
     """(container, stack) -> sf. Converted checkpoints record it; for an NVFP4 source served by vLLM
     with bf16 it is computed the way vLLM does, over all experts of the stack (scales only)."""
     if ckpt.format is SourceFormat.MARLIN:
@@ -328,7 +327,7 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool) -> 
     skip = _truncated_tensors(headers)
     if skip:
         report.notes.append(f"{len(skip)} tensors in truncated shards were not read")
-    with PreadReader(root) as reader:
+    with TensorReader(root) as reader:
         sf = _rescale_factors(ckpt, opts, reader, ckpt.projections)
     tasks = _tasks(ckpt, ref_ckpt, opts, sf, skip)
     if opts.sample < 1.0:

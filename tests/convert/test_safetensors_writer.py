@@ -12,7 +12,8 @@ from safetensors import safe_open
 from conftest import assert_bytes_equal
 from dsv4_convert.safetensors_header import read_header
 from dsv4_convert.safetensors_writer import ShardWriter, TensorSpec
-from dsv4_convert.tensor_io import PreadReader, safetensors_dtype
+from dsv4_convert.reader import TensorReader
+from dsv4_convert.tensor_io import safetensors_dtype
 
 DTYPES = [torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.int32, torch.uint8, torch.int8, torch.bfloat16,
           torch.float16, torch.float32, torch.int64]
@@ -44,7 +45,7 @@ def test_write_then_read_is_byte_identical(tmp_path):
         for name, t in tensors.items():
             assert_bytes_equal(f.get_tensor(name), t, name)
     refs, _ = read_header(path)  # our own strict parser agrees too
-    with PreadReader(tmp_path) as r:
+    with TensorReader(tmp_path) as r:
         for name, t in tensors.items():
             assert_bytes_equal(r.get(refs[name]), t, name)
     assert (8 + int.from_bytes(path.read_bytes()[:8], "little")) % 8 == 0, "header padded to 8 bytes"
