@@ -34,7 +34,7 @@ from .tensor_io import safetensors_dtype
 from .tensor_model import Projection, Quant, SourceFormat
 from .transform import convert_projection, lost_scales
 
-__all__ = ["ConvertResult", "run_conversion", "SOURCE_DIR", "INDEX", "LOST"]
+__all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
 
 SOURCE_DIR = "dsv4-convert-source"  # originals needed to give the input back byte for byte
 INDEX = "model.safetensors.index.json"
@@ -199,12 +199,17 @@ class _Pool:
             self.executor.shutdown(wait=not cancel, cancel_futures=cancel)
 
 
+def auto_workers(workers: int | None, total_bytes: int, jobs: int) -> int:
+    """`workers` if given, else the cores, but no more than the jobs, and in auto mode one process per
+    256 MiB of work at most: starting a worker costs a torch import, not worth it for small inputs."""
+    n = workers or min(os.cpu_count() or 1, 1 + total_bytes // _BYTES_PER_WORKER)
+    return max(1, min(n, jobs))
+
+
 def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, resume: bool = False,
                    force: bool = False, progress: bool = True) -> ConvertResult:
     start = time.perf_counter()
     ckpt = plan.checkpoint
-    auto = workers is None
-    workers = max(1, workers or os.cpu_count() or 1)
     staging = Staging(Path(out), force=force, resume=resume)
     done = staging.open(plan.fingerprint())
     pool = None
@@ -213,9 +218,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         total = sum(s.nbytes for s in todo)
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting",
                    disable=not progress, dynamic_ncols=True)
-        if auto:  # starting a worker costs a torch import: not worth it for small inputs
-            workers = min(workers, 1 + total // _BYTES_PER_WORKER)
-        pool = _Pool(min(workers, max(1, len(todo))), bar)
+        pool = _Pool(auto_workers(workers, total, len(todo)), bar)
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
         meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,
                 "format_version": str(FORMAT_VERSION), "marlin_layout": plan.target.layout_tag}

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 from .detect import group_projections
 from .errors import ContentError
 from .formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4
-from .pipeline import INDEX, LOST, SOURCE_DIR, _Pool
+from .pipeline import INDEX, LOST, SOURCE_DIR, _Pool, _report, auto_workers
 from .reader import TensorReader, load_projection, open_checkpoint
 from .safetensors_header import parse_header
 from .staging import MANIFEST, Staging
@@ -104,8 +104,7 @@ def _rebuild_shard(job: _Job, file: str, header_text: str, tmp: str, callback=No
                                    f"says {ref.nbytes} at {ref.begin}", error_id="reverse.layout_mismatch",
                                    tensor=ref.name, file=file, hint="the converted checkpoint was edited")
             f.write(data)
-            if callback:
-                callback(len(data))
+            _report(len(data), callback)
     return file
 
 
@@ -127,7 +126,8 @@ def _load_record(root: Path):
     return headers, config, hfq, lost, tensors
 
 
-def reverse_checkpoint(src, out: Path, *, force: bool = False, progress: bool = True) -> ReverseResult:
+def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: bool = False,
+                       progress: bool = True) -> ReverseResult:
     from tqdm import tqdm
 
     start = time.perf_counter()
@@ -158,10 +158,14 @@ def reverse_checkpoint(src, out: Path, *, force: bool = False, progress: bool = 
     staging = Staging(Path(out), force=force)
     staging.open(json.dumps(sorted(headers)))
     try:
-        bar = tqdm(total=sum(_data_size(t) for t in headers.values()), unit="B", unit_scale=True,
-                   unit_divisor=1024, desc="restoring", disable=not progress)
-        _Pool(1, bar).map(_rebuild_shard, [(job, f, text, str(staging.path / f)) for f, text in headers.items()],
-                          lambda _: None, reports_progress=True)
+        total = sum(_data_size(t) for t in headers.values())
+        bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="restoring", disable=not progress)
+        pool = _Pool(auto_workers(workers, total, len(headers)), bar)
+        try:
+            pool.map(_rebuild_shard, [(job, f, text, str(staging.path / f)) for f, text in headers.items()],
+                     lambda _: None, reports_progress=True)
+        finally:
+            pool.shutdown()
         bar.close()
         for rel in ckpt.other_files:
             if rel in _GENERATED or rel.startswith(SOURCE_DIR + "/"):

@@ -24,11 +24,13 @@ Example:
 """)
 @click.argument("src", metavar="IN")
 @click.argument("out", metavar="OUT")
+@click.option("--workers", type=click.IntRange(1), default=None, show_default="number of cores",
+              help="Processes rebuilding shards in parallel (small inputs run in one process).")
 @click.option("--force", is_flag=True, help="Replace an existing OUT (published only when complete).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, only errors.")
-def marlin_to_source(src, out, force, as_json, quiet):
-    result = reverse_checkpoint(src, Path(out), force=force, progress=not quiet)
+def marlin_to_source(src, out, workers, force, as_json, quiet):
+    result = reverse_checkpoint(src, Path(out), workers=workers, force=force, progress=not quiet)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     elif not quiet:

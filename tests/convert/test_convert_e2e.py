@@ -111,7 +111,7 @@ def test_convert_matches_codecs_and_reverses(tmp_path, synth_source, fmt, comman
     assert target.layout_tag in serving and ("--moe-runner-backend marlin" if engine == "sglang" else "--moe-backend marlin") in serving
     assert qc["original_quantization_config"] == json.loads((src / "config.json").read_text()).get("quantization_config")
 
-    run_cli("marlin-to-source", out, back)
+    run_cli("marlin-to-source", out, back, *workers)
     assert tree_hashes(back) == before, "marlin-to-source gives back the input byte for byte"
     assert tree_hashes(src) == before, "the input is never modified"
 
