@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+from ..formats.marlin import ENGINES
+from ..serving.config import registration_log_line
 from ..tensor_model import Checkpoint, SourceFormat
 from .checks.structure import model_dims
 from .tiles import ShardVerdict, moe_shard_verdict
@@ -231,7 +233,9 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
         reasoning.append(f"WARNING: this checkpoint was converted for {shape.converted_for}, not {engine}; "
                          "re-convert it or plan for the other engine")
     if shape.converted:
-        reasoning.append("a dsv4-convert checkpoint needs the dsv4-convert loader plugin (see SERVING.md in it)")
+        reasoning.append("a dsv4-convert checkpoint needs the dsv4-convert plugin in the server's environment "
+                         "(`pip install dsv4-convert`; no --quantization flag: the engine reads quant_method "
+                         f"marlin_fp4 from config.json); check the log for `{registration_log_line(engine, ENGINES[engine][1])}`")
     if chosen is not None:
         reasoning.append(f"recommended: TP {chosen.tp}" + (f" with EP {chosen.ep}" if chosen.ep > 1 else "")
                          + f" (the largest valid split on {gpus} GPUs; {chosen.weights_gib:.1f} GiB weights and "
