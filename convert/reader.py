@@ -126,6 +126,11 @@ def _weight_map(root: Path) -> dict[str, str]:
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise InputError(f"{path} must have a \"weight_map\" object mapping tensor names to shard files",
                          error_id="index.bad_schema", file=str(path), hint="re-download or rebuild the index")
+    unsafe = sorted({f for f in wm.values() if Path(f).is_absolute() or ".." in Path(f).parts or not f})
+    if unsafe:  # a shard is a file inside the checkpoint, never a path that leads out of it
+        raise InputError(f"{path} maps tensors to files outside the checkpoint directory: {_listing(unsafe)}",
+                         error_id="index.unsafe_path", file=str(path),
+                         hint="shard names must be relative paths inside the checkpoint; rebuild the index")
     return wm
 
 

@@ -6,6 +6,7 @@ import torch
 
 from .formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from .formats.marlin_scales import nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales
+from .formats.constants import E8M0_NAN
 from .tensor_model import Projection, Quant
 
 __all__ = ["convert_projection", "lost_scales"]
@@ -16,6 +17,7 @@ def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor,
     """Source tensors (weight u8 [N, K/2], scale [N, K/g], ModelOpt global or None) -> output parts
     named as in plan._projection_outputs: weight, weight_scale, and for NVFP4 weight_global_scale and
     weight_scale_2 (the ModelOpt-convention global, stored for compressed-tensors sources)."""
+    _refuse_nan_scales(p, scale)
     if p.quant is Quant.NVFP4:
         q, s = nvfp4_to_marlin(weight, scale, target=target, sf=sf)
         g = global_scale.float().reshape(())
@@ -23,6 +25,16 @@ def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor,
         return {"weight": q, "weight_scale": s, "weight_global_scale": processed, "weight_scale_2": g}
     q, s = mxfp4_to_marlin(weight, scale, target=target)
     return {"weight": q, "weight_scale": s}
+
+
+def _refuse_nan_scales(p: Projection, scale: torch.Tensor) -> None:
+    """The engines would load NaN scales without a word and serve NaN (NVFP4) or Inf (MXFP4) for every
+    token through that channel; a converter that exists to fail early refuses them."""
+    b = scale.view(torch.uint8)
+    nan = (b & 0x7F) == 0x7F if p.quant is Quant.NVFP4 else b == E8M0_NAN
+    if nan.any():
+        first = [int(i) for i in torch.nonzero(nan)[0]]
+        raise ValueError(f"{int(nan.sum())} block scales are NaN (first at {first})")
 
 
 def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:

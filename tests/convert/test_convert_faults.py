@@ -172,6 +172,16 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, synth_source,
     assert not out.exists() and not _partial(out).exists()
 
 
+@pytest.mark.parametrize("fmt,command,defect", [("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "nan-scale"),
+                                                 ("mxfp4-dsv4", "mxfp4-to-marlin", "e8m0-nan")])
+def test_nan_scales_are_refused_not_repacked(tmp_path, synth_source, fmt, command, defect):
+    out = tmp_path / "out"
+    proc = run_cli(command, synth_source(fmt, experts=4, defects=(defect,)), out, check=False)
+    assert proc.returncode == 4 and "convert.bad_values" in proc.stderr and "NaN" in proc.stderr
+    assert "experts.1.w1" in proc.stderr and "validate" in proc.stderr
+    assert not out.exists() and not _partial(out).exists()
+
+
 def test_wrong_command_for_the_format_names_the_right_one(tmp_path, synth_source):
     proc = run_cli("mxfp4-to-marlin", synth_source("nvfp4-modelopt-hf", experts=4), tmp_path / "o", check=False)
     assert proc.returncode == 4 and "convert.wrong_command" in proc.stderr and "nvfp4-to-marlin" in proc.stderr

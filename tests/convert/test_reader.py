@@ -251,3 +251,22 @@ def test_hub_repo_not_cached_offline(tmp_path):
     r = _offline(code, tmp_path / "hf")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "hub.not_cached"
+
+
+@pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd", ""])
+def test_index_paths_that_leave_the_checkpoint_are_refused(tmp_path, synth_source, shard):
+    import json
+    import shutil
+
+    root = tmp_path / "ckpt"
+    shutil.copytree(synth_source("mxfp4-dsv4", experts=4), root)
+    root.chmod(0o755)
+    index_path = root / "model.safetensors.index.json"
+    index_path.chmod(0o644)
+    index = json.loads(index_path.read_text())
+    name = next(iter(index["weight_map"]))
+    index["weight_map"][name] = shard
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(InputError) as e:
+        open_checkpoint(root)
+    assert e.value.error_id == "index.unsafe_path"

@@ -132,15 +132,17 @@ def test_forged_data_offsets_allocate_nothing(tmp_path):
     assert e.value.error_id == "header.offsets_past_eof" and e.value.tensor == "a" and peak < 1 << 20
 
 
-@pytest.mark.parametrize("shard", ["²", "model-٣-of-2.safetensors", "/", ""])
-def test_odd_shard_names_in_the_index_are_missing_shards(seeds, shard):
-    """"²" passes str.isdigit() but not int(): the shard sort raised ValueError."""
+@pytest.mark.parametrize("shard,error_id", [("²", "index.missing_shard"), ("model-٣-of-2.safetensors", "index.missing_shard"),
+                                            ("/", "index.unsafe_path"), ("", "index.unsafe_path")])
+def test_odd_shard_names_in_the_index_are_input_errors(seeds, shard, error_id):
+    """"²" passes str.isdigit() but not int(): the shard sort raised ValueError. "/" and "" are not
+    files inside the checkpoint at all."""
     index = json.loads(json.dumps(seeds.index))
     index["weight_map"]["embed.weight"] = shard
     (seeds.root / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(InputError) as e:
         open_checkpoint(seeds.root)
-    assert e.value.error_id == "index.missing_shard"
+    assert e.value.error_id == error_id
 
 
 @pytest.mark.parametrize("file,error_id", [("model.safetensors.index.json", "index.not_json"),
