@@ -300,7 +300,7 @@ def _finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float]) ->
     _step()
     weight_map = {o.spec.name: s.file for s in plan.shards for o in s.tensors}
     write_json_atomic(dst / INDEX, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
-    (dst / "SERVING.md").write_text(serving_markdown(plan, str(staging.out)))
+    (dst / "SERVING.md").write_text(serving_markdown(plan, staging.out.name))
     _step()
     manifest = {"format_version": FORMAT_VERSION, "producer": {"name": "dsv4-convert", "version": __version__},
                 "fingerprint": staging.fingerprint, "marlin_layout": plan.target.layout_tag,
