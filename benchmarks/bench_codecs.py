@@ -11,6 +11,7 @@ import resource
 import time
 
 import torch
+
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_weight import from_marlin_weight, to_marlin_weight
 

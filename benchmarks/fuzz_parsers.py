@@ -21,8 +21,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, seed, settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "reliability"))
-from dsv4_convert.synth import write_synthetic_checkpoint
 from fuzz_targets import TARGETS, make_seeds, run_target, strategy
+
+from dsv4_convert.synth import write_synthetic_checkpoint
 
 # share of the examples per target (the header targets are cheap, open_checkpoint reads two shards)
 WEIGHTS = {"header_bytes": 0.35, "header_json": 0.35, "index": 0.15, "configs": 0.15}

@@ -22,11 +22,11 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from . import __version__
-from .formats.marlin_scales import vllm_rescale_factor
 from .errors import ContentError, Interrupted, OutputError
-from .reader import TensorReader, load_projection
+from .formats.marlin_scales import vllm_rescale_factor
 from .plan import FORMAT_VERSION, ConvertPlan, ShardPlan
 from .quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
+from .reader import TensorReader, load_projection
 from .safetensors_writer import ShardWriter
 from .serving_notes import serving_markdown
 from .staging import MANIFEST, Staging, write_json_atomic

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
+from .errors import ContentError
 from .formats.constants import MARLIN_TILE_K
 from .formats.marlin import MarlinTarget
-from .errors import ContentError
 from .safetensors_writer import TensorSpec
 from .tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from .formats.constants import E8M0_NAN
 from .formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from .formats.marlin_scales import nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales
-from .formats.constants import E8M0_NAN
 from .tensor_model import Projection, Quant
 
 __all__ = ["convert_projection", "lost_scales"]

@@ -16,8 +16,14 @@ from .constants import MXFP4_GROUP, NVFP4_GROUP
 from .e4m3 import as_e4m3
 from .e8m0 import as_e8m0_bytes
 from .marlin_scales import (
-    marlin_to_mxfp4_scales, mxfp4_scales_to_marlin, nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3,
-    permute_scale_columns, s0e5m3_to_nvfp4_scales, unpermute_scale_columns, vllm_rescale_factor,
+    marlin_to_mxfp4_scales,
+    mxfp4_scales_to_marlin,
+    nvfp4_global_to_marlin,
+    nvfp4_scales_to_s0e5m3,
+    permute_scale_columns,
+    s0e5m3_to_nvfp4_scales,
+    unpermute_scale_columns,
+    vllm_rescale_factor,
 )
 from .marlin_weight import from_marlin_weight, to_marlin_weight
 

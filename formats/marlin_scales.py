@@ -12,7 +12,12 @@ import math
 import torch
 
 from .constants import (
-    ACT_EXPONENT_BIAS, S0E5M3_MIN, S0E5M3_MULTIPLIER, VLLM_RESCALE_TARGET, W4A8_E8M0_OFFSET, W4A8_MAX_SOURCE_BYTE,
+    ACT_EXPONENT_BIAS,
+    S0E5M3_MIN,
+    S0E5M3_MULTIPLIER,
+    VLLM_RESCALE_TARGET,
+    W4A8_E8M0_OFFSET,
+    W4A8_MAX_SOURCE_BYTE,
 )
 from .e4m3 import as_e4m3, half_to_s0e5m3, s0e5m3_to_half
 from .e8m0 import as_e8m0_bytes

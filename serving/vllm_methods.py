@@ -13,12 +13,6 @@ import logging
 
 import torch
 import vllm
-from dsv4_convert.formats.marlin_scales import (
-    nvfp4_global_to_marlin,
-    nvfp4_scales_to_s0e5m3,
-    s0e5m3_to_nvfp4_scales,
-    vllm_rescale_factor,
-)
 from vllm.model_executor.layers.fused_moe import RoutedExperts
 from vllm.model_executor.layers.fused_moe.oracle.mxfp4 import Mxfp4MoeBackend
 from vllm.model_executor.layers.fused_moe.oracle.nvfp4 import NvFp4MoeBackend
@@ -29,6 +23,13 @@ from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
 from vllm.model_executor.utils import set_weight_attrs
+
+from dsv4_convert.formats.marlin_scales import (
+    nvfp4_global_to_marlin,
+    nvfp4_scales_to_s0e5m3,
+    s0e5m3_to_nvfp4_scales,
+    vllm_rescale_factor,
+)
 
 from .config import (
     QUANT_METHOD,

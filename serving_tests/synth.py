@@ -8,6 +8,7 @@ Engine-independent: imports torch and dsv4_convert.formats only.
 from __future__ import annotations
 
 import torch
+
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
 

@@ -2,6 +2,7 @@
 
 import pytest
 import synth
+
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.serving.config import (
     PluginConfigError,

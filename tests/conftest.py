@@ -12,7 +12,6 @@ import torch
 from dsv4_convert.synth import write_synthetic_checkpoint
 
 
-
 def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, what: str = "tensor") -> None:
     """Compare raw bytes (never floats: -0.0 == 0.0 and NaN != NaN both lie); report where they differ."""
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"

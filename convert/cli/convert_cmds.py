@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..formats.marlin import MarlinTarget
 from ..errors import ContentError, UsageError
+from ..formats.marlin import MarlinTarget
 from ..pipeline import run_conversion
 from ..plan import build_plan, refuse_converted
 from ..reader import open_checkpoint

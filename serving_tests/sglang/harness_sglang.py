@@ -146,8 +146,9 @@ def run_case(
     """One scenario on this rank: (a) the engine's own method on the source, (b) the plugin on the
     converted tensors; returns the byte comparison of every final expert parameter."""
     os.environ["HF_HUB_OFFLINE"] = "1"  # ServerArgs(model_path="dummy") must not look for a model online
-    from dsv4_convert.formats.marlin import MarlinTarget
     from sglang.srt.plugins import load_plugins
+
+    from dsv4_convert.formats.marlin import MarlinTarget
 
     load_plugins()
     dtype = getattr(torch, act_dtype)

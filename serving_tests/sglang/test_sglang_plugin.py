@@ -28,6 +28,7 @@ import logging
 import pytest
 import synth
 from common import spawn_ranks
+
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.serving.config import PluginConfigError, registration_log_line
 
@@ -139,9 +140,10 @@ def test_ep2_plugin_params_byte_equal_engine(ep_results, case_id):
 
 
 def test_engine_plugin_loader_calls_register_once(monkeypatch, caplog):
-    import dsv4_convert.serving.sglang_plugin as plugin
     import sglang.srt.plugins as sgl_plugins
     from sglang.srt.layers.quantization import get_quantization_config
+
+    import dsv4_convert.serving.sglang_plugin as plugin
 
     calls = []
     real = plugin.register
@@ -158,8 +160,9 @@ def test_engine_plugin_loader_calls_register_once(monkeypatch, caplog):
 
 
 def test_config_builds_inner_fp8_method_from_original():
-    from dsv4_convert.serving.sglang_plugin import register
     from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+    from dsv4_convert.serving.sglang_plugin import register
 
     register()
     from sglang.srt.layers.quantization import get_quantization_config

@@ -137,9 +137,10 @@ def run_case(
     small_scales=(),
     checkpoints: list | None = None,
 ) -> dict:
-    from dsv4_convert.formats.marlin import MarlinTarget
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.plugins import load_general_plugins
+
+    from dsv4_convert.formats.marlin import MarlinTarget
 
     load_general_plugins()
     dtype = getattr(torch, act_dtype)

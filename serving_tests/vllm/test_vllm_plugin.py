@@ -31,6 +31,7 @@ vllm = pytest.importorskip("vllm")
 
 import synth
 from common import spawn_ranks
+
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.serving.config import PluginConfigError, registration_log_line
 
@@ -153,9 +154,10 @@ def test_ep2_rank_rescale_factor_was_recomputed(ep_results):
 
 
 def test_engine_plugin_loader_calls_register_once(monkeypatch, caplog):
-    import dsv4_convert.serving.vllm_plugin as plugin
     import vllm.plugins as vplugins
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+
+    import dsv4_convert.serving.vllm_plugin as plugin
 
     calls = []
     real = plugin.register
@@ -172,9 +174,10 @@ def test_engine_plugin_loader_calls_register_once(monkeypatch, caplog):
 
 
 def test_config_builds_inner_dsv4_fp8_config():
-    from dsv4_convert.serving.vllm_plugin import register
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.models.deepseek_v4 import DeepseekV4FP8Config
+
+    from dsv4_convert.serving.vllm_plugin import register
 
     register()
     cfg = get_quantization_config("marlin_fp4").from_config(
@@ -191,8 +194,9 @@ def test_config_builds_inner_dsv4_fp8_config():
     ],
 )
 def test_config_refuses_wrong_or_missing_layout(change, message):
-    from dsv4_convert.serving.vllm_plugin import register
     from vllm.model_executor.layers.quantization import get_quantization_config
+
+    from dsv4_convert.serving.vllm_plugin import register
 
     register()
     qc = {**synth.quant_config("nvfp4", MarlinTarget(engine="vllm")), **change}

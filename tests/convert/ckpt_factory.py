@@ -12,11 +12,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
+
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
 from dsv4_convert.formats.mxfp4 import quantize_mxfp4
 from dsv4_convert.formats.nvfp4 import quantize_nvfp4
-from safetensors.torch import save_file
 
 __all__ = ["FORMATS", "Built", "make_checkpoint", "write_json", "write_shards"]
 

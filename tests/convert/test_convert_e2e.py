@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-
 from cli_helpers import run_cli, tree_hashes
 from conftest import assert_bytes_equal
+from safetensors import safe_open
+
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
 from dsv4_convert.reader import TensorReader, load_projection, open_checkpoint

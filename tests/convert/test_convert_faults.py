@@ -15,7 +15,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from cli_helpers import CLI, run_cli, tree_hashes
 
 FMT = "nvfp4-modelopt-dsv4"

@@ -1,5 +1,6 @@
 import pytest
 from ckpt_factory import FORMATS, make_checkpoint
+
 from dsv4_convert.detect import DETECTORS, detect_format, group_projections
 from dsv4_convert.errors import ContentError
 from dsv4_convert.reader import open_checkpoint

@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 from ckpt_factory import FORMATS, make_checkpoint
+
 from dsv4_convert.cli.inspect import summarize
 from dsv4_convert.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.tensor_model import SourceFormat

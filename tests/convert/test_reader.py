@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from ckpt_factory import FORMATS, make_checkpoint, write_json
+
 from dsv4_convert.errors import ContentError, InputError, UsageError
 from dsv4_convert.reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from dsv4_convert.tensor_model import Quant, Role, SourceFormat

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
+
 from dsv4_convert.errors import OutputError, UsageError
 from dsv4_convert.formats.mxfp4 import dequantize_mxfp4
 from dsv4_convert.formats.nvfp4 import dequantize_nvfp4, global_from_ct
@@ -19,7 +21,6 @@ from dsv4_convert.synth_defects import DEFECTS
 from dsv4_convert.synth_experts import expert_slot
 from dsv4_convert.synth_layouts import Dims
 from dsv4_convert.synth_random import expert_matrix
-from safetensors import safe_open
 
 SMALL = {"layers": 1, "experts": 6, "hidden": 64, "intermediate": 64, "shards": 2}
 

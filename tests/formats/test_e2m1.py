@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import assert_bytes_equal
+
 from dsv4_convert.formats.constants import E2M1_VALUES
 from dsv4_convert.formats.e2m1 import e2m1_to_float, float_to_e2m1, pack_nibbles, unpack_nibbles
 

@@ -3,12 +3,16 @@
 from pathlib import Path
 
 import pytest
+from conftest import assert_bytes_equal
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from conftest import assert_bytes_equal
 from dsv4_convert.formats.marlin import (
-    MarlinTarget, mxfp4_dense_to_marlin, mxfp4_moe_to_marlin, nvfp4_dense_to_marlin, nvfp4_moe_to_marlin,
+    MarlinTarget,
+    mxfp4_dense_to_marlin,
+    mxfp4_moe_to_marlin,
+    nvfp4_dense_to_marlin,
+    nvfp4_moe_to_marlin,
     padded_moe_intermediate,
 )
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import assert_bytes_equal
+
 from dsv4_convert.formats.marlin import (
     MarlinTarget,
     marlin_to_mxfp4,

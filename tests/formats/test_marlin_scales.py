@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import assert_bytes_equal
+
 from dsv4_convert.formats.marlin_scales import (
     marlin_to_mxfp4_scales,
     marlin_to_nvfp4_global,

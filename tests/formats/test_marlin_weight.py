@@ -4,6 +4,7 @@ MARLIN_FP4.md §2, plus round trips, threading, leading dims and bad input."""
 import pytest
 import torch
 from conftest import assert_bytes_equal
+
 from dsv4_convert.formats.e2m1 import pack_nibbles, unpack_nibbles
 from dsv4_convert.formats.marlin_weight import check_marlin_weight_shape, from_marlin_weight, to_marlin_weight
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import assert_bytes_equal
+
 from dsv4_convert.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 
 

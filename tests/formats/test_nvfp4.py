@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import assert_bytes_equal
+
 from dsv4_convert.formats.nvfp4 import (
     dequantize_nvfp4,
     global_from_ct,

@@ -24,6 +24,7 @@ from corrupt import (
     shard_of,
     write_shard,
 )
+
 from dsv4_convert.errors import ContentError, InputError
 
 __all__ = ["CATALOGUE", "EXPERT", "MX", "NV", "NV_HF", "VALUE_FINDINGS", "Entry"]

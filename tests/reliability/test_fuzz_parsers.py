@@ -16,12 +16,13 @@ import time
 import tracemalloc
 
 import pytest
+from fuzz_targets import make_seeds, run_target, strategy
+from hypothesis import HealthCheck, given, settings
+
 from dsv4_convert.errors import InputError
 from dsv4_convert.reader import open_checkpoint
 from dsv4_convert.safetensors_header import MAX_HEADER_SIZE, parse_header, read_header
 from dsv4_convert.validate.headers import scan_checkpoint, scan_header
-from fuzz_targets import make_seeds, run_target, strategy
-from hypothesis import HealthCheck, given, settings
 
 EXAMPLES = {"header_bytes": 150, "header_json": 150, "index": 100, "configs": 80}
 MAX_RSS_GROWTH = 256 << 20

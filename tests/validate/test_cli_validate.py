@@ -6,10 +6,11 @@ import subprocess
 import sys
 
 import pytest
-from dsv4_convert.cli.main import main
-from dsv4_convert.synth import write_synthetic_checkpoint
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from dsv4_convert.cli.main import main
+from dsv4_convert.synth import write_synthetic_checkpoint
 
 NV_DEFECTS = ("nan-scale", "negative-scale", "subnormal-scale", "zero-scale", "missing-expert", "swapped-nibbles",
               "global-mismatch", "all-zero-expert", "nan-global")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
 from dsv4_convert.formats.mxfp4 import quantize_mxfp4

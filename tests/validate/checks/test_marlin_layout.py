@@ -3,6 +3,7 @@
 import pytest
 import torch
 from check_helpers import marlin_of, mxfp4_tensors, nvfp4_tensors, run
+
 from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_nvfp4
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
 from dsv4_convert.formats.marlin_weight import to_marlin_weight

@@ -1,5 +1,6 @@
 import pytest
 from check_helpers import mxfp4_tensors, run, set_scale_byte
+
 from dsv4_convert.validate.checks import mxfp4_scales as c
 from dsv4_convert.validate.inputs import Options
 

@@ -1,6 +1,7 @@
 import pytest
 import torch
 from check_helpers import nvfp4_tensors, refresh, run, set_scale_byte
+
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import nvfp4_scales as c
 from dsv4_convert.validate.inputs import Options
