@@ -165,7 +165,9 @@ class _Pool:
         self.workers, self.bar = workers, bar
         self.executor = None
         if workers > 1:
-            ctx = mp.get_context("spawn")
+            # fork where there is one: a spawned worker spends seconds re-importing torch. The parent
+            # runs no torch compute before this, and workers run single-threaded.
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             self.queue = ctx.Queue()
             self.executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                                 initargs=(self.queue,))

@@ -40,8 +40,12 @@ def _refuse_nan_scales(p: Projection, scale: torch.Tensor) -> None:
 def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """NVFP4 block scales the target cannot represent (vllm clamps values below 2 after x128 and
     rescaling, incl. negatives; sglang drops signs): (flat indices into the source [N, K/16] scale,
-    their original bytes). Empty for normal checkpoints; stored so that the reverse is exact."""
-    src = scale.view(torch.uint8).reshape(-1)
-    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(scale, engine=target.engine, sf=sf), sf=sf)
-    idx = torch.nonzero(back.view(torch.uint8).reshape(-1) != src).flatten()
+    their original bytes). Empty for normal checkpoints; stored so that the reverse is exact.
+    Whether a byte survives the round trip depends on the byte alone: one 256-entry table."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(codes.view(torch.float8_e4m3fn), engine=target.engine,
+                                                         sf=sf), sf=sf)
+    lossy = (back.view(torch.uint8) != codes).numpy()
+    src = scale.contiguous().view(torch.uint8).reshape(-1)
+    idx = torch.from_numpy(lossy[src.numpy()].nonzero()[0])
     return idx, src[idx].clone()

@@ -84,8 +84,16 @@ def nvfp4_scales_to_s0e5m3(scale: torch.Tensor, *, engine: str, sf: float = 1.0)
     """E4M3 block scales -> uint8 S0E5M3 bytes (same shape, no permutation).
 
     vllm: fp16(s) [* sf] * 128, values below 2 (tiny, zero or negative) become 0.
-    sglang: fp16(s) * 128 with the sign dropped; no rescale, no clamp."""
-    v = as_e4m3(scale).to(torch.float16)
+    sglang: fp16(s) * 128 with the sign dropped; no rescale, no clamp.
+    Each output byte depends on its input byte alone, so the rule is evaluated once over all 256
+    bytes and applied as a table lookup (several times faster on a [2048, 256] expert scale)."""
+    table = _s0e5m3_values(torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn), engine=engine, sf=sf)
+    src = as_e4m3(scale).contiguous().view(torch.uint8)
+    return torch.from_numpy(table.numpy()[src.numpy()])
+
+
+def _s0e5m3_values(scale: torch.Tensor, *, engine: str, sf: float) -> torch.Tensor:
+    v = scale.to(torch.float16)
     if engine == "vllm":
         if sf != 1.0:
             v = (v.float() * sf).to(torch.float16)
@@ -102,9 +110,11 @@ def nvfp4_scales_to_s0e5m3(scale: torch.Tensor, *, engine: str, sf: float = 1.0)
 
 def s0e5m3_to_nvfp4_scales(b: torch.Tensor, *, sf: float = 1.0) -> torch.Tensor:
     """S0E5M3 bytes -> E4M3 block scales (float8_e4m3fn). Exact for every byte the forward produced
-    from a non-negative scale that was not clamped; compare bytes to find the lost ones."""
-    v = s0e5m3_to_half(b).float() / (S0E5M3_MULTIPLIER * sf)
-    return v.to(torch.float8_e4m3fn)
+    from a non-negative scale that was not clamped; compare bytes to find the lost ones.
+    Byte-wise, so applied as a 256-entry table like the forward."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    table = (s0e5m3_to_half(codes).float() / (S0E5M3_MULTIPLIER * sf)).to(torch.float8_e4m3fn).view(torch.uint8)
+    return torch.from_numpy(table.numpy()[b.contiguous().view(torch.uint8).numpy()]).view(torch.float8_e4m3fn)
 
 
 def nvfp4_global_to_marlin(g: torch.Tensor, *, engine: str, act_dtype: str, sf: float = 1.0) -> torch.Tensor:
