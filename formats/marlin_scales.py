@@ -9,6 +9,7 @@ bytes (with vLLM's power-of-two rescale and clamp where the target has them); MX
 
 import math
 
+import numpy as np
 import torch
 
 from .constants import (
@@ -67,14 +68,14 @@ def vllm_rescale_factor(scales: list[torch.Tensor] | torch.Tensor, act_dtype: st
     if act_dtype != "bfloat16":
         return 1.0
     parts = [scales] if isinstance(scales, torch.Tensor) else scales
-    m = -math.inf
+    present = np.zeros(256, dtype=bool)  # only which byte values occur matters: one histogram per part
     for part in parts:
-        v = as_e4m3(part).to(torch.float16) * S0E5M3_MULTIPLIER
-        nz = v[v != 0]
-        if nz.numel():
-            if torch.isnan(nz).any():
-                return 1.0
-            m = max(m, nz.max().item())
+        present |= np.bincount(as_e4m3(part).contiguous().view(torch.uint8).numpy().reshape(-1), minlength=256) > 0
+    v = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float16) * S0E5M3_MULTIPLIER
+    v = v[torch.from_numpy(present) & (v != 0)]
+    if torch.isnan(v).any():
+        return 1.0
+    m = v.max().item() if v.numel() else -math.inf
     if not (0 < m < VLLM_RESCALE_TARGET):
         return 1.0
     return 2.0 ** math.floor(math.log2(VLLM_RESCALE_TARGET / m))
