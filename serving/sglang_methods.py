@@ -10,6 +10,7 @@ the repack; `apply` is inherited unchanged.
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import sglang
 import torch
@@ -30,34 +31,16 @@ from .config import (
     expert_container,
     parse_quant_config,
 )
+from .params import register_param, same_bytes_loader
 
 __all__ = ["PrepackedMxfp4MarlinMoEMethod", "PrepackedNvFp4MarlinMoEMethod", "SglangMarlinFp4Config"]
 
+_register = partial(register_param, set_weight_attrs=set_weight_attrs)
 logger = logging.getLogger("dsv4_convert.serving")
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _GROUP = FusedMoeWeightScaleSupported.GROUP.value
 _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
-
-
-def _same_bytes_loader(weight_loader):
-    """SGLang's expert loader copies with `copy_`, which converts between dtypes. Checkpoint tensors
-    are reinterpreted (never converted) to the parameter's dtype first when their element sizes match
-    (e.g. E8M0 scales read as uint8 by a loader that views them)."""
-
-    def load(param, loaded_weight, *args, **kwargs):
-        if loaded_weight.dtype != param.dtype and loaded_weight.element_size() == param.element_size():
-            loaded_weight = loaded_weight.view(param.dtype)
-        return weight_loader(param, loaded_weight, *args, **kwargs)
-
-    return load
-
-
-def _register(layer, name, data, attrs, weight_loader, **extra):
-    param = torch.nn.Parameter(data, requires_grad=False)
-    layer.register_parameter(name, param)
-    set_weight_attrs(param, {**attrs, **extra, "weight_loader": weight_loader})
-    return param
 
 
 def _require_marlin_runner():
@@ -92,7 +75,7 @@ class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
         layer._dsv4_mxfp4_backend = None
         self.hidden_pad = 0
         e, h, i = num_experts, hidden_size, intermediate_size_per_partition
-        loader = _same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
+        loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
         attrs = {**extra_weight_attrs, "is_transposed": True}
         _register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
         _register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
@@ -150,7 +133,7 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         layer.quant_config = self.quant_config
         layer.w13_blockscale_swizzled = layer.w2_blockscale_swizzled = None
         e, h, i = layer.num_local_experts, hidden_size, intermediate_size_per_partition
-        loader = _same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
+        loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
         attrs = {**extra_weight_attrs, "is_transposed": True}
         _register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
         _register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)

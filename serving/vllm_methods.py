@@ -10,6 +10,7 @@ Marlin backend, creates the parameters in their final Marlin shapes, loads them 
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 import torch
 import vllm
@@ -39,34 +40,17 @@ from .config import (
     expert_container,
     parse_quant_config,
 )
+from .params import register_param, same_bytes_loader
 
 __all__ = ["PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "VllmMarlinFp4Config", "rank_rescale"]
 
+_register = partial(register_param, set_weight_attrs=set_weight_attrs)
 logger = logging.getLogger("dsv4_convert.serving")
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _GROUP = FusedMoeWeightScaleSupported.GROUP.value
 _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
 _MARLIN_HINT = "start vLLM with --moe-backend marlin"
-
-
-def _same_bytes_loader(weight_loader):
-    """Reinterpret (never convert) a checkpoint tensor to the parameter dtype when the element sizes
-    match: vLLM's expert loader copies with `copy_`, and its DSv4 loader views E8M0 scales as uint8."""
-
-    def load(param, loaded_weight, *args, **kwargs):
-        if loaded_weight.dtype != param.dtype and loaded_weight.element_size() == param.element_size():
-            loaded_weight = loaded_weight.view(param.dtype)
-        return weight_loader(param, loaded_weight, *args, **kwargs)
-
-    return load
-
-
-def _register(layer, name, data, attrs, weight_loader, **extra):
-    param = torch.nn.Parameter(data, requires_grad=False)
-    layer.register_parameter(name, param)
-    set_weight_attrs(param, {**attrs, **extra, "weight_loader": weight_loader})
-    return param
 
 
 def _check_layer(fmt, layer, hidden_size, intermediate_size_per_partition):
@@ -77,7 +61,7 @@ def _check_layer(fmt, layer, hidden_size, intermediate_size_per_partition):
 
 
 def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
-    loader = _same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
+    loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
     for key in ("global_num_experts", "unpadded_hidden_size"):
         extra_weight_attrs.pop(key, None)
     attrs = {**extra_weight_attrs, "is_transposed": True}
