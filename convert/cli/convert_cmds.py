@@ -21,10 +21,11 @@ __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
 _COMMAND_FOR = {Quant.NVFP4: "nvfp4-to-marlin", Quant.MXFP4: "mxfp4-to-marlin"}
 
 EXAMPLES = """
+
 \b
 Examples:
   dsv4-convert {cmd} ./DeepSeek-V4-Flash{suffix} ./dsv4-marlin
-  dsv4-convert {cmd} nvidia/DeepSeek-V4-Flash-NVFP4 ./dsv4-marlin --target vllm --workers 8
+  dsv4-convert {cmd} {repo} ./dsv4-marlin --target vllm --workers 8
   dsv4-convert {cmd} IN OUT --dry-run          # what would be written, and how big
   dsv4-convert {cmd} IN OUT --resume           # after an interruption
 """
@@ -101,8 +102,8 @@ def _print_plan(plan, as_json: bool) -> None:
     click.echo("(dry run: nothing written)")
 
 
-def _command(quant: Quant, name: str, suffix: str, doc: str):
-    @click.command(name, help=doc + EXAMPLES.format(cmd=name, suffix=suffix))
+def _command(quant: Quant, name: str, suffix: str, repo: str, doc: str):
+    @click.command(name, help=doc + EXAMPLES.format(cmd=name, suffix=suffix, repo=repo))
     @click.argument("src", metavar="IN")
     @click.argument("out", metavar="OUT", required=False)
     @target_options
@@ -116,7 +117,7 @@ def _command(quant: Quant, name: str, suffix: str, doc: str):
     return command
 
 
-nvfp4_to_marlin = _command(Quant.NVFP4, "nvfp4-to-marlin", "-NVFP4", """Repack NVFP4 experts into Marlin tile order.
+nvfp4_to_marlin = _command(Quant.NVFP4, "nvfp4-to-marlin", "-NVFP4", "nvidia/DeepSeek-V4-Flash-NVFP4", """Repack NVFP4 experts into Marlin tile order.
 
 IN is a checkpoint directory (or a Hugging Face repo id) in ModelOpt NVFP4 (DeepSeek-V4 or generic
 names) or compressed-tensors nvfp4-pack-quantized form. OUT is written atomically: it appears only
@@ -125,7 +126,7 @@ DeepSeek-V4 NVFP4 checkpoint are packed as MXFP4.""")
 
 mxfp4_to_marlin = click.option(
     "--w4a8", is_flag=True, help="vLLM's W4A8 layout (MXFP4 weights, FP8 activations; needs --target vllm).",
-)(_command(Quant.MXFP4, "mxfp4-to-marlin", "", """Repack MXFP4 experts into Marlin tile order.
+)(_command(Quant.MXFP4, "mxfp4-to-marlin", "", "deepseek-ai/DeepSeek-V4-Flash", """Repack MXFP4 experts into Marlin tile order.
 
 IN is a DeepSeek-V4 native checkpoint (MXFP4 experts, FP8 elsewhere) or compressed-tensors
 mxfp4-pack-quantized. MXFP4 Marlin runs with bfloat16 activations only. OUT is written atomically.

@@ -14,6 +14,7 @@ from ..validate.plan import make_plan, shape_from_checkpoint
 __all__ = ["plan"]
 
 EXAMPLES = """
+
 \b
 Examples:
   dsv4-convert plan ./DeepSeek-V4-Flash --gpus 8 --gpu-mem-gib 96 --engine sglang

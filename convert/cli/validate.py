@@ -14,6 +14,7 @@ from ..validate.runner import validate as run_validation
 __all__ = ["validate"]
 
 EXAMPLES = """
+
 \b
 Examples:
   dsv4-convert validate ./DeepSeek-V4-Flash --target sglang --tp 8
