@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["same_bytes_loader", "register_param"]
+__all__ = ["same_bytes_loader", "register_param", "register_marlin_params"]
 
 
 def same_bytes_loader(weight_loader):
@@ -25,3 +25,15 @@ def register_param(layer, name, data, attrs, weight_loader, set_weight_attrs, **
     layer.register_parameter(name, param)
     set_weight_attrs(param, {**attrs, **extra, "weight_loader": weight_loader})
     return param
+
+
+def register_marlin_params(layer, register, *, experts: int, hidden: int, intermediate: int, group: int,
+                           scale_dtype: torch.dtype, attrs: dict, loader, scale_attrs: dict) -> None:
+    """The four packed expert parameters in their final Marlin shapes (docs/FORMAT.md): weights int32
+    [E, K/16, 2N], scales [E, K/g, N], for w13 (N = 2I, K = H) and w2 (N = H, K = I)."""
+    e, h, i = experts, hidden, intermediate
+    register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
+    register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
+    # zero bytes viewed as the scale dtype (E8M0 has no torch.zeros of its own)
+    for name, shape in (("w13_weight_scale", (e, h // group, 2 * i)), ("w2_weight_scale", (e, i // group, h))):
+        register(layer, name, torch.zeros(shape, dtype=torch.uint8).view(scale_dtype), attrs, loader, **scale_attrs)

@@ -31,7 +31,7 @@ from .config import (
     expert_container,
     parse_quant_config,
 )
-from .params import register_param, same_bytes_loader
+from .params import register_marlin_params, register_param, same_bytes_loader
 
 __all__ = ["PrepackedMxfp4MarlinMoEMethod", "PrepackedNvFp4MarlinMoEMethod", "SglangMarlinFp4Config"]
 
@@ -77,25 +77,9 @@ class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
         e, h, i = num_experts, hidden_size, intermediate_size_per_partition
         loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
         attrs = {**extra_weight_attrs, "is_transposed": True}
-        _register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
-        _register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
-        e8m0 = torch.float8_e8m0fnu
-        _register(
-            layer,
-            "w13_weight_scale",
-            torch.zeros(e, h // 32, 2 * i, dtype=torch.uint8).view(e8m0),
-            attrs,
-            loader,
-            quant_method=_GROUP,
-        )
-        _register(
-            layer,
-            "w2_weight_scale",
-            torch.zeros(e, i // 32, h, dtype=torch.uint8).view(e8m0),
-            attrs,
-            loader,
-            quant_method=_GROUP,
-        )
+        register_marlin_params(layer, _register, experts=e, hidden=h, intermediate=i, group=32,
+                               scale_dtype=torch.float8_e8m0fnu, attrs=attrs, loader=loader,
+                               scale_attrs={"quant_method": _GROUP})
 
     def process_weights_after_loading(self, layer) -> None:
         # No repack: the tensors are already what SGLang's prepare_moe_mxfp4_layer_for_marlin produces.
@@ -135,25 +119,9 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         e, h, i = layer.num_local_experts, hidden_size, intermediate_size_per_partition
         loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
         attrs = {**extra_weight_attrs, "is_transposed": True}
-        _register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
-        _register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
-        e4m3 = torch.float8_e4m3fn
-        _register(
-            layer,
-            "w13_weight_scale",
-            torch.zeros(e, h // 16, 2 * i, dtype=e4m3),
-            attrs,
-            loader,
-            quant_method=_GROUP,
-        )
-        _register(
-            layer,
-            "w2_weight_scale",
-            torch.zeros(e, i // 16, h, dtype=e4m3),
-            attrs,
-            loader,
-            quant_method=_GROUP,
-        )
+        register_marlin_params(layer, _register, experts=e, hidden=h, intermediate=i, group=16,
+                               scale_dtype=torch.float8_e4m3fn, attrs=attrs, loader=loader,
+                               scale_attrs={"quant_method": _GROUP})
         tensor_attrs = {**extra_weight_attrs, "quant_method": _TENSOR}
         # processed globals (what the kernel multiplies by) and the original ModelOpt globals
         _register(

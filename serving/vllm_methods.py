@@ -40,7 +40,7 @@ from .config import (
     expert_container,
     parse_quant_config,
 )
-from .params import register_param, same_bytes_loader
+from .params import register_marlin_params, register_param, same_bytes_loader
 
 __all__ = ["PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "VllmMarlinFp4Config", "rank_rescale"]
 
@@ -65,20 +65,10 @@ def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
     for key in ("global_num_experts", "unpadded_hidden_size"):
         extra_weight_attrs.pop(key, None)
     attrs = {**extra_weight_attrs, "is_transposed": True}
-    g = 16 if fmt == "nvfp4" else 32
-    sdt = torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8  # E8M0 arrives viewed as uint8
-    _register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
-    _register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
-    _register(
-        layer,
-        "w13_weight_scale",
-        torch.zeros(e, h // g, 2 * i, dtype=sdt),
-        attrs,
-        loader,
-        quant_method=_GROUP,
-    )
-    _register(
-        layer, "w2_weight_scale", torch.zeros(e, i // g, h, dtype=sdt), attrs, loader, quant_method=_GROUP
+    register_marlin_params(
+        layer, _register, experts=e, hidden=h, intermediate=i, group=16 if fmt == "nvfp4" else 32,
+        scale_dtype=torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8,  # E8M0 arrives viewed as uint8
+        attrs=attrs, loader=loader, scale_attrs={"quant_method": _GROUP},
     )
     return loader, extra_weight_attrs
 
