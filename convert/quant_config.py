@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 
 from . import __version__
 from .plan import FORMAT_VERSION, ConvertPlan
@@ -23,8 +22,7 @@ def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: d
                         rescale_factors: dict[str, float]) -> dict:
     projections = plan.projections
     experts = {p.container: p.quant.value for p in projections}
-    routed = [p.quant for p in projections if not p.layer.startswith("mtp")] or [p.quant for p in projections]
-    main = Counter(routed).most_common(1)[0][0] if routed else Quant.NVFP4
+    main = plan.checkpoint.routed_quant or Quant.NVFP4
     t = plan.target
     return {
         "quant_method": QUANT_METHOD,

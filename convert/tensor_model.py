@@ -121,6 +121,14 @@ class Checkpoint:
         return frozenset(r.name for p in self.projections for r in p.source_refs)
 
     @property
+    def routed_quant(self) -> Quant | None:
+        """The FP4 format of the routed experts (MTP experts only decide when there are no others;
+        a ModelOpt NVFP4 DeepSeek-V4 checkpoint keeps its MTP experts MXFP4)."""
+        routed = [p.quant for p in self.projections if not p.layer.startswith("mtp")]
+        routed = routed or [p.quant for p in self.projections]
+        return max(set(routed), key=routed.count) if routed else None
+
+    @property
     def passthrough(self) -> tuple[TensorRef, ...]:
         used = self.projection_names
         return tuple(t for t in self.tensors.values() if t.name not in used)

@@ -31,11 +31,6 @@ Examples:
 """
 
 
-def _routed_quant(ckpt) -> Quant | None:
-    routed = [p.quant for p in ckpt.projections if not p.layer.startswith("mtp")] or [p.quant for p in ckpt.projections]
-    return Counter(routed).most_common(1)[0][0] if routed else None
-
-
 def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
          as_json, quiet):
     if resume and force and dry_run:
@@ -47,7 +42,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         raise UsageError(str(e), error_id="usage.target") from None
     ckpt = open_checkpoint(src)
     refuse_converted(ckpt)
-    found = _routed_quant(ckpt)
+    found = ckpt.routed_quant
     if found is None:
         raise ContentError(f"no FP4 expert projections found in {ckpt.root} (detected {ckpt.format.value})",
                            error_id="convert.no_projections", hint="run `dsv4-convert inspect` on it")
