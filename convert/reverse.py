@@ -83,10 +83,8 @@ def _assemble(reader, ref: TensorRef, uses, job: _Job) -> bytes:
     return stacked.tobytes()
 
 
-def _rebuild_shard(job: _Job, file: str, header_text: str, tmp: str, callback=None) -> str:
-    raw = header_text.encode()
-    prefix = len(raw).to_bytes(8, "little") + raw
-    refs, _ = parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)  # the header alone
+def _rebuild_shard(job: _Job, file: str, prefix: bytes, refs: dict[str, TensorRef], tmp: str, callback=None) -> str:
+    """Write one original shard: its recorded header bytes, then every tensor at its recorded offset."""
     with TensorReader(Path(job.root)) as reader, open(tmp, "wb") as f:
         f.write(prefix)
         for ref in sorted(refs.values(), key=lambda r: r.begin):
@@ -114,16 +112,14 @@ def _load_record(root: Path):
         raise ContentError(f"{sdir / 'headers.json'} is missing", error_id="reverse.no_source_record",
                            file=str(sdir / "headers.json"),
                            hint="only a complete dsv4-convert output can be reversed; convert again from the source")
-    headers = json.loads((sdir / "headers.json").read_text())
     config = json.loads((sdir / "config.json").read_text())
-    hfq = json.loads((sdir / "hf_quant_config.json").read_text()) if (sdir / "hf_quant_config.json").exists() else None
     lost = load_file(sdir / LOST) if (sdir / LOST).exists() else {}
-    tensors = {}
-    for file, text in headers.items():
+    shards = {}  # file -> (the 8-byte length + header bytes, its tensors), parsed once
+    for file, text in json.loads((sdir / "headers.json").read_text()).items():
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw
-        tensors.update(parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
-    return headers, config, hfq, lost, tensors
+        shards[file] = (prefix, parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
+    return shards, config, lost
 
 
 def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: bool = False,
@@ -140,7 +136,8 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         raise ContentError(f"config.json quantization_config is not a dsv4-convert block ({e})",
                            error_id="reverse.bad_config", file="config.json",
                            hint="was this checkpoint written by dsv4-convert? (format_version 1)") from None
-    headers, config, _, lost, original = _load_record(ckpt.root)
+    shards, config, lost = _load_record(ckpt.root)
+    original = {name: ref for _, refs in shards.values() for name, ref in refs.items()}
     decoded_by, kept_as = {}, {}
     for sp in group_projections(fmt, config, original):
         decoded_by.setdefault(sp.weight.name, []).append((sp, "weight"))
@@ -156,13 +153,13 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
     job = _Job(str(ckpt.root), target, block.get("rescale_factors") or {}, lost, converted, ckpt.tensors,
                decoded_by, kept_as)
     staging = Staging(Path(out), force=force)
-    staging.open(json.dumps(sorted(headers)))
+    staging.open(json.dumps(sorted(shards)))
     try:
-        total = sum(_data_size(t) for t in headers.values())
+        total = sum(ref.nbytes for ref in original.values())
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="restoring", disable=not progress)
-        pool = _Pool(auto_workers(workers, total, len(headers)), bar)
+        pool = _Pool(auto_workers(workers, total, len(shards)), bar)
         try:
-            pool.map(_rebuild_shard, [(job, f, text, str(staging.path / f)) for f, text in headers.items()],
+            pool.map(_rebuild_shard, [(job, f, prefix, refs, str(staging.path / f)) for f, (prefix, refs) in shards.items()],
                      lambda _: None, reports_progress=True)
         finally:
             pool.shutdown()
@@ -180,9 +177,5 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         staging.discard()
         raise
     restored = sum(v.numel() for k, v in lost.items() if k.endswith(".bytes"))
-    return ReverseResult(Path(out), len(headers), len(converted), restored, time.perf_counter() - start)
+    return ReverseResult(Path(out), len(shards), len(converted), restored, time.perf_counter() - start)
 
-
-def _data_size(header_text: str) -> int:
-    entries = json.loads(header_text)
-    return max((v["data_offsets"][1] for k, v in entries.items() if k != "__metadata__"), default=0)
