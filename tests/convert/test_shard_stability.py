@@ -4,6 +4,8 @@ loader can slice the converted checkpoint directly. Checked on real converter ou
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from cli_helpers import run_cli
@@ -16,7 +18,7 @@ from dsv4_convert.tensor_model import Quant, Role
 
 
 def _converted(out, name):
-    index = __import__("json").loads((out / "model.safetensors.index.json").read_text())
+    index = json.loads((out / "model.safetensors.index.json").read_text())
     with safe_open(out / index["weight_map"][name], "pt") as f:
         return f.get_tensor(name)
 
