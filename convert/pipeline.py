@@ -21,18 +21,18 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from . import __version__
-from .errors import ContentError, Interrupted, OutputError
-from .formats.marlin_scales import vllm_rescale_factor
-from .plan import FORMAT_VERSION, ConvertPlan, ShardPlan
-from .quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
-from .reader import TensorReader, load_projection
-from .safetensors_writer import ShardWriter
-from .serving_notes import serving_markdown
-from .staging import MANIFEST, Staging, write_json_atomic
-from .tensor_io import safetensors_dtype
-from .tensor_model import Projection, Quant, SourceFormat
-from .transform import convert_projection, lost_scales
+from dsv4_convert import __version__
+from dsv4_convert.core.errors import ContentError, Interrupted, OutputError
+from dsv4_convert.core.reader import TensorReader, load_projection
+from dsv4_convert.core.tensor_io import safetensors_dtype
+from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
+from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
+from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
+from dsv4_convert.quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
+from dsv4_convert.safetensors_writer import ShardWriter
+from dsv4_convert.serving_notes import serving_markdown
+from dsv4_convert.staging import MANIFEST, Staging, write_json_atomic
+from dsv4_convert.transform import convert_projection, lost_scales
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
 

@@ -8,12 +8,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__
-from .errors import ContentError
-from .formats.constants import MARLIN_TILE_K
-from .formats.marlin import MarlinTarget
-from .safetensors_writer import TensorSpec
-from .tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
+from dsv4_convert import __version__
+from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
+from dsv4_convert.formats.constants import MARLIN_TILE_K
+from dsv4_convert.formats.marlin import MarlinTarget
+from dsv4_convert.safetensors_writer import TensorSpec
 
 __all__ = ["refuse_converted", "OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "FORMAT_VERSION"]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import re
 
-from . import __version__
-from .plan import FORMAT_VERSION, ConvertPlan
-from .tensor_model import Quant
+from dsv4_convert import __version__
+from dsv4_convert.core.tensor_model import Quant
+from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan
 
 __all__ = ["QUANT_METHOD", "marlin_quant_config", "rewrite_config", "rewrite_hf_quant_config"]
 

@@ -19,14 +19,14 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from .detect import group_projections
-from .errors import ContentError
-from .formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4
-from .pipeline import INDEX, LOST, SOURCE_DIR, _Pool, _report, auto_workers
-from .reader import TensorReader, load_projection, open_checkpoint
-from .safetensors_header import parse_header
-from .staging import MANIFEST, Staging
-from .tensor_model import Projection, Quant, SourceFormat, TensorRef
+from dsv4_convert.core.detect import group_projections
+from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.safetensors_header import parse_header
+from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat, TensorRef
+from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4
+from dsv4_convert.pipeline import INDEX, LOST, SOURCE_DIR, _Pool, _report, auto_workers
+from dsv4_convert.staging import MANIFEST, Staging
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
 

@@ -4,13 +4,13 @@ file is computed while writing."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tensor_model import DTYPE_SIZES
+from dsv4_convert.core.tensor_model import DTYPE_SIZES
+from dsv4_convert.digest import new_hash
 
 __all__ = ["header_bytes", "ShardWriter", "TensorSpec"]
 
@@ -58,7 +58,7 @@ class ShardWriter:
         self.path = Path(path)
         self._specs = list(specs)
         self._next = 0
-        self._sha = hashlib.sha256()
+        self._sha = new_hash()
         self._size = 0
         header = header_bytes(self._specs, metadata)  # checks every spec before a file is created
         self._f = open(self.path, "wb")

@@ -3,9 +3,9 @@ check that the plugin took over (facts from dsv4_convert.serving.config, which i
 
 from __future__ import annotations
 
-from .plan import ConvertPlan
-from .serving.config import registration_log_line, working_tp_sizes
-from .tensor_model import Quant, Role
+from dsv4_convert.core.tensor_model import Quant, Role
+from dsv4_convert.plan import ConvertPlan
+from dsv4_convert.serving.config import registration_log_line, working_tp_sizes
 
 __all__ = ["serving_markdown"]
 

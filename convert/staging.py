@@ -5,27 +5,19 @@ staging directory keeps two runs apart; `--resume` keeps shards whose recorded h
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
-from .errors import OutputError
+from dsv4_convert.core.errors import OutputError
+from dsv4_convert.digest import file_digest
 
-__all__ = ["Staging", "sha256_file", "MANIFEST", "PROGRESS"]
+__all__ = ["Staging", "MANIFEST", "PROGRESS"]
 
 PROGRESS = "dsv4-convert.progress.json"  # staging only: fingerprint + finished shards
 MANIFEST = "dsv4-convert.manifest.json"  # published: written last, lists every shard with its hash
 _LOCK = "dsv4-convert.lock"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(16 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -107,7 +99,7 @@ class Staging:
                 _remove(entry)
         for name, rec in keep.items():
             f = self.path / name
-            if f.exists() and f.stat().st_size == rec["size"] and sha256_file(f) == rec["sha256"]:
+            if f.exists() and f.stat().st_size == rec["size"] and file_digest(f) == rec["sha256"]:
                 self.done[name] = rec
             elif f.exists():
                 f.unlink()

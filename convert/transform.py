@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from .formats.constants import E8M0_NAN
-from .formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
-from .formats.marlin_scales import nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales
-from .tensor_model import Projection, Quant
+from dsv4_convert.core.tensor_model import Projection, Quant
+from dsv4_convert.formats.constants import E8M0_NAN
+from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales
 
 __all__ = ["convert_projection", "lost_scales"]
 

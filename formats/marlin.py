@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .constants import MXFP4_GROUP, NVFP4_GROUP
-from .e4m3 import as_e4m3
-from .e8m0 import as_e8m0_bytes
-from .marlin_scales import (
+from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
+from dsv4_convert.formats.e4m3 import as_e4m3
+from dsv4_convert.formats.e8m0 import as_e8m0_bytes
+from dsv4_convert.formats.marlin_scales import (
     marlin_to_mxfp4_scales,
     mxfp4_scales_to_marlin,
     nvfp4_global_to_marlin,
@@ -25,7 +25,7 @@ from .marlin_scales import (
     unpermute_scale_columns,
     vllm_rescale_factor,
 )
-from .marlin_weight import from_marlin_weight, to_marlin_weight
+from dsv4_convert.formats.marlin_weight import from_marlin_weight, to_marlin_weight
 
 __all__ = [
     "ENGINES", "ACT_DTYPES", "MarlinTarget", "padded_dense_nk", "padded_moe_intermediate",

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import torch
 
-from .constants import (
+from dsv4_convert.formats.constants import (
     ACT_EXPONENT_BIAS,
     S0E5M3_MIN,
     S0E5M3_MULTIPLIER,
@@ -20,8 +20,8 @@ from .constants import (
     W4A8_E8M0_OFFSET,
     W4A8_MAX_SOURCE_BYTE,
 )
-from .e4m3 import as_e4m3, half_to_s0e5m3, s0e5m3_to_half
-from .e8m0 import as_e8m0_bytes
+from dsv4_convert.formats.e4m3 import as_e4m3, half_to_s0e5m3, s0e5m3_to_half
+from dsv4_convert.formats.e8m0 import as_e8m0_bytes
 
 __all__ = [
     "scale_column_perm", "permute_scale_columns", "unpermute_scale_columns",

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .constants import MARLIN_TILE_K, MARLIN_TILE_N, W4A8_TILE
+from dsv4_convert.formats.constants import MARLIN_TILE_K, MARLIN_TILE_N, W4A8_TILE
 
 __all__ = ["check_marlin_weight_shape", "from_marlin_weight", "to_marlin_weight"]
 

@@ -23,7 +23,7 @@ from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config, Mod
 from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
 from sglang.srt.utils import set_weight_attrs
 
-from .config import (
+from dsv4_convert.serving.config import (
     QUANT_METHOD,
     PluginConfigError,
     check_layout,
@@ -31,7 +31,7 @@ from .config import (
     expert_container,
     parse_quant_config,
 )
-from .params import register_marlin_params, register_param, same_bytes_loader
+from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader
 
 __all__ = ["PrepackedMxfp4MarlinMoEMethod", "PrepackedNvFp4MarlinMoEMethod", "SglangMarlinFp4Config"]
 

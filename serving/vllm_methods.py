@@ -31,8 +31,7 @@ from dsv4_convert.formats.marlin_scales import (
     s0e5m3_to_nvfp4_scales,
     vllm_rescale_factor,
 )
-
-from .config import (
+from dsv4_convert.serving.config import (
     QUANT_METHOD,
     PluginConfigError,
     check_layout,
@@ -40,7 +39,7 @@ from .config import (
     expert_container,
     parse_quant_config,
 )
-from .params import register_marlin_params, register_param, same_bytes_loader
+from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader
 
 __all__ = ["PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "VllmMarlinFp4Config", "rank_rescale"]
 

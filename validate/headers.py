@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import InputError
-from ..safetensors_header import read_header
-from .inputs import HeaderInfo
+from dsv4_convert.core.errors import InputError
+from dsv4_convert.core.safetensors_header import read_header
+from dsv4_convert.validate.inputs import HeaderInfo
 
 __all__ = ["INDEX_FILE", "scan_checkpoint", "scan_header", "scan_index"]
 

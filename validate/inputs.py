@@ -20,9 +20,9 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from ..formats.constants import E2M1_VALUES, E8M0_NAN
-from ..formats.e8m0 import e8m0_to_float
-from ..tensor_model import Checkpoint, Projection, Quant, Role
+from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role
+from dsv4_convert.formats.constants import E2M1_VALUES, E8M0_NAN
+from dsv4_convert.formats.e8m0 import e8m0_to_float
 
 __all__ = [
     "CheckpointInput",
@@ -224,5 +224,5 @@ class GemmCase:
     @cached_property
     def errors(self) -> tuple[float, float]:
         """(relative Frobenius error, max abs error) of x @ W_marlin.T against x @ W_source.T."""
-        from .emulate import gemm_errors
+        from dsv4_convert.validate.emulate import gemm_errors
         return gemm_errors(self)

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
-from ..formats.marlin import ENGINES
-from ..serving.config import registration_log_line
-from ..tensor_model import Checkpoint, SourceFormat
-from .checks.structure import model_dims
-from .tiles import ShardVerdict, moe_shard_verdict
+from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
+from dsv4_convert.formats.marlin import ENGINES
+from dsv4_convert.serving.config import registration_log_line
+from dsv4_convert.validate.checks.structure import model_dims
+from dsv4_convert.validate.tiles import ShardVerdict, moe_shard_verdict
 
 __all__ = [
     "ACTIVATION_GIB",

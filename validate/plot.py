@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .check import Severity
+from dsv4_convert.validate.check import Severity
 
 __all__ = ["plot_report"]
 

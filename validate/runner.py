@@ -18,15 +18,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..errors import DsvError, InputError
-from ..formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
-from ..formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
-from ..reader import TensorReader, load_projection, open_checkpoint, resolve_source
-from ..tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat
-from .check import Check, Finding, Result, Scope
-from .checks import ALL_CHECKS
-from .headers import scan_checkpoint
-from .inputs import (
+from dsv4_convert.core.errors import DsvError, InputError
+from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
+from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat
+from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
+from dsv4_convert.validate.check import Check, Finding, Result, Scope
+from dsv4_convert.validate.checks import ALL_CHECKS
+from dsv4_convert.validate.headers import scan_checkpoint
+from dsv4_convert.validate.inputs import (
     CheckpointInput,
     ExpertTensors,
     GemmCase,
@@ -34,7 +34,7 @@ from .inputs import (
     Options,
     ProjectionTensors,
 )
-from .report import Report
+from dsv4_convert.validate.report import Report
 
 __all__ = ["Unreadable", "resolve_options", "validate"]
 

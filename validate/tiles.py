@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..formats.marlin import padded_moe_intermediate
+from dsv4_convert.formats.marlin import padded_moe_intermediate
 
 __all__ = ["ShardVerdict", "moe_shard_verdict", "tile_ok"]
 

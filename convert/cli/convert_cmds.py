@@ -8,13 +8,13 @@ from pathlib import Path
 
 import click
 
-from ..errors import ContentError, UsageError
-from ..formats.marlin import MarlinTarget
-from ..pipeline import run_conversion
-from ..plan import build_plan, refuse_converted
-from ..reader import open_checkpoint
-from ..tensor_model import Quant
-from .options import parse_size, run_options, target_options
+from dsv4_convert.cli.options import parse_size, run_options, target_options
+from dsv4_convert.core.errors import ContentError, UsageError
+from dsv4_convert.core.reader import open_checkpoint
+from dsv4_convert.core.tensor_model import Quant
+from dsv4_convert.formats.marlin import MarlinTarget
+from dsv4_convert.pipeline import run_conversion
+from dsv4_convert.plan import build_plan, refuse_converted
 
 __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
 

@@ -7,9 +7,9 @@ from collections import Counter, defaultdict
 
 import click
 
-from ..detect import declared_group_size, detect_format
-from ..reader import open_checkpoint
-from ..tensor_model import Checkpoint
+from dsv4_convert.core.detect import declared_group_size, detect_format
+from dsv4_convert.core.reader import open_checkpoint
+from dsv4_convert.core.tensor_model import Checkpoint
 
 __all__ = ["SCHEMA_VERSION", "inspect", "render_table", "summarize"]
 

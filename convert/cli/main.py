@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from .. import __version__
-from ..errors import DsvError
+from dsv4_convert import __version__
+from dsv4_convert.core.errors import DsvError
 
 __all__ = ["cli", "main"]
 
@@ -42,7 +42,7 @@ def cli():
 
 def _register():
     # Explicit list: one import per command module, nothing registers itself.
-    from . import commands
+    from dsv4_convert.cli import commands
 
     for command in commands.ALL:
         cli.add_command(command)

@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from ..errors import DsvError
-from ..reader import open_checkpoint
-from ..validate.plan import make_plan, shape_from_checkpoint
+from dsv4_convert.core.errors import DsvError
+from dsv4_convert.core.reader import open_checkpoint
+from dsv4_convert.validate.plan import make_plan, shape_from_checkpoint
 
 __all__ = ["plan"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..reverse import reverse_checkpoint
+from dsv4_convert.reverse import reverse_checkpoint
 
 __all__ = ["marlin_to_source"]
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..synth import DEFECT_NAMES, MANIFEST, REAL_SIZE, SYNTH_FORMATS, write_synthetic_checkpoint
-from ..synth_defects import DEFECTS
+from dsv4_convert.synth import DEFECT_NAMES, MANIFEST, REAL_SIZE, SYNTH_FORMATS, write_synthetic_checkpoint
+from dsv4_convert.synth.defects import DEFECTS
 
 __all__ = ["synth"]
 

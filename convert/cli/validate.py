@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from ..validate.inputs import Options
-from ..validate.runner import Unreadable
-from ..validate.runner import validate as run_validation
+from dsv4_convert.validate.inputs import Options
+from dsv4_convert.validate.runner import Unreadable
+from dsv4_convert.validate.runner import validate as run_validation
 
 __all__ = ["validate"]
 
@@ -82,6 +82,6 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
             with open(json_file, "w") as f:
                 json.dump(data, f, indent=2)
     if plot_file:
-        from ..validate.plot import plot_report
+        from dsv4_convert.validate.plot import plot_report
         click.echo(plot_report(report, plot_file), err=True)
     sys.exit(report.exit_code(strict=strict))

@@ -14,10 +14,10 @@ from cli_helpers import run_cli, tree_hashes
 from conftest import assert_bytes_equal
 from safetensors import safe_open
 
+from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
-from dsv4_convert.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.tensor_model import Quant, Role, SourceFormat
 
 CASES = [  # (synth format, command, target, act dtype, extra flags)
     ("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "sglang", "bfloat16", ()),

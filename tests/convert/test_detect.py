@@ -1,10 +1,10 @@
 import pytest
 from ckpt_factory import FORMATS, make_checkpoint
 
-from dsv4_convert.detect import DETECTORS, detect_format, group_projections
-from dsv4_convert.errors import ContentError
-from dsv4_convert.reader import open_checkpoint
-from dsv4_convert.tensor_model import Quant, Role, SourceFormat, TensorRef
+from dsv4_convert.core.detect import DETECTORS, detect_format, group_projections
+from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.reader import open_checkpoint
+from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat, TensorRef
 
 
 def _ref(name, dtype, shape):

@@ -8,9 +8,9 @@ import pytest
 import torch
 from ckpt_factory import FORMATS, make_checkpoint, write_json
 
-from dsv4_convert.errors import ContentError, InputError, UsageError
-from dsv4_convert.reader import TensorReader, load_projection, open_checkpoint, resolve_source
-from dsv4_convert.tensor_model import Quant, Role, SourceFormat
+from dsv4_convert.core.errors import ContentError, InputError, UsageError
+from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
+from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
 
 
 def _bytes(t: torch.Tensor) -> bytes:
@@ -234,7 +234,7 @@ def _offline(code: str, hf_home: Path) -> subprocess.CompletedProcess:
 def test_hub_repo_id_from_prefilled_cache_offline(tmp_path):
     make_checkpoint(tmp_path / "src", "nvfp4-modelopt-dsv4")
     snap = _fill_cache(tmp_path / "hf", "nvidia/Tiny-DSV4-NVFP4", tmp_path / "src")
-    code = ("from dsv4_convert.reader import open_checkpoint\n"
+    code = ("from dsv4_convert.core.reader import open_checkpoint\n"
             "c = open_checkpoint('nvidia/Tiny-DSV4-NVFP4')\n"
             "print(c.root); print(c.format.value); print(len(c.projections))")
     r = _offline(code, tmp_path / "hf")
@@ -245,8 +245,8 @@ def test_hub_repo_id_from_prefilled_cache_offline(tmp_path):
 
 def test_hub_repo_not_cached_offline(tmp_path):
     (tmp_path / "hf").mkdir()
-    code = ("from dsv4_convert.errors import InputError\n"
-            "from dsv4_convert.reader import open_checkpoint\n"
+    code = ("from dsv4_convert.core.errors import InputError\n"
+            "from dsv4_convert.core.reader import open_checkpoint\n"
             "try:\n    open_checkpoint('nobody/not-cached')\n"
             "except InputError as e:\n    print(e.error_id)\n")
     r = _offline(code, tmp_path / "hf")

@@ -6,8 +6,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from dsv4_convert.errors import InputError
-from dsv4_convert.safetensors_header import parse_header, read_header
+from dsv4_convert.core.errors import InputError
+from dsv4_convert.core.safetensors_header import parse_header, read_header
 
 
 def _raw(path, header, data: bytes = b"", *, pad: bool = True) -> None:

@@ -13,14 +13,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from dsv4_convert.errors import OutputError, UsageError
+from dsv4_convert.core.errors import OutputError, UsageError
 from dsv4_convert.formats.mxfp4 import dequantize_mxfp4
 from dsv4_convert.formats.nvfp4 import dequantize_nvfp4, global_from_ct
 from dsv4_convert.synth import SYNTH_FORMATS, write_synthetic_checkpoint
-from dsv4_convert.synth_defects import DEFECTS
-from dsv4_convert.synth_experts import expert_slot
-from dsv4_convert.synth_layouts import Dims
-from dsv4_convert.synth_random import expert_matrix
+from dsv4_convert.synth.defects import DEFECTS
+from dsv4_convert.synth.experts import expert_slot
+from dsv4_convert.synth.layouts import Dims
+from dsv4_convert.synth.seeded import expert_matrix
 
 SMALL = {"layers": 1, "experts": 6, "hidden": 64, "intermediate": 64, "shards": 2}
 

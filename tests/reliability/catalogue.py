@@ -25,7 +25,7 @@ from corrupt import (
     write_shard,
 )
 
-from dsv4_convert.errors import ContentError, InputError
+from dsv4_convert.core.errors import ContentError, InputError
 
 __all__ = ["CATALOGUE", "EXPERT", "MX", "NV", "NV_HF", "VALUE_FINDINGS", "Entry"]
 

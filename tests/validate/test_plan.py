@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
+from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.validate.plan import make_plan, shape_from_checkpoint
 from dsv4_convert.validate.tiles import moe_shard_verdict
 

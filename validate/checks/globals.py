@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import torch
 
-from ...tensor_model import Quant, Role
-from ..check import Finding, Scope, Severity, check
-from ..inputs import ExpertTensors, Options, ProjectionTensors
+from dsv4_convert.core.tensor_model import Quant, Role
+from dsv4_convert.validate.check import Finding, Scope, Severity, check
+from dsv4_convert.validate.inputs import ExpertTensors, Options, ProjectionTensors
 
 __all__ = ["gate_up_mismatch", "global_invalid", "global_range"]
 

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from ...formats.constants import S0E5M3_MIN, S0E5M3_MULTIPLIER
-from ..check import Finding, Scope, Severity, check
-from ..inputs import Options, ProjectionTensors
-from ._util import count_first, fmt_coords
+from dsv4_convert.formats.constants import S0E5M3_MIN, S0E5M3_MULTIPLIER
+from dsv4_convert.validate.check import Finding, Scope, Severity, check
+from dsv4_convert.validate.checks._util import count_first, fmt_coords
+from dsv4_convert.validate.inputs import Options, ProjectionTensors
 
 __all__ = ["nan_scales", "negative_scales", "subnormal_scales", "zero_scales"]
 

@@ -8,11 +8,11 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 
-from ...formats.marlin import ENGINES
-from ...tensor_model import SourceFormat
-from ..check import Finding, Scope, Severity, check
-from ..inputs import CheckpointInput, Options
-from .tiles import containers
+from dsv4_convert.core.tensor_model import SourceFormat
+from dsv4_convert.formats.marlin import ENGINES
+from dsv4_convert.validate.check import Finding, Scope, Severity, check
+from dsv4_convert.validate.checks.tiles import containers
+from dsv4_convert.validate.inputs import CheckpointInput, Options
 
 __all__ = [
     "exclusions_cover",

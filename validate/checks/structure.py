@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from ...tensor_model import Role, SourceFormat
-from ..check import Finding, Scope, Severity, check
-from ..headers import INDEX_FILE
-from ..inputs import CheckpointInput, Options
+from dsv4_convert.core.tensor_model import Role, SourceFormat
+from dsv4_convert.validate.check import Finding, Scope, Severity, check
+from dsv4_convert.validate.headers import INDEX_FILE
+from dsv4_convert.validate.inputs import CheckpointInput, Options
 
 __all__ = [
     "dtype_shape",

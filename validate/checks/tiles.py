@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ...tensor_model import Role, SourceFormat
-from ..check import Finding, Scope, Severity, check
-from ..inputs import CheckpointInput, Options
-from ..tiles import moe_shard_verdict
-from .structure import model_dims
+from dsv4_convert.core.tensor_model import Role, SourceFormat
+from dsv4_convert.validate.check import Finding, Scope, Severity, check
+from dsv4_convert.validate.checks.structure import model_dims
+from dsv4_convert.validate.inputs import CheckpointInput, Options
+from dsv4_convert.validate.tiles import moe_shard_verdict
 
 __all__ = ["containers", "tile_rules_per_rank"]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from check_helpers import mxfp4_tensors, nvfp4_tensors, refresh, run, set_scale_byte
 
-from dsv4_convert.tensor_model import Role
+from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import globals as g
 from dsv4_convert.validate.checks import numerics as nm

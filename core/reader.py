@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from .detect import detect_format, group_projections
-from .errors import InputError, UsageError
-from .safetensors_header import read_header
-from .tensor_io import TORCH_DTYPES
-from .tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
+from dsv4_convert.core.detect import detect_format, group_projections
+from dsv4_convert.core.errors import InputError, UsageError
+from dsv4_convert.core.safetensors_header import read_header
+from dsv4_convert.core.tensor_io import TORCH_DTYPES
+from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
 
 __all__ = [
     "HUB_PATTERNS",

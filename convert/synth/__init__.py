@@ -20,12 +20,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from . import __version__
-from .errors import OutputError, UsageError
-from .synth_configs import config_files
-from .synth_defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
-from .synth_layouts import DSV4_FORMATS, Dims, build_tensors
-from .synth_realsize import REAL_SIZE, real_size_plan
+from dsv4_convert import __version__
+from dsv4_convert.core.errors import OutputError, UsageError
+from dsv4_convert.synth.configs import config_files
+from dsv4_convert.synth.defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
+from dsv4_convert.synth.layouts import DSV4_FORMATS, Dims, build_tensors
+from dsv4_convert.synth.realsize import REAL_SIZE, real_size_plan
 
 __all__ = [
     "DEFECT_NAMES",
@@ -137,7 +137,7 @@ def write_synthetic_checkpoint(out: Path, *, format: str = "nvfp4-modelopt-dsv4"
                                progress: Progress | None = None) -> Path:
     """Write a synthetic checkpoint to `out` and return `out`. Same arguments, byte-identical files.
 
-    Expert matrices are random bf16-representable values (`synth_random.expert_matrix`) quantized with
+    Expert matrices are random bf16-representable values (`seeded.expert_matrix`) quantized with
     the project's codecs. With `real_size=True` it writes ONE DeepSeek-V4-Flash-sized MoE layer
     (`REAL_SIZE`, or `real_size_dims`) of random codes and scale bytes - not quantized matrices - in
     shards of about `shard_bytes` (1 GiB), holding one shard in memory at a time; the small-model

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import UsageError
-from .synth_experts import ROLES, Tweaks, expert_quant, expert_slot
+from dsv4_convert.core.errors import UsageError
+from dsv4_convert.synth.experts import ROLES, Tweaks, expert_quant, expert_slot
 
 __all__ = [
     "DEFECTS",

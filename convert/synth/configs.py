@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .synth_layouts import Dims
+from dsv4_convert.synth.layouts import Dims
 
 __all__ = ["config_files"]
 

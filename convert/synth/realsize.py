@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .synth_experts import ROLES, expert_quant, expert_slot
-from .synth_layouts import Dims
+from dsv4_convert.synth.experts import ROLES, expert_quant, expert_slot
+from dsv4_convert.synth.layouts import Dims
 
 __all__ = ["REAL_SIZE", "real_size_plan"]
 

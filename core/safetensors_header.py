@@ -18,8 +18,8 @@ import os
 import struct
 from pathlib import Path
 
-from .errors import InputError
-from .tensor_model import DTYPE_SIZES, TensorRef
+from dsv4_convert.core.errors import InputError
+from dsv4_convert.core.tensor_model import DTYPE_SIZES, TensorRef
 
 __all__ = ["MAX_HEADER_SIZE", "dtype_bits", "parse_header", "read_header"]
 

@@ -15,8 +15,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from .errors import ContentError
-from .tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
+from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 
 __all__ = ["DETECTORS", "declared_group_size", "detect_format", "group_projections"]
 
