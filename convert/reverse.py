@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from dsv4_convert.core.detect import group_projections
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat, TensorRef

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import torch
 
-from dsv4_convert.core.detect import detect_format, group_projections
+from dsv4_convert.core.detect import detect_format
 from dsv4_convert.core.errors import InputError, UsageError
+from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.safetensors_header import read_header
 from dsv4_convert.core.tensor_io import TORCH_DTYPES
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
+from dsv4_convert.formats.nvfp4 import global_from_ct
 
 __all__ = [
     "HUB_PATTERNS",
@@ -311,7 +313,7 @@ def load_projection(reader: TensorReader, proj: Projection, *, fmt: SourceFormat
         g = reader.get(proj.global_scale).float()
         is_ct = fmt is SourceFormat.NVFP4_CT if fmt is not None else proj.global_scale.name.endswith(
             ".weight_global_scale")
-        global_scale = (1.0 / g.max()).reshape(()) if is_ct else g.reshape(())
+        global_scale = global_from_ct(g) if is_ct else g.reshape(())
     input_scale = reader.get(proj.input_scale) if proj.input_scale is not None else None
     return ProjectionData(weight=weight.contiguous(), scale=scale.contiguous(), global_scale=global_scale,
                           input_scale=input_scale)
