@@ -56,6 +56,7 @@ class Options:
     seed: int = 0
     engine_requested: str | None = None  # what the user passed (--target / --act-dtype), if anything
     act_dtype_requested: str | None = None
+    verify_manifest: bool = True  # re-hash every file a converted checkpoint's manifest lists
 
 
 @dataclass(frozen=True)

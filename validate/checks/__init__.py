@@ -4,6 +4,7 @@ from dsv4_convert.validate.checks import (
     against,
     gemm,
     globals,
+    integrity,
     marlin_layout,
     mxfp4_scales,
     numerics,
@@ -48,6 +49,7 @@ ALL_CHECKS = (
     numerics.dequant_nonfinite,
     numerics.all_zero_expert,
     # converted (Marlin) checkpoints
+    integrity.manifest_verifies,
     marlin_layout.layout_weight,
     marlin_layout.layout_scale,
     marlin_layout.layout_global,
