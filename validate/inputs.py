@@ -82,6 +82,7 @@ class CheckpointInput:
     config: dict = field(default_factory=dict)
     hf_quant_config: dict | None = None
     reader_error: object | None = None  # the DsvError the reader raised, if any
+    against: Checkpoint | None = None  # the --against reference (set once it has been opened)
 
 
 def block_max_code(weight: torch.Tensor, group: int) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from dsv4_convert.validate.checks import (
     against,
+    against_tensors,
     gemm,
     globals,
     integrity,
@@ -54,6 +55,7 @@ ALL_CHECKS = (
     marlin_layout.layout_scale,
     marlin_layout.layout_global,
     against.same_as_reference,
+    against_tensors.non_expert_tensors_match,
     # sampled experts
     gemm.gemm_rel_error,
 )
