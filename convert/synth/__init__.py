@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -98,10 +99,22 @@ def _write_shards(staging: Path, names: list[str], sizes: list[int], groups: lis
             if progress:
                 progress(sizes[i], total)
         # save_file, never save() to bytes: safetensors 0.8.0 save() writes F8_E8M0 it cannot read back
-        save_file(shard, str(staging / file), metadata={"format": "pt"})
+        _save(shard, staging / file)
         os.chmod(staging / file, 0o644)
         del shard
     return weight_map
+
+
+def _save(shard: dict, path: Path) -> None:
+    """save_file, with the OS error it hides in a SafetensorError's text raised as the OSError it is."""
+    try:
+        save_file(shard, str(path), metadata={"format": "pt"})
+    except Exception as e:
+        m = re.search(r"os error (\d+)", str(e))
+        if m is None:
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
 
 
 def _write_json(path: Path, obj: dict) -> None:
