@@ -31,7 +31,7 @@ from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
 from dsv4_convert.quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
 from dsv4_convert.safetensors_writer import ShardWriter
 from dsv4_convert.serving_notes import serving_markdown
-from dsv4_convert.staging import MANIFEST, Staging, write_json_atomic
+from dsv4_convert.staging import Staging, write_json_atomic
 from dsv4_convert.transform import convert_projection, lost_scales
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
@@ -212,7 +212,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
                    force: bool = False, progress: bool = True) -> ConvertResult:
     start = time.perf_counter()
     ckpt = plan.checkpoint
-    staging = Staging(Path(out), force=force, resume=resume)
+    staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root)
     done = staging.open(plan.fingerprint())
     pool = None
     try:
@@ -234,7 +234,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
     except BaseException as e:
         if pool:
             pool.shutdown(cancel=True)
-        staging.discard()  # nothing that looks complete is left behind
+        staging.discard(keep_verified=resume and isinstance(e, KeyboardInterrupt))  # nothing looks complete
         mapped = _user_error(e, staging.path, plan)
         if mapped is None:
             raise
@@ -307,7 +307,7 @@ def _finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float]) ->
     manifest = {"format_version": FORMAT_VERSION, "producer": {"name": "dsv4-convert", "version": __version__},
                 "fingerprint": staging.fingerprint, "marlin_layout": plan.target.layout_tag,
                 "source_format": ckpt.format.value, "shards": staging.done}
-    write_json_atomic(dst / MANIFEST, manifest)
+    staging.write_manifest(manifest)
     _step()
     return sum(v.numel() for k, v in lost.items() if k.endswith(".bytes"))
 

@@ -19,18 +19,20 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat, TensorRef
 from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4
+from dsv4_convert.manifest import verify
+from dsv4_convert.paths import MARKER
 from dsv4_convert.pipeline import INDEX, LOST, SOURCE_DIR, _Pool, _report, auto_workers
 from dsv4_convert.staging import MANIFEST, Staging
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
 
-_GENERATED = {"config.json", "hf_quant_config.json", INDEX, "SERVING.md", MANIFEST}
+_GENERATED = {"config.json", "hf_quant_config.json", INDEX, "SERVING.md", MANIFEST, MARKER}
 
 
 @dataclass
@@ -112,14 +114,33 @@ def _load_record(root: Path):
         raise ContentError(f"{sdir / 'headers.json'} is missing", error_id="reverse.no_source_record",
                            file=str(sdir / "headers.json"),
                            hint="only a complete dsv4-convert output can be reversed; convert again from the source")
-    config = json.loads((sdir / "config.json").read_text())
-    lost = load_file(sdir / LOST) if (sdir / LOST).exists() else {}
+    try:
+        config = json.loads((sdir / "config.json").read_text())
+        recorded = json.loads((sdir / "headers.json").read_text())
+        lost = load_file(sdir / LOST) if (sdir / LOST).exists() else {}
+    except (OSError, ValueError) as e:  # the manifest check catches edits; this is what is left
+        raise InputError(f"the source record in {sdir} cannot be read: {e}", error_id="reverse.bad_source_record",
+                         file=str(sdir), hint="convert again from the source; the record is damaged") from None
     shards = {}  # file -> (the 8-byte length + header bytes, its tensors), parsed once
-    for file, text in json.loads((sdir / "headers.json").read_text()).items():
+    for file, text in recorded.items():
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw
         shards[file] = (prefix, parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
     return shards, config, lost
+
+
+def _refuse_unverified(root: Path) -> None:
+    """Never rebuild "original" bytes from a converted checkpoint that no longer matches its manifest."""
+    mismatches = verify(root, MANIFEST)
+    if mismatches is None:
+        raise ContentError(f"{root / MANIFEST} is missing: the checkpoint cannot be verified",
+                           error_id="reverse.no_manifest", file=str(root / MANIFEST),
+                           hint="only a complete dsv4-convert output can be reversed; convert again from the source")
+    if mismatches:
+        m = mismatches[0]
+        raise ContentError(f"{len(mismatches)} files do not match the manifest, first {m.file} ({m.problem}: "
+                           f"{m.detail})", error_id="reverse.manifest_mismatch", file=str(root / m.file),
+                           hint="run `dsv4-convert validate` on it for the full list; convert again from the source")
 
 
 def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: bool = False,
@@ -128,6 +149,9 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
 
     start = time.perf_counter()
     ckpt = open_checkpoint(src)
+    staging = Staging(Path(out), force=force, source=ckpt.root)
+    staging.check()  # before any work: OUT must not alias IN, and must be replaceable
+    _refuse_unverified(ckpt.root)
     block = ckpt.config.get("quantization_config") or {}
     try:
         target = MarlinTarget(block["target_engine"], block["act_dtype"], bool(block["w4a8"]))
@@ -152,7 +176,6 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
                            hint="the converted checkpoint is incomplete or was edited")
     job = _Job(str(ckpt.root), target, block.get("rescale_factors") or {}, lost, converted, ckpt.tensors,
                decoded_by, kept_as)
-    staging = Staging(Path(out), force=force)
     staging.open(json.dumps(sorted(shards)))
     try:
         total = sum(ref.nbytes for ref in original.values())
@@ -172,6 +195,9 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         for name in ("config.json", "hf_quant_config.json", INDEX):
             if (ckpt.root / SOURCE_DIR / name).exists():
                 shutil.copyfile(ckpt.root / SOURCE_DIR / name, staging.path / name)
+        # the marker: "dsv4-convert wrote this directory", so a later --force may replace it
+        staging.write_manifest({"producer": {"name": "dsv4-convert"}, "command": "marlin-to-source",
+                                "source": str(ckpt.root)}, name=MARKER)
         staging.publish()
     except BaseException:
         staging.discard()

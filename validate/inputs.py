@@ -56,6 +56,7 @@ class Options:
     seed: int = 0
     engine_requested: str | None = None  # what the user passed (--target / --act-dtype), if anything
     act_dtype_requested: str | None = None
+    verify_manifest: bool = True  # re-hash every file a converted checkpoint's manifest lists
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class CheckpointInput:
     config: dict = field(default_factory=dict)
     hf_quant_config: dict | None = None
     reader_error: object | None = None  # the DsvError the reader raised, if any
+    against: Checkpoint | None = None  # the --against reference (set once it has been opened)
 
 
 def block_max_code(weight: torch.Tensor, group: int) -> torch.Tensor:

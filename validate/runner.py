@@ -324,6 +324,8 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool) -> 
             ref_ckpt = open_checkpoint(resolve_source(against))
         except DsvError as e:
             raise Unreadable(e) from None
+        chk = ALL_CHECKS_BY_ID["against.tensor_mismatch"]  # needs both checkpoints: runs once both are open
+        report.results += [Result(chk.id, f) for f in chk(replace(cin, against=ref_ckpt), opts)]
     skip = _truncated_tensors(headers)
     if skip:
         report.notes.append(f"{len(skip)} tensors in truncated shards were not read")

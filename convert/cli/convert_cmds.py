@@ -15,6 +15,7 @@ from dsv4_convert.core.tensor_model import Quant
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.pipeline import run_conversion
 from dsv4_convert.plan import build_plan, refuse_converted
+from dsv4_convert.staging import Staging
 
 __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
 
@@ -33,7 +34,7 @@ Examples:
 
 def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
          as_json, quiet):
-    if resume and force and dry_run:
+    if (resume or force) and dry_run:
         raise UsageError("--dry-run writes nothing; it cannot be combined with --resume/--force",
                          error_id="usage.flags")
     try:
@@ -49,8 +50,8 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     if found is not quant:
         raise ContentError(f"{ckpt.root} holds {found.value.upper()} experts ({ckpt.format.value})",
                            error_id="convert.wrong_command", hint=f"use `dsv4-convert {_COMMAND_FOR[found]}`")
-    if out is not None and Path(out).absolute() == ckpt.root.absolute():
-        raise UsageError("OUT must differ from IN: the input is never modified", error_id="usage.same_path")
+    if out is not None and not dry_run:  # every path refusal before any work (convert/paths.py)
+        Staging(Path(out), force=force, resume=resume, source=ckpt.root).check()
     plan = build_plan(ckpt, tgt, max_shard_size=parse_size(max_shard_size),
                       options={"command": _COMMAND_FOR[quant]})
     if dry_run:

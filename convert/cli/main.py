@@ -1,16 +1,32 @@
-"""The `dsv4-convert` command tree: wiring only. Each command lives in its own module."""
+"""The `dsv4-convert` command tree, and the one place that turns every error into its exit code, its
+text on stderr and, with `--json`, its JSON object on stdout (schema in docs/ERRORS.md)."""
 
 from __future__ import annotations
 
-import os
+import signal
 import sys
 
-import click
 
-from dsv4_convert import __version__
-from dsv4_convert.core.errors import DsvError
+def _early_interrupt(signum, frame):  # Ctrl-C / SIGTERM / SIGHUP while the imports still run
+    sys.stderr.write("interrupted\n")
+    sys.stderr.flush()
+    import os
+    os._exit(130)
 
-__all__ = ["cli", "main"]
+
+for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(_sig, _early_interrupt)
+
+import errno  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+
+import click  # noqa: E402
+
+from dsv4_convert import __version__  # noqa: E402
+from dsv4_convert.core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
+
+__all__ = ["cli", "main", "error_object"]
 
 HELP = """Get 4-bit MoE checkpoints (MXFP4 / NVFP4) ready to serve on Blackwell workstation GPUs (sm_120).
 
@@ -23,6 +39,8 @@ Typical session:
   dsv4-convert nvfp4-to-marlin ./DeepSeek-V4-Flash-NVFP4 ./dsv4-marlin --target sglang
   dsv4-convert validate ./dsv4-marlin --against ./DeepSeek-V4-Flash-NVFP4
 
+Exit codes: 0 ok, 2 usage, 3 input, 4 content, 5 output, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP);
+validate and plan: 0 clean, 1 findings, 2 unusable. `--json` prints one JSON object on every exit.
 Set DSV4_DEBUG=1 to see tracebacks.
 """
 
@@ -48,24 +66,65 @@ def _register():
         cli.add_command(command)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def from_os_error(e: OSError) -> DsvError:
+    """An OSError nothing else mapped (a report file, synth's output, ...) as a typed error."""
+    where = e.filename if isinstance(e.filename, str) else None
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return OutputError(f"no space left writing {where or 'the output'} ({e.strerror})",
+                           error_id="output.disk_full", file=where, hint="free some space, or write elsewhere")
+    if e.errno == errno.ENAMETOOLONG:
+        return UsageError(f"a path is too long for the filesystem: {(where or '')[:120]}...",
+                          error_id="paths.name_too_long", file=where, hint="choose a shorter path")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return OutputError(f"cannot write {where or 'the output'}: {e.strerror}", error_id="output.not_writable",
+                           file=where, hint="choose a location you can write (not a read-only filesystem)")
+    return OutputError(f"I/O error on {where or 'a file'}: {e.strerror or e}", error_id="output.io_error",
+                       file=where, hint="check the path, the disk and the permissions")
+
+
+def error_object(e: DsvError, exit_code: int) -> dict:
+    """The JSON form of a failure (docs/ERRORS.md, "JSON on every exit path")."""
+    return {"error": {"id": e.error_id, "message": e.message, "file": e.file, "tensor": e.tensor, "fix": e.hint},
+            "exit_code": exit_code}
+
+
+def _fail(e: DsvError, argv: list[str], exit_code: int | None = None):
+    code = e.exit_code if exit_code is None else exit_code
+    if argv[:1] in (["validate"], ["plan"]) and code not in (1, 2, 130):
+        code = 2  # their documented classes: 0 clean, 1 findings, 2 unusable
+    click.echo(e.render(), err=True)
+    if not isinstance(e, Interrupted):
+        click.echo("  (set DSV4_DEBUG=1 for the traceback)", err=True)
+    if "--json" in argv:
+        click.echo(json.dumps(error_object(e, code), indent=2))
+    sys.exit(code)
+
+
 def main(argv=None):
-    _register()
+    args = list(sys.argv[1:] if argv is None else argv)
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt if sig != signal.SIGINT else signal.default_int_handler)
     try:
-        cli.main(args=argv, prog_name="dsv4-convert", standalone_mode=False)
+        _register()
+        cli.main(args=args, prog_name="dsv4-convert", standalone_mode=False)
     except DsvError as e:
         if os.environ.get("DSV4_DEBUG"):
             raise
-        click.echo(e.render(), err=True)
-        click.echo("  (set DSV4_DEBUG=1 for the traceback)", err=True)
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+        _fail(e, args)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        _fail(Interrupted("interrupted", error_id="cli.interrupted"), args)
     except click.ClickException as e:
         e.show()
+        if "--json" in args:
+            click.echo(json.dumps(error_object(UsageError(e.format_message(), error_id="usage.flags"), e.exit_code)))
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        sys.exit(130)
+    except OSError as e:
+        if os.environ.get("DSV4_DEBUG"):
+            raise
+        _fail(from_os_error(e), args)

@@ -75,9 +75,10 @@ def _advance(bar):
 @click.option("--defect", "defects", multiple=True, type=click.Choice(DEFECT_NAMES), metavar="NAME",
               help="inject a defect (repeatable); see the list above")
 @click.option("--real-size", is_flag=True, help="one real-size DSV4-Flash MoE layer of random codes")
-@click.option("--force", is_flag=True, help="replace OUT if it exists")
+@click.option("--force", is_flag=True, help="replace OUT if it is empty or an earlier synth output")
+@click.option("--json", "as_json", is_flag=True, help="print a machine-readable summary on stdout")
 def synth(out, fmt, layers, experts, hidden, intermediate, shards, seed, hash_layers, mtp, defects, real_size,
-          force):
+          force, as_json):
     bar = None
     if real_size:
         from tqdm import tqdm
@@ -91,6 +92,10 @@ def synth(out, fmt, layers, experts, hidden, intermediate, shards, seed, hash_la
         if bar is not None:
             bar.close()
     m = json.loads((path / MANIFEST).read_text())
+    if as_json:
+        click.echo(json.dumps({"out": str(path), "format": fmt, "files": m["files"], "tensors": m["tensors"],
+                               "total_size": m["total_size"], "defects": list(defects)}, indent=2))
+        return
     extra = f", defects: {', '.join(defects)}" if defects else ""
     click.echo(f"wrote {path} ({fmt}{', real size' if real_size else ''}): {len(m['files'])} files, "
                f"{m['tensors']} tensors, {m['total_size']:,} bytes{extra}")

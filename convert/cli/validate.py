@@ -52,11 +52,13 @@ def _fraction(ctx, param, value):
               help="worker processes (the checks are light: more than 1 helps only on many cores) [default: 1]")
 @click.option("--json", "json_file", metavar="FILE", help="write the JSON report to FILE ('-' for stdout)")
 @click.option("--plot", "plot_file", metavar="FILE", help="per-layer heat map PNG (needs matplotlib)")
+@click.option("--no-verify-manifest", "skip_manifest", is_flag=True,
+              help="skip re-hashing the files a converted checkpoint's manifest lists (faster)")
 @click.option("--strict", is_flag=True, help="warnings fail too (exit 1)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @click.pass_context
 def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_experts, seed, workers, json_file,
-             plot_file, strict, quiet):
+             plot_file, skip_manifest, strict, quiet):
     if tp % ep:
         raise click.BadParameter(f"--ep {ep} must divide --tp {tp} (the MoE runs with TP / EP per expert)",
                                  param_hint="--ep")
@@ -65,7 +67,7 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
                                  param_hint="--w4a8")
     opts = Options(engine=target or ("vllm" if w4a8 else "sglang"), act_dtype=act_dtype or "bfloat16", w4a8=w4a8,
                    tp=tp, ep=ep, sample=sample, gemm_experts=gemm_experts, seed=seed, engine_requested=target,
-                   act_dtype_requested=act_dtype)
+                   act_dtype_requested=act_dtype, verify_manifest=not skip_manifest)
     try:
         report = run_validation(path, opts, against=against, workers=workers or 1,
                                 progress=not quiet and sys.stderr.isatty())

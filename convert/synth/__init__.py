@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -21,7 +23,8 @@ import torch
 from safetensors.torch import save_file
 
 from dsv4_convert import __version__
-from dsv4_convert.core.errors import OutputError, UsageError
+from dsv4_convert.core.errors import UsageError
+from dsv4_convert.paths import check_replaceable, out_path
 from dsv4_convert.synth.configs import config_files
 from dsv4_convert.synth.defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
 from dsv4_convert.synth.layouts import DSV4_FORMATS, Dims, build_tensors
@@ -69,18 +72,19 @@ def _split(sizes: list[int], shards: int) -> list[list[int]]:
 
 
 def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
-        raise OutputError(f"{out} already exists and is not empty", error_id="synth.out-exists", file=str(out),
-                          hint="pick a new OUT, remove it, or pass --force to replace it")
+    # an empty OUT is fine; --force replaces only a directory dsv4-convert wrote (convert/paths.py)
+    check_replaceable(out, force=force, allow_empty=True)
 
 
 def _publish(staging: Path, out: Path, force: bool) -> None:
-    _check_out(out, force)
-    if out.is_dir():
-        shutil.rmtree(out)
-    elif out.exists():
-        out.unlink()
+    _check_out(out, force)  # again, just before replacing: OUT may have changed meanwhile
+    old = None
+    if os.path.lexists(out):
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
+        os.rename(out, old / out.name)
     os.rename(staging, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_shards(staging: Path, names: list[str], sizes: list[int], groups: list[list[int]],
@@ -95,10 +99,22 @@ def _write_shards(staging: Path, names: list[str], sizes: list[int], groups: lis
             if progress:
                 progress(sizes[i], total)
         # save_file, never save() to bytes: safetensors 0.8.0 save() writes F8_E8M0 it cannot read back
-        save_file(shard, str(staging / file), metadata={"format": "pt"})
+        _save(shard, staging / file)
         os.chmod(staging / file, 0o644)
         del shard
     return weight_map
+
+
+def _save(shard: dict, path: Path) -> None:
+    """save_file, with the OS error it hides in a SafetensorError's text raised as the OSError it is."""
+    try:
+        save_file(shard, str(path), metadata={"format": "pt"})
+    except Exception as e:
+        m = re.search(r"os error (\d+)", str(e))
+        if m is None:
+            raise
+        code = int(m.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from None
 
 
 def _write_json(path: Path, obj: dict) -> None:
@@ -147,11 +163,12 @@ def write_synthetic_checkpoint(out: Path, *, format: str = "nvfp4-modelopt-dsv4"
                 real_size, defects)
     if not real_size:
         check_defects(defects, format, experts)
+    out = out_path(out)
     _check_out(out, force)
-    staging = out.parent / f"{out.name}.partial-{os.getpid()}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # a fresh directory of our own: never a guessable name that someone else could have prepared
+    staging = Path(tempfile.mkdtemp(prefix=f"{out.name}.partial-", dir=out.parent))
+    os.chmod(staging, 0o755)
     try:
         if real_size:
             dims = real_size_dims or REAL_SIZE

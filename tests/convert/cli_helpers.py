@@ -22,3 +22,14 @@ def run_cli(*args, env: dict | None = None, check: bool = True) -> subprocess.Co
 def tree_hashes(root: Path) -> dict[str, str]:
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+MARKER = "dsv4-convert.marker.json"  # marlin-to-source's "this tool wrote it" record (convert/paths.py)
+
+
+def restored_tree(root: Path) -> dict[str, str]:
+    """tree_hashes of a marlin-to-source output, without its marker (which must be there)."""
+    hashes = tree_hashes(root)
+    assert MARKER in hashes, "marlin-to-source marks its output"
+    del hashes[MARKER]
+    return hashes

@@ -124,7 +124,11 @@ def test_existing_out_is_refused_without_force(tmp_path, reference):
     proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, check=False)
     assert proc.returncode == 5 and "output.exists" in proc.stderr
     assert (out / "keep.txt").read_text() == "mine"
-    run_cli("nvfp4-to-marlin", src, out, *ARGS, "--force")
+    proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, "--force", check=False)  # not ours: never replaced
+    assert proc.returncode == 5 and "paths.not_our_output" in proc.stderr
+    assert (out / "keep.txt").read_text() == "mine"
+    (out / "keep.txt").unlink()
+    run_cli("nvfp4-to-marlin", src, out, *ARGS, "--force")  # an empty OUT is
     assert tree_hashes(out) == expected
 
 

@@ -305,8 +305,13 @@ def test_existing_out_refused_unless_force(tmp_path):
     with pytest.raises(OutputError):
         write_synthetic_checkpoint(out, format="mxfp4-ct", **SMALL)
     assert (out / "keep.txt").exists()
-    write_synthetic_checkpoint(out, format="mxfp4-ct", force=True, **SMALL)
-    assert not (out / "keep.txt").exists() and (out / "synth.json").exists()
+    with pytest.raises(OutputError, match="not written by dsv4-convert"):  # --force never deletes others' files
+        write_synthetic_checkpoint(out, format="mxfp4-ct", force=True, **SMALL)
+    assert (out / "keep.txt").exists()
+    mine = tmp_path / "mine"
+    write_synthetic_checkpoint(mine, format="mxfp4-ct", **SMALL)
+    write_synthetic_checkpoint(mine, format="nvfp4-ct", force=True, **SMALL)  # our own output: replaced
+    assert json.loads((mine / "synth.json").read_text())["format"] == "nvfp4-ct"
     empty = tmp_path / "empty"
     empty.mkdir()
     write_synthetic_checkpoint(empty, format="mxfp4-ct", **SMALL)

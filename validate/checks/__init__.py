@@ -2,8 +2,10 @@
 
 from dsv4_convert.validate.checks import (
     against,
+    against_tensors,
     gemm,
     globals,
+    integrity,
     marlin_layout,
     mxfp4_scales,
     numerics,
@@ -48,10 +50,12 @@ ALL_CHECKS = (
     numerics.dequant_nonfinite,
     numerics.all_zero_expert,
     # converted (Marlin) checkpoints
+    integrity.manifest_verifies,
     marlin_layout.layout_weight,
     marlin_layout.layout_scale,
     marlin_layout.layout_global,
     against.same_as_reference,
+    against_tensors.non_expert_tensors_match,
     # sampled experts
     gemm.gemm_rel_error,
 )

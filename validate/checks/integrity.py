@@ -1,0 +1,32 @@
+"""What dsv4-convert recorded, verified: the manifest of a converted checkpoint lists every file it
+wrote (shards, configs, index, dsv4-convert-source/) with its size and hash; each mismatch is a finding."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from dsv4_convert.core.tensor_model import SourceFormat
+from dsv4_convert.manifest import verify
+from dsv4_convert.staging import MANIFEST
+from dsv4_convert.validate.check import Finding, Scope, Severity, check
+from dsv4_convert.validate.inputs import CheckpointInput, Options
+
+__all__ = ["manifest_verifies"]
+
+
+@check(id="integrity.manifest", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="convert again from the source (a changed file is corrupt or was edited); "
+            "--no-verify-manifest skips this check")
+def manifest_verifies(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """A converted file that no longer matches its recorded hash serves, or restores, different bytes."""
+    if not opts.verify_manifest:
+        return
+    mismatches = verify(Path(c.root), MANIFEST)
+    if mismatches is None:
+        if c.checkpoint is not None and c.checkpoint.format is SourceFormat.MARLIN:
+            yield Finding(MANIFEST, "a converted checkpoint without its manifest: nothing it holds can be "
+                          "verified.", file=MANIFEST, cause="missing")
+        return
+    for m in mismatches:
+        yield Finding(m.file, f"{m.problem}: {m.detail}.", file=m.file, cause=m.problem)
