@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 
@@ -100,8 +101,8 @@ def _has(tensors: Mapping[str, TensorRef], pattern: re.Pattern, suffixes: tuple[
 
 # -------------------------------------------------------------------------------------------- detectors
 def _marlin(config, hfq, tensors) -> str | None:
-    if _qc(config).get("quant_method") == "marlin_fp4":
-        return "config.json quantization_config.quant_method = marlin_fp4 (dsv4-convert output)"
+    if _qc(config).get("quant_method") == QUANT_METHOD:
+        return f"config.json quantization_config.quant_method = {QUANT_METHOD} (dsv4-convert output)"
     return None
 
 

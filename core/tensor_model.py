@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
+from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
+
 __all__ = ["SourceFormat", "Quant", "Role", "TensorRef", "Projection", "Checkpoint", "DTYPE_SIZES", "MoeLayer", "moe_layers"]
 
 # safetensors dtype string -> bytes per element (F4 is handled as packed bytes, never written by us)
@@ -36,7 +38,7 @@ class Quant(str, Enum):
 
     @property
     def group_size(self) -> int:
-        return 16 if self is Quant.NVFP4 else 32
+        return NVFP4_GROUP if self is Quant.NVFP4 else MXFP4_GROUP
 
 
 class Role(str, Enum):

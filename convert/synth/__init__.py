@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from dsv4_convert import __version__
+from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import OutputError, UsageError
 from dsv4_convert.synth.configs import config_files
 from dsv4_convert.synth.defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
@@ -40,7 +41,7 @@ SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp
                  "mxfp4-gptoss")
 DEFECT_NAMES = tuple(DEFECTS)
 MANIFEST = "synth.json"
-INDEX = "model.safetensors.index.json"
+INDEX = INDEX_FILE
 
 Progress = Callable[[int, int], None]  # (bytes of the tensor just produced, total bytes of the checkpoint)
 

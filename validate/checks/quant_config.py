@@ -8,7 +8,13 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 
-from dsv4_convert.core.engines import ENGINES, FORMAT_VERSION, QUANT_METHOD, READABLE_FORMAT_VERSIONS
+from dsv4_convert.core.engines import (
+    ENGINES,
+    FORMAT_VERSION,
+    QUANT_METHOD,
+    READABLE_FORMAT_VERSIONS,
+    mxfp4_dtype_problem,
+)
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.checks.tiles import containers
@@ -145,7 +151,7 @@ def exclusions_cover(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
        hint="serve MXFP4 experts with --act-dtype bfloat16")
 def mxfp4_act_dtype(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """MXFP4 Marlin runs with bf16 activations only; SGLang's fp16 path destroys E8M0 scales outside 2**-24..2**15."""
-    if c.checkpoint is not None and opts.act_dtype != "bfloat16":
+    if c.checkpoint is not None and mxfp4_dtype_problem(opts.act_dtype):
         n = sum(1 for p in c.checkpoint.projections if p.quant.value == "mxfp4")
         if n:
             yield Finding("config", f"{n} MXFP4 projections, activation dtype {opts.act_dtype}.", count=n)
