@@ -11,20 +11,21 @@ import pytest
 from cli_helpers import run_cli
 
 
+def _synth(factory, name: str, fmt: str, *, experts: int, hidden: int, intermediate: int):
+    src = factory.mktemp("shapes") / name
+    run_cli("synth", src, "--format", fmt, "--layers", 1, "--experts", experts, "--hidden", hidden,
+            "--intermediate", intermediate, "--shards", 1, "--hash-layers", 0)
+    return src
+
+
 @pytest.fixture(scope="module")
 def gptoss(tmp_path_factory):
-    src = tmp_path_factory.mktemp("shapes") / "gpt-oss-20b-layer"
-    run_cli("synth", src, "--format", "mxfp4-gptoss", "--layers", 1, "--experts", 4, "--hidden", 2880,
-            "--intermediate", 2880, "--shards", 1, "--hash-layers", 0)
-    return src
+    return _synth(tmp_path_factory, "gpt-oss-20b-layer", "mxfp4-gptoss", experts=4, hidden=2880, intermediate=2880)
 
 
 @pytest.fixture(scope="module")
 def dsv4_i256(tmp_path_factory):
-    src = tmp_path_factory.mktemp("shapes") / "dsv4-i256"
-    run_cli("synth", src, "--format", "mxfp4-dsv4", "--layers", 1, "--experts", 8, "--hidden", 4096,
-            "--intermediate", 256, "--shards", 1, "--hash-layers", 0)
-    return src
+    return _synth(tmp_path_factory, "dsv4-i256", "mxfp4-dsv4", experts=8, hidden=4096, intermediate=256)
 
 
 @pytest.mark.parametrize("target", ["vllm", "sglang"])
