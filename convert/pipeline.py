@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from dsv4_convert import __version__
+from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import ContentError, Interrupted, OutputError
 from dsv4_convert.core.reader import TensorReader, load_projection
 from dsv4_convert.core.tensor_io import safetensors_dtype
@@ -37,7 +38,7 @@ from dsv4_convert.transform import convert_projection, lost_scales
 __all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
 
 SOURCE_DIR = "dsv4-convert-source"  # originals needed to give the input back byte for byte
-INDEX = "model.safetensors.index.json"
+INDEX = INDEX_FILE
 LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
 LOST_SUFFIX = ".lost.safetensors"  # per shard, in staging, merged into LOST at the end
 _KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: "n" SIGKILLs this process at the n-th step, "n:INT" sends SIGINT

@@ -9,15 +9,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv4_convert import __version__
+from dsv4_convert.core.engines import FORMAT_VERSION, INDEX_FILE, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
+from dsv4_convert.core.tensor_model import (
+    Checkpoint,
+    Projection,
+    Quant,
+    Role,
+    SourceFormat,
+    TensorRef,
+    moe_layers,
+)
 from dsv4_convert.formats.constants import MARLIN_TILE_K
 from dsv4_convert.formats.marlin import MarlinTarget
+from dsv4_convert.formats.tiles import LAYOUT_CANDIDATES, check_weight_tiles, moe_rank_tiles
 from dsv4_convert.safetensors_writer import TensorSpec
 
-__all__ = ["refuse_converted", "OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "FORMAT_VERSION"]
+__all__ = ["refuse_converted", "OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "FORMAT_VERSION",
+           "serving_layouts"]
 
-FORMAT_VERSION = 1
 _GLOBAL_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
 
 
@@ -47,6 +57,7 @@ class ConvertPlan:
     shards: tuple[ShardPlan, ...]
     needs_rescale: bool  # vllm + bf16 + NVFP4: a planning pass over the scales picks sf per stack
     options: dict = field(default_factory=dict)
+    layouts: tuple[tuple[int, int], ...] = ()  # (TP, EP) splits every experts layer serves unpadded
 
     @property
     def projections(self) -> tuple[Projection, ...]:
@@ -97,26 +108,45 @@ def _keep(p: Projection, ref: TensorRef, name: str) -> OutTensor:
 
 
 def _check_convertible(p: Projection, target: MarlinTarget) -> None:
-    if p.quant is Quant.MXFP4 and target.act_dtype != "bfloat16":
+    if p.quant is Quant.MXFP4 and mxfp4_dtype_problem(target.act_dtype):
         raise ContentError(
-            f"{p.key} is MXFP4, and MXFP4 Marlin runs with bfloat16 activations only (vLLM has no fp16 "
-            "MXFP4 kernel; SGLang would push the E8M0 scales through fp16 and destroy them)",
+            f"{p.key} is MXFP4, and {MXFP4_NEEDS_BF16}",
             error_id="convert.mxfp4_needs_bf16", tensor=p.weight.name, file=p.weight.file,
             hint="use --act-dtype bfloat16 (MTP experts of NVFP4 DeepSeek-V4 checkpoints are MXFP4 too)")
     if p.quant is Quant.NVFP4 and target.w4a8:
         raise ContentError(f"{p.key} is NVFP4, which has no W4A8 Marlin variant", error_id="convert.w4a8_nvfp4",
                            tensor=p.weight.name, file=p.weight.file, hint="drop --w4a8 (it is for MXFP4 + vllm)")
-    tile_n = 32 if target.w4a8 else 64
-    tile_k = 32 if target.w4a8 else 16
-    if p.n % tile_n or p.k % tile_k or p.k % p.group_size:
+    try:
+        check_weight_tiles(p.n, p.k, w4a8=target.w4a8)
+    except ValueError as e:
+        raise ContentError(f"{p.key}: {e}", error_id="convert.needs_padding", tensor=p.weight.name,
+                           file=p.weight.file, hint=_PAD_HINT) from None
+
+
+_PAD_HINT = ("serve this checkpoint unconverted (the engine pads at load time); `dsv4-convert plan` "
+             "shows which TP/EP splits the engine pads")
+
+
+def serving_layouts(ckpt: Checkpoint, engine: str) -> tuple[tuple[int, int], ...]:
+    """The (TP, EP) splits in {1, 2, 4, 8} that every experts layer serves without padding (formats/tiles.py).
+    Raises convert.needs_padding, before any work, when there is none."""
+    shapes = moe_layers(ckpt.projections)
+    n = _expected_experts(ckpt.config)
+    verdicts = {tp_ep: [moe_rank_tiles(m.quant.value, engine, hidden=m.hidden, intermediate=m.intermediate,
+                                       tp=tp_ep[0], ep=tp_ep[1], experts=n or m.experts) for m in shapes.values()]
+                for tp_ep in LAYOUT_CANDIDATES}
+    layouts = tuple(tp_ep for tp_ep, vs in verdicts.items() if all(v.ok for v in vs))
+    if shapes and not layouts:
+        m = next(iter(shapes.values()))
+        bad = next(v for v in verdicts[(1, 1)] if not v.ok)
+        padded = [f"TP {t} / EP {e}" for (t, e), vs in verdicts.items() if all(v.servable for v in vs)]
         raise ContentError(
-            f"shape [N={p.n}, K={p.k}] does not fill whole Marlin tiles ({tile_k} in K, {tile_n} in N); "
-            "the engines zero-pad such shapes at load time, and padded tensors cannot be sliced for "
-            "tensor parallelism, so this tool does not pre-pack them",
-            error_id="convert.needs_padding", tensor=p.weight.name, file=p.weight.file,
-            hint="serve this checkpoint unconverted (the engine pads at load), or use a model whose "
-                 "expert sizes are multiples of 64",
-        )
+            f"no TP/EP split in {{1, 2, 4, 8}} serves these experts on {engine} without padding "
+            f"({m.quant.value}, H={m.hidden}, I={m.intermediate}; at TP 1: {bad.reason}); pre-packed tiles "
+            "cannot be padded afterwards, so this tool does not convert them",
+            error_id="convert.needs_padding", tensor=m.container, file=ckpt.index_file or "config.json",
+            hint=f"{_PAD_HINT}; {engine} pads them at " + (", ".join(padded) or "no split: it cannot serve them"))
+    return layouts
 
 
 def _expected_experts(config: dict) -> int | None:
@@ -145,7 +175,7 @@ def _check_complete(ckpt: Checkpoint) -> None:
             problems.append(f"{container}: experts {partial[:8]} lack a gate, up or down projection")
     if problems:
         raise ContentError("the checkpoint is incomplete: " + "; ".join(problems[:5]),
-                           error_id="convert.incomplete_experts", file="model.safetensors.index.json",
+                           error_id="convert.incomplete_experts", file=INDEX_FILE,
                            hint="re-download the missing shards or tensors; `dsv4-convert validate` lists them all")
 
 
@@ -161,9 +191,11 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
     else as a byte copy, in input order. Shards mirror the input's unless max_shard_size is set."""
     refuse_converted(ckpt)
     _check_complete(ckpt)
-    owners: dict[str, list[Projection]] = {}  # a stacked tensor (gpt-oss) feeds many projections
     for p in ckpt.projections:
         _check_convertible(p, target)
+    layouts = serving_layouts(ckpt, target.engine)
+    owners: dict[str, list[Projection]] = {}  # a stacked tensor (gpt-oss) feeds many projections
+    for p in ckpt.projections:
         for r in p.source_refs:
             owners.setdefault(r.name, []).append(p)
     emitted: set[str] = set()
@@ -179,7 +211,8 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
     shards = _mirror_shards(items) if max_shard_size is None else _pack_shards(items, max_shard_size)
     needs_rescale = target.engine == "vllm" and target.act_dtype == "bfloat16" and any(
         p.quant is Quant.NVFP4 for p in ckpt.projections)
-    return ConvertPlan(ckpt, target, shards, needs_rescale, dict(options or {}, max_shard_size=max_shard_size))
+    return ConvertPlan(ckpt, target, shards, needs_rescale, dict(options or {}, max_shard_size=max_shard_size),
+                       layouts)
 
 
 def _mirror_shards(items) -> tuple[ShardPlan, ...]:

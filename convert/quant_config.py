@@ -6,12 +6,11 @@ import json
 import re
 
 from dsv4_convert import __version__
+from dsv4_convert.core.engines import FORMAT_VERSION, QUANT_METHOD
 from dsv4_convert.core.tensor_model import Quant
-from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan
+from dsv4_convert.plan import ConvertPlan
 
 __all__ = ["QUANT_METHOD", "marlin_quant_config", "rewrite_config", "rewrite_hf_quant_config"]
-
-QUANT_METHOD = "marlin_fp4"
 
 
 def _pattern(key: str) -> str:
@@ -36,6 +35,8 @@ def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: d
         "source_format": plan.checkpoint.format.value,
         "weight_format": main.value,
         "group_size": main.group_size,
+        # the (TP, EP) splits whose per-rank shapes the engine does not pad: the plugin slices them (format 2)
+        "layouts": [{"tp": tp, "ep": ep} for tp, ep in plan.layouts],
         "experts": dict(sorted(experts.items(), key=lambda kv: _natural(kv[0]))),
         "packed_modules": sorted({_pattern(p.key) for p in projections}),
         "rescale_factors": dict(sorted(rescale_factors.items(), key=lambda kv: _natural(kv[0]))),

@@ -3,34 +3,20 @@ check that the plugin took over (facts from dsv4_convert.serving.config, which i
 
 from __future__ import annotations
 
-from dsv4_convert.core.tensor_model import Quant, Role
+from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line
+from dsv4_convert.core.tensor_model import Quant
 from dsv4_convert.plan import ConvertPlan
-from dsv4_convert.serving.config import registration_log_line, working_tp_sizes
 
 __all__ = ["serving_markdown"]
 
 
-def _tp_sizes(plan: ConvertPlan) -> list[int]:
-    """TP sizes (up to 16) whose per-rank expert shapes the engine does not pad."""
-    gate = next((p for p in plan.projections if p.role is Role.GATE and not p.layer.startswith("mtp")), None)
-    if gate is None:
-        return list(range(1, 17))
-    return [tp for tp in working_tp_sizes(gate.quant.value, plan.target.engine, intermediate=gate.n,
-                                          hidden=gate.k) if tp <= 16]
-
-
 def serving_markdown(plan: ConvertPlan, out_name: str) -> str:
     t = plan.target
-    sizes = _tp_sizes(plan)
-    tp = max([s for s in sizes if s <= 8], default=1)
+    layouts = list(plan.layouts)
+    tp, ep = max(layouts, key=lambda te: (te[0], -te[1]), default=(1, 1))
     nvfp4 = any(p.quant is Quant.NVFP4 for p in plan.projections)
-    dtype = f" --dtype {t.act_dtype}" if nvfp4 else ""
-    if t.engine == "sglang":
-        flag = "--moe-runner-backend marlin"
-        launch = f"python -m sglang.launch_server --model-path {out_name} --tp {tp} {flag}{dtype}"
-    else:
-        flag = "--moe-backend marlin"
-        launch = f"vllm serve {out_name} --tensor-parallel-size {tp} {flag}{dtype}"
+    flag = ENGINES[t.engine].moe_backend_flag
+    launch = launch_command(t.engine, out_name, tp=tp, ep=ep, act_dtype=t.act_dtype)
     scales = ("S0E5M3 bytes (x128, a power-of-two rescale per stacked tensor in bf16, values below 2 "
               "clamped to 0) with an fp32 global" if t.engine == "vllm" else
               "S0E5M3 bytes (x128, no rescale, no clamp) with the global in the activation dtype")
@@ -47,20 +33,20 @@ Force it with `{flag}`, so that the engine does not auto-select a backend that f
 
 ## Launch
 1. Install the plugin into the server's environment: `pip install dsv4-convert`. It registers the
-   `marlin_fp4` quantization method through the engine's plugin entry point. Pass no
-   `--quantization` flag: the engine reads `quant_method: marlin_fp4` from config.json.
+   `{QUANT_METHOD}` quantization method through the engine's plugin entry point. Pass no
+   `--quantization` flag: the engine reads `quant_method: {QUANT_METHOD}` from config.json.
 2. Start {t.engine} (the layout tag is checked at load; a checkpoint for the other engine is refused):
 
        {launch}
 
-   Tensor-parallel sizes that keep whole Marlin tiles per rank for this model: {", ".join(map(str, sizes)) or
-   "none (the engine would pad every split: serve the source instead)"}.
+   Splits that keep whole Marlin tiles per rank for this model (recorded in quantization_config.layouts;
+   the engine would pad any other, and the plugin refuses it): {", ".join(f"TP {a} / EP {b}" for a, b in layouts)}.
    {"The activation dtype must be the one converted for (NVFP4 bytes depend on it)." if nvfp4 else ""}
 3. Check the log for the plugin's line, and that no Marlin repack of the experts is logged:
 
        {registration_log_line(t.engine, t.engine_version)}
 
-An engine without the plugin refuses this checkpoint (`marlin_fp4` is unknown to it) instead of
+An engine without the plugin refuses this checkpoint (`{QUANT_METHOD}` is unknown to it) instead of
 repacking the packed bytes a second time. To get the original checkpoint back, run
 `dsv4-convert marlin-to-source {out_name} ORIGINAL`.
 

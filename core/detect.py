@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
+from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.tensor_model import Quant, SourceFormat, TensorRef
 from dsv4_convert.core.tensor_names import DS_NAME, E8M0, GPTOSS_NAME, HF_NAME, PACKED, logical_k
@@ -85,8 +86,8 @@ def _has(tensors: Mapping[str, TensorRef], pattern: re.Pattern, suffixes: tuple[
 
 # -------------------------------------------------------------------------------------------- detectors
 def _marlin(config, hfq, tensors) -> str | None:
-    if _qc(config).get("quant_method") == "marlin_fp4":
-        return "config.json quantization_config.quant_method = marlin_fp4 (dsv4-convert output)"
+    if _qc(config).get("quant_method") == QUANT_METHOD:
+        return f"config.json quantization_config.quant_method = {QUANT_METHOD} (dsv4-convert output)"
     return None
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from dsv4_convert.core.detect import detect_format
+from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import InputError, UsageError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.safetensors_header import read_header
@@ -35,7 +36,6 @@ __all__ = [
     "resolve_source",
 ]
 
-INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 # What a hub download fetches: configs, weights, index, tokenizer and docs; never other artefacts.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.txt", "*.model", "*.tiktoken", "*.py", "*.jinja"]

@@ -10,7 +10,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-__all__ = ["SourceFormat", "Quant", "Role", "TensorRef", "Projection", "Checkpoint", "DTYPE_SIZES"]
+from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
+
+__all__ = ["SourceFormat", "Quant", "Role", "TensorRef", "Projection", "Checkpoint", "DTYPE_SIZES", "MoeLayer", "moe_layers"]
 
 # safetensors dtype string -> bytes per element (F4 is handled as packed bytes, never written by us)
 DTYPE_SIZES = {
@@ -36,7 +38,7 @@ class Quant(str, Enum):
 
     @property
     def group_size(self) -> int:
-        return 16 if self is Quant.NVFP4 else 32
+        return NVFP4_GROUP if self is Quant.NVFP4 else MXFP4_GROUP
 
 
 class Role(str, Enum):
@@ -132,3 +134,25 @@ class Checkpoint:
     def passthrough(self) -> tuple[TensorRef, ...]:
         used = self.projection_names
         return tuple(t for t in self.tensors.values() if t.name not in used)
+
+
+@dataclass(frozen=True, slots=True)
+class MoeLayer:
+    """One experts container as the tile rule sees it: its format and the full (unsplit) sizes."""
+    container: str
+    layer: str
+    quant: Quant
+    hidden: int
+    intermediate: int
+    experts: int
+
+
+def moe_layers(projections) -> dict[str, MoeLayer]:
+    """experts container -> MoeLayer, from the down projection (N = H, K = I) or else the gate/up (N = I, K = H)."""
+    shapes: dict[str, tuple] = {}
+    experts: dict[str, set[int]] = {}
+    for p in projections:
+        experts.setdefault(p.container, set()).add(p.expert)
+        if p.role is Role.DOWN or p.container not in shapes:
+            shapes[p.container] = (p.layer, p.quant, *((p.n, p.k) if p.role is Role.DOWN else (p.k, p.n)))
+    return {c: MoeLayer(c, *shapes[c], len(experts[c])) for c in shapes}

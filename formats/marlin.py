@@ -6,12 +6,12 @@ produces, and its inverse. Targets (spec MARLIN_FP4.md §8-9):
   sglang -> layout `sglang-L2` (SGLang 0.5.23): global in the activation dtype, no rescale, no clamp
 """
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
 from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
 from dsv4_convert.formats.e4m3 import as_e4m3
 from dsv4_convert.formats.e8m0 import as_e8m0_bytes
@@ -26,6 +26,7 @@ from dsv4_convert.formats.marlin_scales import (
     vllm_rescale_factor,
 )
 from dsv4_convert.formats.marlin_weight import from_marlin_weight, to_marlin_weight
+from dsv4_convert.formats.tiles import padded_dense_nk, padded_moe_intermediate
 
 __all__ = [
     "ENGINES", "ACT_DTYPES", "MarlinTarget", "padded_dense_nk", "padded_moe_intermediate",
@@ -33,9 +34,6 @@ __all__ = [
     "nvfp4_dense_to_marlin", "mxfp4_dense_to_marlin", "nvfp4_moe_to_marlin", "mxfp4_moe_to_marlin",
 ]
 
-# engine -> (layout tag, engine version the layout was verified against)
-ENGINES = {"vllm": ("vllm-L4", "0.33.0"), "sglang": ("sglang-L2", "0.5.23")}
-ACT_DTYPES = ("bfloat16", "float16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,37 +43,19 @@ class MarlinTarget:
     w4a8: bool = False
 
     def __post_init__(self):
-        if self.engine not in ENGINES:
-            raise ValueError(f"unknown target engine {self.engine!r}; choose one of {sorted(ENGINES)}")
+        engine_facts(self.engine)  # raises for an unknown engine
         if self.act_dtype not in ACT_DTYPES:
             raise ValueError(f"unknown activation dtype {self.act_dtype!r}; choose one of {ACT_DTYPES}")
-        if self.w4a8 and self.engine != "vllm":
+        if self.w4a8 and not ENGINES[self.engine].w4a8:
             raise ValueError("W4A8 (fp8 activations) exists only in vLLM's Marlin; use engine='vllm'")
 
     @property
     def layout_tag(self) -> str:
-        return ENGINES[self.engine][0]
+        return ENGINES[self.engine].layout_tag
 
     @property
     def engine_version(self) -> str:
-        return ENGINES[self.engine][1]
-
-
-def _roundup(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
-def padded_dense_nk(n: int, k: int, group: int) -> tuple[int, int]:
-    """vLLM's `marlin_padded_nk` (>= 0.24; SGLang's NVFP4 dense uses the same rule): the smaller, by
-    N*K then N+K, of (N->64, K->lcm(128, g)) and (N->128, K->lcm(64, g))."""
-    a = (_roundup(n, 64), _roundup(k, math.lcm(128, group)))
-    b = (_roundup(n, 128), _roundup(k, math.lcm(64, group)))
-    return min(a, b, key=lambda nk: (nk[0] * nk[1], nk[0] + nk[1]))
-
-
-def padded_moe_intermediate(i: int, h: int) -> int:
-    """vLLM NVFP4 MoE (>= 0.24): I -> multiple of 64 if H % 128 == 0, else of 128."""
-    return _roundup(i, 64 if h % 128 == 0 else 128)
+        return ENGINES[self.engine].version
 
 
 def _pad_last2(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
@@ -131,9 +111,8 @@ def marlin_to_nvfp4(qweight, mscale, *, target: MarlinTarget, n: int, k: int, sf
 
 def mxfp4_to_marlin(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=None):
     """(packed [..., N, K/2], E8M0 [..., N, K/32]) -> (int32 [..., Kp/16, 2Np], float8_e8m0fnu [..., Kp/32, Np])."""
-    if target.act_dtype != "bfloat16":
-        raise ValueError("MXFP4 Marlin runs with bfloat16 activations only (vLLM compiles no fp16 "
-                         "MXFP4 kernel; SGLang would corrupt E8M0 scales through fp16)")
+    if mxfp4_dtype_problem(target.act_dtype):
+        raise ValueError(MXFP4_NEEDS_BF16)
     _check_source(weight, scale, MXFP4_GROUP, "MXFP4")
     weight, scale = _pad_source(weight, as_e8m0_bytes(scale), MXFP4_GROUP, n_pad, k_pad)
     qweight = to_marlin_weight(weight, w4a8=target.w4a8)

@@ -25,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from dsv4_convert.formats.constants import MARLIN_TILE_K, MARLIN_TILE_N, W4A8_TILE
+from dsv4_convert.formats.constants import MARLIN_TILE_K, MARLIN_TILE_N
+from dsv4_convert.formats.tiles import check_weight_tiles as check_marlin_weight_shape
 
 __all__ = ["check_marlin_weight_shape", "from_marlin_weight", "to_marlin_weight"]
 
@@ -38,18 +39,6 @@ _T0_SWAP = (_U64(16), _U64(0x0000FFFF_0000FFFF))  # a2 <-> t0 (rows n, n + 16)
 _HALF_SWAP = (_U64(16), _U64(0x00000000_FFFF0000))  # a2 <-> a3
 _TO_OUT = (5, 0, 4, 2, 3, 1)  # block (c, t1, t0, dn, r, kt) -> output (kt, c, r, q1, q0, t1)
 _FROM_OUT = (1, 5, 3, 4, 2, 0)
-
-
-def check_marlin_weight_shape(n: int, k: int, *, w4a8: bool = False) -> None:
-    """Raise ValueError unless [N, K] can be repacked without padding."""
-    tile_k, tile_n = (W4A8_TILE, W4A8_TILE) if w4a8 else (MARLIN_TILE_K, MARLIN_TILE_N)
-    if k % 8:
-        raise ValueError(f"K={k} must be a multiple of 8 (the uint8 -> int32 view needs whole words)")
-    if k % tile_k or n % tile_n:
-        raise ValueError(
-            f"shape N={n}, K={k} is not a multiple of the Marlin tile ({tile_k} in K, {tile_n} in N); "
-            "pad it first (padded_dense_nk) or use a tensor-parallel split that keeps whole tiles"
-        )
 
 
 def _delta_swap(src: np.ndarray, dst: np.ndarray, t: np.ndarray, shift, mask) -> None:

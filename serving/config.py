@@ -10,6 +10,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from dsv4_convert.core.engines import (
+    ACT_DTYPES,
+    ENGINES,
+    FORMAT_VERSION,
+    LAYOUTS,
+    QUANT_METHOD,
+    READABLE_FORMAT_VERSIONS,
+    registration_log_line,
+    version_tuple,
+)
+from dsv4_convert.formats.tiles import GROUP_SIZE, moe_rank_tiles, working_layouts
+
 __all__ = [
     "FORMAT_VERSION",
     "LAYOUTS",
@@ -24,18 +36,7 @@ __all__ = [
     "working_tp_sizes",
 ]
 
-QUANT_METHOD = "marlin_fp4"
-FORMAT_VERSION = 1
-FORMATS = ("nvfp4", "mxfp4")
-ACT_DTYPES = ("bfloat16", "float16")
-
-# layout tag -> (engine, oldest engine version with these bytes, version the tag was checked on).
-# vllm-L4: vLLM >= 0.20 (MARLIN_FP4.md §9); sglang-L2: SGLang 0.5.23 (the NVFP4 Marlin fallback and
-# the DSv4 MXFP4 Marlin method exist only since 0.5.2x; 0.5.23 is the version verified byte for byte).
-LAYOUTS = {
-    "vllm-L4": ("vllm", (0, 20, 0), "0.33.0"),
-    "sglang-L2": ("sglang", (0, 5, 23), "0.5.23"),
-}
+FORMATS = tuple(GROUP_SIZE)
 
 
 class PluginConfigError(ValueError):
@@ -69,9 +70,10 @@ def parse_quant_config(cfg: dict) -> MarlinFp4Spec:
     if cfg.get("quant_method") != QUANT_METHOD:
         problems.append(f"quant_method is {cfg.get('quant_method')!r}, expected {QUANT_METHOD!r}")
     version = cfg.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_FORMAT_VERSIONS:
         problems.append(
-            f"format_version is {version!r}; this plugin reads format_version {FORMAT_VERSION} "
+            f"format_version is {version!r}; this plugin reads format_version "
+            f"{' or '.join(map(str, READABLE_FORMAT_VERSIONS))} "
             "(upgrade dsv4-convert in the server environment)"
         )
     layout = cfg.get("marlin_layout")
@@ -102,11 +104,11 @@ def parse_quant_config(cfg: dict) -> MarlinFp4Spec:
         raise PluginConfigError("dsv4-convert checkpoint config refused:\n  - " + "\n  - ".join(problems))
     return MarlinFp4Spec(
         marlin_layout=layout,
-        target_engine=cfg.get("target_engine", LAYOUTS[layout][0]),
+        target_engine=cfg.get("target_engine", LAYOUTS[layout].name),
         act_dtype=act,
         w4a8=bool(cfg.get("w4a8", False)),
         weight_format=cfg.get("weight_format", next(iter(experts.values()))),
-        group_size=int(cfg.get("group_size", 16)),
+        group_size=int(cfg.get("group_size", GROUP_SIZE["nvfp4"])),
         experts=dict(experts),
         rescale_factors={k: float(v) for k, v in rescale.items()},
         original_quantization_config=original,
@@ -116,35 +118,26 @@ def parse_quant_config(cfg: dict) -> MarlinFp4Spec:
     )
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    nums = []
-    for part in version.split("."):
-        m = re.match(r"\d+", part)
-        if not m:
-            break
-        nums.append(int(m.group()))
-    return tuple(nums)
-
-
 def check_layout(
     spec: MarlinFp4Spec, *, engine: str, engine_version: str, model_dtype: str | None = None
 ) -> None:
     """Refuse a checkpoint whose bytes were laid out for another engine (or an older version)."""
-    tag_engine, oldest, checked = LAYOUTS[spec.marlin_layout]
+    facts = LAYOUTS[spec.marlin_layout]
+    tag_engine, oldest, checked = facts.name, facts.oldest, facts.version
     if tag_engine != engine:
-        other = next(t for t, (e, _, _) in LAYOUTS.items() if e == engine)
+        other = ENGINES[engine].layout_tag
         raise PluginConfigError(
             f"this checkpoint was converted for {tag_engine} (marlin_layout {spec.marlin_layout!r}) but is being "
             f"loaded by {engine} {engine_version}, which expects {other!r}: the NVFP4 scale bytes and global "
             f"scales differ between the engines. Re-convert with `--target {engine}`, or serve it with {tag_engine}."
         )
-    have = _version_tuple(engine_version)
+    have = version_tuple(engine_version)
     if have < oldest:
         raise PluginConfigError(
             f"marlin_layout {spec.marlin_layout!r} needs {engine} >= {'.'.join(map(str, oldest))} (checked on "
             f"{checked}); the running {engine} is {engine_version}, whose Marlin layout differs. Upgrade {engine}."
         )
-    if spec.w4a8 and engine != "vllm":
+    if spec.w4a8 and not ENGINES[engine].w4a8:
         raise PluginConfigError("w4a8 (fp8 activations) checkpoints exist only for vLLM")
     if model_dtype is not None and model_dtype != spec.act_dtype and "nvfp4" in spec.experts.values():
         raise PluginConfigError(
@@ -183,44 +176,22 @@ def expert_container(spec: MarlinFp4Spec, prefix: str, *, num_hidden_layers: int
     return None
 
 
-def _shape_rule(fmt: str, engine: str) -> tuple[int, int]:
-    """(multiple the per-rank intermediate size must be, multiple the hidden size must be) so that the
-    engine pads nothing. MXFP4: both engines round I to 128 and H to 256 when they create the
-    parameters. NVFP4: Marlin tiles (vLLM pads I to 64 when H % 128 == 0)."""
-    if fmt == "mxfp4":
-        return 128, 256
-    return 64, 128
-
-
 def working_tp_sizes(fmt: str, engine: str, *, intermediate: int, hidden: int, limit: int = 64) -> list[int]:
-    mi, mh = _shape_rule(fmt, engine)
-    if hidden % mh:
-        return []
-    return [tp for tp in range(1, limit + 1) if intermediate % tp == 0 and (intermediate // tp) % mi == 0]
+    """TP sizes (EP 1, up to `limit`) whose per-rank shapes the engine does not pad."""
+    return [tp for tp, _ in working_layouts(fmt, engine, hidden=hidden, intermediate=intermediate,
+                                            candidates=[(tp, 1) for tp in range(1, limit + 1)])]
 
 
-def check_rank_shape(fmt: str, engine: str, *, intermediate: int, hidden: int, tp_size: int) -> None:
-    """Refuse a TP split whose per-rank shapes the engine would pad (slicing packed tiles is then wrong)."""
-    mi, mh = _shape_rule(fmt, engine)
-    reasons = []
-    if intermediate % tp_size:
-        reasons.append(f"the intermediate size {intermediate} does not split evenly over TP={tp_size}")
-    elif (intermediate // tp_size) % mi:
-        reasons.append(
-            f"the per-rank intermediate size {intermediate}/{tp_size} = {intermediate // tp_size} is "
-            f"not a multiple of {mi}"
-        )
-    if hidden % mh:
-        reasons.append(f"the hidden size {hidden} is not a multiple of {mh}")
-    if reasons:
-        ok = working_tp_sizes(fmt, engine, intermediate=intermediate, hidden=hidden)
-        raise PluginConfigError(
-            f"{fmt} experts cannot be loaded pre-packed here: {'; '.join(reasons)}, so {engine} would pad them "
-            f"and the packed tiles would no longer line up. TP sizes that work for this model: "
-            f"{ok or 'none'}. Otherwise serve the unconverted checkpoint."
-        )
-
-
-def registration_log_line(engine: str, engine_version: str) -> str:
-    """The exact line each plugin logs (at INFO) when it registers; docs/SERVING.md quotes it."""
-    return f"dsv4-convert: registered quantization method '{QUANT_METHOD}' for {engine} {engine_version}"
+def check_rank_shape(fmt: str, engine: str, *, intermediate: int, hidden: int, tp_size: int,
+                     ep_size: int = 1) -> None:
+    """Refuse a split whose per-rank shapes the engine would pad (slicing packed tiles is then wrong).
+    `tp_size` is the engine's MoE TP (TP / EP) and `intermediate` the layer's full I."""
+    v = moe_rank_tiles(fmt, engine, hidden=hidden, intermediate=intermediate, tp=tp_size * ep_size, ep=ep_size)
+    if v.ok:
+        return
+    ok = working_layouts(fmt, engine, hidden=hidden, intermediate=intermediate)
+    raise PluginConfigError(
+        f"{fmt} experts cannot be loaded pre-packed at {v.layout()}: {v.reason}; the packed tiles would no "
+        f"longer line up. Layouts that work for this model: "
+        f"{', '.join(f'TP {t} / EP {e}' for t, e in ok) or 'none'}. Otherwise serve the unconverted checkpoint."
+    )

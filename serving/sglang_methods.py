@@ -23,6 +23,7 @@ from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config, Mod
 from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
 from sglang.srt.utils import set_weight_attrs
 
+from dsv4_convert.formats.tiles import GROUP_SIZE
 from dsv4_convert.serving.config import (
     QUANT_METHOD,
     PluginConfigError,
@@ -211,7 +212,7 @@ class SglangMarlinFp4Config(QuantizationConfig):
                     fp8_method = Fp8MoEMethod(self.inner) if isinstance(self.inner, Fp8Config) else None
                     return PrepackedMxfp4MarlinMoEMethod(fp8_method, prefix=prefix)
                 nvfp4 = ModelOptFp4Config(
-                    is_checkpoint_nvfp4_serialized=True, group_size=16, exclude_modules=[]
+                    is_checkpoint_nvfp4_serialized=True, group_size=GROUP_SIZE["nvfp4"], exclude_modules=[]
                 )
                 return PrepackedNvFp4MarlinMoEMethod(nvfp4, _DTYPES[self.spec.act_dtype])
         if self.inner is None:

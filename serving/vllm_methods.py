@@ -31,6 +31,7 @@ from dsv4_convert.formats.marlin_scales import (
     s0e5m3_to_nvfp4_scales,
     vllm_rescale_factor,
 )
+from dsv4_convert.formats.tiles import GROUP_SIZE
 from dsv4_convert.serving.config import (
     QUANT_METHOD,
     PluginConfigError,
@@ -65,7 +66,7 @@ def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
         extra_weight_attrs.pop(key, None)
     attrs = {**extra_weight_attrs, "is_transposed": True}
     register_marlin_params(
-        layer, _register, experts=e, hidden=h, intermediate=i, group=16 if fmt == "nvfp4" else 32,
+        layer, _register, experts=e, hidden=h, intermediate=i, group=GROUP_SIZE[fmt],
         scale_dtype=torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8,  # E8M0 arrives viewed as uint8
         attrs=attrs, loader=loader, scale_attrs={"quant_method": _GROUP},
     )
@@ -250,7 +251,7 @@ class VllmMarlinFp4Config(QuantizationConfig):
                     is_checkpoint_nvfp4_serialized=True,
                     kv_cache_quant_algo=None,
                     exclude_modules=[],
-                    group_size=16,
+                    group_size=GROUP_SIZE["nvfp4"],
                 )
                 return PrepackedNvFp4MarlinMoE(nvfp4, layer.moe_config, spec=self.spec, container=container)
         return None if self.inner is None else self.inner.get_quant_method(layer, prefix)

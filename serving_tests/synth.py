@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import torch
 
+from dsv4_convert.core.engines import FORMAT_VERSION, QUANT_METHOD
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
+from dsv4_convert.formats.tiles import GROUP_SIZE, LAYOUT_CANDIDATES
 
 __all__ = ["CONTAINER", "converted_experts", "quant_config", "rescale_factors", "source_experts"]
 
@@ -95,8 +97,8 @@ def quant_config(
 ) -> dict:
     """The `quantization_config` block the converter writes (docs/FORMAT.md)."""
     return {
-        "quant_method": "marlin_fp4",
-        "format_version": 1,
+        "quant_method": QUANT_METHOD,
+        "format_version": FORMAT_VERSION,
         "producer": {"name": "dsv4-convert", "version": "0.1.0"},
         "marlin_layout": target.layout_tag,
         "target_engine": target.engine,
@@ -105,7 +107,8 @@ def quant_config(
         "w4a8": target.w4a8,
         "source_format": f"{fmt}-synthetic",
         "weight_format": fmt,
-        "group_size": 16 if fmt == "nvfp4" else 32,
+        "group_size": GROUP_SIZE[fmt],
+        "layouts": [{"tp": tp, "ep": ep} for tp, ep in LAYOUT_CANDIDATES],
         "experts": {CONTAINER: fmt},
         "packed_modules": [f"{CONTAINER}.*.w1", f"{CONTAINER}.*.w2", f"{CONTAINER}.*.w3"],
         "rescale_factors": rescale or {},

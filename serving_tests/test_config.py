@@ -26,7 +26,7 @@ def test_converted_config_parses():
 
 def test_parse_lists_every_problem_at_once():
     with pytest.raises(PluginConfigError) as e:
-        parse_quant_config({"quant_method": "marlin_fp4", "format_version": 2, "act_dtype": "fp8"})
+        parse_quant_config({"quant_method": "marlin_fp4", "format_version": 3, "act_dtype": "fp8"})
     msg = str(e.value)
     assert (
         "format_version" in msg
@@ -83,6 +83,12 @@ def test_dsv4_flash_shapes_work_at_tp_1_to_16():
     assert working_tp_sizes("mxfp4", "vllm", intermediate=2048, hidden=4096) == [1, 2, 4, 8, 16]
 
 
-def test_padding_shape_refused_with_working_tp_sizes():
-    with pytest.raises(PluginConfigError, match=r"2048/32 = 64 is not a multiple of 128.*\[1, 2, 4, 8, 16\]"):
+def test_padding_shape_refused_with_working_layouts():
+    with pytest.raises(PluginConfigError, match=r"TP 32 / EP 1: sglang pads mxfp4 experts per rank: I_shard 64 -> "
+                                                r"128.*Layouts that work for this model: TP 1 / EP 1, .*TP 8 / EP 8"):
         check_rank_shape("mxfp4", "sglang", intermediate=2048, hidden=4096, tp_size=32)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_both_format_versions_parse(version):
+    assert parse_quant_config(_qc(format_version=version)).format_version == version

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role
-from dsv4_convert.formats.constants import E2M1_VALUES, E8M0_NAN
+from dsv4_convert.formats.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, E8M0_NAN
+from dsv4_convert.formats.e4m3 import e4m3_is_nan
 from dsv4_convert.formats.e8m0 import e8m0_to_float
 
 __all__ = [
@@ -38,7 +39,6 @@ __all__ = [
 _MAX_NIBBLE = np.array([max(b & 7, (b >> 4) & 7) for b in range(256)], dtype=np.uint8)
 _E2M1_MAGNITUDES = torch.tensor(E2M1_VALUES[:8], dtype=torch.float32)
 _MAGNITUDE_BITS = np.uint64(0x7777777777777777)  # every nibble without its sign bit
-_E4M3_MAX = 448.0
 _FP32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -147,8 +147,8 @@ class ProjectionTensors:
             g = self.global_value
             if g is not None and not math.isfinite(g):
                 return np.ones(b.shape, dtype=bool)
-            mask = (b & 0x7F) == 0x7F
-            if g is not None and abs(g) * _E4M3_MAX * 6 > _FP32_MAX:
+            mask = e4m3_is_nan(b)
+            if g is not None and abs(g) * E4M3_MAX * E2M1_MAX > _FP32_MAX:
                 mask = mask | ~torch.isfinite(self.block_absmax).numpy()
             return mask
         mask = b == E8M0_NAN

@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
-from dsv4_convert.formats.marlin import ENGINES
-from dsv4_convert.serving.config import registration_log_line
+from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 from dsv4_convert.validate.checks.structure import model_dims
-from dsv4_convert.validate.tiles import ShardVerdict, moe_shard_verdict
 
 __all__ = [
     "ACTIVATION_GIB",
@@ -56,14 +55,16 @@ class ModelShape:
 
 def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
     dims = model_dims(ckpt.config)
-    per_layer, quants = defaultdict(int), defaultdict(int)
+    per_layer, quants = defaultdict(dict), defaultdict(int)
     hidden = intermediate = None
     for p in ckpt.projections:
-        per_layer[p.layer] += sum(r.nbytes for r in p.source_refs)
+        # by name: a stacked tensor (gpt-oss) feeds every projection of its layer but is counted once
+        per_layer[p.layer].update((r.name, r.nbytes) for r in p.source_refs)
         if not p.layer.startswith("mtp"):
             quants[p.quant.value] += 1
         if p.role.value == "down":
             hidden, intermediate = p.n, p.k
+    per_layer = {layer: sum(refs.values()) for layer, refs in per_layer.items()}
     expert_bytes = sum(per_layer.values())
     total = sum(t.nbytes for t in ckpt.tensors.values())
     qc = ckpt.config.get("quantization_config") or {}
@@ -81,7 +82,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
 class ConfigVerdict:
     tp: int
     ep: int
-    tiles: ShardVerdict
+    tiles: RankTiles
     weights_gib: float
     repack_gib: float
     kv_gib: float
@@ -115,8 +116,10 @@ class LaunchPlan:
             "memory_flag": {"flag": self.mem_flag, "value": self.mem_value},
             "moe_backend": {"flag": self.backend_flag, "why": self.backend_why},
             "candidates": [{"tp": c.tp, "ep": c.ep, "moe_tp": c.tiles.moe_tp, "i_shard": c.tiles.i_shard,
-                            "tiles_ok": c.tiles.ok, "servable": c.tiles.servable, "sliceable": c.tiles.sliceable,
-                            "padding": c.tiles.padding or None, "weights_gib": round(c.weights_gib, 2),
+                            "tiles": c.tiles.status, "tiles_ok": c.tiles.ok, "servable": c.tiles.servable,
+                            "padded": None if c.tiles.status != PAD else {"i_shard": c.tiles.i_pad,
+                                                                          "hidden": c.tiles.h_pad},
+                            "tiles_reason": c.tiles.reason or None, "weights_gib": round(c.weights_gib, 2),
                             "repack_gib": round(c.repack_gib, 2), "kv_gib": round(c.kv_gib, 2), "fits": c.fits,
                             "valid": c.valid, "reasons": c.reasons} for c in self.candidates],
             "recommended": None if self.chosen is None else {"tp": self.chosen.tp, "ep": self.chosen.ep},
@@ -140,17 +143,18 @@ class LaunchPlan:
 
 
 def _mem_flag(engine: str, gpu_mem: float) -> tuple[str, float]:
+    flag = ENGINES[engine].memory_flag
     if engine == "sglang":
         # SGLang's static pool (weights + KV) is this fraction; activations and graphs live in the rest
         frac = (gpu_mem - ACTIVATION_GIB - CUDA_GRAPH_GIB - RUNTIME_GIB) / gpu_mem
-        return "--mem-fraction-static", max(0.5, min(0.92, int(frac * 100) / 100))
+        return flag, max(0.5, min(0.92, int(frac * 100) / 100))
     # vLLM profiles activations and graphs itself inside this budget; leave the runtime outside it
     frac = (gpu_mem - RUNTIME_GIB) / gpu_mem
-    return "--gpu-memory-utilization", max(0.5, min(0.95, int(frac * 100) / 100))
+    return flag, max(0.5, min(0.95, int(frac * 100) / 100))
 
 
 def _backend(engine: str, arch: str) -> tuple[str, str]:
-    flag = "--moe-runner-backend marlin" if engine == "sglang" else "--moe-backend marlin"
+    flag = ENGINES[engine].moe_backend_flag
     if arch == "sm_120":
         default = ("SGLang's DeepSeek-V4 default on sm_120 is flashinfer_mxfp4 (NVFP4: flashinfer_trtllm_routed)"
                    if engine == "sglang" else "vLLM usually auto-selects Marlin on sm_120, but an SM100 path can "
@@ -162,32 +166,17 @@ def _backend(engine: str, arch: str) -> tuple[str, str]:
                   "checkpoint holds Marlin tensors and must still use Marlin")
 
 
-def _command(shape: ModelShape, c: ConfigVerdict, engine: str, act: str, mem_flag: str, mem: float,
-             backend: str, path: str) -> str:
-    if engine == "sglang":
-        parts = ["python -m sglang.launch_server", f"--model-path {path}", f"--tp {c.tp}"]
-        if c.ep > 1:
-            parts.append(f"--ep {c.ep}")
-        parts += [backend, f"{mem_flag} {mem:.2f}", f"--dtype {act}", "--trust-remote-code"]
-    else:
-        parts = [f"vllm serve {path}", f"--tensor-parallel-size {c.tp}"]
-        if c.ep > 1:
-            parts.append("--enable-expert-parallel")
-        parts += [backend, f"{mem_flag} {mem:.2f}", f"--dtype {act}", "--trust-remote-code"]
-    return " ".join(parts)
-
-
 def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "sm_120", engine: str = "sglang",
               act_dtype: str = "bfloat16", path: str = "PATH") -> LaunchPlan:
-    group = 16 if shape.quant == "nvfp4" else 32
+    group = GROUP_SIZE[shape.quant]
     mem_flag, mem = _mem_flag(engine, gpu_mem_gib)
     backend, why = _backend(engine, arch)
     reasoning = []
     candidates = []
     for tp in (t for t in (1, 2, 4, 8, 16) if t <= gpus):
         for ep in sorted({1, tp}):
-            tiles = moe_shard_verdict(hidden=shape.hidden, intermediate=shape.intermediate, experts=shape.experts,
-                                      group=group, quant=shape.quant, tp=tp, ep=ep, engine=engine)
+            tiles = moe_rank_tiles(shape.quant, engine, hidden=shape.hidden, intermediate=shape.intermediate,
+                                   tp=tp, ep=ep, experts=shape.experts)
             weights = (shape.expert_bytes + shape.other_bytes) / tp / GIB
             repack = 0.0 if shape.converted else shape.largest_layer_expert_bytes / tp / GIB
             if engine == "sglang":
@@ -198,17 +187,17 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
             fits = loads and kv >= MIN_KV_GIB
             reasons = []
             if not tiles.servable:
-                reasons.append("tile rule: " + "; ".join(tiles.problems + ([tiles.padding] if tiles.padding else [])))
+                reasons.append("tile rule: " + tiles.reason)
             elif not tiles.ok:
-                reasons.append("needs padding: " + tiles.padding)
-            if shape.converted and not tiles.sliceable:
-                reasons.append("converted tensors cannot be sliced for this split")
+                reasons.append("needs padding: " + tiles.reason)
+                if shape.converted:
+                    reasons.append("converted tensors cannot be sliced for this split")
             if not loads:
                 reasons.append(f"weights {weights:.1f} GiB" + (f" + repack {repack:.1f} GiB" if repack else "")
                                + f" do not fit {gpu_mem_gib:g} GiB")
             elif kv < MIN_KV_GIB:
                 reasons.append(f"only {kv:.1f} GiB left for the KV cache (< {MIN_KV_GIB:g})")
-            valid = tiles.servable and fits and not (shape.converted and not tiles.sliceable)
+            valid = (tiles.ok if shape.converted else tiles.servable) and fits
             candidates.append(ConfigVerdict(tp, ep, tiles, weights, repack, kv, fits, valid, reasons))
     usable = [c for c in candidates if c.valid]
     chosen = max(usable, key=lambda c: (c.tp, c.tiles.ok, -c.ep), default=None)
@@ -235,13 +224,19 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
     if shape.converted:
         reasoning.append("a dsv4-convert checkpoint needs the dsv4-convert plugin in the server's environment "
                          "(`pip install dsv4-convert`; no --quantization flag: the engine reads quant_method "
-                         f"marlin_fp4 from config.json); check the log for `{registration_log_line(engine, ENGINES[engine][1])}`")
+                         f"{QUANT_METHOD} from config.json); check the log for "
+                         f"`{registration_log_line(engine, ENGINES[engine].version)}`")
     if chosen is not None:
         reasoning.append(f"recommended: TP {chosen.tp}" + (f" with EP {chosen.ep}" if chosen.ep > 1 else "")
                          + f" (the largest valid split on {gpus} GPUs; {chosen.weights_gib:.1f} GiB weights and "
                          f"{chosen.kv_gib:.1f} GiB KV cache per GPU)")
+        padded = [c for c in candidates if c.tp == chosen.tp and c.tiles.status == PAD]
+        if chosen.ep > 1 and padded:
+            reasoning.append(f"EP {chosen.ep} keeps each expert whole on one rank, so nothing is padded; TP "
+                             f"{chosen.tp} without EP would need padding ({padded[0].tiles.reason})")
         if chosen.tp < gpus:
             reasoning.append(f"{gpus // chosen.tp} replicas of TP {chosen.tp} (data parallel) would use all {gpus} GPUs")
-    command = None if chosen is None else _command(shape, chosen, engine, act_dtype, mem_flag, mem, backend, path)
+    command = None if chosen is None else launch_command(engine, path, tp=chosen.tp, ep=chosen.ep,
+                                                         act_dtype=act_dtype, memory=mem)
     return LaunchPlan(shape, gpus, gpu_mem_gib, arch, engine, act_dtype, mem_flag, mem, backend, why, candidates,
                       chosen, command, reasoning)

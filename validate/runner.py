@@ -21,6 +21,7 @@ from tqdm import tqdm
 from dsv4_convert.core.errors import DsvError, InputError
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat
+from dsv4_convert.formats.e4m3 import e4m3_is_nan
 from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
 from dsv4_convert.validate.check import Check, Finding, Result, Scope
@@ -231,7 +232,7 @@ def _rescale_factors(ckpt: Checkpoint, opts: Options, reader: TensorReader, proj
             except DsvError:
                 continue
             key = (p.container, p.stack)
-            nan[key] |= bool(((b & 0x7F) == 0x7F).any())
+            nan[key] |= bool(e4m3_is_nan(b).any())
             pos = b[b < 0x7F]  # positive E4M3 bytes sort like their values
             top[key] = max(top[key], int(pos.max()) if pos.numel() else 0)
     return {key: 1.0 if nan[key] else vllm_rescale_factor(

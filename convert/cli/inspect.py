@@ -8,6 +8,7 @@ from collections import Counter, defaultdict
 import click
 
 from dsv4_convert.core.detect import declared_group_size, detect_format
+from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Checkpoint
 
@@ -38,7 +39,7 @@ def _layer_key(layer: str):
 
 def _excluded(ckpt: Checkpoint) -> list[dict]:
     qc = ckpt.config.get("quantization_config") or {}
-    if qc.get("quant_method") == "marlin_fp4":
+    if qc.get("quant_method") == QUANT_METHOD:
         qc = qc.get("original_quantization_config") or {}
     out = []
     for key in ("ignore", "modules_to_not_convert", "exclude_modules"):

@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import save_file
 
 from dsv4_convert import __version__
+from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.paths import check_replaceable, out_path
 from dsv4_convert.synth.configs import config_files
@@ -43,7 +44,7 @@ SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp
                  "mxfp4-gptoss")
 DEFECT_NAMES = tuple(DEFECTS)
 MANIFEST = "synth.json"
-INDEX = "model.safetensors.index.json"
+INDEX = INDEX_FILE
 
 Progress = Callable[[int, int], None]  # (bytes of the tensor just produced, total bytes of the checkpoint)
 

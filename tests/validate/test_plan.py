@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
+from dsv4_convert.formats.tiles import IMPOSSIBLE, PAD, moe_rank_tiles
 from dsv4_convert.validate.plan import make_plan, shape_from_checkpoint
-from dsv4_convert.validate.tiles import moe_shard_verdict
 
 GIB = 1 << 30
 
@@ -53,23 +53,49 @@ def test_flash_verdicts_tp_1_2_4_8(flash, engine):
     assert plan.to_json()["recommended"] == {"tp": 8, "ep": 1}
 
 
-def test_shape_that_breaks_the_tile_rule_at_tp8_is_flagged():
+def test_shape_that_needs_padding_at_tp8_recommends_ep():
     shape = shape_from_checkpoint(flash_like(layers=1, experts=8, inter=768))  # I/8 = 96: w2 K=96 breaks it
     plan = make_plan(shape, gpus=8, gpu_mem_gib=96, engine="sglang")
     by = {(c.tp, c.ep): c for c in plan.candidates}
-    assert by[(4, 1)].tiles.ok  # I/4 = 192: w13 [384, 4096], w2 [4096, 192] (N%128, K%64)
+    assert by[(4, 1)].tiles.status == PAD  # MXFP4: I/4 = 192 is rounded to 256 by the engine
     bad = by[(8, 1)]
-    assert not bad.valid and not bad.tiles.ok and "w2 shard N=H=4096, K=I_shard=96" in bad.reasons[0]
-    assert (plan.chosen.tp, plan.chosen.ep) == (8, 8)  # EP keeps experts whole
+    assert bad.tiles.status == PAD and "I_shard 96 -> 128" in bad.reasons[0]
+    assert (plan.chosen.tp, plan.chosen.ep) == (8, 8)  # EP keeps experts whole: nothing padded
+    assert any("EP 8 keeps each expert whole" in r for r in plan.reasoning)
+    nv = make_plan(shape_from_checkpoint(flash_like(layers=1, experts=8, inter=768)), gpus=8, gpu_mem_gib=96,
+                   engine="vllm")
+    assert (nv.chosen.tp, nv.chosen.ep) == (8, 8)
 
 
 def test_padding_engine_is_named():
-    v = moe_shard_verdict(hidden=2880, intermediate=2880, experts=128, group=32, quant="mxfp4", tp=2, ep=1,
-                          engine="vllm")  # gpt-oss-120b: H = 2880 is not a multiple of 128
-    assert v.servable and not v.ok and "vLLM's Mxfp4MoEMethod rounds I -> 1536 and H -> 3072" in v.padding
-    v = moe_shard_verdict(hidden=4096, intermediate=768, experts=8, group=16, quant="nvfp4", tp=8, ep=1,
-                          engine="sglang")
-    assert not v.servable and "SGLang does not pad" in v.padding
-    v = moe_shard_verdict(hidden=4096, intermediate=2048, experts=256, group=32, quant="mxfp4", tp=128, ep=1,
-                          engine="sglang")
-    assert not v.servable and "straddle" in v.problems[0]
+    v = moe_rank_tiles("mxfp4", "vllm", hidden=2880, intermediate=2880, experts=128, tp=2, ep=1)  # gpt-oss-120b
+    assert v.status == PAD and (v.i_pad, v.h_pad) == (1536, 3072)
+    assert "vllm pads mxfp4 experts per rank: I_shard 1440 -> 1536, H 2880 -> 3072 (zeros)" == v.reason
+    v = moe_rank_tiles("nvfp4", "sglang", hidden=4096, intermediate=768, experts=8, tp=8, ep=1)
+    assert v.status == IMPOSSIBLE and "sglang does not pad a gated nvfp4 MoE" in v.reason
+    v = moe_rank_tiles("mxfp4", "sglang", hidden=4096, intermediate=2048, experts=256, tp=128, ep=1)
+    assert v.status == IMPOSSIBLE and "straddle" in v.reason
+
+
+def test_stacked_experts_are_counted_once():
+    """gpt-oss stacks all experts of a layer in one tensor that every projection of the layer refers to."""
+    h = i = 2880
+    blocks = TensorRef("block.0.mlp.experts.gate_up_proj_blocks", "s", "U8", (4, 2 * i, h // 32, 16), 0,
+                       4 * 2 * i * h // 2)
+    scales = TensorRef("block.0.mlp.experts.gate_up_proj_scales", "s", "U8", (4, 2 * i, h // 32), 0, 4 * 2 * i * h // 32)
+    down = TensorRef("block.0.mlp.experts.down_proj_blocks", "s", "U8", (4, h, i // 32, 16), 0, 4 * h * i // 2)
+    dscales = TensorRef("block.0.mlp.experts.down_proj_scales", "s", "U8", (4, h, i // 32), 0, 4 * h * i // 32)
+    projections = []
+    for e in range(4):
+        key = f"block.0.mlp.experts.{e}"
+        projections += [Projection(f"{key}.gate", "0", e, Role.GATE, Quant.MXFP4, i, h, blocks, scales, expert_index=e,
+                                   row_step=2),
+                        Projection(f"{key}.up", "0", e, Role.UP, Quant.MXFP4, i, h, blocks, scales, expert_index=e,
+                                   row_start=1, row_step=2),
+                        Projection(f"{key}.down", "0", e, Role.DOWN, Quant.MXFP4, h, i, down, dscales, expert_index=e)]
+    tensors = {t.name: t for t in (blocks, scales, down, dscales)}
+    ckpt = Checkpoint(Path("gpt-oss-layer"), SourceFormat.MXFP4_GPTOSS, {"num_local_experts": 4}, None, tensors,
+                      tuple(projections))
+    shape = shape_from_checkpoint(ckpt)
+    assert shape.expert_bytes == sum(t.nbytes for t in tensors.values())  # about 53 MB, not 4 x 3 x that
+    assert shape.other_bytes == 0

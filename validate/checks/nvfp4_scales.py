@@ -9,13 +9,13 @@ import numpy as np
 import torch
 
 from dsv4_convert.formats.constants import S0E5M3_MIN, S0E5M3_MULTIPLIER
+from dsv4_convert.formats.e4m3 import e4m3_is_nan
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.checks._util import count_first, fmt_coords
 from dsv4_convert.validate.inputs import Options, ProjectionTensors
 
 __all__ = ["nan_scales", "negative_scales", "subnormal_scales", "zero_scales"]
 
-_NAN = 0x7F  # e4m3fn NaN is S.1111.111: (byte & 0x7F) == 0x7F
 _SIGN = 0x80
 
 
@@ -32,7 +32,7 @@ def _finding(p: ProjectionTensors, mask, text: str, **kw) -> Iterator[Finding]:
        hint="re-export or re-quantize the source checkpoint; a NaN block scale cannot be repaired")
 def nan_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     """A NaN block scale makes its 16 weights NaN, and NaN spreads to every token's output."""
-    yield from _finding(p, (p.scale_np & 0x7F) == _NAN, "are NaN (E4M3 0x7F/0xFF)")
+    yield from _finding(p, e4m3_is_nan(p.scale_np), "are NaN (E4M3 0x7F/0xFF)")
 
 
 @check(id="nvfp4.scale.negative", severity=Severity.ERROR, scope=Scope.PROJECTION, quant="nvfp4",
@@ -40,7 +40,7 @@ def nan_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
 def negative_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     """Marlin has no sign bit for scales: vLLM zeroes negative scales, SGLang silently uses |s|."""
     b = p.scale_np
-    mask = (b > _SIGN) & ((b & 0x7F) != _NAN)
+    mask = (b > _SIGN) & ~e4m3_is_nan(b)
     effect = ("vLLM zeroes these blocks" if opts.engine == "vllm" else "SGLang serves them as |s| (sign lost)")
     yield from _finding(p, mask, f"are negative; {effect}")
 

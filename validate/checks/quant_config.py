@@ -8,8 +8,14 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 
+from dsv4_convert.core.engines import (
+    ENGINES,
+    FORMAT_VERSION,
+    QUANT_METHOD,
+    READABLE_FORMAT_VERSIONS,
+    mxfp4_dtype_problem,
+)
 from dsv4_convert.core.tensor_model import SourceFormat
-from dsv4_convert.formats.marlin import ENGINES
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.checks.tiles import containers
 from dsv4_convert.validate.inputs import CheckpointInput, Options
@@ -145,7 +151,7 @@ def exclusions_cover(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
        hint="serve MXFP4 experts with --act-dtype bfloat16")
 def mxfp4_act_dtype(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """MXFP4 Marlin runs with bf16 activations only; SGLang's fp16 path destroys E8M0 scales outside 2**-24..2**15."""
-    if c.checkpoint is not None and opts.act_dtype != "bfloat16":
+    if c.checkpoint is not None and mxfp4_dtype_problem(opts.act_dtype):
         n = sum(1 for p in c.checkpoint.projections if p.quant.value == "mxfp4")
         if n:
             yield Finding("config", f"{n} MXFP4 projections, activation dtype {opts.act_dtype}.", count=n)
@@ -158,13 +164,14 @@ def marlin_config(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
         return
     qc = _qc(c)
-    if qc.get("quant_method") != "marlin_fp4" or qc.get("format_version") != 1:
+    if qc.get("quant_method") != QUANT_METHOD or qc.get("format_version") not in READABLE_FORMAT_VERSIONS:
         yield Finding("config.json", f"quantization_config has quant_method={qc.get('quant_method')!r}, "
-                      f"format_version={qc.get('format_version')!r}; expected 'marlin_fp4', 1.")
+                      f"format_version={qc.get('format_version')!r}; expected {QUANT_METHOD!r}, "
+                      f"{' or '.join(map(str, READABLE_FORMAT_VERSIONS))} (written now: {FORMAT_VERSION}).")
     engine, tag = qc.get("target_engine"), qc.get("marlin_layout")
-    if engine not in ENGINES or tag != ENGINES[engine][0]:
+    if engine not in ENGINES or tag != ENGINES[engine].layout_tag:
         yield Finding("config.json", f"target_engine={engine!r} with marlin_layout={tag!r}; expected one of "
-                      f"{ {e: t for e, (t, _) in ENGINES.items()} }.")
+                      f"{ {e: f.layout_tag for e, f in ENGINES.items()} }.")
     if opts.engine_requested and engine and opts.engine_requested != engine:
         yield Finding("config.json", f"converted for target {engine} ({tag}), but you asked to validate for "
                       f"{opts.engine_requested}: the {opts.engine_requested} engine would misread its scales/globals.")

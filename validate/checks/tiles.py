@@ -1,31 +1,22 @@
-"""Marlin tile rules per tensor-parallel rank for the requested --tp / --ep (validate/tiles.py)."""
+"""Marlin tile rules per tensor-parallel rank for the requested --tp / --ep (the one rule: formats/tiles.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsv4_convert.core.tensor_model import Role, SourceFormat
+from dsv4_convert.core.tensor_model import SourceFormat, moe_layers
+from dsv4_convert.formats.tiles import moe_rank_tiles
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.checks.structure import model_dims
 from dsv4_convert.validate.inputs import CheckpointInput, Options
-from dsv4_convert.validate.tiles import moe_shard_verdict
 
 __all__ = ["containers", "tile_rules_per_rank"]
 
 
 def containers(c: CheckpointInput) -> dict[str, dict]:
-    """experts container -> {quant, hidden, intermediate, experts, layer} from the gate/down projections."""
-    out: dict[str, dict] = {}
-    for p in c.checkpoint.projections:
-        name = p.key.rsplit(".", 2)[0]
-        info = out.setdefault(name, {"quant": p.quant.value, "layer": p.layer, "experts": set(),
-                                     "hidden": None, "intermediate": None})
-        info["experts"].add(p.expert)
-        if p.role is Role.DOWN:
-            info["hidden"], info["intermediate"] = p.n, p.k
-        elif info["hidden"] is None:
-            info["hidden"], info["intermediate"] = p.k, p.n
-    return out
+    """experts container -> {quant, hidden, intermediate, experts, layer} (core.tensor_model.moe_layers)."""
+    return {name: {"quant": m.quant.value, "layer": m.layer, "experts": m.experts, "hidden": m.hidden,
+                   "intermediate": m.intermediate} for name, m in moe_layers(c.checkpoint.projections).items()}
 
 
 @check(id="structure.tile.tp", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -46,17 +37,14 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
             seen[key].append(info["layer"])
             continue
         seen[key] = [info["layer"]]
-        g = 16 if info["quant"] == "nvfp4" else 32
-        v = moe_shard_verdict(hidden=info["hidden"], intermediate=info["intermediate"],
-                              experts=n_experts or len(info["experts"]), group=g, quant=info["quant"], tp=opts.tp,
-                              ep=opts.ep, engine=opts.engine)
-        if v.ok and (v.sliceable or not marlin):
+        v = moe_rank_tiles(info["quant"], opts.engine, hidden=info["hidden"], intermediate=info["intermediate"],
+                           tp=opts.tp, ep=opts.ep, experts=n_experts or info["experts"])
+        if v.ok:
             continue
-        if not v.servable or (marlin and not v.sliceable):
-            severity = Severity.ERROR
-        else:
-            severity = Severity.WARNING
-        text = "; ".join(v.problems + ([v.padding] if v.padding else []))
+        # a source is padded by the engine at load (a warning); pre-packed tiles cannot be padded afterwards
+        severity = Severity.WARNING if v.servable and not marlin else Severity.ERROR
+        text = v.reason + (": converted (pre-packed) tensors cannot be sliced for this split" if marlin and
+                           v.servable else "")
         yield Finding(name, f"TP {opts.tp} / EP {opts.ep} ({info['quant']}, H={info['hidden']}, "
                       f"I={info['intermediate']}, I_shard={v.i_shard}): {text}.", severity=severity,
                       layer=info["layer"])

@@ -1,0 +1,177 @@
+"""The one Marlin tile rule of the project, and each engine's padding numbers (MARLIN_FP4.md §2).
+
+Every caller (the converters, `plan`, validate's structure.tile.tp, both serving plugins) asks
+`moe_rank_tiles`, so they cannot disagree. Each rank repacks its own shard: w13 has N = 2*I_shard,
+K = H; w2 has N = H, K = I_shard. The Marlin kernel needs (N % 64, K % 128) or (N % 128, K % 64);
+a quant group never straddles two ranks. On top of the kernel, the engines round sizes up when
+they create their MoE parameters; a shape is `ok` only when nobody pads it, since dsv4-convert's
+layout-agnostic output is one packed tensor per projection that each rank slices whole tiles from.
+
+Padding (per rank, zeros at the end of each dimension; w13's gate and up halves separately):
+  vLLM NVFP4 MoE (>= 0.24)      I -> multiple of 64 if H % 128 == 0, else of 128; H kept
+  vLLM MXFP4 (Mxfp4MoEMethod)   I -> multiple of 128, H -> multiple of 256 (torch.zeros)
+  SGLang MXFP4 (DSv4 Marlin)    I -> 128, H -> 256 too, but torch.empty: dsv4-convert writes zeros
+  SGLang NVFP4 gated MoE        never pads: a shape that breaks the kernel rule cannot be served
+Dense layers: `padded_dense_nk` (vLLM's marlin_padded_nk; SGLang NVFP4 dense uses the same rule).
+Pure: no I/O, no engine import.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dsv4_convert.formats.constants import MARLIN_TILE_K, MARLIN_TILE_N, MXFP4_GROUP, NVFP4_GROUP, W4A8_TILE
+
+__all__ = [
+    "GROUP_SIZE", "IMPOSSIBLE", "LAYOUT_CANDIDATES", "OK", "PAD", "RankTiles", "check_weight_tiles",
+    "engine_padding", "kernel_tile_ok", "moe_rank_tiles", "padded_dense_nk", "padded_moe_intermediate",
+    "roundup", "working_layouts",
+]
+
+OK, PAD, IMPOSSIBLE = "ok", "pad", "impossible"
+GROUP_SIZE = {"nvfp4": NVFP4_GROUP, "mxfp4": MXFP4_GROUP}
+LAYOUT_CANDIDATES = tuple((tp, ep) for tp in (1, 2, 4, 8) for ep in sorted({1, tp}))  # (TP, EP) the tools offer
+
+
+def roundup(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def kernel_tile_ok(n: int, k: int) -> bool:
+    """The Marlin W4A16 kernel's shape rule for one [N, K] GEMM operand."""
+    return (n % 64 == 0 and k % 128 == 0) or (n % 128 == 0 and k % 64 == 0)
+
+
+def check_weight_tiles(n: int, k: int, *, w4a8: bool = False) -> None:
+    """Raise ValueError unless one [N, K] tensor can be repacked without padding (whole tiles)."""
+    tile_k, tile_n = (W4A8_TILE, W4A8_TILE) if w4a8 else (MARLIN_TILE_K, MARLIN_TILE_N)
+    if k % 8:
+        raise ValueError(f"K={k} must be a multiple of 8 (the uint8 -> int32 view needs whole words)")
+    if k % tile_k or n % tile_n:
+        raise ValueError(
+            f"shape N={n}, K={k} is not a multiple of the Marlin tile ({tile_k} in K, {tile_n} in N); "
+            "pad it first (formats.tiles) or use a tensor-parallel split that keeps whole tiles"
+        )
+
+
+def padded_dense_nk(n: int, k: int, group: int) -> tuple[int, int]:
+    """vLLM's `marlin_padded_nk` (>= 0.24; SGLang's NVFP4 dense uses the same rule): the smaller, by
+    N*K then N+K, of (N->64, K->lcm(128, g)) and (N->128, K->lcm(64, g))."""
+    a = (roundup(n, 64), roundup(k, math.lcm(128, group)))
+    b = (roundup(n, 128), roundup(k, math.lcm(64, group)))
+    return min(a, b, key=lambda nk: (nk[0] * nk[1], nk[0] + nk[1]))
+
+
+def padded_moe_intermediate(i: int, h: int) -> int:
+    """vLLM NVFP4 MoE (>= 0.24): I -> multiple of 64 if H % 128 == 0, else of 128."""
+    return roundup(i, 64 if h % 128 == 0 else 128)
+
+
+def engine_padding(fmt: str, engine: str, hidden: int) -> tuple[int, int, str] | None:
+    """(I multiple, H multiple, what fills the padding) the engine rounds a rank's MoE sizes to when it
+    creates the parameters, or None when it never pads (SGLang NVFP4 gated MoE)."""
+    if fmt not in GROUP_SIZE:
+        raise ValueError(f"unknown FP4 format {fmt!r}; expected one of {sorted(GROUP_SIZE)}")
+    if engine == "vllm":
+        return (64 if hidden % 128 == 0 else 128, 1, "zeros") if fmt == "nvfp4" else (128, 256, "zeros")
+    if engine == "sglang":
+        return None if fmt == "nvfp4" else (128, 256, "uninitialised (torch.empty; dsv4-convert writes zeros)")
+    raise ValueError(f"unknown engine {engine!r}; expected 'vllm' or 'sglang'")
+
+
+@dataclass(frozen=True, slots=True)
+class RankTiles:
+    """The verdict for one MoE layer on one (TP, EP) split. `i_pad`/`h_pad` are the per-rank sizes the
+    engine's parameters have (equal to `i_shard`/`hidden` when `status` is OK)."""
+    status: str  # OK | PAD | IMPOSSIBLE
+    fmt: str
+    engine: str
+    tp: int
+    ep: int
+    hidden: int
+    intermediate: int
+    i_shard: int = 0
+    i_pad: int = 0
+    h_pad: int = 0
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK
+
+    @property
+    def servable(self) -> bool:
+        return self.status != IMPOSSIBLE
+
+    @property
+    def moe_tp(self) -> int:
+        return self.tp // self.ep if self.ep and self.tp % self.ep == 0 else 0
+
+    @property
+    def w13_nk(self) -> tuple[int, int]:
+        return 2 * self.i_pad, self.h_pad
+
+    @property
+    def w2_nk(self) -> tuple[int, int]:
+        return self.h_pad, self.i_pad
+
+    def layout(self) -> str:
+        return f"TP {self.tp} / EP {self.ep}"
+
+
+def _kernel_problems(i_s: int, h: int) -> list[str]:
+    out = []
+    if not kernel_tile_ok(2 * i_s, h):
+        out.append(f"w13 N=2*I_shard={2 * i_s}, K=H={h} breaks the Marlin tile rule (N%64 and K%128, or N%128 and K%64)")
+    if not kernel_tile_ok(h, i_s):
+        out.append(f"w2 N=H={h}, K=I_shard={i_s} breaks the Marlin tile rule (N%64 and K%128, or N%128 and K%64)")
+    return out
+
+
+def moe_rank_tiles(fmt: str, engine: str, *, hidden: int, intermediate: int, tp: int = 1, ep: int = 1,
+                   experts: int | None = None) -> RankTiles:
+    """Ok as is / needs padding to (I_pad, H_pad) per rank / impossible, with the reason, for a MoE
+    layer of `fmt` experts served by `engine` with tensor parallel `tp` and expert parallel `ep`
+    (MoE TP = TP / EP: with EP each expert stays whole on one rank)."""
+    pad_rule = engine_padding(fmt, engine, hidden)  # raises for an unknown format or engine
+    group = GROUP_SIZE[fmt]
+    v = dict(fmt=fmt, engine=engine, tp=tp, ep=ep, hidden=hidden, intermediate=intermediate)
+
+    def impossible(reason: str, i_s: int = 0) -> RankTiles:
+        return RankTiles(IMPOSSIBLE, **v, i_shard=i_s, i_pad=i_s, h_pad=hidden, reason=reason)
+
+    if tp < 1 or ep < 1 or tp % ep:
+        return impossible(f"EP {ep} must divide TP {tp} (MoE TP = TP / EP)")
+    if experts is not None and experts % ep:
+        return impossible(f"{experts} experts do not split evenly over EP {ep}")
+    moe_tp = tp // ep
+    if intermediate % moe_tp:
+        return impossible(f"I={intermediate} does not split evenly over MoE TP {moe_tp}")
+    i_s = intermediate // moe_tp
+    if i_s % group:
+        return impossible(f"I_shard={i_s} is not a multiple of the group size {group}: a quant group would "
+                          "straddle two ranks (no engine pads this)", i_s)
+    kernel = _kernel_problems(i_s, hidden)
+    if pad_rule is None:
+        if kernel:
+            return impossible("; ".join(kernel) + f", and {engine} does not pad a gated {fmt} MoE", i_s)
+        return RankTiles(OK, **v, i_shard=i_s, i_pad=i_s, h_pad=hidden)
+    i_mult, h_mult, fill = pad_rule
+    i_pad, h_pad = roundup(i_s, i_mult), roundup(hidden, h_mult)
+    if not kernel and (i_pad, h_pad) == (i_s, hidden):
+        return RankTiles(OK, **v, i_shard=i_s, i_pad=i_s, h_pad=hidden)
+    padded_kernel = _kernel_problems(i_pad, h_pad)
+    if padded_kernel:
+        return impossible("; ".join(padded_kernel) + f" even after {engine}'s padding", i_s)
+    what = ([f"I_shard {i_s} -> {i_pad}"] if i_pad != i_s else []) + ([f"H {hidden} -> {h_pad}"] if h_pad != hidden else [])
+    return RankTiles(PAD, **v, i_shard=i_s, i_pad=i_pad, h_pad=h_pad,
+                     reason=f"{engine} pads {fmt} experts per rank: {', '.join(what)} ({fill})")
+
+
+def working_layouts(fmt: str, engine: str, *, hidden: int, intermediate: int, experts: int | None = None,
+                    candidates=LAYOUT_CANDIDATES) -> list[tuple[int, int]]:
+    """The (TP, EP) splits among `candidates` that the engine serves without any padding."""
+    return [(tp, ep) for tp, ep in candidates
+            if moe_rank_tiles(fmt, engine, hidden=hidden, intermediate=intermediate, tp=tp, ep=ep,
+                              experts=experts).ok]
