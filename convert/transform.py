@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -42,6 +44,14 @@ def _refuse_nan_scales(p: Projection, scale: torch.Tensor) -> None:
         raise ValueError(f"{int(nan.sum())} block scales are NaN (first at {first})")
 
 
+@functools.lru_cache(maxsize=16)
+def _lossy_bytes(engine: str, sf: float) -> np.ndarray:
+    """[256] bool: E4M3 bytes that do not survive the round trip through the target's S0E5M3."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(codes.view(torch.float8_e4m3fn), engine=engine, sf=sf), sf=sf)
+    return (back.view(torch.uint8) != codes).numpy()
+
+
 def _present(b: torch.Tensor) -> np.ndarray:
     """[256] bool: which byte values occur in b."""
     return byte_presence(b.contiguous().reshape(-1).numpy())
@@ -52,10 +62,7 @@ def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -
     rescaling, incl. negatives; sglang drops signs): (flat indices into the source [N, K/16] scale,
     their original bytes). Empty for normal checkpoints; stored so that the reverse is exact.
     Whether a byte survives the round trip depends on the byte alone: one 256-entry table."""
-    codes = torch.arange(256, dtype=torch.uint8)
-    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(codes.view(torch.float8_e4m3fn), engine=target.engine,
-                                                         sf=sf), sf=sf)
-    lossy = (back.view(torch.uint8) != codes).numpy()
+    lossy = _lossy_bytes(target.engine, sf)
     src = scale.contiguous().view(torch.uint8).reshape(-1)
     if not (lossy & _present(src)).any():  # the normal case: no byte of the scale is lossy
         return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.uint8)

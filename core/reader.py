@@ -268,9 +268,9 @@ class TensorReader:
 
     def get(self, ref: TensorRef) -> torch.Tensor:
         """The tensor in its stored dtype (I8 stays int8, F8_E8M0 is float8_e8m0fnu)."""
-        buf = bytearray(ref.nbytes)
-        self._read_into(ref, memoryview(buf))
-        flat = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+        flat = torch.empty(ref.nbytes, dtype=torch.uint8)  # not zero-filled: every byte is read into it
+        if ref.nbytes:
+            self._read_into(ref, memoryview(flat.numpy()))
         return flat.view(TORCH_DTYPES[ref.dtype]).reshape(ref.shape)
 
     def get_expert(self, ref: TensorRef, index: int) -> torch.Tensor:

@@ -7,6 +7,7 @@ bytes (with vLLM's power-of-two rescale and clamp where the target has them); MX
 (W4A8 adds 6). All functions here work on [..., G, N] and carry leading dimensions through.
 """
 
+import functools
 import math
 
 import numpy as np
@@ -98,13 +99,19 @@ def nvfp4_scales_to_s0e5m3(scale: torch.Tensor, *, engine: str, sf: float = 1.0)
     sglang: fp16(s) * 128 with the sign dropped; no rescale, no clamp.
     Each output byte depends on its input byte alone, so the rule is evaluated once over all 256
     bytes and applied as a table lookup (several times faster on a [2048, 256] expert scale)."""
-    table = _s0e5m3_values(torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn), engine=engine, sf=sf)
+    table = _s0e5m3_table(engine, sf)
     src = as_e4m3(scale).view(torch.uint8)
     transposed = src.dim() >= 2 and not src.is_contiguous() and src.transpose(-1, -2).is_contiguous()
     base = src.transpose(-1, -2) if transposed else src.contiguous()  # keep a transposed view's layout
     out = base.clone()
-    fp4_kernels.lookup(out.reshape(-1).numpy(), table.numpy())
+    fp4_kernels.lookup(out.reshape(-1).numpy(), table)
     return out.transpose(-1, -2) if transposed else out
+
+
+@functools.lru_cache(maxsize=16)
+def _s0e5m3_table(engine: str, sf: float) -> np.ndarray:
+    """The forward rule over all 256 E4M3 bytes (built once per engine and rescale factor)."""
+    return _s0e5m3_values(torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn), engine=engine, sf=sf).numpy()
 
 
 def _s0e5m3_values(scale: torch.Tensor, *, engine: str, sf: float) -> torch.Tensor:
