@@ -1,4 +1,5 @@
-"""Shared by the benchmarks: time a command plus `sync`, and sample the peak RSS of its process tree."""
+"""Shared by the benchmarks: time a command plus `sync`, and sample the peak RSS of its process
+tree (the sum over the command and its children) and of its largest single process."""
 
 from __future__ import annotations
 
@@ -6,9 +7,17 @@ import os
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 
 
-def _tree_rss_kib(root_pid: int) -> int:
+@dataclass
+class Run:
+    seconds: float
+    tree_mib: float  # peak of the summed RSS of the process and its descendants
+    largest_mib: float  # peak RSS of the largest single process of the tree
+
+
+def _tree_rss_kib(root_pid: int) -> tuple[int, int]:
     parents, rss = {}, {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -18,27 +27,30 @@ def _tree_rss_kib(root_pid: int) -> int:
             rss[int(pid)] = int(fields.get("VmRSS", "0 kB").split()[0])
         except (OSError, KeyError, ValueError):
             continue
-    total = 0
+    total = largest = 0
     for pid, kib in rss.items():
         p = pid
         while p and p != root_pid:
             p = parents.get(p, 0)
         if p == root_pid:
             total += kib
-    return total
+            largest = max(largest, kib)
+    return total, largest
 
 
-def timed(cmd: list[str], *, env: dict | None = None) -> tuple[float, float]:
-    """Run `cmd` then `sync`; returns (seconds, peak RSS of the whole process tree in MiB)."""
+def measured(cmd: list[str], *, env: dict | None = None) -> Run:
+    """Run `cmd` then `sync` (after a `sync` first, so earlier writes are not charged to it)."""
+    subprocess.run(["sync"], check=True)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
-    peak = 0
+    tree = largest = 0
     stop = threading.Event()
 
     def sample():
-        nonlocal peak
+        nonlocal tree, largest
         while not stop.is_set():
-            peak = max(peak, _tree_rss_kib(proc.pid))
+            t, big = _tree_rss_kib(proc.pid)
+            tree, largest = max(tree, t), max(largest, big)
             time.sleep(0.05)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -49,4 +61,10 @@ def timed(cmd: list[str], *, env: dict | None = None) -> tuple[float, float]:
     subprocess.run(["sync"], check=True)
     if rc:
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {rc}")
-    return time.perf_counter() - start, peak / 1024
+    return Run(time.perf_counter() - start, tree / 1024, largest / 1024)
+
+
+def timed(cmd: list[str], *, env: dict | None = None) -> tuple[float, float]:
+    """(seconds, peak tree RSS in MiB) of `cmd` + `sync`."""
+    r = measured(cmd, env=env)
+    return r.seconds, r.tree_mib

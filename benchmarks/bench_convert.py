@@ -1,51 +1,77 @@
-"""Convert one real-size DeepSeek-V4-Flash MoE layer (256 experts, H=4096, I=2048; ~3.4 GB) and
-compare with a plain copy of the same bytes, in the same run:
-  (a) cp -r IN + sync      (b) dsv4-convert {nvfp4,mxfp4}-to-marlin IN OUT --workers N + sync
-Reports seconds, the ratio b/a (target <= 1.25 on 2 cores), peak RSS of the converter's process tree
-(target <= 1 GiB), and the projected time for the full 149 GB checkpoint.
+"""Convert one real-size DeepSeek-V4-Flash MoE layer (256 experts, H=4096, I=2048; 3.4-3.6 GB) and
+compare with a plain copy of the same bytes, alternating in the same run (the disk's writeback
+makes single runs vary 1.6-9 s here, so only alternating medians mean anything):
+  (a) sync; cp -r IN COPY; sync      (b) sync; dsv4-convert ... IN OUT --workers N; sync
+for the three default cases: NVFP4 -> sglang, NVFP4 -> vllm, MXFP4 -> sglang. Reports the medians
+of --repeat pairs: seconds, ratio b/a (target <= 1.25 on 2 cores), GB/s of input (target >= 1.3),
+peak RSS of the largest process and of the process tree (target <= 1 GiB each), the load average,
+and the projected time for the full 149 GB checkpoint.
 
-    python benchmarks/bench_convert.py [--workers 2] [--formats nvfp4-modelopt-dsv4 mxfp4-dsv4] [--target sglang]
+    python benchmarks/bench_convert.py [--workers 2] [--repeat 3] [--cases nvfp4-sglang ...]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _measure import timed  # noqa: E402
+from _measure import measured  # noqa: E402
 
 FULL_CHECKPOINT_GB = 148.66 * 2**30 / 1e9
-COMMAND = {"nvfp4-modelopt-dsv4": "nvfp4-to-marlin", "mxfp4-dsv4": "mxfp4-to-marlin"}
+CASES = {  # name -> (synth format, command, target)
+    "nvfp4-sglang": ("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "sglang"),
+    "nvfp4-vllm": ("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "vllm"),
+    "mxfp4-sglang": ("mxfp4-dsv4", "mxfp4-to-marlin", "sglang"),
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--target", default="sglang", choices=["sglang", "vllm"])
-    ap.add_argument("--formats", nargs="+", default=list(COMMAND), choices=list(COMMAND))
+    ap.add_argument("--repeat", type=int, default=3, help="alternating cp / convert pairs per case (median)")
+    ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--dir", default=None, help="scratch directory (needs ~3x 3.6 GB)")
     args = ap.parse_args()
     cli = [sys.executable, "-m", "dsv4_convert.cli"]
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} cores")
+    print(f"{'case':<14}{'GB':>6}{'cp+sync s':>11}{'convert s':>11}{'ratio':>7}{'GB/s':>7}{'RSS largest':>12}"
+          f"{'RSS tree':>10}{'149 GB est.':>13}  (MiB; medians of {args.repeat})")
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmp = Path(tmp)
-        print(f"{'format':<22}{'GB':>6}{'cp+sync s':>11}{'convert s':>11}{'ratio':>7}{'GB/s':>7}{'peak RSS MiB':>14}"
-              f"{'149 GB est.':>13}")
-        for fmt in args.formats:
-            src = tmp / f"src-{fmt}"
-            timed([*cli, "synth", str(src), "--format", fmt, "--real-size", "--force"])
+        sources: dict[str, Path] = {}
+        for case in args.cases:
+            fmt, command, target = CASES[case]
+            src = sources.get(fmt)
+            if src is None:
+                for old in sources.values():
+                    shutil.rmtree(old)
+                sources.clear()
+                src = sources[fmt] = tmp / f"src-{fmt}"
+                measured([*cli, "synth", str(src), "--format", fmt, "--real-size", "--force"])
             size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-            t_copy, _ = timed(["cp", "-r", str(src), str(tmp / "copy")])
-            t_conv, rss = timed([*cli, COMMAND[fmt], str(src), str(tmp / "out"), "--workers", str(args.workers),
-                                 "--target", args.target, "-q"])
+            copies, convs = [], []
+            for _ in range(args.repeat):
+                copies.append(measured(["cp", "-r", str(src), str(tmp / "copy")]).seconds)
+                shutil.rmtree(tmp / "copy")
+                convs.append(measured([*cli, command, str(src), str(tmp / "out"), "--workers", str(args.workers),
+                                       "--target", target, "-q"]))
+                shutil.rmtree(tmp / "out")
+            t_copy = statistics.median(copies)
+            t_conv = statistics.median(r.seconds for r in convs)
+            ratio = statistics.median(r.seconds / c for r, c in zip(convs, copies))
             rate = size / t_conv / 1e9
-            print(f"{fmt:<22}{size / 1e9:>6.2f}{t_copy:>11.2f}{t_conv:>11.2f}{t_conv / t_copy:>7.2f}{rate:>7.2f}"
-                  f"{rss:>14.0f}{FULL_CHECKPOINT_GB / rate / 60:>10.1f} min")
-            for d in ("copy", "out", f"src-{fmt}"):
-                shutil.rmtree(tmp / d)
+            print(f"{case:<14}{size / 1e9:>6.2f}{t_copy:>11.2f}{t_conv:>11.2f}{ratio:>7.2f}{rate:>7.2f}"
+                  f"{max(r.largest_mib for r in convs):>12.0f}{max(r.tree_mib for r in convs):>10.0f}"
+                  f"{FULL_CHECKPOINT_GB / rate / 60:>10.1f} min", flush=True)
+            print(f"{'':<14}runs: cp {' '.join(f'{c:.2f}' for c in copies)}; convert "
+                  f"{' '.join(f'{r.seconds:.2f}' for r in convs)}", flush=True)
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

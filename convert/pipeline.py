@@ -28,6 +28,7 @@ from dsv4_convert.core.reader import TensorReader, load_projection
 from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
 from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
+from dsv4_convert.memory import keep_buffers
 from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
 from dsv4_convert.quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
 from dsv4_convert.safetensors_writer import ShardWriter
@@ -119,6 +120,7 @@ def _planned_bytes(t: torch.Tensor, spec) -> memoryview:
 
 def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
                  metadata: dict, callback=None) -> tuple[str, str, int]:
+    keep_buffers()
     with TensorReader(Path(root)) as reader:
         # no fsync per shard: --resume re-hashes every recorded shard, and publish fsyncs everything
         # once before the rename, so the disk writes overlap with the conversion of later shards

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 
 from dsv4_convert.core.tensor_model import Projection, Quant
 from dsv4_convert.formats.constants import E8M0_NAN
+from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales
 
@@ -31,10 +35,26 @@ def _refuse_nan_scales(p: Projection, scale: torch.Tensor) -> None:
     """The engines would load NaN scales without a word and serve NaN (NVFP4) or Inf (MXFP4) for every
     token through that channel; a converter that exists to fail early refuses them."""
     b = scale.view(torch.uint8)
+    present = _present(b)  # one pass over the bytes; the mask below only for the rare error
+    if not (present[[0x7F, 0xFF]].any() if p.quant is Quant.NVFP4 else present[E8M0_NAN]):
+        return
     nan = (b & 0x7F) == 0x7F if p.quant is Quant.NVFP4 else b == E8M0_NAN
     if nan.any():
         first = [int(i) for i in torch.nonzero(nan)[0]]
         raise ValueError(f"{int(nan.sum())} block scales are NaN (first at {first})")
+
+
+@functools.lru_cache(maxsize=16)
+def _lossy_bytes(engine: str, sf: float) -> np.ndarray:
+    """[256] bool: E4M3 bytes that do not survive the round trip through the target's S0E5M3."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(codes.view(torch.float8_e4m3fn), engine=engine, sf=sf), sf=sf)
+    return (back.view(torch.uint8) != codes).numpy()
+
+
+def _present(b: torch.Tensor) -> np.ndarray:
+    """[256] bool: which byte values occur in b."""
+    return byte_presence(b.contiguous().reshape(-1).numpy())
 
 
 def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,10 +62,9 @@ def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -
     rescaling, incl. negatives; sglang drops signs): (flat indices into the source [N, K/16] scale,
     their original bytes). Empty for normal checkpoints; stored so that the reverse is exact.
     Whether a byte survives the round trip depends on the byte alone: one 256-entry table."""
-    codes = torch.arange(256, dtype=torch.uint8)
-    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(codes.view(torch.float8_e4m3fn), engine=target.engine,
-                                                         sf=sf), sf=sf)
-    lossy = (back.view(torch.uint8) != codes).numpy()
+    lossy = _lossy_bytes(target.engine, sf)
     src = scale.contiguous().view(torch.uint8).reshape(-1)
+    if not (lossy & _present(src)).any():  # the normal case: no byte of the scale is lossy
+        return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.uint8)
     idx = torch.from_numpy(lossy[src.numpy()].nonzero()[0])
     return idx, src[idx].clone()

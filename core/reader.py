@@ -249,18 +249,30 @@ class TensorReader:
         except OSError as e:
             raise self._error(ref, e.strerror or str(e)) from None
 
+    def _read_into(self, ref: TensorRef, view: memoryview) -> None:
+        """The tensor's bytes straight into `view` (one copy, from the page cache)."""
+        try:
+            fd = self._fds.get(ref.file)
+            if fd is None:
+                fd = self._fds[ref.file] = os.open(self.root / ref.file, os.O_RDONLY)
+            pos = 0
+            while pos < len(view):
+                n = os.preadv(fd, [view[pos:]], ref.begin + pos)
+                if not n:
+                    raise self._error(ref, f"the file ends at byte {ref.begin + pos}, the tensor at {ref.end}")
+                pos += n
+        except OSError as e:
+            raise self._error(ref, e.strerror or str(e)) from None
+
     def read_bytes(self, ref: TensorRef) -> bytes:
         """The tensor's raw bytes, straight from the file (for byte-identical copies)."""
         return b"".join(self.iter_bytes(ref))
 
     def get(self, ref: TensorRef) -> torch.Tensor:
         """The tensor in its stored dtype (I8 stays int8, F8_E8M0 is float8_e8m0fnu)."""
-        buf = bytearray(ref.nbytes)
-        view, pos = memoryview(buf), 0
-        for data in self.iter_bytes(ref):
-            view[pos:pos + len(data)] = data
-            pos += len(data)
-        flat = torch.frombuffer(buf, dtype=torch.uint8) if buf else torch.empty(0, dtype=torch.uint8)
+        flat = torch.empty(ref.nbytes, dtype=torch.uint8)  # not zero-filled: every byte is read into it
+        if ref.nbytes:
+            self._read_into(ref, memoryview(flat.numpy()))
         return flat.view(TORCH_DTYPES[ref.dtype]).reshape(ref.shape)
 
     def get_expert(self, ref: TensorRef, index: int) -> torch.Tensor:

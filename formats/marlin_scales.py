@@ -7,11 +7,13 @@ bytes (with vLLM's power-of-two rescale and clamp where the target has them); MX
 (W4A8 adds 6). All functions here work on [..., G, N] and carry leading dimensions through.
 """
 
+import functools
 import math
 
 import numpy as np
 import torch
 
+from dsv4_convert.formats import fp4_kernels
 from dsv4_convert.formats.constants import (
     ACT_EXPONENT_BIAS,
     S0E5M3_MIN,
@@ -53,8 +55,17 @@ def _apply_block_perm(s: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 
 
 def permute_scale_columns(s: torch.Tensor, *, w4a8: bool = False) -> torch.Tensor:
-    """[..., G, N] -> the same shape with Marlin's column order (a pure permutation of bytes)."""
-    return _apply_block_perm(s, scale_column_perm(w4a8=w4a8))
+    """[..., G, N] -> the same shape with Marlin's column order (a pure permutation of bytes).
+    Given the transpose of [..., N, G] bytes (how the converters call it), the transpose and the
+    permutation are one compiled pass; anything else takes the torch indexing reference."""
+    perm = scale_column_perm(w4a8=w4a8)
+    if s.dim() < 2 or s.element_size() != 1 or s.shape[-1] % perm.numel() or not s.transpose(-1, -2).is_contiguous():
+        return _apply_block_perm(s, perm)
+    *lead, g, n = s.shape
+    src = s.transpose(-1, -2).view(torch.uint8).reshape(-1, n, g).numpy()
+    out = np.empty((src.shape[0], g, n), np.uint8)
+    fp4_kernels.permute_scales(src, perm.numpy(), out)
+    return torch.from_numpy(out).reshape(*lead, g, n).view(s.dtype)
 
 
 def unpermute_scale_columns(s: torch.Tensor, *, w4a8: bool = False) -> torch.Tensor:
@@ -88,9 +99,19 @@ def nvfp4_scales_to_s0e5m3(scale: torch.Tensor, *, engine: str, sf: float = 1.0)
     sglang: fp16(s) * 128 with the sign dropped; no rescale, no clamp.
     Each output byte depends on its input byte alone, so the rule is evaluated once over all 256
     bytes and applied as a table lookup (several times faster on a [2048, 256] expert scale)."""
-    table = _s0e5m3_values(torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn), engine=engine, sf=sf)
-    src = as_e4m3(scale).contiguous().view(torch.uint8)
-    return torch.from_numpy(table.numpy()[src.numpy()])
+    table = _s0e5m3_table(engine, sf)
+    src = as_e4m3(scale).view(torch.uint8)
+    transposed = src.dim() >= 2 and not src.is_contiguous() and src.transpose(-1, -2).is_contiguous()
+    base = src.transpose(-1, -2) if transposed else src.contiguous()  # keep a transposed view's layout
+    out = base.clone()
+    fp4_kernels.lookup(out.reshape(-1).numpy(), table)
+    return out.transpose(-1, -2) if transposed else out
+
+
+@functools.lru_cache(maxsize=16)
+def _s0e5m3_table(engine: str, sf: float) -> np.ndarray:
+    """The forward rule over all 256 E4M3 bytes (built once per engine and rescale factor)."""
+    return _s0e5m3_values(torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn), engine=engine, sf=sf).numpy()
 
 
 def _s0e5m3_values(scale: torch.Tensor, *, engine: str, sf: float) -> torch.Tensor:

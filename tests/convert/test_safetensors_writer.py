@@ -3,16 +3,16 @@ for every dtype the converter emits, and it refuses to write anything its header
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 import torch
+import xxhash
 from conftest import assert_bytes_equal
 from safetensors import safe_open
 
 from dsv4_convert.core.reader import TensorReader
 from dsv4_convert.core.safetensors_header import read_header
 from dsv4_convert.core.tensor_io import safetensors_dtype
+from dsv4_convert.digest import HASH_ALGORITHM
 from dsv4_convert.safetensors_writer import ShardWriter, TensorSpec
 
 DTYPES = [torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.int32, torch.uint8, torch.int8, torch.bfloat16,
@@ -38,7 +38,8 @@ def test_write_then_read_is_byte_identical(tmp_path):
     for name, t in tensors.items():
         w.write(name, t.contiguous().reshape(-1).view(torch.uint8).numpy())
     sha, size = w.close()
-    assert sha == hashlib.sha256(path.read_bytes()).hexdigest() and size == path.stat().st_size
+    assert HASH_ALGORITHM == "xxh3_128"  # the independent reference below is that algorithm
+    assert sha == xxhash.xxh3_128(path.read_bytes()).hexdigest() and size == path.stat().st_size
     with safe_open(path, "pt") as f:
         assert f.metadata() == {"format": "pt", "marlin_layout": "sglang-L2"}
         assert list(f.keys()) == sorted(tensors)

@@ -1,0 +1,88 @@
+"""Compiled (numba) inner loops of the converter, where numpy would need several passes over memory.
+
+Each kernel does in one pass what the numpy reference in marlin_weight / marlin_scales does in
+many; tests compare both byte for byte. Compiled once per machine and cached beside this file
+(`cache=True`), so a later start costs an import, not a compile.
+  repack_a16      W4A16 weight repack (the bit exchanges of marlin_weight, per group of 4 words
+                  held in registers, written straight to their final place)
+  permute_scales  [N, G] -> Marlin [G, N] with the 64-column permutation (transpose + perm in one)
+  byte_presence   which of the 256 byte values occur (NaN / lost-scale checks without a mask tensor)
+  lookup          a 256-entry byte table applied in place
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+__all__ = ["repack_a16", "permute_scales", "byte_presence", "lookup"]
+
+_jit = nb.njit(cache=True, nogil=True, boundscheck=False)
+
+
+@_jit
+def _swap(x, shift, mask):
+    t = ((x >> shift) ^ x) & mask
+    return x ^ t ^ (t << shift)
+
+
+@_jit
+def repack_a16(src, out):
+    """src: u64 words [E, C, t1, t0, dn, r, kt] (8 packed bytes of one row each); out: u64 words
+    [E, kt, C, r, t0, dn, t1] (two output int32 each). Steps as in marlin_weight's docstring."""
+    n_e, n_c, n_kt = src.shape[0], src.shape[1], src.shape[6]
+    s28, s16, s8 = np.uint64(28), np.uint64(16), np.uint64(8)
+    m_nib, m_half = np.uint64(0x00000000F0F0F0F0), np.uint64(0x00000000FFFF0000)
+    m_dn, m_t0 = np.uint64(0x00FF00FF00FF00FF), np.uint64(0x0000FFFF0000FFFF)
+    for e in range(n_e):
+        for c in range(n_c):
+            for kt in range(n_kt):
+                for r in range(8):
+                    for t1 in range(2):
+                        a = _swap(src[e, c, t1, 0, 0, r, kt], s28, m_nib)  # (t0, dn) = (0, 0)
+                        b = _swap(src[e, c, t1, 0, 1, r, kt], s28, m_nib)  # (0, 1)
+                        cc = _swap(src[e, c, t1, 1, 0, r, kt], s28, m_nib)  # (1, 0)
+                        d = _swap(src[e, c, t1, 1, 1, r, kt], s28, m_nib)  # (1, 1)
+                        t = ((a >> s8) ^ b) & m_dn  # a1 <-> dn between rows n, n + 8
+                        b ^= t
+                        a ^= t << s8
+                        t = ((cc >> s8) ^ d) & m_dn
+                        d ^= t
+                        cc ^= t << s8
+                        t = ((a >> s16) ^ cc) & m_t0  # a2 <-> t0 between rows n, n + 16
+                        cc ^= t
+                        a ^= t << s16
+                        t = ((b >> s16) ^ d) & m_t0
+                        d ^= t
+                        b ^= t << s16
+                        out[e, kt, c, r, 0, 0, t1] = _swap(a, s16, m_half)
+                        out[e, kt, c, r, 0, 1, t1] = _swap(b, s16, m_half)
+                        out[e, kt, c, r, 1, 0, t1] = _swap(cc, s16, m_half)
+                        out[e, kt, c, r, 1, 1, t1] = _swap(d, s16, m_half)
+
+
+@_jit
+def permute_scales(src, perm, out):
+    """src [B, N, G] bytes, perm [P] (source column in each block of P), out [B, G, N]:
+    out[b, g, P*j + q] = src[b, P*j + perm[q], g]."""
+    n_b, n, g = src.shape
+    p = perm.shape[0]
+    for b in range(n_b):
+        for j in range(n // p):
+            for gi in range(g):
+                for q in range(p):
+                    out[b, gi, p * j + q] = src[b, p * j + perm[q], gi]
+
+
+@_jit
+def byte_presence(flat):
+    seen = np.zeros(256, np.bool_)
+    for i in range(flat.shape[0]):
+        seen[flat[i]] = True
+    return seen
+
+
+@_jit
+def lookup(flat, table):
+    for i in range(flat.shape[0]):
+        flat[i] = table[flat[i]]

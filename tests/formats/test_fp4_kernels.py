@@ -1,0 +1,64 @@
+"""formats/fp4_kernels.py (numba) against the numpy / torch reference paths it replaces, byte for
+byte, on random bytes: the weight repack (one and several threads), the scale transpose +
+permutation, the byte-presence and table-lookup helpers; and convert/digest.py for both algorithms.
+No substitutions: the references are the project's own earlier implementations and hashlib/xxhash."""
+
+import hashlib
+
+import numpy as np
+import pytest
+import torch
+import xxhash
+
+from dsv4_convert.digest import file_digest, new_hash
+from dsv4_convert.formats import fp4_kernels
+from dsv4_convert.formats.marlin_scales import _apply_block_perm, permute_scale_columns, scale_column_perm
+from dsv4_convert.formats.marlin_weight import _a16_forward, to_marlin_weight
+
+
+@pytest.mark.parametrize("e, n, k2", [(1, 64, 8), (3, 128, 64), (2, 256, 1024)])
+def test_repack_kernel_matches_numpy_steps(e, n, k2):
+    b = np.random.default_rng(e * n + k2).integers(0, 256, size=e * n * k2, dtype=np.uint8)
+    assert np.array_equal(_a16_forward(b, n, k2), _a16_forward(b, n, k2, compiled=False))
+
+
+def test_repack_threads_give_the_same_bytes():
+    packed = torch.randint(0, 256, (2, 2048, 1024), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = to_marlin_weight(packed)
+        torch.set_num_threads(2)
+        two = to_marlin_weight(packed)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("shape", [(64, 4), (2, 256, 128), (4096, 256)])
+def test_scale_permutation_kernel_matches_indexing(shape):
+    s = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    fast = permute_scale_columns(s.transpose(-1, -2))  # the transposed view takes the kernel
+    ref = _apply_block_perm(s.transpose(-1, -2).contiguous(), scale_column_perm(w4a8=False))
+    assert torch.equal(fast, ref)
+
+
+def test_byte_presence_and_lookup():
+    flat = np.random.default_rng(3).integers(0, 200, size=10_000, dtype=np.uint8)
+    seen = fp4_kernels.byte_presence(flat)
+    assert np.array_equal(np.nonzero(seen)[0], np.unique(flat))
+    table = np.random.default_rng(4).integers(0, 256, size=256, dtype=np.uint8)
+    out = flat.copy()
+    fp4_kernels.lookup(out, table)
+    assert np.array_equal(out, table[flat])
+
+
+def test_file_digest_both_algorithms(tmp_path):
+    f = tmp_path / "blob"
+    data = np.random.default_rng(5).integers(0, 256, size=(17 << 20) + 3, dtype=np.uint8).tobytes()
+    f.write_bytes(data)
+    assert file_digest(f, "sha256") == hashlib.sha256(data).hexdigest()
+    assert file_digest(f, "xxh3_128") == xxhash.xxh3_128(data).hexdigest()
+    assert file_digest(f) == xxhash.xxh3_128(data).hexdigest()
+    with pytest.raises(ValueError, match="unknown hash algorithm"):
+        new_hash("md5")
