@@ -4,6 +4,7 @@ from dsv4_convert.validate.checks import (
     against,
     gemm,
     globals,
+    kernel,
     marlin_layout,
     mxfp4_scales,
     numerics,
@@ -54,6 +55,9 @@ ALL_CHECKS = (
     against.same_as_reference,
     # sampled experts
     gemm.gemm_rel_error,
+    # the engine's own kernels on this GPU (--kernel)
+    kernel.kernel_gemm,
+    kernel.kernel_repack,
 )
 
 BY_ID = {c.id: c for c in ALL_CHECKS}
