@@ -47,7 +47,6 @@ def _version(dist: str) -> str:
 
 def _vllm() -> KernelProvider:
     import torch
-
     import vllm._custom_ops  # noqa: F401  (loads _C and _moe_C, which register the ops)
     from vllm.scalar_type import scalar_types
     return KernelProvider(f"vllm {_version('vllm')}", torch.ops._moe_C.moe_wna16_marlin_gemm,
