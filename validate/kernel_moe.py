@@ -95,7 +95,8 @@ def dequant(quant: str, packed: torch.Tensor, scale: torch.Tensor, global_scale:
         g = global_scale.float().reshape(()).to(packed.device) if global_scale is not None else 1.0
         w = (values.reshape(n, -1, group) * s.unsqueeze(-1) * g).reshape(n, k)
     else:
-        w = (values.reshape(n, -1, group) * e8m0_to_float(scale.contiguous().view(torch.uint8)).unsqueeze(-1))
+        table = e8m0_to_float(torch.arange(256, dtype=torch.uint8)).to(packed.device)
+        w = (values.reshape(n, -1, group) * table[scale.contiguous().view(torch.uint8).long()].unsqueeze(-1))
         w = w.reshape(n, k)
     return torch.nn.functional.pad(w, (0, (k_pad or k) - k, 0, (n_pad or n) - n))
 

@@ -49,9 +49,9 @@ def sources(tmp_path_factory):
 def test_cuda_conversion_bytes_equal_cpu(sources, tmp_path, fmt, target, act):
     cmd = "nvfp4-to-marlin" if fmt.startswith("nvfp4") else "mxfp4-to-marlin"
     extra = ["--target", "vllm", "--w4a8"] if target == "vllm-w4a8" else ["--target", target]
-    for dev in ("cpu", "cuda"):
-        cli(cmd, sources / fmt, tmp_path / dev, *extra, "--act-dtype", act, "--device", dev, "-q")
-    assert tree(tmp_path / "cuda") == tree(tmp_path / "cpu")
+    for dev in ("cpu", "cuda"):  # same OUT name: SERVING.md names the output directory
+        cli(cmd, sources / fmt, tmp_path / dev / "out", *extra, "--act-dtype", act, "--device", dev, "-q")
+    assert tree(tmp_path / "cuda" / "out") == tree(tmp_path / "cpu" / "out")
 
 
 def test_codecs_on_cuda_equal_cpu_on_edge_bytes():
@@ -62,7 +62,7 @@ def test_codecs_on_cuda_equal_cpu_on_edge_bytes():
     e4m3 = (e4m3 + torch.arange(256, dtype=torch.uint8).reshape(1, 256, 1)).view(torch.float8_e4m3fn)
     e4m3 = torch.where(e4m3.view(torch.uint8) & 0x7F == 0x7F, torch.zeros_like(e4m3.view(torch.uint8)),
                        e4m3.view(torch.uint8)).view(torch.float8_e4m3fn)
-    e8m0 = torch.randint(0, 250, (2, 256, 8), dtype=torch.uint8, generator=g)
+    e8m0 = torch.randint(0, 249, (2, 256, 8), dtype=torch.uint8, generator=g)
     for engine, act, sf in (("vllm", "bfloat16", 8.0), ("vllm", "float16", 1.0), ("sglang", "bfloat16", 1.0)):
         t = MarlinTarget(engine, act)
         cpu = nvfp4_to_marlin(packed, e4m3, target=t, sf=sf)
