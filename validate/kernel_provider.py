@@ -72,9 +72,13 @@ def load_module(path: str) -> KernelProvider:
                               "--kernel-provider vllm / sgl_kernel")
     import torch  # noqa: F401  (the extension links against torch's libraries)
     name = p.name.split(".")[0]
-    spec = importlib.util.spec_from_file_location(name, p)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    try:
+        spec = importlib.util.spec_from_file_location(name, p)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    except (ImportError, OSError) as e:
+        raise UsageError(f"kernel module {path} cannot be loaded: {e}", error_id="kernel.provider_broken",
+                         hint="build it with this torch (python ../shared/marlin-kernels/build.py)") from None
     missing = [a for a in ("moe_wna16_marlin_gemm", "gptq_marlin_repack", "kFE2M1f_id") if not hasattr(mod, a)]
     if missing:
         raise UsageError(f"kernel module {path} lacks {', '.join(missing)}", error_id="kernel.provider_missing",
