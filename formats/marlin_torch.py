@@ -13,11 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
 from dsv4_convert.formats.e2m1 import pack_nibbles, unpack_nibbles
-from dsv4_convert.formats.e4m3 import as_e4m3
-from dsv4_convert.formats.e8m0 import as_e8m0_bytes
-from dsv4_convert.formats.marlin import MarlinTarget, _check_source, _pad_source
+from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_source_for, nvfp4_source_for
 from dsv4_convert.formats.marlin_scales import mxfp4_scales_to_marlin, nvfp4_scales_to_s0e5m3, scale_column_perm
 from dsv4_convert.formats.marlin_weight import check_marlin_weight_shape
 
@@ -108,10 +105,7 @@ def permute_columns_t(s: torch.Tensor, *, w4a8: bool, inverse: bool = False) -> 
 
 def nvfp4_to_marlin_t(weight, scale, *, target: MarlinTarget, sf: float = 1.0, n_pad=None, k_pad=None):
     """formats.marlin.nvfp4_to_marlin on the tensors' device (same bytes)."""
-    if target.w4a8:
-        raise ValueError("NVFP4 has no W4A8 Marlin variant (vLLM raises for it); drop --w4a8")
-    _check_source(weight, scale, NVFP4_GROUP, "NVFP4")
-    weight, scale = _pad_source(weight, as_e4m3(scale), NVFP4_GROUP, n_pad, k_pad)
+    weight, scale = nvfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
     table = byte_table(lambda c: nvfp4_scales_to_s0e5m3(c, engine=target.engine, sf=sf), torch.float8_e4m3fn,
                        weight.device)
     s = table[scale.transpose(-1, -2).contiguous().view(torch.uint8).long()]
@@ -120,11 +114,7 @@ def nvfp4_to_marlin_t(weight, scale, *, target: MarlinTarget, sf: float = 1.0, n
 
 def mxfp4_to_marlin_t(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=None):
     """formats.marlin.mxfp4_to_marlin on the tensors' device (same bytes)."""
-    if target.act_dtype != "bfloat16":
-        raise ValueError("MXFP4 Marlin runs with bfloat16 activations only (vLLM compiles no fp16 "
-                         "MXFP4 kernel; SGLang would corrupt E8M0 scales through fp16)")
-    _check_source(weight, scale, MXFP4_GROUP, "MXFP4")
-    weight, scale = _pad_source(weight, as_e8m0_bytes(scale), MXFP4_GROUP, n_pad, k_pad)
+    weight, scale = mxfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
     s = mxfp4_scales_to_marlin(scale.transpose(-1, -2).contiguous(), w4a8=target.w4a8)
     q = to_marlin_weight_t(weight, w4a8=target.w4a8)
     return q, permute_columns_t(s, w4a8=target.w4a8).view(torch.float8_e8m0fnu)
