@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from dsv4_convert.core.tensor_model import Projection, Quant
+from dsv4_convert.device import convert_projection_on, transform_device
 from dsv4_convert.formats.constants import E8M0_NAN
 from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
@@ -22,6 +23,8 @@ def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor,
     named as in plan._projection_outputs: weight, weight_scale, and for NVFP4 weight_global_scale and
     weight_scale_2 (the ModelOpt-convention global, stored for compressed-tensors sources)."""
     _refuse_nan_scales(p, scale)
+    if transform_device() is not None:  # --device cuda[:N]: same bytes, computed on the GPU
+        return convert_projection_on(transform_device(), p, weight, scale, global_scale, target=target, sf=sf)
     if p.quant is Quant.NVFP4:
         q, s = nvfp4_to_marlin(weight, scale, target=target, sf=sf)
         g = global_scale.float().reshape(())

@@ -88,13 +88,26 @@ def _pad_source(weight, scale, group, n_pad, k_pad):
     return _pad_last2(weight.view(torch.uint8), n_pad, k_pad // 2), _pad_last2(scale, n_pad, k_pad // group)
 
 
-def nvfp4_to_marlin(weight, scale, *, target: MarlinTarget, sf: float = 1.0, n_pad=None, k_pad=None):
-    """(packed [..., N, K/2], e4m3 [..., N, K/16]) -> (int32 [..., Kp/16, 2Np], S0E5M3 bytes as
-    float8_e4m3fn [..., Kp/16, Np]). `sf` is the vllm rescale factor of the whole stack (1 otherwise)."""
+def nvfp4_source_for(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=None):
+    """The refusals and padding before any NVFP4 -> Marlin transform (CPU codecs and formats/marlin_torch.py)."""
     if target.w4a8:
         raise ValueError("NVFP4 has no W4A8 Marlin variant (vLLM raises for it); drop --w4a8")
     _check_source(weight, scale, NVFP4_GROUP, "NVFP4")
-    weight, scale = _pad_source(weight, as_e4m3(scale), NVFP4_GROUP, n_pad, k_pad)
+    return _pad_source(weight, as_e4m3(scale), NVFP4_GROUP, n_pad, k_pad)
+
+
+def mxfp4_source_for(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=None):
+    """The refusals and padding before any MXFP4 -> Marlin transform (padded packed bytes, E8M0 bytes)."""
+    if mxfp4_dtype_problem(target.act_dtype):
+        raise ValueError(MXFP4_NEEDS_BF16)
+    _check_source(weight, scale, MXFP4_GROUP, "MXFP4")
+    return _pad_source(weight, as_e8m0_bytes(scale), MXFP4_GROUP, n_pad, k_pad)
+
+
+def nvfp4_to_marlin(weight, scale, *, target: MarlinTarget, sf: float = 1.0, n_pad=None, k_pad=None):
+    """(packed [..., N, K/2], e4m3 [..., N, K/16]) -> (int32 [..., Kp/16, 2Np], S0E5M3 bytes as
+    float8_e4m3fn [..., Kp/16, Np]). `sf` is the vllm rescale factor of the whole stack (1 otherwise)."""
+    weight, scale = nvfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
     qweight = to_marlin_weight(weight)
     s = nvfp4_scales_to_s0e5m3(scale.transpose(-1, -2), engine=target.engine, sf=sf)
     return qweight, permute_scale_columns(s).view(torch.float8_e4m3fn)
@@ -111,10 +124,7 @@ def marlin_to_nvfp4(qweight, mscale, *, target: MarlinTarget, n: int, k: int, sf
 
 def mxfp4_to_marlin(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=None):
     """(packed [..., N, K/2], E8M0 [..., N, K/32]) -> (int32 [..., Kp/16, 2Np], float8_e8m0fnu [..., Kp/32, Np])."""
-    if mxfp4_dtype_problem(target.act_dtype):
-        raise ValueError(MXFP4_NEEDS_BF16)
-    _check_source(weight, scale, MXFP4_GROUP, "MXFP4")
-    weight, scale = _pad_source(weight, as_e8m0_bytes(scale), MXFP4_GROUP, n_pad, k_pad)
+    weight, scale = mxfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
     qweight = to_marlin_weight(weight, w4a8=target.w4a8)
     s = mxfp4_scales_to_marlin(scale.transpose(-1, -2), w4a8=target.w4a8)
     return qweight, permute_scale_columns(s, w4a8=target.w4a8).view(torch.float8_e8m0fnu)

@@ -32,6 +32,7 @@ class Scope(str, Enum):
     MARLIN = "marlin"          # MarlinTensors: one converted projection (+ the reference, if any)
     AGAINST = "against"        # (ProjectionTensors, reference ProjectionTensors): source vs --against source
     GEMM = "gemm"              # GemmCase: one sampled projection, Marlin form and source form
+    KERNEL = "kernel"          # checks.kernel.KernelCase: one layer stack through the engine's kernel (--kernel)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ class Report:
     results: list[Result] = field(default_factory=list)
     ran: set[str] = field(default_factory=set)
     gemm: list[dict] = field(default_factory=list)
+    kernel: list[dict] = field(default_factory=list)  # validate --kernel: one row per layer stack
     notes: list[str] = field(default_factory=list)
     projections: int = 0
     experts: int = 0
@@ -102,6 +103,7 @@ class Report:
             "checks": [asdict(s) for s in self.summaries()],
             "findings": [self._finding_json(r) for r in self.results],
             "gemm": list(self.gemm),
+            "kernel": list(self.kernel),
         }
 
     def _finding_json(self, r: Result) -> dict:

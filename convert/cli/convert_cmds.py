@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from dsv4_convert.cli.options import parse_size, run_options, target_options
+from dsv4_convert.cli.options import device_option, parse_size, run_options, target_options, use_device
 from dsv4_convert.core.errors import ContentError, UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Quant
@@ -33,7 +33,8 @@ Examples:
 
 
 def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
-         as_json, quiet):
+         as_json, quiet, device=None):
+    workers = use_device(device, workers)  # refuses (exit 2) before anything is read or written
     if (resume or force) and dry_run:
         raise UsageError("--dry-run writes nothing; it cannot be combined with --resume/--force",
                          error_id="usage.flags")
@@ -104,12 +105,13 @@ def _command(quant: Quant, name: str, suffix: str, repo: str, doc: str):
     @click.argument("out", metavar="OUT", required=False)
     @target_options
     @run_options
+    @device_option
     def command(src, out, target, act_dtype, workers, max_shard_size, resume, force, dry_run, as_json, quiet,
-                w4a8=False):
+                device, w4a8=False):
         if out is None and not dry_run:
             raise click.UsageError("missing argument OUT (only --dry-run can do without it)")
         _run(quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
-             as_json, quiet)
+             as_json, quiet, device)
     return command
 
 

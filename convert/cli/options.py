@@ -6,7 +6,7 @@ import re
 
 import click
 
-__all__ = ["target_options", "run_options", "parse_size"]
+__all__ = ["target_options", "run_options", "parse_size", "device_option", "use_device"]
 
 
 def parse_size(value: str | int | None) -> int | None:
@@ -42,3 +42,18 @@ def run_options(fn):
     ]):
         fn = opt(fn)
     return fn
+
+
+def device_option(fn):
+    return click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda[:N]",
+                        help="Where the repack runs. cuda gives the same bytes at GPU speed (one process drives "
+                             "the GPU; disk I/O then bounds the run). No usable GPU: exit 2 before any output.")(fn)
+
+
+def use_device(device: str | None, workers: int | None) -> int | None:
+    """Check --device and select it for the transforms; the workers to use (1 on a GPU: CUDA does not
+    survive the fork of a worker pool, and one process keeps the GPU busy)."""
+    from dsv4_convert.device import resolve_device, set_transform_device
+    dev = resolve_device(device)
+    set_transform_device(dev)
+    return workers if dev.type == "cpu" else 1

@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from dsv4_convert.cli.kernel_opts import kernel_options, run_kernel_checks
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.runner import Unreadable
 from dsv4_convert.validate.runner import validate as run_validation
@@ -50,6 +51,14 @@ def _fraction(ctx, param, value):
 @click.option("--seed", default=0, show_default=True, help="seed for sampling and GEMM activations")
 @click.option("--workers", default=None, type=click.IntRange(min=1),
               help="worker processes (the checks are light: more than 1 helps only on many cores) [default: 1]")
+@click.option("--kernel", is_flag=True,
+              help="also run the engine's own Marlin kernels on this GPU (MoE GEMM against an fp32 reference, "
+                   "repack against the source bytes); see docs/VALIDATE.md")
+@click.option("--kernel-experts", default="all", show_default=True, metavar="N|all",
+              help="experts per layer for --kernel (chosen deterministically from --seed)")
+@click.option("--kernel-provider", default="auto", show_default=True, metavar="auto|vllm|sgl_kernel|module:PATH",
+              help="whose kernels --kernel runs: the installed engine, or a built extension")
+@click.option("--device", default=None, metavar="cuda[:N]", help="GPU for --kernel [default: cuda]")
 @click.option("--json", "json_file", metavar="FILE", help="write the JSON report to FILE ('-' for stdout)")
 @click.option("--plot", "plot_file", metavar="FILE", help="per-layer heat map PNG (needs matplotlib)")
 @click.option("--no-verify-manifest", "skip_manifest", is_flag=True,
@@ -57,8 +66,8 @@ def _fraction(ctx, param, value):
 @click.option("--strict", is_flag=True, help="warnings fail too (exit 1)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 @click.pass_context
-def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_experts, seed, workers, json_file,
-             plot_file, skip_manifest, strict, quiet):
+def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_experts, seed, workers, kernel,
+             kernel_experts, kernel_provider, device, json_file, plot_file, skip_manifest, strict, quiet):
     if tp % ep:
         raise click.BadParameter(f"--ep {ep} must divide --tp {tp} (the MoE runs with TP / EP per expert)",
                                  param_hint="--ep")
@@ -68,6 +77,7 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
     opts = Options(engine=target or ("vllm" if w4a8 else "sglang"), act_dtype=act_dtype or "bfloat16", w4a8=w4a8,
                    tp=tp, ep=ep, sample=sample, gemm_experts=gemm_experts, seed=seed, engine_requested=target,
                    act_dtype_requested=act_dtype, verify_manifest=not skip_manifest)
+    kernel_opts = kernel_options(kernel, kernel_experts, kernel_provider, device)
     try:
         report = run_validation(path, opts, against=against, workers=workers or 1,
                                 progress=not quiet and sys.stderr.isatty())
@@ -75,6 +85,8 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
         click.echo(e.error.render(), err=True)
         click.echo("  (unreadable input: exit 2)", err=True)
         sys.exit(2)
+    if kernel_opts is not None:
+        run_kernel_checks(path, opts, report, against=against, kopts=kernel_opts)
     data = report.to_json(strict=strict)
     if json_file == "-":
         click.echo(json.dumps(data, indent=2))

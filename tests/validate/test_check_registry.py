@@ -14,7 +14,7 @@ def test_ids_are_unique_and_dotted():
 def test_every_check_module_member_is_listed():
     listed = {id(c) for c in ALL_CHECKS}
     for mod in (checks.structure, checks.tiles, checks.quant_config, checks.nvfp4_scales, checks.mxfp4_scales,
-                checks.globals, checks.numerics, checks.marlin_layout, checks.against, checks.gemm):
+                checks.globals, checks.numerics, checks.marlin_layout, checks.against, checks.gemm, checks.kernel):
         for name, obj in inspect.getmembers(mod, lambda o: isinstance(o, Check)):
             if obj.fn.__module__ == mod.__name__:
                 assert id(obj) in listed, f"{mod.__name__}.{name} is not in ALL_CHECKS"

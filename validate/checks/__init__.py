@@ -6,6 +6,7 @@ from dsv4_convert.validate.checks import (
     gemm,
     globals,
     integrity,
+    kernel,
     marlin_layout,
     mxfp4_scales,
     numerics,
@@ -58,6 +59,9 @@ ALL_CHECKS = (
     against_tensors.non_expert_tensors_match,
     # sampled experts
     gemm.gemm_rel_error,
+    # the engine's own kernels on this GPU (--kernel)
+    kernel.kernel_gemm,
+    kernel.kernel_repack,
 )
 
 BY_ID = {c.id: c for c in ALL_CHECKS}

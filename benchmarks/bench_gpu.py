@@ -1,0 +1,126 @@
+"""GPU benchmarks on one real-size DeepSeek-V4-Flash MoE layer (256 experts, H 4096, I 2048).
+
+  python benchmarks/bench_gpu.py WORKDIR [--module PATH] [--json FILE]
+
+1. `validate --kernel` on the layer (every expert, source mode: prepared on the GPU as the converter
+   would, the engine's MoE GEMM against dequant(SRC), the engine's repack against our words).
+2. `--device cuda` transform throughput including host->device->host transfers (disk excluded),
+   against a plain round trip of the same bytes through the GPU in the same run.
+3. The load-time cost the plugins remove: vLLM's gptq_marlin_repack on every expert of the layer
+   (as its weight loading does it, one expert at a time), its time and peak GPU memory.
+The layer comes from `dsv4-convert synth --real-size` (random codes; fine for speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.formats.marlin import MarlinTarget
+from dsv4_convert.validate.inputs import Options
+from dsv4_convert.validate.kernel_moe import repack_source
+from dsv4_convert.validate.kernel_provider import select_provider
+from dsv4_convert.validate.kernel_runner import KernelOptions, run_kernel_checks
+from dsv4_convert.validate.report import Report
+
+
+def _sync_time(fn, *args) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn(*args)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _layer(src: Path):
+    ckpt = open_checkpoint(src)
+    with TensorReader(ckpt.root) as r:
+        return ckpt, [(p, load_projection(r, p, fmt=ckpt.format)) for p in ckpt.projections]
+
+
+def bench_kernel_validate(src: Path, engine: str, module: str) -> dict:
+    opts = Options(engine=engine, act_dtype="bfloat16")
+    report = Report(path=str(src), against=None, format=None, options=opts)
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    run_kernel_checks(src, opts, report, kopts=KernelOptions(provider=f"module:{module}"))
+    dt = time.perf_counter() - t0
+    return {"seconds": round(dt, 2), "stacks": report.kernel, "errors": len(report.results),
+            "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+
+
+def bench_device_transform(projections, engine: str) -> dict:
+    from dsv4_convert.device import convert_projection_on
+    dev = torch.device("cuda")
+    target = MarlinTarget(engine=engine, act_dtype="bfloat16")
+    pinned = [(p, d.weight.pin_memory(), d.scale.pin_memory(), d.global_scale) for p, d in projections]
+    nbytes = sum(w.numel() + s.numel() for _, w, s, _ in pinned)
+
+    def transform():
+        for p, w, s, g in pinned:
+            convert_projection_on(dev, p, w, s, g, target=target, sf=1.0)
+
+    def copy():
+        for _, w, s, _ in pinned:
+            w.to(dev, non_blocking=True).cpu()
+            s.to(dev, non_blocking=True).cpu()
+    transform()  # warm-up: CUDA context, tables
+    t_transform = min(_sync_time(transform) for _ in range(2))
+    t_copy = min(_sync_time(copy) for _ in range(2))
+    return {"source_gib": round(nbytes / 2**30, 2), "transform_gb_s": round(nbytes / t_transform / 1e9, 1),
+            "plain_round_trip_gb_s": round(nbytes / t_copy / 1e9, 1), "transform_s": round(t_transform, 3)}
+
+
+def bench_repack(projections, module: str) -> dict:
+    provider = select_provider(f"module:{module}", None)
+    dev = torch.device("cuda")
+    on_gpu = [(d.weight.to(dev), p.n, p.k) for p, d in projections]
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+
+    def repack():
+        for w, n, k in on_gpu:
+            repack_source(provider, w, n, k)
+    repack()
+    t = min(_sync_time(repack) for _ in range(3))
+    nbytes = sum(w.numel() for w, _, _ in on_gpu)
+    return {"experts": len({p.expert for p, _ in projections}), "weight_gib": round(nbytes / 2**30, 2),
+            "seconds": round(t, 3), "gb_s": round(nbytes / t / 1e9, 1),
+            "peak_extra_gpu_mib": round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workdir")
+    ap.add_argument("--module", required=True)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    work = Path(args.workdir)
+    results = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
+    for fmt, engine in (("nvfp4-modelopt-dsv4", "vllm"), ("mxfp4-dsv4", "sglang")):
+        src = work / fmt
+        if not src.exists():
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "dsv4_convert.cli", "synth", str(src), "--format", fmt,
+                            "--real-size"], check=True, capture_output=True)
+            results[f"{fmt}/synth_s"] = round(time.perf_counter() - t0, 1)
+        ckpt, projections = _layer(src)
+        results[f"{fmt}/transform"] = bench_device_transform(projections, engine)
+        results[f"{fmt}/repack"] = bench_repack(projections, args.module)
+        del projections
+        results[f"{fmt}/validate_kernel"] = bench_kernel_validate(src, engine, args.module)
+        print(json.dumps({k: v for k, v in results.items() if k.startswith(fmt)}, indent=1), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""`dsv4-convert doctor [PATH]`: can this machine serve the checkpoint? (docs/DOCTOR.md)
+
+Reports the GPUs, torch and CUDA, each engine installed (vLLM, SGLang, sgl_kernel) against the
+layout the checkpoint was converted for and the versions the plugin was verified with, whether the
+engines' Marlin extensions carry machine code (SASS) for this GPU or only PTX (vLLM #40923: PTX-only
+Marlin MoE kernels gave silently wrong output on sm_120), and the MoE backend flag to force.
+Imports no engine: versions come from package metadata, code from the libraries' fatbinaries.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import click
+
+from dsv4_convert.core.errors import DsvError
+from dsv4_convert.core.fatbin import FatbinError, read_cuda_code
+from dsv4_convert.serving.config import LAYOUTS, _version_tuple
+from dsv4_convert.validate.kernel_provider import MODULE_ENV
+
+__all__ = ["doctor"]
+
+# engine -> (distribution, import name, Marlin MoE extension globs inside the package, MoE backend flag);
+# the flags are those of convert/serving_notes.py (one home once the engine facts table lands)
+_ENGINES = {
+    "vllm": ("vllm", "vllm", ("_moe_C*.so",), "--moe-backend marlin"),
+    "sglang": ("sglang", "sglang", (), "--moe-runner-backend marlin"),
+    "sgl_kernel": ("sgl-kernel", "sgl_kernel", ("**/*.so",), None),
+}
+_PR = "vLLM #40923: a Marlin MoE build with only PTX for this GPU gave silently wrong output on sm_120"
+
+
+@dataclass
+class Doctor:
+    gpus: list[dict] = field(default_factory=list)
+    torch: dict = field(default_factory=dict)
+    engines: dict = field(default_factory=dict)
+    extensions: list[dict] = field(default_factory=list)
+    checkpoint: dict | None = None
+    recommended: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.findings else 0
+
+
+def _gpus(d: Doctor) -> None:
+    import torch
+    d.torch = {"version": torch.__version__, "cuda": torch.version.cuda,
+               "cuda_available": bool(torch.cuda.is_available())}
+    if not torch.cuda.is_available():
+        d.findings.append("no CUDA GPU is usable here (" + ("this torch has no CUDA" if torch.version.cuda is None
+                                                            else "none visible") + "): this machine cannot serve")
+        return
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        d.gpus.append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}", "sm": 10 * p.major + p.minor,
+                       "memory_gib": round(p.total_memory / 2**30, 1)})
+
+
+def _package_dir(module: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _check_library(d: Doctor, owner: str, lib: Path) -> None:
+    row = {"engine": owner, "library": str(lib)}
+    try:
+        code = read_cuda_code(lib)
+    except (OSError, FatbinError) as e:
+        row["error"] = str(e)
+        d.extensions.append(row)
+        return
+    row.update(sass=sorted(code.sass), ptx=sorted(code.ptx))
+    verdicts = []
+    for g in d.gpus:
+        major, minor = divmod(g["sm"], 10)
+        if code.runs_natively(major, minor):
+            verdicts.append(f"sm_{g['sm']}: SASS")
+        elif code.ptx_for(major, minor):
+            verdicts.append(f"sm_{g['sm']}: PTX only")
+            d.findings.append(f"{lib.name} ({owner}) has no SASS for sm_{g['sm']} (GPU {g['index']}), only PTX "
+                              f"for {sorted(code.ptx)}: {_PR}; install an engine build with sm_{g['sm']} code")
+        else:
+            verdicts.append(f"sm_{g['sm']}: no code")
+            d.findings.append(f"{lib.name} ({owner}) has no code for sm_{g['sm']} (GPU {g['index']}): "
+                              f"SASS {sorted(code.sass)}, PTX {sorted(code.ptx)}")
+    row["verdict"] = verdicts
+    d.extensions.append(row)
+
+
+def _engines(d: Doctor, extra_module: str | None) -> None:
+    for name, (dist, module, globs, _) in _ENGINES.items():
+        try:
+            v = version(dist)
+        except PackageNotFoundError:
+            d.engines[name] = None
+            continue
+        d.engines[name] = v
+        root = _package_dir(module)
+        libs = sorted({p for g in globs for p in root.glob(g)}) if root else []
+        for lib in libs:
+            _check_library(d, name, lib)
+    if extra_module:
+        _check_library(d, "module", Path(extra_module))
+
+
+def _checkpoint(d: Doctor, path: str) -> None:
+    from dsv4_convert.core.reader import open_checkpoint, resolve_source
+    from dsv4_convert.core.tensor_model import SourceFormat
+    ckpt = open_checkpoint(resolve_source(path))
+    qc = ckpt.config.get("quantization_config") or {}
+    info = {"path": path, "format": ckpt.format.value}
+    engines = list(LAYOUTS)
+    if ckpt.format is SourceFormat.MARLIN:
+        tag = qc.get("marlin_layout")
+        info.update(layout=tag, act_dtype=qc.get("act_dtype"))
+        engines = [tag] if tag in LAYOUTS else []
+        if tag not in LAYOUTS:
+            d.findings.append(f"{path}: unknown marlin_layout {tag!r}; this version knows {sorted(LAYOUTS)}")
+    d.checkpoint = info
+    served = []
+    for tag in engines:
+        engine, oldest, checked = LAYOUTS[tag]
+        v = d.engines.get(engine)
+        d.recommended.append(f"{engine}: {_ENGINES[engine][3]}")
+        if v is None:
+            continue
+        served.append(engine)
+        if _version_tuple(v) < oldest:
+            d.findings.append(f"{engine} {v} is older than {'.'.join(map(str, oldest))}, the first version with "
+                              f"layout {tag}: upgrade it or re-convert")
+        elif v != checked:
+            d.findings.append(f"{engine} {v} is installed; layout {tag} was verified byte for byte on {checked}: "
+                              f"run `dsv4-convert validate {path} --kernel` before serving")
+    if not served:
+        want = " or ".join(LAYOUTS[t][0] for t in engines) or "an engine"
+        d.findings.append(f"{path} needs {want}, which is not installed here")
+
+
+def _render(d: Doctor) -> str:
+    t = d.torch
+    lines = [f"torch       {t.get('version')} (CUDA {t.get('cuda') or 'none'})"]
+    lines += [f"GPU {g['index']}       {g['name']}, sm_{g['sm']}, {g['memory_gib']} GiB" for g in d.gpus] or \
+             ["GPU         none"]
+    for name, v in d.engines.items():
+        lines.append(f"{name:<11} {v or 'not installed'}")
+    for x in d.extensions:
+        code = x.get("error") or f"SASS {x['sass']}, PTX {x['ptx']}; " + ", ".join(x.get("verdict") or ["no GPU"])
+        lines.append(f"  {Path(x['library']).name}: {code}")
+    if d.checkpoint:
+        c = d.checkpoint
+        lines.append(f"checkpoint  {c['path']}: {c['format']}" + (f", layout {c['layout']}, {c['act_dtype']}"
+                                                                  if c.get("layout") else ""))
+    for r in d.recommended:
+        lines.append(f"flag        {r}")
+    lines.append("")
+    lines += [f"finding: {f}" for f in d.findings] or ["ready: nothing found"]
+    return "\n".join(lines)
+
+
+@click.command(help="Check the launch machine: GPUs, torch/CUDA, installed engines and their versions against the "
+                    "checkpoint's layout, and whether the engines' Marlin kernels have machine code (SASS) for "
+                    "this GPU or only PTX (see docs/DOCTOR.md).\n\n\b\nExamples:\n  dsv4-convert doctor\n"
+                    "  dsv4-convert doctor ./dsv4-marlin --json\n\n\b\nExit codes: 0 ready, 1 findings (no CUDA GPU "
+                    "is one), 2 doctor cannot run (bad arguments, unreadable PATH).")
+@click.argument("path", required=False)
+@click.option("--json", "as_json", is_flag=True, help="print the report as JSON on stdout")
+@click.option("--kernel-module", metavar="PATH", default=None,
+              help=f"also read this Marlin extension's fatbinary [default: ${MODULE_ENV} if set]")
+def doctor(path, as_json, kernel_module):
+    if path is not None and not os.path.exists(path):
+        raise click.BadParameter(f"{path} does not exist", param_hint="PATH")
+    d = Doctor()
+    _gpus(d)
+    _engines(d, kernel_module or os.environ.get(MODULE_ENV))
+    if path is not None:
+        try:
+            _checkpoint(d, path)
+        except DsvError as e:
+            click.echo(e.render(), err=True)
+            sys.exit(2)
+    click.echo(json.dumps({**asdict(d), "exit_code": d.exit_code}, indent=2) if as_json else _render(d))
+    sys.exit(d.exit_code)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The GPU suite, on a machine with a CUDA GPU and nvcc (the H200 device): builds vLLM 0.33.0's Marlin
+# FP4 kernels (test equipment from ../shared/marlin-kernels, or KERNELS=path) and runs tests/gpu
+# against them. Usage: tests/gpu/run.sh [pytest args]; results go to $OUT (or ./gpu-results).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+KERNELS=${KERNELS:-../shared/marlin-kernels}
+OUTDIR=${OUT:-gpu-results}
+mkdir -p "$OUTDIR"
+export MARLIN_BUILD_DIR=${MARLIN_BUILD_DIR:-/tmp/vllm_marlin_fp4}
+python3 "$KERNELS/build.py" | tee "$OUTDIR/build.log"
+DSV4_MARLIN_MODULE=$(ls "$MARLIN_BUILD_DIR"/ninja/vllm_marlin_fp4*.so | head -1)
+export DSV4_MARLIN_MODULE DSV4_GPU_RESULTS="$OUTDIR/gpu_results.jsonl"
+rm -f "$DSV4_GPU_RESULTS"
+if ! python3 -c 'import dsv4_convert' 2>/dev/null; then  # no install on the device: a package view of the tree
+  mkdir -p /tmp/dsv4pkg && rm -rf /tmp/dsv4pkg/dsv4_convert && cp -r convert /tmp/dsv4pkg/dsv4_convert
+  for d in core formats validate serving; do cp -r "$d" "/tmp/dsv4pkg/dsv4_convert/$d"; done
+  export PYTHONPATH=/tmp/dsv4pkg${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu "$@" 2>&1 | tee "$OUTDIR/pytest.log"

@@ -1,0 +1,172 @@
+"""validate --kernel on the GPU with vLLM 0.33.0's real Marlin kernels (the `module` provider).
+
+Substitutions: the engine is the test build of vLLM 0.33.0's Marlin kernels (../shared/marlin-kernels,
+sources unchanged; the device has no vLLM or sgl_kernel), loaded through --kernel-provider module:PATH.
+Checkpoints are `dsv4-convert synth` outputs converted by the real CLI; broken outputs are made by
+editing the converted safetensors files (each edit is one defect a converter could make).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dsv4_convert.core.reader import open_checkpoint
+from dsv4_convert.core.tensor_model import Role
+from dsv4_convert.formats.marlin_scales import unpermute_scale_columns
+from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
+
+MODULE = os.environ.get("DSV4_MARLIN_MODULE", "")
+pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and os.path.isfile(MODULE)),
+                                reason="needs a CUDA GPU and DSV4_MARLIN_MODULE = a built Marlin extension "
+                                       "(tests/gpu/run.sh builds vLLM 0.33.0's kernels and sets it)")
+
+
+def run_cli(*args, check=True):
+    proc = subprocess.run([sys.executable, "-m", "dsv4_convert.cli", *map(str, args)], capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def module_path():
+    return MODULE
+
+FORMATS = ("nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-dsv4", "mxfp4-ct", "mxfp4-gptoss")
+CASES = [(f, t, a) for f in FORMATS for t in ("vllm", "sglang") for a in ("bfloat16", "float16")
+         if not (f.startswith("mxfp4") and a == "float16")]  # no fp16 MXFP4 Marlin kernel in either engine
+RESULTS = os.environ.get("DSV4_GPU_RESULTS")
+
+
+def _record(**row):
+    if RESULTS:
+        with open(RESULTS, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+@pytest.fixture(scope="session")
+def sources(tmp_path_factory):
+    root = tmp_path_factory.mktemp("src")
+    out = {}
+    for fmt in FORMATS:
+        run_cli("synth", root / fmt, "--format", fmt, "--layers", "1", "--experts", "8")
+        out[fmt] = root / fmt
+    return out
+
+
+def _convert(src: Path, fmt: str, target: str, act: str, out: Path) -> Path:
+    cmd = "nvfp4-to-marlin" if fmt.startswith("nvfp4") else "mxfp4-to-marlin"
+    run_cli(cmd, src, out, "--target", target, "--act-dtype", act, "-q")
+    return out
+
+
+def _kernel(path, module_path, *extra, check_rc=None):
+    proc = run_cli("validate", path, "--kernel", "--kernel-provider", f"module:{module_path}", "--json", "-",
+                   "--quiet", *extra, check=False)
+    assert proc.returncode in (0, 1) and proc.stdout.startswith("{"), proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, [f["message"] for f in data["findings"] if f["severity"] == "error"]
+    return data
+
+
+def _status(data, check_id):
+    return next(c["status"] for c in data["checks"] if c["id"] == check_id)
+
+
+@pytest.mark.parametrize("fmt,target,act", CASES)
+def test_kernel_passes_on_converted_output(sources, module_path, tmp_path, fmt, target, act):
+    out = _convert(sources[fmt], fmt, target, act, tmp_path / "out")
+    decoded = _kernel(out, module_path, check_rc=0)
+    against = _kernel(out, module_path, "--against", sources[fmt], check_rc=0)
+    source = _kernel(sources[fmt], module_path, "--target", target, "--act-dtype", act, check_rc=0)
+    for name, data in (("decoded", decoded), ("against", against), ("source", source)):
+        assert data["kernel"], name
+        assert _status(data, "kernel.gemm") == "pass", name
+        worst = max(r["max_rel_error"] for r in data["kernel"])
+        assert worst <= KERNEL_REL_ERROR_MAX[act]
+        _record(case=f"{fmt}/{target}/{act}", reference=name, max_rel_error=worst,
+                stacks=len(data["kernel"]), repack=_status(data, "kernel.repack"))
+    assert _status(against, "kernel.repack") == "pass" and _status(source, "kernel.repack") == "pass"
+
+
+# ------------------------------------------------------------------------------- negative controls
+def _tensors(out: Path, expert: int, role: Role):
+    p = next(p for p in open_checkpoint(out).projections if p.layer == "0" and p.expert == expert and p.role is role)
+    return p
+
+
+def _edit(out: Path, name: str, fn) -> None:
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    f = out / index[name]
+    tensors = load_file(f)
+    tensors[name] = fn(tensors[name]).contiguous()
+    os.chmod(f, 0o644)
+    save_file(tensors, f, metadata={"format": "pt"})
+
+
+def _swap_nibbles(t):
+    b = t.view(torch.uint8)
+    return (((b & 0x0F) << 4) | (b >> 4)).view(t.dtype)
+
+
+def _transpose_tile(t):
+    t = t.clone()
+    t[..., :8, :8] = t[..., :8, :8].transpose(-1, -2).clone()
+    return t
+
+
+def _unpermute(t):
+    return unpermute_scale_columns(t.view(torch.uint8)).view(t.dtype)
+
+
+def _swap_experts(out: Path, a: int, b: int, role: Role):
+    pa, pb = _tensors(out, a, role), _tensors(out, b, role)
+    for ra, rb in ((pa.weight, pb.weight), (pa.scale, pb.scale), (pa.marlin_global, pb.marlin_global)):
+        if ra is None:
+            continue
+        ta = load_file(out / ra.file)[ra.name].clone()
+        tb = load_file(out / rb.file)[rb.name].clone()
+        _edit(out, ra.name, lambda _: tb)
+        _edit(out, rb.name, lambda _: ta)
+
+
+CONTROLS = {
+    # name: (edit, expected kernel.* checks that must fail, experts the gemm finding must name)
+    "swapped-nibbles": (lambda o: _edit(o, _tensors(o, 2, Role.DOWN).weight.name, _swap_nibbles),
+                        {"kernel.gemm", "kernel.repack"}, {2}),
+    "transposed-tile": (lambda o: _edit(o, _tensors(o, 2, Role.GATE).weight.name, _transpose_tile),
+                        {"kernel.gemm", "kernel.repack"}, {2}),
+    "unpermuted-scales": (lambda o: _edit(o, _tensors(o, 2, Role.UP).scale.name, _unpermute), {"kernel.gemm"}, {2}),
+    "global-not-rescaled": (lambda o: _edit(o, _tensors(o, 2, Role.DOWN).marlin_global.name, lambda g: g * 16),
+                            {"kernel.gemm"}, {2}),
+    "swapped-experts": (lambda o: _swap_experts(o, 0, 1, Role.DOWN), {"kernel.gemm", "kernel.repack"}, {0, 1}),
+}
+
+
+@pytest.mark.parametrize("fmt,target,act", [("nvfp4-modelopt-dsv4", "vllm", "bfloat16"),
+                                            ("nvfp4-ct", "sglang", "float16"),
+                                            ("mxfp4-dsv4", "sglang", "bfloat16")])
+@pytest.mark.parametrize("control", sorted(CONTROLS))
+def test_kernel_fails_on_broken_output(sources, module_path, tmp_path, fmt, target, act, control):
+    if control == "global-not-rescaled" and fmt.startswith("mxfp4"):
+        pytest.skip("MXFP4 has no global scale")
+    out = _convert(sources[fmt], fmt, target, act, tmp_path / "out")
+    edit, expected, experts = CONTROLS[control]
+    edit(out)
+    data = _kernel(out, module_path, "--against", sources[fmt], check_rc=1)
+    failed = {c["id"] for c in data["checks"] if c["id"].startswith("kernel.") and c["status"] == "fail"}
+    assert failed == expected, failed
+    named = {f["expert"] for f in data["findings"] if f["check"] == "kernel.gemm"}
+    assert named == experts
+    worst = max(f["value"] or float("inf") for f in data["findings"] if f["check"] == "kernel.gemm")
+    _record(control=control, case=f"{fmt}/{target}/{act}", failed=sorted(failed), experts=sorted(named),
+            worst_rel_error=worst)

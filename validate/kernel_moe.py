@@ -1,0 +1,111 @@
+"""One stack of experts through the engine's Marlin MoE GEMM, against an fp32 reference, on the GPU.
+
+Routing follows vLLM's `moe_align_block_size` contract: `sorted_token_ids` lists, expert by expert,
+the flat (token * top_k + slot) indices routed to it, each expert's run padded to a multiple of the
+block size with the sentinel M * top_k; `expert_ids` names the expert of every block; and
+`num_tokens_post_padded` is the padded length. To test every stacked expert on the same
+activations, every token is routed to every expert (top_k = experts in the stack): output row
+m * top_k + e is x[m] @ W_e^T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dsv4_convert.formats.constants import E2M1_VALUES, MXFP4_GROUP, NVFP4_GROUP
+from dsv4_convert.formats.e2m1 import unpack_nibbles
+from dsv4_convert.formats.e8m0 import e8m0_to_float
+
+__all__ = ["Stack", "moe_align", "run_stack", "dequant", "repack_source"]
+
+
+@dataclass
+class Stack:
+    """Experts of one layer's w13 or w2, as the engine stacks them (all on one device).
+    qweight int32 [E, K/16, 2N]; scales [E, K/g, N] (float8_e4m3fn or float8_e8m0fnu); globals
+    float32 [E] or None (MXFP4); reference float32 [E, N, K]: what the numbers should be."""
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    globals: torch.Tensor | None
+    reference: torch.Tensor
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block: int):
+    """vLLM's moe_align_block_size, in torch: (sorted_token_ids, expert_ids, num_tokens_post_padded)."""
+    flat = topk_ids.reshape(-1).long()
+    numel = flat.numel()
+    counts = torch.bincount(flat, minlength=num_experts).cpu()
+    padded = (counts + block - 1) // block * block
+    starts = torch.cumsum(padded, 0) - padded
+    total = int(padded.sum())
+    capacity = numel + num_experts * (block - 1)
+    sorted_ids = torch.full((capacity,), numel, dtype=torch.int32)
+    expert_ids = torch.zeros((capacity + block - 1) // block, dtype=torch.int32)
+    order = torch.argsort(flat.cpu(), stable=True)
+    pos = 0
+    for e in range(num_experts):
+        c, s = int(counts[e]), int(starts[e])
+        sorted_ids[s:s + c] = order[pos:pos + c].to(torch.int32)
+        expert_ids[s // block:(s + int(padded[e])) // block] = e
+        pos += c
+    dev = topk_ids.device
+    return sorted_ids.to(dev), expert_ids.to(dev), torch.tensor([total], dtype=torch.int32, device=dev)
+
+
+def run_stack(provider, stack: Stack, x: torch.Tensor, *, block: int = 16) -> torch.Tensor:
+    """x [M, K] (activation dtype) through the provider's MoE GEMM on every expert: [M, E, N] fp32."""
+    e, rows, cols = stack.qweight.shape
+    size_k, size_n, m = rows * 16, cols // 2, x.shape[0]
+    dev = x.device
+    topk_ids = torch.arange(e, device=dev).repeat(m, 1)
+    sorted_ids, expert_ids, post = moe_align(topk_ids, e, block)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    workspace = torch.zeros(sms * 4, dtype=torch.int32, device=dev)
+    weights = torch.ones(m, e, dtype=torch.float32, device=dev)
+    out = provider.moe_gemm(x.contiguous(), None, stack.qweight.contiguous(), None, stack.scales.contiguous(), None,
+                            stack.globals, None, workspace, sorted_ids, expert_ids, post, weights, block, e, False,
+                            provider.fe2m1_id, m, size_n, size_k, False, True, False, -1, -1, -1)
+    return out.float().reshape(m, e, size_n)
+
+
+def reference_product(stack: Stack, x: torch.Tensor) -> torch.Tensor:
+    return torch.einsum("mk,enk->men", x.float(), stack.reference)
+
+
+def rel_errors(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Per expert relative Frobenius error [E] (inf where the kernel gave non-finite numbers)."""
+    diff = (y.double() - ref.double()).norm(dim=(0, 2))
+    norm = ref.double().norm(dim=(0, 2))
+    rel = torch.where(norm > 0, diff / norm.clamp_min(1e-300), torch.where(diff == 0, 0.0, float("inf")))
+    return torch.where(torch.isfinite(y).all(dim=2).all(dim=0), rel, torch.full_like(rel, float("inf")))
+
+
+def dequant(quant: str, packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
+            n_pad: int | None = None, k_pad: int | None = None) -> torch.Tensor:
+    """Source FP4 (packed u8 [N, K/2], block scales [N, K/g], ModelOpt global) -> float32 [Np, Kp] on
+    the tensors' device, zero-padded to the engine's padded shape."""
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    values = table[unpack_nibbles(packed.contiguous().view(torch.uint8)).long()]
+    n, k = values.shape
+    group = NVFP4_GROUP if quant == "nvfp4" else MXFP4_GROUP
+    if quant == "nvfp4":
+        s = scale.contiguous().view(torch.float8_e4m3fn).float()
+        g = global_scale.float().reshape(()).to(packed.device) if global_scale is not None else 1.0
+        w = (values.reshape(n, -1, group) * s.unsqueeze(-1) * g).reshape(n, k)
+    else:
+        table = e8m0_to_float(torch.arange(256, dtype=torch.uint8)).to(packed.device)
+        w = (values.reshape(n, -1, group) * table[scale.contiguous().view(torch.uint8).long()].unsqueeze(-1))
+        w = w.reshape(n, k)
+    return torch.nn.functional.pad(w, (0, (k_pad or k) - k, 0, (n_pad or n) - n))
+
+
+def repack_source(provider, packed: torch.Tensor, n_pad: int, k_pad: int) -> torch.Tensor:
+    """The engine's own repack of source bytes [N, K/2], as its weight loading does it: pad to the
+    Marlin shape, view as int32 [N, K/8], transpose to [K/8, N], gptq_marlin_repack(num_bits=4)."""
+    b = packed.contiguous().view(torch.uint8)
+    n, k2 = b.shape
+    b = torch.nn.functional.pad(b, (0, k_pad // 2 - k2, 0, n_pad - n))
+    q = b.contiguous().view(torch.int32).t().contiguous()
+    return provider.repack(q, k_pad, n_pad, 4, False)

@@ -1,0 +1,203 @@
+"""`validate --kernel`: every MoE layer's experts through the engine's own Marlin kernels on a GPU.
+
+Per layer, the chosen experts are stacked as the engine stacks them (w13 = gate rows then up rows
+with the gate's global; w2), in chunks so that GPU memory stays bounded, and run through the
+provider's MoE GEMM with random activations in the activation dtype. The fp32 reference is
+dequant(SRC) with --against (or when validating an unconverted source), else the project's own
+decode of the Marlin bytes (formats/ inverses). Where source bytes are at hand the engine's repack
+kernel runs on them too and must give the converted words. An unconverted source is prepared in
+memory exactly as the converter would (formats/marlin_torch.py on the GPU).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+
+from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
+from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
+from dsv4_convert.formats.marlin import ENGINES, MarlinTarget
+from dsv4_convert.formats.marlin_scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
+from dsv4_convert.formats.marlin_torch import (
+    byte_table,
+    from_marlin_weight_t,
+    mxfp4_to_marlin_t,
+    nvfp4_to_marlin_t,
+    permute_columns_t,
+)
+from dsv4_convert.validate.check import Result, Scope
+from dsv4_convert.validate.checks import ALL_CHECKS
+from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX, KernelCase
+from dsv4_convert.validate.kernel_moe import Stack, dequant, reference_product, rel_errors, repack_source, run_stack
+from dsv4_convert.validate.kernel_provider import select_provider
+from dsv4_convert.validate.runner import _rescale_factors, resolve_options
+
+__all__ = ["KernelOptions", "run_kernel_checks"]
+
+_STACKS = (("w13", (Role.GATE, Role.UP)), ("w2", (Role.DOWN,)))
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    provider: str = "auto"
+    experts: int | None = None  # per layer; None = all
+    rows: int = 16  # tokens of random activations per expert
+    device: str = "cuda"
+    chunk: int = 32  # experts per kernel launch (bounds the fp32 reference's memory)
+
+
+@dataclass
+class _Prepared:
+    q: torch.Tensor
+    s: torch.Tensor
+    g: torch.Tensor | None  # processed global as the kernel gets it (fp32), None for MXFP4
+    ref: torch.Tensor
+    repack: tuple | None  # (bad words, total, first) when source bytes were at hand
+
+
+class _Layer:
+    """Prepares one projection on the device: Marlin tensors, reference, repack comparison."""
+
+    def __init__(self, ckpt, reader, refs, rreader, ref_fmt, opts, provider, sf, device):
+        self.ckpt, self.reader, self.refs, self.rreader, self.ref_fmt = ckpt, reader, refs, rreader, ref_fmt
+        self.opts, self.provider, self.sf, self.dev = opts, provider, sf, device
+        self.target = MarlinTarget(engine=opts.engine, act_dtype=opts.act_dtype)
+
+    def _get(self, reader, proj, fmt):
+        d = load_projection(reader, proj, fmt=fmt)
+        return (d.weight.to(self.dev), d.scale.to(self.dev),
+                d.global_scale.to(self.dev) if d.global_scale is not None else None)
+
+    def _repack(self, q, packed):
+        n_pad, k_pad = q.shape[-1] // 2, q.shape[-2] * 16
+        got = repack_source(self.provider, packed, n_pad, k_pad)
+        bad = got.ne(q)
+        first = tuple(int(i) for i in bad.nonzero()[0]) if bad.any() else None
+        return int(bad.sum()), bad.numel(), first
+
+    def prepare(self, proj, owner) -> _Prepared:
+        """`owner` is the projection whose global the engine uses (the gate for up)."""
+        sf = self.sf.get((proj.container, proj.stack), 1.0)
+        nv = proj.quant is Quant.NVFP4
+        if self.ckpt.format is SourceFormat.MARLIN:
+            q, s, _ = self._get(self.reader, proj, SourceFormat.MARLIN)
+            g = self.reader.get(owner.marlin_global).float().reshape(()) if nv else None
+            ref_proj = self.refs.get(proj.key)
+            if ref_proj is not None:
+                w, bs, gs = self._get(self.rreader, ref_proj, self.ref_fmt)
+                ref = dequant(proj.quant.value, w, bs, gs, q.shape[-1] // 2, q.shape[-2] * 16)
+                return _Prepared(q, s, g, ref, self._repack(q, w))
+            own = self.reader.get(proj.marlin_global).float().reshape(()) if nv else None
+            return _Prepared(q, s, g, self._decode(proj, q, s, own, sf), None)
+        w, bs, gs = self._get(self.reader, proj, self.ckpt.format)
+        if nv:
+            q, s = nvfp4_to_marlin_t(w, bs, target=self.target, sf=sf)
+            _, _, og = self._get(self.reader, owner, self.ckpt.format) if owner is not proj else (w, bs, gs)
+            g = nvfp4_global_to_marlin(og.float().reshape(()).cpu(), engine=self.opts.engine,
+                                       act_dtype=self.opts.act_dtype, sf=sf).float()
+        else:
+            q, s = mxfp4_to_marlin_t(w, bs, target=self.target)
+            g = None
+        return _Prepared(q, s, g, dequant(proj.quant.value, w, bs, gs), self._repack(q, w))
+
+    def _decode(self, proj, q, s, mglobal, sf):
+        """The Marlin bytes back to what they mean (formats/ inverses), fp32 [Np, Kp]."""
+        packed = from_marlin_weight_t(q)
+        b = permute_columns_t(s.contiguous().view(torch.uint8), w4a8=False, inverse=True)
+        if proj.quant is Quant.NVFP4:
+            table = byte_table(lambda c: s0e5m3_to_nvfp4_scales(c, sf=sf), torch.uint8, self.dev)
+            scale = table[b.long()].view(torch.float8_e4m3fn).t()
+            g = marlin_to_nvfp4_global(mglobal, act_dtype=self.opts.act_dtype, sf=sf)
+            return dequant("nvfp4", packed, scale, g)
+        return dequant("mxfp4", packed, b.t(), None)
+
+
+def _chosen(experts, n, seed, layer):
+    experts = sorted(experts)
+    if n is None or n >= len(experts):
+        return experts
+    return sorted(random.Random(f"{seed}/{layer}").sample(experts, n))
+
+
+def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions = KernelOptions(),
+                      progress=None) -> None:
+    """Adds kernel.* results, one `report.kernel` row per layer stack, and notes to `report`."""
+    ckpt = open_checkpoint(resolve_source(path))
+    opts = resolve_options(opts, ckpt)
+    checks = [c for c in ALL_CHECKS if c.scope is Scope.KERNEL]
+    if opts.w4a8:
+        report.notes.append("kernel checks skipped: W4A8 (fp8 activations) is not in the kernel pre-flight yet")
+        return
+    provider = select_provider(kopts.provider, ENGINES[opts.engine][0])
+    dev = torch.device(kopts.device)
+    report.notes.append(f"kernel: {provider.name} on {torch.cuda.get_device_name(dev)}")
+    ref_ckpt = open_checkpoint(resolve_source(against)) if against is not None else None
+    refs = {p.key: p for p in ref_ckpt.projections} if ref_ckpt is not None else {}
+    groups = defaultdict(lambda: defaultdict(dict))
+    for p in ckpt.projections:
+        groups[p.layer][p.expert][p.role] = p
+    marlin = ckpt.format is SourceFormat.MARLIN
+    kind = "--against SRC" if ref_ckpt is not None else ("Marlin bytes decoded" if marlin else "source dequant")
+    with TensorReader(ckpt.root) as reader, (TensorReader(ref_ckpt.root) if ref_ckpt else nullcontext()) as rr:
+        sf = _rescale_factors(ckpt, opts, reader, ckpt.projections)
+        layer_prep = _Layer(ckpt, reader, refs, rr, ref_ckpt.format if ref_ckpt else None, opts, provider, sf, dev)
+        for layer, experts in groups.items():
+            chosen = _chosen(experts, kopts.experts, opts.seed, layer)
+            for stack, roles in _STACKS:
+                members = [e for e in chosen if all(r in experts[e] for r in roles)]
+                if not members:
+                    continue
+                quant = experts[members[0]][roles[0]].quant
+                if quant is Quant.MXFP4 and opts.act_dtype != "bfloat16":
+                    continue  # the engines have no fp16 MXFP4 Marlin kernel (quant_config.mxfp4_act_dtype)
+                case = KernelCase(layer, stack, opts.act_dtype, provider.name, kind)
+                t0 = time.monotonic()
+                _run_stack(layer_prep, experts, members, roles, case, opts, kopts, dev)
+                report.results += [Result(c.id, f) for c in checks for f in c(case, opts)]
+                report.ran |= {c.id for c in checks if c.id != "kernel.repack" or case.repack}
+                worst = sorted(case.rel.items(), key=lambda t: -t[1])[:5]
+                report.kernel.append({"layer": layer, "projection": stack, "experts": len(case.rel),
+                                      "max_rel_error": worst[0][1] if worst else None,
+                                      "worst_experts": [[e, r] for e, r in worst],
+                                      "limit": KERNEL_REL_ERROR_MAX[opts.act_dtype],
+                                      "repack_checked": len(case.repack), "seconds": time.monotonic() - t0})
+                if progress:
+                    progress(layer, stack, len(case.rel))
+
+
+def _run_stack(prep, experts, members, roles, case, opts, kopts, dev):
+    gen = torch.Generator(device=dev).manual_seed(opts.seed)
+    act = getattr(torch, opts.act_dtype)
+    x = None
+    for i in range(0, len(members), kopts.chunk):
+        part = members[i:i + kopts.chunk]
+        qs, ss, gs, refs = [], [], [], []
+        for e in part:
+            owner = experts[e][roles[0]]
+            pieces = [prep.prepare(experts[e][r], owner) for r in roles]
+            qs.append(torch.cat([p.q for p in pieces], dim=-1))
+            ss.append(torch.cat([p.s.view(torch.uint8) for p in pieces], dim=-1).view(pieces[0].s.dtype))
+            gs.append(pieces[0].g)
+            refs.append(torch.cat([p.ref for p in pieces], dim=0))
+            case.names[e] = (owner.weight.name, owner.weight.file)
+            for r, p in zip(roles, pieces):
+                if p.repack is None:
+                    continue
+                bad, total, first = p.repack
+                name, b0, t0, f0 = case.repack.get(e, (experts[e][r].weight.name, 0, 0, None))
+                if bad and not b0:
+                    name, f0 = experts[e][r].weight.name, first
+                case.repack[e] = (name, b0 + bad, t0 + total, f0)
+        stack = Stack(torch.stack(qs), torch.stack(ss), torch.stack(gs).to(dev) if gs[0] is not None else None,
+                      torch.stack(refs))
+        if x is None:
+            x = torch.randn(kopts.rows, stack.reference.shape[-1], generator=gen, device=dev).to(act)
+        y = run_stack(prep.provider, stack, x)
+        errs = rel_errors(y, reference_product(stack, x))
+        case.rel.update({e: float(r) for e, r in zip(part, errs.tolist())})
+        del stack, y
