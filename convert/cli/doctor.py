@@ -19,19 +19,19 @@ from pathlib import Path
 
 import click
 
+from dsv4_convert.core.engines import LAYOUTS, version_tuple
 from dsv4_convert.core.errors import DsvError
 from dsv4_convert.core.fatbin import FatbinError, read_cuda_code
-from dsv4_convert.serving.config import LAYOUTS, _version_tuple
 from dsv4_convert.validate.kernel_provider import MODULE_ENV
 
 __all__ = ["doctor"]
 
-# engine -> (distribution, import name, Marlin MoE extension globs inside the package, MoE backend flag);
-# the flags are those of convert/serving_notes.py (one home once the engine facts table lands)
+# package -> (distribution, import name, Marlin MoE extension globs inside the package); the MoE backend
+# flags come from the engine facts table (core/engines.py)
 _ENGINES = {
-    "vllm": ("vllm", "vllm", ("_moe_C*.so",), "--moe-backend marlin"),
-    "sglang": ("sglang", "sglang", (), "--moe-runner-backend marlin"),
-    "sgl_kernel": ("sgl-kernel", "sgl_kernel", ("**/*.so",), None),
+    "vllm": ("vllm", "vllm", ("_moe_C*.so",)),
+    "sglang": ("sglang", "sglang", ()),
+    "sgl_kernel": ("sgl-kernel", "sgl_kernel", ("**/*.so",)),
 }
 _PR = "vLLM #40923: a Marlin MoE build with only PTX for this GPU gave silently wrong output on sm_120"
 
@@ -102,7 +102,7 @@ def _check_library(d: Doctor, owner: str, lib: Path) -> None:
 
 
 def _engines(d: Doctor, extra_module: str | None) -> None:
-    for name, (dist, module, globs, _) in _ENGINES.items():
+    for name, (dist, module, globs) in _ENGINES.items():
         try:
             v = version(dist)
         except PackageNotFoundError:
@@ -133,20 +133,21 @@ def _checkpoint(d: Doctor, path: str) -> None:
     d.checkpoint = info
     served = []
     for tag in engines:
-        engine, oldest, checked = LAYOUTS[tag]
+        facts = LAYOUTS[tag]
+        engine, oldest, checked = facts.name, facts.oldest, facts.version
         v = d.engines.get(engine)
-        d.recommended.append(f"{engine}: {_ENGINES[engine][3]}")
+        d.recommended.append(f"{engine}: {facts.moe_backend_flag}")
         if v is None:
             continue
         served.append(engine)
-        if _version_tuple(v) < oldest:
+        if version_tuple(v) < oldest:
             d.findings.append(f"{engine} {v} is older than {'.'.join(map(str, oldest))}, the first version with "
                               f"layout {tag}: upgrade it or re-convert")
         elif v != checked:
             d.findings.append(f"{engine} {v} is installed; layout {tag} was verified byte for byte on {checked}: "
                               f"run `dsv4-convert validate {path} --kernel` before serving")
     if not served:
-        want = " or ".join(LAYOUTS[t][0] for t in engines) or "an engine"
+        want = " or ".join(LAYOUTS[t].name for t in engines) or "an engine"
         d.findings.append(f"{path} needs {want}, which is not installed here")
 
 
