@@ -39,8 +39,9 @@ def write_json_atomic(path: Path, obj) -> None:
 
 
 class Staging:
-    def __init__(self, out: Path, *, force: bool = False, resume: bool = False):
+    def __init__(self, out: Path, *, force: bool = False, resume: bool = False, fence=None):
         self.out = Path(out).absolute()
+        self.fence = fence  # called with the lock held, before adopting: stops an older run's surviving workers
         self.path = self.out.with_name(self.out.name + ".partial")
         self.force, self.resume = force, resume
         self._lock_fd: int | None = None
@@ -93,6 +94,8 @@ class Staging:
                               error_id="output.resume_mismatch",
                               hint="rerun with the same input and options, or --force to start over")
         keep = state.get("shards", {}) if (self.resume and same) else {}
+        if self.fence is not None:
+            self.fence(self.path)
         for entry in self.path.iterdir():
             shard = entry.name.removesuffix(".lost.safetensors")  # a kept shard keeps its lost-scale record
             if entry.name not in (_LOCK, PROGRESS) and entry.name not in keep and shard not in keep:

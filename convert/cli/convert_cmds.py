@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from dsv4_convert.cli.options import parse_size, run_options, target_options
+from dsv4_convert.cli.options import executor_options, parse_size, run_options, target_options
 from dsv4_convert.core.errors import ContentError, UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Quant
@@ -32,7 +32,7 @@ Examples:
 
 
 def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
-         as_json, quiet):
+         as_json, quiet, executor):
     if resume and force and dry_run:
         raise UsageError("--dry-run writes nothing; it cannot be combined with --resume/--force",
                          error_id="usage.flags")
@@ -56,7 +56,8 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     if dry_run:
         _print_plan(plan, as_json)
         return
-    result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force, progress=not quiet)
+    result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force, progress=not quiet,
+                            executor=executor)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     elif not quiet:
@@ -103,12 +104,13 @@ def _command(quant: Quant, name: str, suffix: str, repo: str, doc: str):
     @click.argument("out", metavar="OUT", required=False)
     @target_options
     @run_options
+    @executor_options
     def command(src, out, target, act_dtype, workers, max_shard_size, resume, force, dry_run, as_json, quiet,
-                w4a8=False):
+                executor, w4a8=False):
         if out is None and not dry_run:
             raise click.UsageError("missing argument OUT (only --dry-run can do without it)")
         _run(quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
-             as_json, quiet)
+             as_json, quiet, executor)
     return command
 
 
