@@ -61,7 +61,9 @@ def _run_job(fn, args, job: int, progress, token_file: str, token: str, reports_
 
 def _check_token(token_file: str, token: str) -> None:
     """A task starts only where it sees this run's scratch directory: a node without the shared
-    filesystem, or a task of a run that a --resume has fenced, stops here."""
+    filesystem, or a task of a run that a --resume has fenced, stops here. (validate writes nothing.)"""
+    if not token_file:
+        return
     try:
         seen = Path(token_file).read_text()
     except OSError:
@@ -84,7 +86,8 @@ def _probe(token_file: str, token: str, inputs: dict[str, int], reply: str) -> s
                 return f"{path} has another size there"
         except OSError as e:
             return f"cannot read {path} ({e.strerror})"
-    Path(reply).write_text(socket.gethostname())
+    if reply:
+        Path(reply).write_text(socket.gethostname())
     return None
 
 
@@ -108,7 +111,7 @@ class RayExecutor:
                                   "RAY_ADDRESS") from None
         self.pending: list = []
 
-    def check_paths(self, run: RunDir, inputs: list[Path]) -> None:
+    def check_paths(self, run: RunDir | None, inputs: list[Path]) -> None:
         """A tiny task on every node with CPUs: it must see this run's token file in OUT.partial and every
         input file at the same path and size, and write a reply the driver then sees. Refuses otherwise."""
         self.run = run
@@ -116,18 +119,18 @@ class RayExecutor:
         sizes = {str(p): p.stat().st_size for p in inputs}
         refs = {}
         for n in nodes:
-            reply = run.path / f"node-{n['NodeID'][:12]}"
+            reply = run.path / f"node-{n['NodeID'][:12]}" if run else None
             strategy = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
             refs[n["NodeManagerAddress"] + " " + n["NodeID"][:12]] = (reply, ray.remote(_probe).options(
                 num_cpus=0, scheduling_strategy=strategy, max_retries=0).remote(
-                str(run.token_file), run.token, sizes, str(reply)))
+                str(run.token_file) if run else "", run.token if run else "", sizes, str(reply or "")))
         try:
             answers = ray.get([ref for _, ref in refs.values()], timeout=_PROBE_TIMEOUT_S)
         except GetTimeoutError:
             raise UsageError(f"not every Ray node answered the shared-path check within {_PROBE_TIMEOUT_S} s",
                              error_id="usage.ray_not_shared", hint="check `ray status`") from None
         for (node, (reply, _)), why in zip(refs.items(), answers):
-            if why is None and not reply.exists():
+            if why is None and reply is not None and not reply.exists():
                 why = f"it wrote {reply}, which this driver does not see"
             if why is not None:
                 raise UsageError(f"Ray node {node} cannot take part: {why}", error_id="usage.ray_not_shared",

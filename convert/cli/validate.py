@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from dsv4_convert.cli.options import executor_options
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.runner import Unreadable
 from dsv4_convert.validate.runner import validate as run_validation
@@ -54,9 +55,10 @@ def _fraction(ctx, param, value):
 @click.option("--plot", "plot_file", metavar="FILE", help="per-layer heat map PNG (needs matplotlib)")
 @click.option("--strict", is_flag=True, help="warnings fail too (exit 1)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
+@executor_options
 @click.pass_context
 def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_experts, seed, workers, json_file,
-             plot_file, strict, quiet):
+             plot_file, strict, quiet, executor):
     if tp % ep:
         raise click.BadParameter(f"--ep {ep} must divide --tp {tp} (the MoE runs with TP / EP per expert)",
                                  param_hint="--ep")
@@ -68,7 +70,7 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
                    act_dtype_requested=act_dtype)
     try:
         report = run_validation(path, opts, against=against, workers=workers or 1,
-                                progress=not quiet and sys.stderr.isatty())
+                                progress=not quiet and sys.stderr.isatty(), executor=executor)
     except Unreadable as e:
         click.echo(e.error.render(), err=True)
         click.echo("  (unreadable input: exit 2)", err=True)
