@@ -95,6 +95,10 @@ class RayExecutor:
     def __init__(self, address: str | None, bar=None, *, max_in_flight: int | None = None):
         self.bar, self.max_in_flight = bar, max_in_flight
         self.run: RunDir | None = None
+        self.pending: list = []
+        self.owned = not ray.is_initialized()  # a caller that connected itself keeps its connection
+        if not self.owned:
+            return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         address = address or os.environ.get("RAY_ADDRESS") or None
         env = {k: os.environ[k] for k in _FORWARD if k in os.environ}
@@ -109,7 +113,6 @@ class RayExecutor:
             raise UsageError(f"cannot connect to the Ray cluster at {address}: {e}", error_id="usage.ray_address",
                              hint="start it with `ray start --head` (docs/SCALE.md), or check --ray-address / "
                                   "RAY_ADDRESS") from None
-        self.pending: list = []
 
     def check_paths(self, run: RunDir | None, inputs: list[Path]) -> None:
         """A tiny task on every node with CPUs: it must see this run's token file in OUT.partial and every
@@ -175,7 +178,8 @@ class RayExecutor:
         if cancel:
             for ref in self.pending:
                 ray.cancel(ref, force=True)
-        ray.shutdown()
+        if self.owned:
+            ray.shutdown()
 
 
 def _result(ref):

@@ -6,7 +6,9 @@ that --resume (ray or local) completes to the same bytes.
 
 Substitutions: the two "nodes" are two raylets on one machine (so the shared filesystem is the local
 disk); DSV4_CONVERT_PAUSE_TASK (a test hook) makes one task write its pid and wait so the test can
-kill it at a known moment. Everything else is real: Ray, the CLI in subprocesses, files on disk."""
+kill it at a known moment; the format sweep calls the CLI's main() for all six formats in one
+subprocess that connected to Ray once (one Ray job: its workers import torch once, not six times, to
+keep CI short). Everything else is real: Ray, the CLI in subprocesses, files on disk."""
 
 from __future__ import annotations
 
@@ -61,7 +63,7 @@ def cluster(tmp_path_factory):
         for p in reversed(procs):
             try:
                 os.killpg(p.pid, signal.SIGTERM)
-                p.wait(30)
+                p.wait(5)
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 os.killpg(p.pid, signal.SIGKILL)
 
@@ -93,26 +95,47 @@ def _converted(tmp: Path, name: str, src: Path, fmt: str, *extra) -> dict:
     return tree_hashes(out)
 
 
-@pytest.mark.parametrize("fmt", ["mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-ct",
-                                 "mxfp4-gptoss"])
-def test_every_format_converts_to_the_same_bytes_as_local(tmp_path, synth_source, cluster, fmt):
-    src = synth_source(fmt, experts=4)
-    local = _converted(tmp_path, "local", src, fmt)
-    assert len([f for f in local if f.endswith(".safetensors")]) >= 3, "the test needs several shards"
-    assert _converted(tmp_path, "ray", src, fmt, *_ray(cluster)) == local
+FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-ct", "mxfp4-gptoss")
 
 
-def test_vllm_rescale_pass_and_validate_report_are_the_same(tmp_path, synth_source, cluster):
+def _main_many(argvs: list[list], address: str | None = None) -> None:
+    """Run the CLI's main() for each argv in one subprocess (connected to Ray once when `address`)."""
+    code = ("import json, sys\n"
+            + (f"import ray; ray.init(address={address!r}, _node_ip_address='127.0.0.1', logging_level='ERROR')\n"
+               if address else "")
+            + "from dsv4_convert.cli.main import main\n"
+            "for argv in json.loads(sys.argv[1]):\n"
+            "    try:\n"
+            "        main(argv)\n"
+            "    except SystemExit as e:\n"
+            "        assert e.code in (0, None), (argv, e.code)\n")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps([[str(a) for a in v] for v in argvs])],
+                          capture_output=True, text=True, env=dict(os.environ, **ENV))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_every_format_converts_to_the_same_bytes_as_local(tmp_path, synth_source, cluster):
+    cases = {fmt: (fmt, ()) for fmt in FORMATS}
+    cases["vllm"] = ("nvfp4-modelopt-dsv4", ("--target", "vllm"))  # vllm + bf16: the rescale pass runs as tasks too
+    for name, extra, address in (("local", (), None), ("ray", _ray(cluster), cluster)):
+        _main_many([[_command(f), synth_source(f, experts=4), tmp_path / name / case / "out", *SMALL, *more, *extra]
+                    for case, (f, more) in cases.items()], address)
+    for case in cases:
+        local = tree_hashes(tmp_path / "local" / case / "out")
+        assert len([f for f in local if f.endswith(".safetensors")]) >= 3, "the test needs several shards"
+        assert tree_hashes(tmp_path / "ray" / case / "out") == local, case
+
+
+def test_validate_report_is_the_same(tmp_path, synth_source, cluster):
     fmt = "nvfp4-modelopt-dsv4"
     src = synth_source(fmt, experts=4)
-    local = _converted(tmp_path, "local", src, fmt, "--target", "vllm")  # vllm + bf16: the rescale pass runs too
-    assert _converted(tmp_path, "ray", src, fmt, "--target", "vllm", *_ray(cluster)) == local
+    _converted(tmp_path, "local", src, fmt, "--target", "vllm")
     out = tmp_path / "local" / "out"
     reports = []
     for extra in ((), _ray(cluster)):
         proc = run_cli("validate", out, "--against", src, "--json", "-", *extra, env=ENV)
         report = json.loads(proc.stdout)
-        report.pop("seconds", None)
+        report["summary"].pop("seconds", None)
         reports.append(report)
     assert reports[0]["summary"]["experts_checked"] > 0
     assert reports[0] == reports[1]
@@ -140,10 +163,14 @@ def _start_paused(src: Path, out: Path, pid_file: Path, address: str) -> tuple[s
     return driver, int(pid_file.read_text())
 
 
-def test_a_worker_killed_mid_run_is_retried_and_the_output_is_identical(tmp_path, synth_source, cluster):
-    fmt = "nvfp4-modelopt-dsv4"
-    src = synth_source(fmt, experts=4)
-    expected = _converted(tmp_path, "local", src, fmt)
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, synth_source):
+    src = synth_source("nvfp4-modelopt-dsv4", experts=4)
+    return src, _converted(tmp_path_factory.mktemp("ref"), "local", src, "nvfp4-modelopt-dsv4")
+
+
+def test_a_worker_killed_mid_run_is_retried_and_the_output_is_identical(tmp_path, reference, cluster):
+    src, expected = reference
     out = tmp_path / "ray" / "out"
     driver, worker = _start_paused(src, out, tmp_path / "pid", cluster)
     assert worker != driver.pid
@@ -154,10 +181,8 @@ def test_a_worker_killed_mid_run_is_retried_and_the_output_is_identical(tmp_path
 
 
 @pytest.mark.parametrize("resume_on", ["ray", "local"])
-def test_a_driver_killed_mid_run_leaves_a_partial_that_resume_completes(tmp_path, synth_source, cluster, resume_on):
-    fmt = "nvfp4-modelopt-dsv4"
-    src = synth_source(fmt, experts=4)
-    expected = _converted(tmp_path, "local", src, fmt)
+def test_a_driver_killed_mid_run_leaves_a_partial_that_resume_completes(tmp_path, reference, cluster, resume_on):
+    src, expected = reference
     out = tmp_path / "ray" / "out"
     partial = out.with_name("out.partial")
     driver, _ = _start_paused(src, out, tmp_path / "pid", cluster)
