@@ -100,10 +100,11 @@ class RayExecutor:
         if not self.owned:
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        address = address or os.environ.get("RAY_ADDRESS") or None
+        address = address or os.environ.get("RAY_ADDRESS") or "local"  # "local": always a new cluster, never
+        # one that a `ray start` left on this machine
         env = {k: os.environ[k] for k in _FORWARD if k in os.environ}
         kwargs = dict(logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": env} if env else None)
-        if address is None:  # a cluster of this machine alone, for this run
+        if address == "local":  # a cluster of this machine alone, for this run
             kwargs.update(include_dashboard=False, _node_ip_address="127.0.0.1")
         elif _is_loopback(address):
             kwargs["_node_ip_address"] = "127.0.0.1"
