@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import errno
 import json
-import multiprocessing as mp
 import os
-import queue
 import shutil
 import signal
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +24,7 @@ from dsv4_convert.core.errors import ContentError, Interrupted, OutputError
 from dsv4_convert.core.reader import TensorReader, load_projection
 from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
+from dsv4_convert.executors import ExecutorSpec, RunDir, auto_workers, make_executor
 from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
 from dsv4_convert.memory import keep_buffers
 from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
@@ -43,7 +41,6 @@ INDEX = INDEX_FILE
 LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
 LOST_SUFFIX = ".lost.safetensors"  # per shard, in staging, merged into LOST at the end
 _KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: "n" SIGKILLs this process at the n-th step, "n:INT" sends SIGINT
-_BYTES_PER_WORKER = 256 << 20  # below this much work per worker, another process is not worth starting
 
 
 @dataclass
@@ -78,21 +75,9 @@ def _step() -> None:
 
 
 # -- worker side ---------------------------------------------------------------------------------
-_progress_queue = None
-
-
-def _init_worker(q) -> None:
-    global _progress_queue
-    _progress_queue = q
-    torch.set_num_threads(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
-
-
 def _report(nbytes: int, callback=None) -> None:
-    if callback is not None:
+    if callback is not None:  # the executor's progress channel
         callback(nbytes)
-    elif _progress_queue is not None:
-        _progress_queue.put(nbytes)
 
 
 def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float) -> tuple[dict, dict]:
@@ -161,77 +146,31 @@ def _rescale_for(root: str, act_dtype: str, container: str, projections: list[Pr
 
 
 # -- parent side ---------------------------------------------------------------------------------
-class _Pool:
-    """A process pool, or inline execution for workers == 1 (simpler to debug and to crash-test)."""
-
-    def __init__(self, workers: int, bar: tqdm | None):
-        self.workers, self.bar = workers, bar
-        self.executor = None
-        if workers > 1:
-            # fork where there is one: a spawned worker spends seconds re-importing torch. The parent
-            # runs no torch compute before this, and workers run single-threaded.
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            self.queue = ctx.Queue()
-            self.executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                                initargs=(self.queue,))
-
-    def map(self, fn, argsets, on_result, *, reports_progress: bool = False) -> None:
-        if self.executor is None:
-            for args in argsets:
-                on_result(fn(*args, callback=self._tick) if reports_progress else fn(*args))
-            return
-        pending = {self.executor.submit(fn, *args) for args in argsets}
-        while pending:
-            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            self._drain()
-            for fut in done:
-                on_result(fut.result())
-        self._drain()
-
-    def _tick(self, n: int) -> None:
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def _drain(self) -> None:
-        while True:
-            try:
-                self._tick(self.queue.get_nowait())
-            except queue.Empty:
-                return
-
-    def shutdown(self, cancel: bool = False) -> None:
-        if self.executor is not None:
-            self.executor.shutdown(wait=not cancel, cancel_futures=cancel)
-
-
-def auto_workers(workers: int | None, total_bytes: int, jobs: int) -> int:
-    """`workers` if given, else the cores, but no more than the jobs, and in auto mode one process per
-    256 MiB of work at most: starting a worker costs a torch import, not worth it for small inputs."""
-    n = workers or min(os.cpu_count() or 1, 1 + total_bytes // _BYTES_PER_WORKER)
-    return max(1, min(n, jobs))
-
-
 def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, resume: bool = False,
-                   force: bool = False, progress: bool = True) -> ConvertResult:
+                   force: bool = False, progress: bool = True, executor: ExecutorSpec = ExecutorSpec()) -> ConvertResult:
     start = time.perf_counter()
     ckpt = plan.checkpoint
-    staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root)
+    staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root, fence=RunDir.fence)
     done = staging.open(plan.fingerprint())
     pool = None
+    run = RunDir(staging.path)
     try:
+        run.create()
         todo = [s for s in plan.shards if s.file not in done]
         total = sum(s.nbytes for s in todo)
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting",
                    disable=not progress, dynamic_ncols=True)
-        pool = _Pool(auto_workers(workers, total, len(todo)), bar)
+        pool = make_executor(executor, auto_workers(workers, total, len(todo)), bar, max_in_flight=workers)
+        pool.check_paths(run, [ckpt.root / f for f in sorted({t.file for t in ckpt.tensors.values()})])
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
         meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,
                 "format_version": str(FORMAT_VERSION), "marlin_layout": plan.target.layout_tag}
-        args = [(str(ckpt.root), ckpt.format, plan.target, s, str(staging.shard_tmp(s.file)), rescale, meta)
-                for s in todo]
-        pool.map(_write_shard, args, lambda r: staging.finish_shard(*r), reports_progress=True)
+        args = [(str(ckpt.root), ckpt.format, plan.target, s, str(run.tmp(s.file)), rescale, meta) for s in todo]
+        pool.map(_write_shard, args, lambda r: _hand_over(run, staging, *r), reports_progress=True,
+                 job_bytes=[s.nbytes for s in todo])
         bar.close()
         pool.shutdown()
+        run.remove()
         lost = _finalize(plan, staging, rescale)
         staging.publish()
     except BaseException as e:
@@ -264,14 +203,19 @@ def _user_error(e: BaseException, staging_path: Path, plan: ConvertPlan):
     return None
 
 
-def _plan_rescale(plan: ConvertPlan, pool: _Pool) -> dict[str, float]:
+def _hand_over(run: RunDir, staging: Staging, file: str, sha: str, size: int) -> None:
+    run.hand_over(file, size, staging.path, sidecars=(LOST_SUFFIX,))
+    staging.finish_shard(file, sha, size)
+
+
+def _plan_rescale(plan: ConvertPlan, pool) -> dict[str, float]:
     groups: dict[str, list[Projection]] = {}
     for p in plan.projections:
         if p.quant is Quant.NVFP4:
             groups.setdefault(p.container, []).append(p)
     factors: dict[str, float] = {}
     pool.map(_rescale_for, [(str(plan.checkpoint.root), plan.target.act_dtype, c, ps) for c, ps in groups.items()],
-             factors.update)
+             factors.update, job_bytes=[sum(p.scale.nbytes for p in ps) for ps in groups.values()])
     return factors
 
 

@@ -10,6 +10,7 @@ from the converted checkpoint and FP4 tensors decoded with the exact inverse tra
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -24,10 +25,11 @@ from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat, TensorRef
+from dsv4_convert.executors import ExecutorSpec, RunDir, auto_workers, make_executor
 from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4
 from dsv4_convert.manifest import verify
 from dsv4_convert.paths import MARKER
-from dsv4_convert.pipeline import INDEX, LOST, SOURCE_DIR, _Pool, _report, auto_workers
+from dsv4_convert.pipeline import INDEX, LOST, SOURCE_DIR, _report
 from dsv4_convert.staging import MANIFEST, Staging
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
@@ -108,6 +110,11 @@ def _rebuild_shard(job: _Job, file: str, prefix: bytes, refs: dict[str, TensorRe
     return file
 
 
+def _place(run: RunDir, staging: Staging, file: str, size: int) -> None:
+    run.hand_over(file, size, staging.path)
+    os.replace(staging.shard_tmp(file), staging.path / file)
+
+
 def _load_record(root: Path):
     sdir = root / SOURCE_DIR
     if not (sdir / "headers.json").exists():
@@ -144,12 +151,12 @@ def _refuse_unverified(root: Path) -> None:
 
 
 def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: bool = False,
-                       progress: bool = True) -> ReverseResult:
+                       progress: bool = True, executor: ExecutorSpec = ExecutorSpec()) -> ReverseResult:
     from tqdm import tqdm
 
     start = time.perf_counter()
     ckpt = open_checkpoint(src)
-    staging = Staging(Path(out), force=force, source=ckpt.root)
+    staging = Staging(Path(out), force=force, source=ckpt.root, fence=RunDir.fence)
     staging.check()  # before any work: OUT must not alias IN, and must be replaceable
     _refuse_unverified(ckpt.root)
     block = ckpt.config.get("quantization_config") or {}
@@ -177,15 +184,20 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
     job = _Job(str(ckpt.root), target, block.get("rescale_factors") or {}, lost, converted, ckpt.tensors,
                decoded_by, kept_as)
     staging.open(json.dumps(sorted(shards)))
+    run = RunDir(staging.path)
     try:
+        run.create()
         total = sum(ref.nbytes for ref in original.values())
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="restoring", disable=not progress)
-        pool = _Pool(auto_workers(workers, total, len(shards)), bar)
+        pool = make_executor(executor, auto_workers(workers, total, len(shards)), bar, max_in_flight=workers)
         try:
-            pool.map(_rebuild_shard, [(job, f, prefix, refs, str(staging.path / f)) for f, (prefix, refs) in shards.items()],
-                     lambda _: None, reports_progress=True)
+            pool.check_paths(run, [])
+            pool.map(_rebuild_shard, [(job, f, prefix, refs, str(run.tmp(f))) for f, (prefix, refs) in shards.items()],
+                     lambda f: _place(run, staging, f, sum(r.nbytes for r in shards[f][1].values()) + len(shards[f][0])),
+                     reports_progress=True, job_bytes=[sum(r.nbytes for r in refs.values()) for _, refs in shards.values()])
         finally:
             pool.shutdown()
+        run.remove()
         bar.close()
         for rel in ckpt.other_files:
             if rel in _GENERATED or rel.startswith(SOURCE_DIR + "/"):

@@ -62,9 +62,11 @@ def _first_change(old: dict, new: dict) -> str | None:
 
 
 class Staging:
-    def __init__(self, out: Path, *, force: bool = False, resume: bool = False, source: Path | None = None):
+    def __init__(self, out: Path, *, force: bool = False, resume: bool = False, source: Path | None = None,
+                 fence=None):
         self.out = out_path(out)
         self.path = staging_path(self.out)
+        self.fence = fence  # called with the lock held, before adopting: stops an older run's surviving workers
         self.force, self.resume = force, resume
         self.source = Path(source).resolve() if source is not None else None
         self.stamp: dict = {}
@@ -156,6 +158,8 @@ class Staging:
                               hint="rerun with the same input and options, or --force to start over "
                                    "(shards made from the old input are never mixed with new ones)")
         keep = state.get("shards", {}) if (self.resume and same) else {}
+        if self.fence is not None:
+            self.fence(self.path)
         for entry in self.path.iterdir():
             shard = entry.name.removesuffix(".lost.safetensors")  # a kept shard keeps its lost-scale record
             if entry.name not in (_LOCK, PROGRESS) and entry.name not in keep and shard not in keep:

@@ -41,6 +41,7 @@ __all__ = ["Unreadable", "resolve_options", "validate"]
 
 
 _POOL_MIN_TASKS = 32  # below this, starting worker processes costs more than it saves
+_CLUSTER_BATCHES = 64  # --executor ray: the experts go out in about this many tasks
 
 
 class Unreadable(Exception):
@@ -215,6 +216,34 @@ def _run_task(task: _Task) -> _Outcome:
     return _WORKER.run(task)
 
 
+def _run_batch(job: _Job, index: int, tasks: list[_Task], callback=None) -> tuple[int, list[_Outcome]]:
+    """One cluster task: a batch of experts, checked by one _Worker (--executor ray)."""
+    worker, outcomes = _Worker(job), []
+    for task in tasks:
+        outcomes.append(worker.run(task))
+        if callback is not None:
+            callback(1)
+    return index, outcomes
+
+
+def _on_cluster(executor, job: _Job, tasks: list[_Task], bar) -> list[_Outcome]:
+    """The experts in batches as executor jobs; the outcomes in task order, as a local run gives them."""
+    from dsv4_convert.executors import make_executor
+
+    size = max(1, len(tasks) // _CLUSTER_BATCHES)
+    batches = [tasks[i:i + size] for i in range(0, len(tasks), size)]
+    results: dict[int, list[_Outcome]] = {}
+    pool = make_executor(executor, 1, bar)
+    try:
+        pool.check_paths(None, sorted({Path(job.root) / p.weight.file for t in tasks for p in t.projections}))
+        pool.map(_run_batch, [(job, i, b) for i, b in enumerate(batches)], lambda r: results.__setitem__(*r),
+                 reports_progress=True, job_bytes=[sum(p.weight.nbytes + p.scale.nbytes for t in b for p in t.projections)
+                                                   for b in batches])
+    finally:
+        pool.shutdown()
+    return [o for i in range(len(batches)) for o in results[i]]
+
+
 # ------------------------------------------------------------------------------------------ planning
 def _rescale_factors(ckpt: Checkpoint, opts: Options, reader: TensorReader, projections) -> dict:
     """(container, stack) -> sf. Converted checkpoints record it; for an NVFP4 source served by vLLM
@@ -273,17 +302,17 @@ def _truncated_tensors(headers) -> set:
 
 # ------------------------------------------------------------------------------------------- driver
 def validate(path: str | Path, opts: Options, *, against: str | Path | None = None, workers: int = 1,
-             progress: bool = True) -> Report:
+             progress: bool = True, executor=None) -> Report:
     """Validate one checkpoint; raises Unreadable when it cannot be validated at all (exit 2)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the per-block work is many small ops: threads only add overhead
     try:
-        return _validate(path, opts, against=against, workers=workers, progress=progress)
+        return _validate(path, opts, against=against, workers=workers, progress=progress, executor=executor)
     finally:
         torch.set_num_threads(threads)
 
 
-def _validate(path, opts: Options, *, against, workers: int, progress: bool) -> Report:
+def _validate(path, opts: Options, *, against, workers: int, progress: bool, executor=None) -> Report:
     start = time.monotonic()
     try:
         root = resolve_source(path)
@@ -338,7 +367,10 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool) -> 
     job = _Job(str(root), ckpt.format, str(ref_ckpt.root) if ref_ckpt else None,
                ref_ckpt.format if ref_ckpt else None, opts)
     bar = tqdm(total=len(tasks), unit="expert", desc="validate", disable=not progress, leave=False)
-    if workers > 1 and len(tasks) >= _POOL_MIN_TASKS:
+    if executor is not None and executor.name != "local":
+        for outcome in _on_cluster(executor, job, tasks, bar):
+            report.add(outcome.results, outcome.ran, outcome.gemm, outcome.projections)
+    elif workers > 1 and len(tasks) >= _POOL_MIN_TASKS:
         import multiprocessing as mp
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload([__name__])  # workers fork from a server that has torch imported already

@@ -8,10 +8,18 @@ from pathlib import Path
 
 import click
 
-from dsv4_convert.cli.options import device_option, parse_size, run_options, target_options, use_device
+from dsv4_convert.cli.options import (
+    device_option,
+    executor_options,
+    parse_size,
+    run_options,
+    target_options,
+    use_device,
+)
 from dsv4_convert.core.errors import ContentError, UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Quant
+from dsv4_convert.executors import refuse_device
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.pipeline import run_conversion
 from dsv4_convert.plan import build_plan, refuse_converted
@@ -33,7 +41,8 @@ Examples:
 
 
 def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
-         as_json, quiet, device=None):
+         as_json, quiet, executor, device=None):
+    refuse_device(executor, device)
     workers = use_device(device, workers)  # refuses (exit 2) before anything is read or written
     if (resume or force) and dry_run:
         raise UsageError("--dry-run writes nothing; it cannot be combined with --resume/--force",
@@ -58,7 +67,8 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     if dry_run:
         _print_plan(plan, as_json)
         return
-    result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force, progress=not quiet)
+    result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force, progress=not quiet,
+                            executor=executor)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     elif not quiet:
@@ -106,12 +116,13 @@ def _command(quant: Quant, name: str, suffix: str, repo: str, doc: str):
     @target_options
     @run_options
     @device_option
+    @executor_options
     def command(src, out, target, act_dtype, workers, max_shard_size, resume, force, dry_run, as_json, quiet,
-                device, w4a8=False):
+                device, executor, w4a8=False):
         if out is None and not dry_run:
             raise click.UsageError("missing argument OUT (only --dry-run can do without it)")
         _run(quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
-             as_json, quiet, device)
+             as_json, quiet, executor, device)
     return command
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import re
 
 import click
 
-__all__ = ["target_options", "run_options", "parse_size", "device_option", "use_device"]
+from dsv4_convert.executors import EXECUTORS, ExecutorSpec
+
+__all__ = ["target_options", "run_options", "executor_options", "parse_size", "device_option", "use_device"]
 
 
 def parse_size(value: str | int | None) -> int | None:
@@ -57,3 +60,20 @@ def use_device(device: str | None, workers: int | None) -> int | None:
     dev = resolve_device(device)
     set_transform_device(dev)
     return workers if dev.type == "cpu" else 1
+
+
+def executor_options(fn):
+    """--executor / --ray-address, handed to the command as one `executor=ExecutorSpec`."""
+    @functools.wraps(fn)
+    def wrapper(*args, executor: str, ray_address: str | None, **kwargs):
+        if ray_address and executor != "ray":
+            raise click.UsageError("--ray-address needs --executor ray")
+        return fn(*args, executor=ExecutorSpec(executor, ray_address), **kwargs)
+
+    wrapper = click.option("--ray-address", metavar="ADDR", default=None,
+                           help="Ray cluster to run on, e.g. 10.0.0.1:6379 [default: $RAY_ADDRESS, else a one-machine "
+                                "cluster started for this run]. Every node must see IN and OUT at the same path.")(wrapper)
+    return click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
+                        help="Where the per-shard jobs run: local = a process pool here; ray = Ray tasks across a "
+                             "cluster (pip install 'dsv4-convert[ray]'; docs/SCALE.md). With ray, --workers caps the "
+                             "tasks in flight.")(wrapper)

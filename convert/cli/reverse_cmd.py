@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from dsv4_convert.cli.options import executor_options
 from dsv4_convert.reverse import reverse_checkpoint
 
 __all__ = ["marlin_to_source"]
@@ -29,8 +30,9 @@ Example:
 @click.option("--force", is_flag=True, help="Replace an existing OUT (published only when complete).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar, only errors.")
-def marlin_to_source(src, out, workers, force, as_json, quiet):
-    result = reverse_checkpoint(src, Path(out), workers=workers, force=force, progress=not quiet)
+@executor_options
+def marlin_to_source(src, out, workers, force, as_json, quiet, executor):
+    result = reverse_checkpoint(src, Path(out), workers=workers, force=force, progress=not quiet, executor=executor)
     if as_json:
         click.echo(json.dumps(result.as_dict(), indent=2))
     elif not quiet:

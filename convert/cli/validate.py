@@ -8,6 +8,8 @@ import sys
 import click
 
 from dsv4_convert.cli.kernel_opts import kernel_options, run_kernel_checks
+from dsv4_convert.cli.options import executor_options
+from dsv4_convert.executors import refuse_device
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.runner import Unreadable
 from dsv4_convert.validate.runner import validate as run_validation
@@ -65,9 +67,11 @@ def _fraction(ctx, param, value):
               help="skip re-hashing the files a converted checkpoint's manifest lists (faster)")
 @click.option("--strict", is_flag=True, help="warnings fail too (exit 1)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
+@executor_options
 @click.pass_context
 def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_experts, seed, workers, kernel,
-             kernel_experts, kernel_provider, device, json_file, plot_file, skip_manifest, strict, quiet):
+             kernel_experts, kernel_provider, device, json_file, plot_file, skip_manifest, strict, quiet, executor):
+    refuse_device(executor, device if kernel else None)
     if tp % ep:
         raise click.BadParameter(f"--ep {ep} must divide --tp {tp} (the MoE runs with TP / EP per expert)",
                                  param_hint="--ep")
@@ -80,7 +84,7 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
     kernel_opts = kernel_options(kernel, kernel_experts, kernel_provider, device)
     try:
         report = run_validation(path, opts, against=against, workers=workers or 1,
-                                progress=not quiet and sys.stderr.isatty())
+                                progress=not quiet and sys.stderr.isatty(), executor=executor)
     except Unreadable as e:
         click.echo(e.error.render(), err=True)
         click.echo("  (unreadable input: exit 2)", err=True)
