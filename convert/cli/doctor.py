@@ -10,7 +10,6 @@ Imports no engine: versions come from package metadata, code from the libraries'
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,6 @@ import click
 
 from dsv4_convert.cli.report import emit, report_options
 from dsv4_convert.core.engines import LAYOUTS, version_tuple
-from dsv4_convert.core.errors import DsvError
 from dsv4_convert.core.fatbin import FatbinError, read_cuda_code
 from dsv4_convert.validate.kernel_provider import MODULE_ENV
 
