@@ -175,3 +175,14 @@ def test_a_shard_that_is_not_a_file_is_not_called_missing(tmp_path, kind):
     doc = _one_object(proc)
     assert proc.returncode == 3 and doc["error"]["id"] == "index.shard_not_a_file", proc.stderr
     assert "does not exist" not in proc.stderr and shard.name in proc.stderr
+
+
+def test_trailing_bytes_are_one_finding_not_two(tmp_path):
+    src = write_synthetic_checkpoint(tmp_path / "src", format="nvfp4-modelopt-dsv4", layers=1, experts=4)
+    shard = sorted(src.glob("*.safetensors"))[0]
+    with open(shard, "ab") as f:
+        f.write(b"\0" * 64)
+    proc = run_cli("validate", src, *VALIDATE, "--json", check=False)
+    doc = _one_object(proc)
+    errors = [f["check"] for f in doc["findings"] if f["severity"] == "error"]
+    assert proc.returncode == 1 and errors == ["structure.shard.header"], errors
