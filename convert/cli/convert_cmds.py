@@ -63,11 +63,11 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
             f"({result.bytes_out / 2**30:.2f} GiB, {tgt.layout_tag}) in {result.seconds:.1f} s "
             f"({rate:.0f} MiB/s) -> {result.out}")
-    if result.lost_scales:
-        text += (f"\nwarning: {result.lost_scales} NVFP4 scale bytes are negative or too small for "
-                 f"{tgt.layout_tag} and were zeroed/made positive as the engine would; the originals are "
-                 "recorded for marlin-to-source. Run validate to see where.")
     emit(result.as_dict(), text + f"\nnext: dsv4-convert validate {result.out} --against {src}", **report)
+    if result.lost_scales and not report["quiet"]:
+        click.echo(f"warning: {result.lost_scales} NVFP4 scale bytes are negative or too small for "
+                   f"{tgt.layout_tag} and were zeroed/made positive as the engine would; the originals are "
+                   "recorded for marlin-to-source. Run validate to see where.", err=True)
 
 
 def _plan_summary(plan) -> dict:
