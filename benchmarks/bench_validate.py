@@ -86,7 +86,7 @@ def bench(fmt: str, base: Path, workers: int) -> dict:
     cp_s, _, _ = timed(["sh", "-c", f"cp -r '{src}' '{dst}' && sync"])
     shutil.rmtree(dst, ignore_errors=True)
     v_s, v_rss, code = timed(CLI + ["validate", str(src), "--quiet", "--workers", str(workers),
-                                    "--json", str(base / f"{fmt}-report.json")])
+                                    "--report", str(base / f"{fmt}-report.json")])
     return {"format": fmt, "bytes": size, "cp_sync_s": cp_s, "validate_s": v_s, "ratio": v_s / cp_s,
             "validate_peak_anon_mib": v_rss[0] / 2**20, "validate_peak_mapped_mib": v_rss[1] / 2**20,
             "exit_code": code}

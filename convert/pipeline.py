@@ -189,6 +189,10 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
 def _user_error(e: BaseException, staging_path: Path, plan: ConvertPlan):
     """The typed error to show for an exception that aborted a run, or None to re-raise it as is."""
     if isinstance(e, KeyboardInterrupt):
+        if staging_path.exists():  # Ctrl-C during --resume keeps the verified shards (Staging.discard)
+            return Interrupted(f"interrupted; the verified shards stay in {staging_path}",
+                               error_id="convert.interrupted", file=str(staging_path),
+                               hint="run the same command with --resume to finish")
         return Interrupted("interrupted; the partial output was removed", error_id="convert.interrupted")
     if isinstance(e, BrokenProcessPool):
         return OutputError("a worker process died (killed, or out of memory); the partial output was removed",
@@ -196,7 +200,7 @@ def _user_error(e: BaseException, staging_path: Path, plan: ConvertPlan):
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return OutputError(f"no space left while writing {staging_path} ({e.strerror}); the partial output "
                            "was removed", error_id="output.disk_full",
-                           hint=f"free at least {plan.output_bytes / 2**30:.1f} GiB, or choose another OUT")
+                           hint=f"free at least {_size(plan.output_bytes)}, or choose another OUT")
     if isinstance(e, OSError):
         return OutputError(f"cannot write the output: {e}", error_id="output.io_error",
                            hint="check the OUT location and permissions")
@@ -267,3 +271,8 @@ def _source_headers(ckpt) -> dict[str, str]:
             n = int.from_bytes(f.read(8), "little")
             headers[file] = f.read(n).decode("utf-8")
     return headers
+
+
+def _size(nbytes: int) -> str:
+    """A size to print: never "0.0 GiB" for a small output."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{max(nbytes / 2**20, 0.1):.1f} MiB"

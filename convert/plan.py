@@ -25,7 +25,7 @@ from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.formats.tiles import LAYOUT_CANDIDATES, check_weight_tiles, moe_rank_tiles
 from dsv4_convert.safetensors_writer import TensorSpec
 
-__all__ = ["refuse_converted", "OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "FORMAT_VERSION",
+__all__ = ["refuse_converted", "check_source", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "FORMAT_VERSION",
            "serving_layouts"]
 
 _GLOBAL_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
@@ -183,6 +183,21 @@ def refuse_converted(ckpt: Checkpoint) -> None:
     if ckpt.format is SourceFormat.MARLIN:
         raise ContentError(f"{ckpt.root} is already converted to Marlin", error_id="convert.already_marlin",
                            file="config.json", hint="use it as it is, or `dsv4-convert marlin-to-source` to undo")
+
+
+CONVERT_COMMAND = {Quant.NVFP4: "nvfp4-to-marlin", Quant.MXFP4: "mxfp4-to-marlin"}
+
+
+def check_source(ckpt: Checkpoint, quant: Quant) -> None:
+    """Refuse a checkpoint the converter for `quant` cannot take: converted, no FP4 experts, or the other FP4."""
+    refuse_converted(ckpt)
+    found = ckpt.routed_quant
+    if found is None:
+        raise ContentError(f"no FP4 expert projections found in {ckpt.root} (detected {ckpt.format.value})",
+                           error_id="convert.no_projections", hint="run `dsv4-convert inspect` on it")
+    if found is not quant:
+        raise ContentError(f"{ckpt.root} holds {found.value.upper()} experts ({ckpt.format.value})",
+                           error_id="convert.wrong_command", hint=f"use `dsv4-convert {CONVERT_COMMAND[found]}`")
 
 
 def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | None = None,

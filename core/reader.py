@@ -81,10 +81,13 @@ def _snapshot(repo_id: str) -> Path:
                          f"({type(e).__name__})", error_id="hub.repo_not_found", file=repo_id,
                          hint="check the spelling; for gated or private repos run `hf auth login` first") from None
     except LocalEntryNotFoundError:
-        raise InputError(f"{repo_id} is not in the local Hugging Face cache and it cannot be downloaded "
-                         "(offline mode, or no connection)", error_id="hub.not_cached", file=repo_id,
-                         hint="download it once with network access (`hf download "
-                              f"{repo_id}`), or unset HF_HUB_OFFLINE, or pass a local directory") from None
+        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no", "off")
+        raise InputError(f"there is no directory {repo_id} here, and as a Hugging Face repo id it is not in the "
+                         "local cache and cannot be downloaded (" + ("HF_HUB_OFFLINE is set)" if offline
+                                                                      else "no connection)"),
+                         error_id="hub.not_cached", file=repo_id,
+                         hint="check the path; or download the repo once with network access (`hf download "
+                              f"{repo_id}`)" + (", or unset HF_HUB_OFFLINE" if offline else "")) from None
     except (OSError, ValueError) as e:
         raise InputError(f"downloading {repo_id} failed: {e}", error_id="hub.download_failed", file=repo_id,
                          hint="retry, or download it with `hf download` and pass the directory") from None
@@ -177,6 +180,11 @@ def open_checkpoint(source: str | Path) -> Checkpoint:
     if (root / INDEX_FILE).exists():
         weight_map = _weight_map(root)
         shards = sorted(set(weight_map.values()), key=_natural)
+        odd = [s for s in shards if (root / s).exists() and not (root / s).is_file()]
+        if odd:  # a directory or a FIFO is there: "does not exist" would send the user the wrong way
+            raise InputError(f"the index names {len(odd)} shards that are not regular files (a directory, FIFO "
+                             f"or device): {_listing(odd)}", error_id="index.shard_not_a_file",
+                             file=str(root / odd[0]), hint="replace each with the real .safetensors file")
         absent = [s for s in shards if not (root / s).is_file()]
         if absent:
             raise InputError(f"the index names {len(absent)} shard files that do not exist: {_listing(absent)}",
@@ -195,14 +203,15 @@ def open_checkpoint(source: str | Path) -> Checkpoint:
     if weight_map is not None:
         _check_index(root, weight_map, headers)
     tensors = {name: ref for refs in headers.values() for name, ref in refs.items()}
-    fmt, _reason = detect_format(config, hf_quant, tensors)
+    fmt, reason = detect_format(config, hf_quant, tensors)
     projections = group_projections(fmt, config, tensors)
     skip = set(shards) | ({INDEX_FILE} if index_file else set())
     others = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
                     if p.is_file() and p.relative_to(root).as_posix() not in skip
                     and p.relative_to(root).parts[:2] != (".cache", "huggingface"))
     return Checkpoint(root=root, format=fmt, config=config, hf_quant_config=hf_quant, tensors=tensors,
-                      projections=projections, other_files=tuple(others), index_file=index_file)
+                      projections=projections, other_files=tuple(others), index_file=index_file,
+                      format_reason=reason)
 
 
 # ----------------------------------------------------------------------------------------------- tensors

@@ -117,6 +117,7 @@ class Checkpoint:
     projections: tuple[Projection, ...]
     other_files: tuple[str, ...] = field(default=())  # non-weight files to copy (configs, tokenizer, ...)
     index_file: str | None = None  # "model.safetensors.index.json", or None for a single file
+    format_reason: str = ""  # why detect_format chose `format` (inspect shows it)
 
     @property
     def projection_names(self) -> frozenset[str]:

@@ -194,7 +194,8 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                     reasons.append("converted tensors cannot be sliced for this split")
             if not loads:
                 reasons.append(f"weights {weights:.1f} GiB" + (f" + repack {repack:.1f} GiB" if repack else "")
-                               + f" do not fit {gpu_mem_gib:g} GiB")
+                               + f" + fixed runtime overhead {RUNTIME_GIB:g} GiB do not fit {gpu_mem_gib:g} GiB"
+                               + ("; the fixed overhead is the cause" if weights + repack <= gpu_mem_gib else ""))
             elif kv < MIN_KV_GIB:
                 reasons.append(f"only {kv:.1f} GiB left for the KV cache (< {MIN_KV_GIB:g})")
             valid = (tiles.ok if shape.converted else tiles.servable) and fits

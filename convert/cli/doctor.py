@@ -10,7 +10,6 @@ Imports no engine: versions come from package metadata, code from the libraries'
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -19,8 +18,8 @@ from pathlib import Path
 
 import click
 
+from dsv4_convert.cli.report import emit, report_options
 from dsv4_convert.core.engines import LAYOUTS, version_tuple
-from dsv4_convert.core.errors import DsvError
 from dsv4_convert.core.fatbin import FatbinError, read_cuda_code
 from dsv4_convert.validate.kernel_provider import MODULE_ENV
 
@@ -178,20 +177,17 @@ def _render(d: Doctor) -> str:
                     "  dsv4-convert doctor ./dsv4-marlin --json\n\n\b\nExit codes: 0 ready, 1 findings (no CUDA GPU "
                     "is one), 2 doctor cannot run (bad arguments, unreadable PATH).")
 @click.argument("path", required=False)
-@click.option("--json", "as_json", is_flag=True, help="print the report as JSON on stdout")
 @click.option("--kernel-module", metavar="PATH", default=None,
               help=f"also read this Marlin extension's fatbinary [default: ${MODULE_ENV} if set]")
-def doctor(path, as_json, kernel_module):
+@report_options
+def doctor(path, kernel_module, as_json, report_file, quiet):
     if path is not None and not os.path.exists(path):
         raise click.BadParameter(f"{path} does not exist", param_hint="PATH")
     d = Doctor()
     _gpus(d)
     _engines(d, kernel_module or os.environ.get(MODULE_ENV))
     if path is not None:
-        try:
-            _checkpoint(d, path)
-        except DsvError as e:
-            click.echo(e.render(), err=True)
-            sys.exit(2)
-    click.echo(json.dumps({**asdict(d), "exit_code": d.exit_code}, indent=2) if as_json else _render(d))
+        _checkpoint(d, path)  # an unreadable PATH: main() answers (exit 2 for doctor, its JSON object)
+    emit({**asdict(d), "exit_code": d.exit_code}, _render(d), as_json=as_json, report_file=report_file,
+         quiet=False)
     sys.exit(d.exit_code)

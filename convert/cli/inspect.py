@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections import Counter, defaultdict
 
 import click
 
-from dsv4_convert.core.detect import declared_group_size, detect_format
+from dsv4_convert.cli.report import emit, report_options
+from dsv4_convert.core.detect import declared_group_size
 from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Checkpoint
@@ -53,7 +53,6 @@ def _excluded(ckpt: Checkpoint) -> list[dict]:
 
 def summarize(ckpt: Checkpoint) -> dict:
     """The `--json` document (docs/INSPECT.md, schema_version 1)."""
-    _, reason = detect_format(ckpt.config, ckpt.hf_quant_config, ckpt.tensors)
     projections = ckpt.projections
     experts: dict[str, set[int]] = defaultdict(set)
     roles: dict[str, Counter] = defaultdict(Counter)
@@ -79,7 +78,7 @@ def summarize(ckpt: Checkpoint) -> dict:
         "schema_version": SCHEMA_VERSION,
         "root": str(ckpt.root),
         "format": ckpt.format.value,
-        "reason": reason,
+        "reason": ckpt.format_reason,
         "shards": len({r.file for r in ckpt.tensors.values()}),
         "index_file": ckpt.index_file,
         "tensors": len(ckpt.tensors),
@@ -154,7 +153,7 @@ def render_table(s: dict) -> str:
                     "config files and safetensors headers. PATH is a checkpoint directory or a Hugging "
                     "Face repo id." + EXAMPLES)
 @click.argument("path")
-@click.option("--json", "as_json", is_flag=True, help="print a JSON document instead (schema: docs/INSPECT.md)")
-def inspect(path: str, as_json: bool) -> None:
-    summary = summarize(open_checkpoint(path))
-    click.echo(json.dumps(summary, indent=2) if as_json else render_table(summary))
+@report_options
+def inspect(path: str, as_json: bool, report_file: str | None, quiet: bool) -> None:
+    summary = summarize(open_checkpoint(path))  # JSON schema: docs/INSPECT.md
+    emit(summary, render_table(summary), as_json=as_json, report_file=report_file, quiet=False)

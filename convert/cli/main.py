@@ -24,6 +24,7 @@ import os  # noqa: E402
 import click  # noqa: E402
 
 from dsv4_convert import __version__  # noqa: E402
+from dsv4_convert.cli.report import report_path, write_report  # noqa: E402
 from dsv4_convert.core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
 
 __all__ = ["cli", "main", "error_object"]
@@ -94,14 +95,25 @@ def error_object(e: DsvError, exit_code: int) -> dict:
 
 def _fail(e: DsvError, argv: list[str], exit_code: int | None = None):
     code = e.exit_code if exit_code is None else exit_code
-    if argv[:1] in (["validate"], ["plan"]) and code not in (1, 2, 130):
-        code = 2  # their documented classes: 0 clean, 1 findings, 2 unusable
+    if argv[:1] in (["validate"], ["plan"], ["doctor"]) and code not in (1, 2, 130):
+        code = 2  # the report commands' documented classes: 0 clean, 1 findings, 2 unusable
     click.echo(e.render(), err=True)
     if not isinstance(e, Interrupted):
         click.echo("  (set DSV4_DEBUG=1 for the traceback)", err=True)
-    if "--json" in argv:
-        click.echo(json.dumps(error_object(e, code), indent=2))
+    _answer(error_object(e, code), argv, to_report=e.error_id != "report.not_writable")
     sys.exit(code)
+
+
+def _answer(doc: dict, argv: list[str], to_report: bool = True) -> None:
+    """An error object to --report FILE and, with --json, to stdout (one object, always)."""
+    report = report_path(argv)
+    if report and to_report:
+        try:
+            write_report(report, doc)
+        except DsvError as report_error:  # the run's own error stays the answer; say the file is missing
+            click.echo(report_error.render(), err=True)
+    if "--json" in argv:
+        click.echo(json.dumps(doc, indent=2))
 
 
 def main(argv=None):
@@ -119,8 +131,7 @@ def main(argv=None):
         _fail(Interrupted("interrupted", error_id="cli.interrupted"), args)
     except click.ClickException as e:
         e.show()
-        if "--json" in args:
-            click.echo(json.dumps(error_object(UsageError(e.format_message(), error_id="usage.flags"), e.exit_code)))
+        _answer(error_object(UsageError(e.format_message(), error_id="usage.flags"), e.exit_code), args)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

@@ -7,6 +7,7 @@ import re
 
 import click
 
+from dsv4_convert.cli.report import progress_option, report_options
 from dsv4_convert.executors import EXECUTORS, ExecutorSpec
 
 __all__ = ["target_options", "run_options", "executor_options", "parse_size", "device_option", "use_device"]
@@ -40,11 +41,9 @@ def run_options(fn):
         click.option("--resume", is_flag=True, help="Continue an interrupted run; finished shards whose hash verifies are kept."),
         click.option("--force", is_flag=True, help="Replace an existing OUT (published only when the new one is complete)."),
         click.option("--dry-run", is_flag=True, help="Print the plan (tensors, bytes, output size) and write nothing."),
-        click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout."),
-        click.option("--quiet", "-q", is_flag=True, help="No progress bar, only errors."),
     ]):
         fn = opt(fn)
-    return fn
+    return report_options(progress_option(fn))
 
 
 def device_option(fn):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
-from dsv4_convert.core.errors import DsvError
+from dsv4_convert.cli.report import emit, report_options
+from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.validate.plan import make_plan, shape_from_checkpoint
 
@@ -17,11 +17,12 @@ EXAMPLES = """
 
 \b
 Examples:
-  dsv4-convert plan ./DeepSeek-V4-Flash --gpus 8 --gpu-mem-gib 96 --engine sglang
-  dsv4-convert plan ./dsv4-marlin --gpus 4 --gpu-mem-gib 96 --engine vllm --json -
+  dsv4-convert plan ./DeepSeek-V4-Flash --gpus 8 --gpu-mem-gib 96 --target sglang
+  dsv4-convert plan ./dsv4-marlin --gpus 4 --gpu-mem-gib 96 --target vllm --json
 
 \b
-Exit codes: 0 a configuration fits, 1 none does, 2 usage error or unreadable input.
+Exit codes: 0 a configuration fits, 1 none does, 2 usage error, unreadable input or a report that
+cannot be written, 130 interrupted. With --json, one JSON object on every path (docs/ERRORS.md).
 """
 
 
@@ -32,22 +33,19 @@ Exit codes: 0 a configuration fits, 1 none does, 2 usage error or unreadable inp
 @click.option("--gpu-mem-gib", default=96.0, show_default=True, type=click.FloatRange(min=1),
               help="memory per GPU (RTX PRO 6000: 96)")
 @click.option("--arch", type=click.Choice(["sm_120", "sm_90", "sm_100"]), default="sm_120", show_default=True)
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True)
+@click.option("--target", type=click.Choice(["sglang", "vllm"]), default=None, help="engine  [default: sglang]")
+@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, hidden=True,
+              help="deprecated spelling of --target (removed in the next release)")
 @click.option("--act-dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
-@click.option("--json", "json_file", metavar="FILE", help="write the plan as JSON to FILE ('-' for stdout)")
-def plan(path, gpus, gpu_mem_gib, arch, engine, act_dtype, json_file):
-    try:
-        ckpt = open_checkpoint(path)
-    except DsvError as e:
-        click.echo(e.render(), err=True)
-        sys.exit(2)
-    result = make_plan(shape_from_checkpoint(ckpt), gpus=gpus, gpu_mem_gib=gpu_mem_gib, arch=arch, engine=engine,
-                       act_dtype=act_dtype, path=str(path))
-    if json_file == "-":
-        click.echo(json.dumps(result.to_json(), indent=2))
-    else:
-        click.echo(result.render_text())
-        if json_file:
-            with open(json_file, "w") as f:
-                json.dump(result.to_json(), f, indent=2)
+@report_options
+def plan(path, gpus, gpu_mem_gib, arch, target, engine, act_dtype, as_json, report_file, quiet):
+    if engine is not None:
+        if target is not None and target != engine:
+            raise UsageError(f"--engine {engine} contradicts --target {target}", error_id="usage.flags",
+                             hint="drop --engine (a deprecated spelling of --target)")
+        click.echo("warning: --engine is deprecated and will be removed in the next release; use --target", err=True)
+    ckpt = open_checkpoint(path)  # unreadable: main() answers exit 2, plan's class as validate's
+    result = make_plan(shape_from_checkpoint(ckpt), gpus=gpus, gpu_mem_gib=gpu_mem_gib, arch=arch,
+                       engine=target or engine or "sglang", act_dtype=act_dtype, path=str(path))
+    emit(result.to_json(), result.render_text(), as_json=as_json, report_file=report_file, quiet=False)
     sys.exit(0 if result.chosen is not None else 1)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from dsv4_convert.cli.options import executor_options
+from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
 from dsv4_convert.reverse import reverse_checkpoint
 
 __all__ = ["marlin_to_source"]
@@ -22,21 +22,23 @@ IN/dsv4-convert-source/, including any scale bytes the target had to clamp). OUT
 \b
 Example:
   dsv4-convert marlin-to-source ./dsv4-marlin ./DeepSeek-V4-Flash-NVFP4-again
+
+\b
+Exit codes: 0 restored, 2 usage error, 3 unreadable input, 4 not a converted checkpoint or its
+manifest does not verify, 5 output cannot be written, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP).
 """)
 @click.argument("src", metavar="IN")
 @click.argument("out", metavar="OUT")
 @click.option("--workers", type=click.IntRange(1), default=None, show_default="number of cores",
               help="Processes rebuilding shards in parallel (small inputs run in one process).")
 @click.option("--force", is_flag=True, help="Replace an existing OUT (published only when complete).")
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar, only errors.")
+@report_options
+@progress_option
 @executor_options
-def marlin_to_source(src, out, workers, force, as_json, quiet, executor):
-    result = reverse_checkpoint(src, Path(out), workers=workers, force=force, progress=not quiet, executor=executor)
-    if as_json:
-        click.echo(json.dumps(result.as_dict(), indent=2))
-    elif not quiet:
-        extra = (f"; {result.restored_scales} scale bytes the target had clamped were restored from the record"
-                 if result.restored_scales else "")
-        click.echo(f"restored {result.shards} shards ({result.projections} projections) in {result.seconds:.1f} s "
-                   f"-> {result.out}{extra}")
+def marlin_to_source(src, out, workers, force, as_json, report_file, quiet, force_progress, executor):
+    result = reverse_checkpoint(src, Path(out), workers=workers, force=force,
+                                progress=show_progress(quiet, force_progress), executor=executor)
+    extra = (f"; {result.restored_scales} scale bytes the target had clamped were restored from the record"
+             if result.restored_scales else "")
+    emit(result.as_dict(), f"restored {result.shards} shards ({result.projections} projections) in "
+         f"{result.seconds:.1f} s -> {result.out}{extra}", as_json=as_json, report_file=report_file, quiet=quiet)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
 from dsv4_convert.synth import DEFECT_NAMES, MANIFEST, REAL_SIZE, SYNTH_FORMATS, write_synthetic_checkpoint
 from dsv4_convert.synth.defects import DEFECTS
 
@@ -50,6 +51,9 @@ Examples:
   dsv4-convert synth ./tiny-mxfp4 --format mxfp4-dsv4 --mtp --layers 3
   dsv4-convert synth ./bad --format nvfp4-ct --defect nan-scale --defect missing-shard
   dsv4-convert synth ./bench --format mxfp4-dsv4 --real-size
+
+\b
+Exit codes: 0 written, 2 usage error, 5 output cannot be written, 130 interrupted.
 """
 
 
@@ -76,11 +80,12 @@ def _advance(bar):
               help="inject a defect (repeatable); see the list above")
 @click.option("--real-size", is_flag=True, help="one real-size DSV4-Flash MoE layer of random codes")
 @click.option("--force", is_flag=True, help="replace OUT if it is empty or an earlier synth output")
-@click.option("--json", "as_json", is_flag=True, help="print a machine-readable summary on stdout")
+@report_options
+@progress_option
 def synth(out, fmt, layers, experts, hidden, intermediate, shards, seed, hash_layers, mtp, defects, real_size,
-          force, as_json):
+          force, as_json, report_file, quiet, force_progress):
     bar = None
-    if real_size:
+    if real_size and show_progress(quiet, force_progress):
         from tqdm import tqdm
         bar = tqdm(desc="synth", unit="B", unit_scale=True, unit_divisor=1024, leave=False)
     try:
@@ -92,10 +97,9 @@ def synth(out, fmt, layers, experts, hidden, intermediate, shards, seed, hash_la
         if bar is not None:
             bar.close()
     m = json.loads((path / MANIFEST).read_text())
-    if as_json:
-        click.echo(json.dumps({"out": str(path), "format": fmt, "files": m["files"], "tensors": m["tensors"],
-                               "total_size": m["total_size"], "defects": list(defects)}, indent=2))
-        return
     extra = f", defects: {', '.join(defects)}" if defects else ""
-    click.echo(f"wrote {path} ({fmt}{', real size' if real_size else ''}): {len(m['files'])} files, "
-               f"{m['tensors']} tensors, {m['total_size']:,} bytes{extra}")
+    emit({"out": str(path), "format": fmt, "files": m["files"], "tensors": m["tensors"],
+          "total_size": m["total_size"], "defects": list(defects)},
+         f"wrote {path} ({fmt}{', real size' if real_size else ''}): {len(m['files'])} files, "
+         f"{m['tensors']} tensors, {m['total_size']:,} bytes{extra}", as_json=as_json, report_file=report_file,
+         quiet=quiet)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
 
 from dsv4_convert.cli.kernel_opts import kernel_options, run_kernel_checks
 from dsv4_convert.cli.options import executor_options
+from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
 from dsv4_convert.executors import refuse_device
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.runner import Unreadable
@@ -21,11 +21,14 @@ EXAMPLES = """
 \b
 Examples:
   dsv4-convert validate ./DeepSeek-V4-Flash --target sglang --tp 8
-  dsv4-convert validate ./dsv4-marlin --against ./DeepSeek-V4-Flash-NVFP4 --json report.json
+  dsv4-convert validate ./dsv4-marlin --against ./DeepSeek-V4-Flash-NVFP4 --report report.json
+  dsv4-convert validate ./dsv4-marlin --json | jq .summary
   dsv4-convert validate ./dsv4-marlin --sample 0.1 --plot layers.png
 
 \b
-Exit codes: 0 clean, 1 errors found (warnings too with --strict), 2 usage error or unreadable input.
+Exit codes: 0 clean, 1 errors found (warnings too with --strict), 2 usage error, unreadable input or
+a report that cannot be written, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP). Every path, failures
+included, prints one JSON object with --json (docs/ERRORS.md).
 """
 
 
@@ -61,16 +64,17 @@ def _fraction(ctx, param, value):
 @click.option("--kernel-provider", default="auto", show_default=True, metavar="auto|vllm|sgl_kernel|module:PATH",
               help="whose kernels --kernel runs: the installed engine, or a built extension")
 @click.option("--device", default=None, metavar="cuda[:N]", help="GPU for --kernel [default: cuda]")
-@click.option("--json", "json_file", metavar="FILE", help="write the JSON report to FILE ('-' for stdout)")
 @click.option("--plot", "plot_file", metavar="FILE", help="per-layer heat map PNG (needs matplotlib)")
 @click.option("--no-verify-manifest", "skip_manifest", is_flag=True,
               help="skip re-hashing the files a converted checkpoint's manifest lists (faster)")
 @click.option("--strict", is_flag=True, help="warnings fail too (exit 1)")
-@click.option("--quiet", is_flag=True, help="no progress bar")
+@report_options
+@progress_option
 @executor_options
 @click.pass_context
 def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_experts, seed, workers, kernel,
-             kernel_experts, kernel_provider, device, json_file, plot_file, skip_manifest, strict, quiet, executor):
+             kernel_experts, kernel_provider, device, plot_file, skip_manifest, strict, as_json, report_file, quiet,
+             force_progress, executor):
     refuse_device(executor, device if kernel else None)
     if tp % ep:
         raise click.BadParameter(f"--ep {ep} must divide --tp {tp} (the MoE runs with TP / EP per expert)",
@@ -84,21 +88,13 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
     kernel_opts = kernel_options(kernel, kernel_experts, kernel_provider, device)
     try:
         report = run_validation(path, opts, against=against, workers=workers or 1,
-                                progress=not quiet and sys.stderr.isatty(), executor=executor)
+                                progress=show_progress(quiet, force_progress), executor=executor)
     except Unreadable as e:
-        click.echo(e.error.render(), err=True)
-        click.echo("  (unreadable input: exit 2)", err=True)
-        sys.exit(2)
+        raise e.error from None  # main() maps it: exit 2 for validate, its JSON object with --json
     if kernel_opts is not None:
         run_kernel_checks(path, opts, report, against=against, kopts=kernel_opts)
-    data = report.to_json(strict=strict)
-    if json_file == "-":
-        click.echo(json.dumps(data, indent=2))
-    else:
-        click.echo(report.render_text(strict=strict))
-        if json_file:
-            with open(json_file, "w") as f:
-                json.dump(data, f, indent=2)
+    emit(report.to_json(strict=strict), report.render_text(strict=strict), as_json=as_json,
+         report_file=report_file, quiet=False)  # the findings are validate's result: -q keeps them
     if plot_file:
         from dsv4_convert.validate.plot import plot_report
         click.echo(plot_report(report, plot_file), err=True)

@@ -41,7 +41,7 @@ def test_gptoss_layer_is_refused_before_any_work(gptoss, tmp_path, target):
 def test_plan_on_gptoss_agrees_and_counts_stacked_experts_once(gptoss, tmp_path):
     report = tmp_path / "plan.json"
     for target in ("vllm", "sglang"):
-        run_cli("plan", gptoss, "--gpus", 2, "--gpu-mem-gib", 96, "--engine", target, "--json", report, check=False)
+        run_cli("plan", gptoss, "--gpus", 2, "--gpu-mem-gib", 96, "--target", target, "--report", report, check=False)
         plan = json.loads(report.read_text())
         assert all(c["tiles"] == "pad" and not c["tiles_ok"] for c in plan["candidates"])
         tp1 = next(c for c in plan["candidates"] if (c["tp"], c["ep"]) == (1, 1))

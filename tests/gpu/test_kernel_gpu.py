@@ -69,7 +69,7 @@ def _convert(src: Path, fmt: str, target: str, act: str, out: Path) -> Path:
 
 
 def _kernel(path, module_path, *extra, check_rc=None):
-    proc = run_cli("validate", path, "--kernel", "--kernel-provider", f"module:{module_path}", "--json", "-",
+    proc = run_cli("validate", path, "--kernel", "--kernel-provider", f"module:{module_path}", "--json",
                    "--quiet", *extra, check=False)
     assert proc.returncode in (0, 1) and proc.stdout.startswith("{"), proc.stderr[-3000:]
     data = json.loads(proc.stdout)

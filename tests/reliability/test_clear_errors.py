@@ -103,8 +103,8 @@ def test_converter_onto_a_disk_full_at_start_leaves_no_lock(tmp_path, mounts):
 def test_validate_report_onto_a_full_disk_is_exit_2_not_a_traceback(tmp_path):
     src = tmp_path / "src"
     write_synthetic_checkpoint(src, format="nvfp4-modelopt-dsv4", layers=1, experts=4)
-    proc = run_cli("validate", src, "--quiet", "--json", "/dev/full", check=False)
-    _clean(proc, 2, "output.disk_full")
+    proc = run_cli("validate", src, "--quiet", "--report", "/dev/full", check=False)
+    _clean(proc, 2, "report.not_writable")
 
 
 def test_json_on_failure_is_one_object_on_stdout(tmp_path):

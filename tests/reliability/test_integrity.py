@@ -143,6 +143,7 @@ def test_ctrl_c_during_resume_keeps_the_verified_shards(src, tmp_path):
     proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, "--resume", env={"DSV4_CONVERT_KILL_AT": "3:INT"},
                    check=False)
     assert proc.returncode == 130 and "Traceback" not in proc.stderr
+    assert "the verified shards stay in" in proc.stderr and "partial output was removed" not in proc.stderr
     after = json.loads((partial / "dsv4-convert.progress.json").read_text())["shards"]
     assert set(before) <= set(after) and all((partial / f).is_file() for f in before)
     assert not list(partial.glob("*.tmp"))

@@ -29,7 +29,7 @@ SMALL = dict(layers=1, experts=8, shards=2)
 def validate(*args) -> tuple[int, dict]:
     out = args[0].parent / f"report-{args[0].name}.json"
     with pytest.raises(SystemExit) as e:
-        main(["validate", *map(str, args), "--json", str(out), "--quiet", "--workers", "1"])
+        main(["validate", *map(str, args), "--report", str(out), "--quiet", "--workers", "1"])
     return e.value.code, json.loads(out.read_text())
 
 

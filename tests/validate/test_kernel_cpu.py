@@ -143,7 +143,7 @@ def test_validate_kernel_refuses_without_a_gpu(tmp_path, extra, error):
 def test_kernel_checks_are_registered_and_not_run_without_kernel(tmp_path):
     subprocess.run([*CLI, "synth", tmp_path / "src", "--layers", "1", "--experts", "2"], check=True,
                    capture_output=True)
-    proc = subprocess.run([*CLI, "validate", tmp_path / "src", "--json", "-", "--quiet"], capture_output=True,
+    proc = subprocess.run([*CLI, "validate", tmp_path / "src", "--json", "--quiet"], capture_output=True,
                           text=True)
     data = json.loads(proc.stdout)
     status = {c["id"]: c["status"] for c in data["checks"]}

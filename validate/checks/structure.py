@@ -95,7 +95,8 @@ def index_keys(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.index is None:
         return
     wmap = c.index["weight_map"]
-    wrong = [(n, f) for n, f in wmap.items() if f in c.headers and n not in c.headers[f].tensors]
+    wrong = [(n, f) for n, f in wmap.items()  # a shard whose header failed has its own finding (shard.header)
+             if f in c.headers and not c.headers[f].error and n not in c.headers[f].tensors]
     if wrong:
         n, f = min(wrong)
         yield Finding(n, f"{len(wrong)} index entries point to a shard that does not hold the tensor; first {n} "
