@@ -1,4 +1,5 @@
-"""Run every check over a checkpoint: headers first, then every expert streamed one at a time.
+"""Run every check over a checkpoint: headers first, then every expert streamed one at a time
+(the per-expert checks: validate/expert_worker.py; here: planning, the worker pool, the report).
 
 Memory stays bounded by one expert (three projections) per worker, whatever the checkpoint size;
 the numeric checks work on per-block maxima (validate/inputs.py), so the only full pass over the
