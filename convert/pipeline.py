@@ -1,13 +1,11 @@
 """Run a ConvertPlan: planning pass (vLLM rescale factors) -> per-shard jobs in a process pool ->
-finalize (configs, index, copies, manifest) -> atomic publish. Memory per worker is bounded by the
-projection in flight plus one copy chunk, whatever the checkpoint size."""
+finalize (configs, index, copies, manifest: convert/publish.py) -> atomic publish. Memory per worker
+is bounded by the projection in flight plus one copy chunk, whatever the checkpoint size."""
 
 from __future__ import annotations
 
 import errno
-import json
 import os
-import shutil
 import signal
 import time
 from concurrent.futures.process import BrokenProcessPool
@@ -15,31 +13,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from dsv4_convert import __version__
-from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import ContentError, Interrupted, OutputError
 from dsv4_convert.core.reader import TensorReader, load_projection
+from dsv4_convert.core.rescale import stack_rescale_factors
 from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
 from dsv4_convert.executors import ExecutorSpec, RunDir, auto_workers, make_executor
-from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
 from dsv4_convert.memory import keep_buffers
 from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
-from dsv4_convert.quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
+from dsv4_convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
 from dsv4_convert.safetensors_writer import ShardWriter
-from dsv4_convert.serving_notes import serving_markdown
-from dsv4_convert.staging import Staging, write_json_atomic
+from dsv4_convert.staging import Staging
 from dsv4_convert.transform import convert_projection, lost_scales
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
 
-SOURCE_DIR = "dsv4-convert-source"  # originals needed to give the input back byte for byte
-INDEX = INDEX_FILE
-LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
-LOST_SUFFIX = ".lost.safetensors"  # per shard, in staging, merged into LOST at the end
 _KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: "n" SIGKILLs this process at the n-th step, "n:INT" sends SIGINT
 
 
@@ -137,12 +129,7 @@ def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_pat
 
 def _rescale_for(root: str, act_dtype: str, container: str, projections: list[Projection]) -> dict[str, float]:
     with TensorReader(Path(root)) as reader:
-        out = {}
-        for stack in ("w13", "w2"):
-            members = [p for p in projections if p.stack == stack]
-            if members:  # one scale tensor in memory at a time
-                out[f"{container}.{stack}"] = vllm_rescale_factor((reader.get(p.scale) for p in members), act_dtype)
-    return out
+        return stack_rescale_factors(reader, projections, act_dtype)
 
 
 # -- parent side ---------------------------------------------------------------------------------
@@ -171,7 +158,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         bar.close()
         pool.shutdown()
         run.remove()
-        lost = _finalize(plan, staging, rescale)
+        lost = finalize(plan, staging, rescale, step=_step)
         staging.publish()
     except BaseException as e:
         if pool:
@@ -221,56 +208,6 @@ def _plan_rescale(plan: ConvertPlan, pool) -> dict[str, float]:
     pool.map(_rescale_for, [(str(plan.checkpoint.root), plan.target.act_dtype, c, ps) for c, ps in groups.items()],
              factors.update, job_bytes=[sum(p.scale.nbytes for p in ps) for ps in groups.values()])
     return factors
-
-
-def _finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float]) -> int:
-    """Write everything but the shards; returns the number of lost (clamped) scale bytes recorded."""
-    ckpt, dst = plan.checkpoint, staging.path
-    src_dir = dst / SOURCE_DIR
-    src_dir.mkdir(exist_ok=True)
-    _step()
-    for rel in ckpt.other_files:  # tokenizer, generation config, docs: byte-identical copies
-        if rel in ("config.json", "hf_quant_config.json"):
-            continue
-        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ckpt.root / rel, dst / rel)
-    originals = ["config.json", "hf_quant_config.json"] + ([ckpt.index_file] if ckpt.index_file else [])
-    for name in originals:
-        if (ckpt.root / name).exists():
-            shutil.copyfile(ckpt.root / name, src_dir / name)
-    _step()
-    lost = {}
-    for f in sorted(dst.glob("*" + LOST_SUFFIX)):
-        lost.update(load_file(f))
-        f.unlink()
-    if lost:
-        save_file(lost, src_dir / LOST)
-    (src_dir / "headers.json").write_text(json.dumps(_source_headers(ckpt), indent=1) + "\n")
-    block = marlin_quant_config(plan, ckpt.config.get("quantization_config"), ckpt.hf_quant_config, rescale)
-    (dst / "config.json").write_text(rewrite_config(ckpt.config, block))
-    if ckpt.hf_quant_config is not None:
-        (dst / "hf_quant_config.json").write_text(rewrite_hf_quant_config(ckpt.hf_quant_config, block))
-    _step()
-    weight_map = {o.spec.name: s.file for s in plan.shards for o in s.tensors}
-    write_json_atomic(dst / INDEX, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
-    (dst / "SERVING.md").write_text(serving_markdown(plan, staging.out.name))
-    _step()
-    manifest = {"format_version": FORMAT_VERSION, "producer": {"name": "dsv4-convert", "version": __version__},
-                "fingerprint": staging.fingerprint, "marlin_layout": plan.target.layout_tag,
-                "source_format": ckpt.format.value, "shards": staging.done}
-    staging.write_manifest(manifest)
-    _step()
-    return sum(v.numel() for k, v in lost.items() if k.endswith(".bytes"))
-
-
-def _source_headers(ckpt) -> dict[str, str]:
-    """The exact header bytes of every input shard (as text), so marlin-to-source can rebuild the files."""
-    headers = {}
-    for file in sorted({t.file for t in ckpt.tensors.values()}):
-        with open(ckpt.root / file, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            headers[file] = f.read(n).decode("utf-8")
-    return headers
 
 
 def _size(nbytes: int) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from dsv4_convert import __version__
 from dsv4_convert.core.engines import FORMAT_VERSION, INDEX_FILE, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.rescale import rescales
 from dsv4_convert.core.tensor_model import (
     Checkpoint,
     Projection,
@@ -224,8 +225,7 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
                 emitted.add(p.key)
                 items.extend((t.file, o) for o in _projection_outputs(p, ckpt.format, target))
     shards = _mirror_shards(items) if max_shard_size is None else _pack_shards(items, max_shard_size)
-    needs_rescale = target.engine == "vllm" and target.act_dtype == "bfloat16" and any(
-        p.quant is Quant.NVFP4 for p in ckpt.projections)
+    needs_rescale = rescales(target.engine, target.act_dtype) and any(p.quant is Quant.NVFP4 for p in ckpt.projections)
     return ConvertPlan(ckpt, target, shards, needs_rescale, dict(options or {}, max_shard_size=max_shard_size),
                        layouts)
 

@@ -8,7 +8,6 @@ Projection into plain tensors in one convention, whatever the source format.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from dsv4_convert.core.detect import detect_format
 from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import InputError, UsageError
 from dsv4_convert.core.grouping import group_projections
+from dsv4_convert.core.index import check_index, listing, natural_key, read_json, read_weight_map
 from dsv4_convert.core.safetensors_header import read_header
 from dsv4_convert.core.tensor_io import TORCH_DTYPES
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
@@ -40,7 +40,6 @@ SINGLE_FILE = "model.safetensors"
 # What a hub download fetches: configs, weights, index, tokenizer and docs; never other artefacts.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.txt", "*.model", "*.tiktoken", "*.py", "*.jinja"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
-_MAX_LISTED = 5
 
 
 # ------------------------------------------------------------------------------------------------ source
@@ -94,100 +93,26 @@ def _snapshot(repo_id: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------------- checkpoint
-def _read_json(path: Path, *, missing_id: str | None, bad_id: str, what: str) -> dict | None:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        if missing_id is None:
-            return None
-        raise InputError(f"{path} is missing; every checkpoint needs its {what}", error_id=missing_id,
-                         file=str(path), hint="pass the checkpoint root directory (the one with config.json)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise InputError(f"cannot read {path}: {e}", error_id=bad_id, file=str(path),
-                         hint=f"re-download the {what}") from None
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path} is not valid JSON ({e.msg}, line {e.lineno} column {e.colno})",
-                         error_id=bad_id, file=str(path), hint=f"re-download or repair the {what}") from None
-    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits; nesting too deep
-        raise InputError(f"{path} is not valid JSON ({type(e).__name__}: {str(e)[:120]})",
-                         error_id=bad_id, file=str(path), hint=f"re-download or repair the {what}") from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{path} must hold a JSON object, found {type(obj).__name__}", error_id=bad_id,
-                         file=str(path), hint=f"re-download or repair the {what}")
-    return obj
-
-
-def _listing(items: list[str]) -> str:
-    shown = ", ".join(items[:_MAX_LISTED])
-    return shown + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
-
-
-def _weight_map(root: Path) -> dict[str, str]:
-    path = root / INDEX_FILE
-    index = _read_json(path, missing_id=None, bad_id="index.not_json", what="shard index")
-    wm = index.get("weight_map") if index is not None else None
-    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
-        raise InputError(f"{path} must have a \"weight_map\" object mapping tensor names to shard files",
-                         error_id="index.bad_schema", file=str(path), hint="re-download or rebuild the index")
-    unsafe = sorted({f for f in wm.values() if Path(f).is_absolute() or ".." in Path(f).parts or not f})
-    if unsafe:  # a shard is a file inside the checkpoint, never a path that leads out of it
-        raise InputError(f"{path} maps tensors to files outside the checkpoint directory: {_listing(unsafe)}",
-                         error_id="index.unsafe_path", file=str(path),
-                         hint="shard names must be relative paths inside the checkpoint; rebuild the index")
-    return wm
-
-
-def _check_index(root: Path, weight_map: dict[str, str], headers: dict[str, dict[str, TensorRef]]) -> None:
-    index = str(root / INDEX_FILE)
-    seen: dict[str, str] = {}
-    for shard, refs in headers.items():
-        for name in refs:
-            if name in seen:
-                raise InputError(f"tensor {name} is stored in two shards: {seen[name]} and {shard}",
-                                 error_id="index.duplicate_tensor", tensor=name, file=str(root / shard),
-                                 hint="remove the stale copy or re-download the checkpoint")
-            seen[name] = shard
-    missing = [f"{k} (index says {v})" for k, v in weight_map.items() if k not in headers[v]]
-    if missing:
-        raise InputError(f"{len(missing)} tensors listed in the index are not in the shard it names: "
-                         f"{_listing(missing)}", error_id="index.key_missing_in_shard", file=index,
-                         tensor=next(iter(k for k, v in weight_map.items() if k not in headers[v])),
-                         hint="the index and the shards come from different versions: re-download both")
-    extra = [f"{k} ({v})" for k, v in seen.items() if k not in weight_map]
-    if extra:
-        raise InputError(f"{len(extra)} tensors in the shards are not in the index: {_listing(extra)}",
-                         error_id="index.key_not_in_index", file=index,
-                         tensor=next(k for k in seen if k not in weight_map),
-                         hint="the index is stale or incomplete: re-download it")
-
-
-def _natural(name: str):
-    # odd parts are the digit runs; str.isdigit() would also take "²", which int() refuses
-    return [int(t) if i % 2 else t for i, t in enumerate(re.split(r"(\d+)", name))]
-
-
 def open_checkpoint(source: str | Path) -> Checkpoint:
     """Read config files, the index and every shard header (no tensor data); detect the format and
     group the FP4 projections. Raises InputError for unreadable input and ContentError for content
     that is not a checkpoint this tool understands."""
     root = resolve_source(source)
-    config = _read_json(root / "config.json", missing_id="config.missing", bad_id="config.not_json",
-                        what="config.json")
-    hf_quant = _read_json(root / "hf_quant_config.json", missing_id=None, bad_id="hf_quant_config.not_json",
-                          what="hf_quant_config.json")
+    config = read_json(root / "config.json", missing_id="config.missing", bad_id="config.not_json",
+                       what="config.json")
+    hf_quant = read_json(root / "hf_quant_config.json", missing_id=None, bad_id="hf_quant_config.not_json",
+                         what="hf_quant_config.json")
     if (root / INDEX_FILE).exists():
-        weight_map = _weight_map(root)
-        shards = sorted(set(weight_map.values()), key=_natural)
+        weight_map = read_weight_map(root)
+        shards = sorted(set(weight_map.values()), key=natural_key)
         odd = [s for s in shards if (root / s).exists() and not (root / s).is_file()]
         if odd:  # a directory or a FIFO is there: "does not exist" would send the user the wrong way
             raise InputError(f"the index names {len(odd)} shards that are not regular files (a directory, FIFO "
-                             f"or device): {_listing(odd)}", error_id="index.shard_not_a_file",
+                             f"or device): {listing(odd)}", error_id="index.shard_not_a_file",
                              file=str(root / odd[0]), hint="replace each with the real .safetensors file")
         absent = [s for s in shards if not (root / s).is_file()]
         if absent:
-            raise InputError(f"the index names {len(absent)} shard files that do not exist: {_listing(absent)}",
+            raise InputError(f"the index names {len(absent)} shard files that do not exist: {listing(absent)}",
                              error_id="index.missing_shard", file=str(root / absent[0]),
                              hint="the download is incomplete: re-download the missing shards")
         index_file: str | None = INDEX_FILE
@@ -196,12 +121,12 @@ def open_checkpoint(source: str | Path) -> Checkpoint:
     else:
         stray = sorted(p.name for p in root.glob("*.safetensors"))
         raise InputError(f"{root} has no {INDEX_FILE} and no {SINGLE_FILE}"
-                         + (f" (found {_listing(stray)})" if stray else ""),
+                         + (f" (found {listing(stray)})" if stray else ""),
                          error_id="checkpoint.no_weights", file=str(root),
                          hint="pass a Hugging Face style checkpoint directory; sharded weights need their index")
     headers = {shard: read_header(root / shard, file=shard)[0] for shard in shards}
     if weight_map is not None:
-        _check_index(root, weight_map, headers)
+        check_index(root, weight_map, headers)
     tensors = {name: ref for refs in headers.values() for name, ref in refs.items()}
     fmt, reason = detect_format(config, hf_quant, tensors)
     projections = group_projections(fmt, config, tensors)

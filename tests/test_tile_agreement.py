@@ -23,7 +23,7 @@ from dsv4_convert.serving.config import PluginConfigError, check_rank_shape
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks.tiles import tile_rules_per_rank
 from dsv4_convert.validate.inputs import CheckpointInput, Options
-from dsv4_convert.validate.plan import make_plan, shape_from_checkpoint
+from dsv4_convert.validate.launch import make_plan, shape_from_checkpoint
 
 SIZES = (256, 512, 1536, 2048, 2304, 2880, 4096, 7168)
 EXPERTS = 8

@@ -24,6 +24,7 @@ from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role
 from dsv4_convert.formats.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, E8M0_NAN
 from dsv4_convert.formats.e4m3 import e4m3_is_nan
 from dsv4_convert.formats.e8m0 import e8m0_to_float
+from dsv4_convert.formats.marlin import MarlinTarget
 
 __all__ = [
     "CheckpointInput",
@@ -57,6 +58,11 @@ class Options:
     engine_requested: str | None = None  # what the user passed (--target / --act-dtype), if anything
     act_dtype_requested: str | None = None
     verify_manifest: bool = True  # re-hash every file a converted checkpoint's manifest lists
+
+    def target(self, quant: Quant | None = None) -> MarlinTarget:
+        """The Marlin target these options name, for a projection of `quant` (W4A8 exists for
+        MXFP4 only, so an NVFP4 projection of a --w4a8 run gets the 16-bit-activation layout)."""
+        return MarlinTarget(engine=self.engine, act_dtype=self.act_dtype, w4a8=self.w4a8 and quant is Quant.MXFP4)
 
 
 @dataclass(frozen=True)

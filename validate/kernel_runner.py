@@ -20,8 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
+from dsv4_convert.core.rescale import stack_key
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
-from dsv4_convert.formats.marlin import ENGINES, MarlinTarget
+from dsv4_convert.formats.marlin import ENGINES
 from dsv4_convert.formats.marlin_scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
 from dsv4_convert.formats.marlin_torch import (
     byte_table,
@@ -35,7 +36,7 @@ from dsv4_convert.validate.checks import ALL_CHECKS
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX, KernelCase
 from dsv4_convert.validate.kernel_moe import Stack, dequant, reference_product, rel_errors, repack_source, run_stack
 from dsv4_convert.validate.kernel_provider import select_provider
-from dsv4_convert.validate.runner import _rescale_factors, resolve_options
+from dsv4_convert.validate.runner import rescale_factors, resolve_options
 
 __all__ = ["KernelOptions", "run_kernel_checks"]
 
@@ -66,7 +67,7 @@ class _Layer:
     def __init__(self, ckpt, reader, refs, rreader, ref_fmt, opts, provider, sf, device):
         self.ckpt, self.reader, self.refs, self.rreader, self.ref_fmt = ckpt, reader, refs, rreader, ref_fmt
         self.opts, self.provider, self.sf, self.dev = opts, provider, sf, device
-        self.target = MarlinTarget(engine=opts.engine, act_dtype=opts.act_dtype)
+        self.target = opts.target()
 
     def _get(self, reader, proj, fmt):
         d = load_projection(reader, proj, fmt=fmt)
@@ -82,7 +83,7 @@ class _Layer:
 
     def prepare(self, proj, owner) -> _Prepared:
         """`owner` is the projection whose global the engine uses (the gate for up)."""
-        sf = self.sf.get((proj.container, proj.stack), 1.0)
+        sf = self.sf.get(stack_key(proj), 1.0)
         nv = proj.quant is Quant.NVFP4
         if self.ckpt.format is SourceFormat.MARLIN:
             q, s, _ = self._get(self.reader, proj, SourceFormat.MARLIN)
@@ -144,7 +145,7 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
     marlin = ckpt.format is SourceFormat.MARLIN
     kind = "--against SRC" if ref_ckpt is not None else ("Marlin bytes decoded" if marlin else "source dequant")
     with TensorReader(ckpt.root) as reader, (TensorReader(ref_ckpt.root) if ref_ckpt else nullcontext()) as rr:
-        sf = _rescale_factors(ckpt, opts, reader, ckpt.projections)
+        sf = rescale_factors(ckpt, opts, reader, ckpt.projections)
         layer_prep = _Layer(ckpt, reader, refs, rr, ref_ckpt.format if ref_ckpt else None, opts, provider, sf, dev)
         for layer, experts in groups.items():
             chosen = _chosen(experts, kopts.experts, opts.seed, layer)

@@ -117,11 +117,27 @@ def test_resolve_source_refuses_other_files_and_missing_paths(tmp_path):
     assert info.value.error_id == "source.not_found"
 
 
+# the fix each refusal must tell the user (docs/ERRORS.md): a key phrase of its hint
+FIXES = {
+    "config.not_json": "re-download or repair the config.json",
+    "config.missing": "pass the checkpoint root directory",
+    "index.not_json": "re-download or repair the shard index",
+    "index.bad_schema": "rebuild the index",
+    "index.missing_shard": "re-download the missing shards",
+    "index.key_missing_in_shard": "re-download both",
+    "index.key_not_in_index": "the index is stale or incomplete",
+    "index.duplicate_tensor": "remove the stale copy",
+    "header.offsets_past_eof": "re-download this shard",
+    "checkpoint.no_weights": "sharded weights need their index",
+    "detect.unknown_format": "experts are FP8",
+}
+
+
 def _open_fails(root, error_id: str, exc=InputError):
     with pytest.raises(exc) as info:
         open_checkpoint(root)
     assert info.value.error_id == error_id, info.value.render()
-    assert info.value.hint
+    assert FIXES[error_id] in info.value.hint, info.value.render()
     return info.value
 
 

@@ -68,3 +68,37 @@ def refresh(p: ProjectionTensors) -> ProjectionTensors:
               "zero_blocks", "scale_values", "block_absmax"):
         p.__dict__.pop(k, None)
     return p
+
+
+# ---- real checkpoints on disk (synth), seen the way the runner sees them ---------------------------
+def synth(root, *, defects=(), format="nvfp4-modelopt-dsv4", **kw):
+    """A small synthetic checkpoint (1 layer, 4 experts, H=128, I=64, 2 shards) and its synth.json
+    record of every injected defect (which tensors, which expert)."""
+    import json
+    from pathlib import Path
+
+    from dsv4_convert.synth import write_synthetic_checkpoint
+
+    args = dict(layers=1, experts=4, hidden=128, intermediate=64, shards=2) | kw
+    out = write_synthetic_checkpoint(Path(root), format=format, defects=list(defects), force=True, **args)
+    return out, json.loads((out / "synth.json").read_text())["defects"]
+
+
+def on_disk(root, opts: Options | None = None):
+    """The CheckpointInput the runner builds for `root` (with the reader's error, if it refused it)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from dsv4_convert.validate.runner import checkpoint_input
+
+    cin, error = checkpoint_input(Path(root), opts or Options())
+    return replace(cin, reader_error=error)
+
+
+def loaded(root, proj: Projection, sf: float = 1.0) -> ProjectionTensors:
+    """One projection read from the files with the production reader, as the runner hands it to checks."""
+    from dsv4_convert.core.reader import TensorReader, load_projection
+
+    with TensorReader(root) as reader:
+        d = load_projection(reader, proj)
+    return ProjectionTensors(proj, d.weight, d.scale, d.global_scale, sf=sf, file=proj.weight.file)

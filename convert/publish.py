@@ -1,0 +1,76 @@
+"""Finalize a conversion's staging directory: everything but the shards. Copies of the other files,
+the originals needed for the exact reverse (SOURCE_DIR: configs, index, shard headers, lost scale
+bytes), the rewritten configs, the index, SERVING.md and, last, the manifest. Publishing (the
+rename) is Staging's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from safetensors.torch import load_file, save_file
+
+from dsv4_convert import __version__
+from dsv4_convert.core.engines import INDEX_FILE
+from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan
+from dsv4_convert.quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
+from dsv4_convert.serving_notes import serving_markdown
+from dsv4_convert.staging import Staging, write_json_atomic
+
+__all__ = ["INDEX", "LOST", "LOST_SUFFIX", "SOURCE_DIR", "finalize"]
+
+SOURCE_DIR = "dsv4-convert-source"  # originals needed to give the input back byte for byte
+INDEX = INDEX_FILE
+LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
+LOST_SUFFIX = ".lost.safetensors"  # per shard, in staging, merged into LOST at the end
+
+
+def finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float], *, step=lambda: None) -> int:
+    """Write everything but the shards; returns the number of lost (clamped) scale bytes recorded.
+    `step` is the converter's crash hook, called between the writes (tests kill the run there)."""
+    ckpt, dst = plan.checkpoint, staging.path
+    src_dir = dst / SOURCE_DIR
+    src_dir.mkdir(exist_ok=True)
+    step()
+    for rel in ckpt.other_files:  # tokenizer, generation config, docs: byte-identical copies
+        if rel in ("config.json", "hf_quant_config.json"):
+            continue
+        (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ckpt.root / rel, dst / rel)
+    originals = ["config.json", "hf_quant_config.json"] + ([ckpt.index_file] if ckpt.index_file else [])
+    for name in originals:
+        if (ckpt.root / name).exists():
+            shutil.copyfile(ckpt.root / name, src_dir / name)
+    step()
+    lost = {}
+    for f in sorted(dst.glob("*" + LOST_SUFFIX)):
+        lost.update(load_file(f))
+        f.unlink()
+    if lost:
+        save_file(lost, src_dir / LOST)
+    (src_dir / "headers.json").write_text(json.dumps(_source_headers(ckpt), indent=1) + "\n")
+    block = marlin_quant_config(plan, ckpt.config.get("quantization_config"), ckpt.hf_quant_config, rescale)
+    (dst / "config.json").write_text(rewrite_config(ckpt.config, block))
+    if ckpt.hf_quant_config is not None:
+        (dst / "hf_quant_config.json").write_text(rewrite_hf_quant_config(ckpt.hf_quant_config, block))
+    step()
+    weight_map = {o.spec.name: s.file for s in plan.shards for o in s.tensors}
+    write_json_atomic(dst / INDEX, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
+    (dst / "SERVING.md").write_text(serving_markdown(plan, staging.out.name))
+    step()
+    manifest = {"format_version": FORMAT_VERSION, "producer": {"name": "dsv4-convert", "version": __version__},
+                "fingerprint": staging.fingerprint, "marlin_layout": plan.target.layout_tag,
+                "source_format": ckpt.format.value, "shards": staging.done}
+    staging.write_manifest(manifest)
+    step()
+    return sum(v.numel() for k, v in lost.items() if k.endswith(".bytes"))
+
+
+def _source_headers(ckpt) -> dict[str, str]:
+    """The exact header bytes of every input shard (as text), so marlin-to-source can rebuild the files."""
+    headers = {}
+    for file in sorted({t.file for t in ckpt.tensors.values()}):
+        with open(ckpt.root / file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            headers[file] = f.read(n).decode("utf-8")
+    return headers

@@ -1,0 +1,91 @@
+"""The files around the shards: JSON configs and the shard index, read strictly, and the index
+checked against the shard headers (every tensor in exactly one shard, the one the index names).
+Each refusal is an InputError with its id, the file and the fix (docs/ERRORS.md)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from dsv4_convert.core.engines import INDEX_FILE
+from dsv4_convert.core.errors import InputError
+from dsv4_convert.core.tensor_model import TensorRef
+
+__all__ = ["check_index", "listing", "natural_key", "read_json", "read_weight_map"]
+
+_MAX_LISTED = 5
+
+
+def read_json(path: Path, *, missing_id: str | None, bad_id: str, what: str) -> dict | None:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if missing_id is None:
+            return None
+        raise InputError(f"{path} is missing; every checkpoint needs its {what}", error_id=missing_id,
+                         file=str(path), hint="pass the checkpoint root directory (the one with config.json)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"cannot read {path}: {e}", error_id=bad_id, file=str(path),
+                         hint=f"re-download the {what}") from None
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path} is not valid JSON ({e.msg}, line {e.lineno} column {e.colno})",
+                         error_id=bad_id, file=str(path), hint=f"re-download or repair the {what}") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4300 digits; nesting too deep
+        raise InputError(f"{path} is not valid JSON ({type(e).__name__}: {str(e)[:120]})",
+                         error_id=bad_id, file=str(path), hint=f"re-download or repair the {what}") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{path} must hold a JSON object, found {type(obj).__name__}", error_id=bad_id,
+                         file=str(path), hint=f"re-download or repair the {what}")
+    return obj
+
+
+def listing(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    return shown + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
+
+
+def read_weight_map(root: Path) -> dict[str, str]:
+    path = root / INDEX_FILE
+    index = read_json(path, missing_id=None, bad_id="index.not_json", what="shard index")
+    wm = index.get("weight_map") if index is not None else None
+    if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        raise InputError(f"{path} must have a \"weight_map\" object mapping tensor names to shard files",
+                         error_id="index.bad_schema", file=str(path), hint="re-download or rebuild the index")
+    unsafe = sorted({f for f in wm.values() if Path(f).is_absolute() or ".." in Path(f).parts or not f})
+    if unsafe:  # a shard is a file inside the checkpoint, never a path that leads out of it
+        raise InputError(f"{path} maps tensors to files outside the checkpoint directory: {listing(unsafe)}",
+                         error_id="index.unsafe_path", file=str(path),
+                         hint="shard names must be relative paths inside the checkpoint; rebuild the index")
+    return wm
+
+
+def check_index(root: Path, weight_map: dict[str, str], headers: dict[str, dict[str, TensorRef]]) -> None:
+    index = str(root / INDEX_FILE)
+    seen: dict[str, str] = {}
+    for shard, refs in headers.items():
+        for name in refs:
+            if name in seen:
+                raise InputError(f"tensor {name} is stored in two shards: {seen[name]} and {shard}",
+                                 error_id="index.duplicate_tensor", tensor=name, file=str(root / shard),
+                                 hint="remove the stale copy or re-download the checkpoint")
+            seen[name] = shard
+    missing = [f"{k} (index says {v})" for k, v in weight_map.items() if k not in headers[v]]
+    if missing:
+        raise InputError(f"{len(missing)} tensors listed in the index are not in the shard it names: "
+                         f"{listing(missing)}", error_id="index.key_missing_in_shard", file=index,
+                         tensor=next(iter(k for k, v in weight_map.items() if k not in headers[v])),
+                         hint="the index and the shards come from different versions: re-download both")
+    extra = [f"{k} ({v})" for k, v in seen.items() if k not in weight_map]
+    if extra:
+        raise InputError(f"{len(extra)} tensors in the shards are not in the index: {listing(extra)}",
+                         error_id="index.key_not_in_index", file=index,
+                         tensor=next(k for k in seen if k not in weight_map),
+                         hint="the index is stale or incomplete: re-download it")
+
+
+def natural_key(name: str):
+    # odd parts are the digit runs; str.isdigit() would also take "²", which int() refuses
+    return [int(t) if i % 2 else t for i, t in enumerate(re.split(r"(\d+)", name))]

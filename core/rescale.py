@@ -1,0 +1,46 @@
+"""vLLM's bf16 rescale factor of every stacked expert tensor of a checkpoint, read from its scales.
+
+The one routine both the converter's planning pass and the validator run, so that what validate
+checks is what the converter wrote. Keys are `container.stack` (`layers.0.ffn.experts.w13`), the
+form `quantization_config.rescale_factors` records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from dsv4_convert.core.errors import DsvError
+from dsv4_convert.core.tensor_model import Projection, Quant
+from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
+
+__all__ = ["rescales", "stack_key", "stack_rescale_factors"]
+
+
+def rescales(engine: str, act_dtype: str) -> bool:
+    """Whether the target rescales NVFP4 block scales at all (vLLM with bf16 activations)."""
+    return engine == "vllm" and act_dtype == "bfloat16"
+
+
+def stack_key(p: Projection) -> str:
+    return f"{p.container}.{p.stack}"
+
+
+def stack_rescale_factors(reader, projections: Iterable[Projection], act_dtype: str, *,
+                          skip_unreadable: bool = False) -> dict[str, float]:
+    """`container.stack` -> vllm_rescale_factor over all NVFP4 experts of that stack, reading one
+    scale tensor at a time. With `skip_unreadable` (the validator, whose structure checks report
+    them) a scale that cannot be read is left out instead of raising."""
+    stacks: dict[str, list[Projection]] = {}
+    for p in projections:
+        if p.quant is Quant.NVFP4:
+            stacks.setdefault(stack_key(p), []).append(p)
+    return {key: vllm_rescale_factor(_scales(reader, members, skip_unreadable), act_dtype)
+            for key, members in stacks.items()}
+
+
+def _scales(reader, members: list[Projection], skip_unreadable: bool) -> Iterator:
+    for p in members:
+        try:
+            yield reader.get(p.scale)
+        except DsvError:
+            if not skip_unreadable:
+                raise

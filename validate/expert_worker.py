@@ -1,0 +1,163 @@
+"""The per-expert half of validate: read one expert's projections, decode Marlin bytes back to the
+source convention, and run every projection, Marlin, --against, expert and GEMM check on them.
+
+A `_Worker` lives once per worker process (validate/runner.py starts them) and keeps its shard
+file descriptors open across the tasks it is given; each task is one (layer, expert).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from dsv4_convert.core.errors import DsvError
+from dsv4_convert.core.reader import TensorReader, load_projection
+from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat
+from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
+from dsv4_convert.validate.check import Check, Finding, Result, Scope
+from dsv4_convert.validate.checks import ALL_CHECKS
+from dsv4_convert.validate.inputs import ExpertTensors, GemmCase, MarlinTensors, Options, ProjectionTensors
+
+__all__ = ["_Job", "_Outcome", "_Task", "_Worker"]
+
+
+@dataclass
+class _Task:
+    layer: str
+    expert: int
+    projections: list[Projection]
+    references: dict  # role -> Projection from --against
+    sf: dict  # role -> rescale factor of its stack
+    gemm: bool
+
+
+@dataclass
+class _Outcome:
+    results: list[Result] = field(default_factory=list)
+    ran: set = field(default_factory=set)
+    gemm: list[dict] = field(default_factory=list)
+    projections: int = 0
+
+
+@dataclass
+class _Job:
+    """Everything a worker needs besides the task (sent once per worker)."""
+    root: str
+    fmt: SourceFormat
+    against_root: str | None
+    against_fmt: SourceFormat | None
+    opts: Options
+
+
+class _Worker:
+    def __init__(self, job: _Job):
+        self.job = job
+        self.reader = TensorReader(job.root)
+        self.against = TensorReader(job.against_root) if job.against_root else None
+        self.checks = {s: [c for c in ALL_CHECKS if c.scope is s] for s in Scope}
+
+    def _run(self, out: _Outcome, chk: Check, arg, quant=None) -> None:
+        if not chk.applies_to(quant):
+            return
+        out.ran.add(chk.id)
+        for f in chk(arg, self.job.opts):
+            out.results.append(Result(chk.id, f))
+
+    def _load(self, reader, proj: Projection, fmt, sf: float) -> ProjectionTensors:
+        d = load_projection(reader, proj, fmt=fmt)
+        return ProjectionTensors(proj, d.weight, d.scale, d.global_scale, sf=sf, file=proj.weight.file)
+
+    def _decode(self, proj: Projection, sf: float, out: _Outcome):
+        o = self.job.opts
+        d = load_projection(self.reader, proj, fmt=self.job.fmt)
+        mglobal = self.reader.get(proj.marlin_global) if proj.marlin_global is not None else None
+        target = o.target(proj.quant)
+        if proj.quant is Quant.NVFP4:
+            packed, scale = marlin_to_nvfp4(d.weight, d.scale, target=target, n=proj.n, k=proj.k, sf=sf)
+        else:
+            packed, scale = marlin_to_mxfp4(d.weight, d.scale, target=target, n=proj.n, k=proj.k)
+            scale = scale.view(torch.uint8)
+        decoded = ProjectionTensors(proj, packed, scale, d.global_scale, sf=sf, file=proj.weight.file)
+        return MarlinTensors(proj, d.weight, d.scale, mglobal, d.global_scale, o.engine, o.act_dtype,
+                             target.w4a8, sf, decoded=decoded, file=proj.weight.file)
+
+    def run(self, task: _Task) -> _Outcome:
+        out = _Outcome()
+        job = self.job
+        marlin = job.fmt is SourceFormat.MARLIN
+        tensors: dict[Role, ProjectionTensors] = {}
+        marlins: dict[Role, MarlinTensors] = {}
+        refs: dict[Role, ProjectionTensors] = {}
+        for proj in task.projections:
+            sf = task.sf.get(proj.role, 1.0)
+            try:
+                if marlin:
+                    m = marlins[proj.role] = self._decode(proj, sf, out)
+                    pt = m.decoded
+                else:
+                    pt = self._load(self.reader, proj, job.fmt, sf)
+                ref_proj = task.references.get(proj.role)
+                if ref_proj is not None and self.against is not None:
+                    refs[proj.role] = self._load(self.against, ref_proj, job.against_fmt, sf)
+            except (DsvError, ValueError, RuntimeError) as e:
+                msg = getattr(e, "message", str(e))
+                out.results.append(Result("structure.reader", Finding(
+                    proj.weight.name, f"cannot read or decode this projection: {msg}", file=proj.weight.file,
+                    layer=proj.layer, expert=proj.expert)))
+                continue
+            tensors[proj.role] = pt
+            out.projections += 1
+            for chk in self.checks[Scope.PROJECTION]:
+                self._run(out, chk, pt, proj.quant)
+            if marlin:
+                marlins[proj.role].reference = refs.get(proj.role)
+                for chk in self.checks[Scope.MARLIN]:
+                    self._run(out, chk, marlins[proj.role], proj.quant)
+            elif proj.role in refs:
+                for chk in self.checks[Scope.AGAINST]:
+                    self._run(out, chk, (pt, refs[proj.role]), proj.quant)
+        expert = ExpertTensors(task.layer, task.expert, tensors)
+        for chk in self.checks[Scope.EXPERT]:
+            self._run(out, chk, expert, None)
+        if task.gemm:
+            for role, pt in tensors.items():
+                case = self._gemm_case(role, pt, tensors, marlins, refs)
+                if case is None:
+                    continue
+                for chk in self.checks[Scope.GEMM]:
+                    self._run(out, chk, case, pt.quant)
+                rel, mx = case.errors
+                out.gemm.append({"tensor": pt.proj.weight.name, "layer": task.layer, "expert": task.expert,
+                                 "role": role.value, "rel_error": rel if math.isfinite(rel) else None,
+                                 "max_abs_error": mx if math.isfinite(mx) else None})
+        return out
+
+    def _gemm_case(self, role, pt, tensors, marlins, refs) -> GemmCase | None:
+        o = self.job.opts
+        if pt.quant is Quant.MXFP4 and o.act_dtype != "bfloat16":
+            return None
+        common = dict(engine=o.engine, act_dtype=o.act_dtype, w4a8=o.w4a8 and pt.quant is Quant.MXFP4,
+                      sf=pt.sf, seed=o.seed, file=pt.file)
+        if role in marlins:
+            m = marlins[role]
+            mglobal = m.mglobal
+            if role is Role.UP and Role.GATE in marlins and pt.quant is Quant.NVFP4:
+                mglobal = marlins[Role.GATE].mglobal  # both engines use the gate's global for w13
+            return GemmCase(refs.get(role, pt), m.qweight, m.mscale, mglobal, **common)
+        target = o.target(pt.quant)
+        try:
+            if pt.quant is Quant.NVFP4:
+                q, s = nvfp4_to_marlin(pt.weight, pt.scale, target=target, sf=pt.sf)
+                owner = tensors.get(Role.GATE, pt) if role is Role.UP else pt
+                g = owner.global_scale if owner.global_scale is not None else torch.tensor(1.0)
+                mglobal = nvfp4_global_to_marlin(g.float().reshape(()), engine=o.engine, act_dtype=o.act_dtype,
+                                                 sf=pt.sf)
+            else:
+                q, s = mxfp4_to_marlin(pt.weight, pt.scale, target=target)
+                mglobal = None
+        except ValueError:
+            return None  # shapes off the Marlin tile: structure.tile.tp / structure.k_align report them
+        return GemmCase(pt, q, s, mglobal, **common)
