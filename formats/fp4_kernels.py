@@ -27,6 +27,14 @@ def _swap(x, shift, mask):
 
 
 @_jit
+def _exchange(hi, lo, shift, mask):
+    """Delta swap between two words: the `mask` bits of `lo` trade places with those of `hi >> shift`
+    (numba inlines it; the tuple costs nothing)."""
+    t = ((hi >> shift) ^ lo) & mask
+    return hi ^ (t << shift), lo ^ t
+
+
+@_jit
 def repack_a16(src, out):
     """src: u64 words [E, C, t1, t0, dn, r, kt] (8 packed bytes of one row each); out: u64 words
     [E, kt, C, r, t0, dn, t1] (two output int32 each). Steps as in marlin_weight's docstring."""
@@ -43,18 +51,10 @@ def repack_a16(src, out):
                         b = _swap(src[e, c, t1, 0, 1, r, kt], s28, m_nib)  # (0, 1)
                         cc = _swap(src[e, c, t1, 1, 0, r, kt], s28, m_nib)  # (1, 0)
                         d = _swap(src[e, c, t1, 1, 1, r, kt], s28, m_nib)  # (1, 1)
-                        t = ((a >> s8) ^ b) & m_dn  # a1 <-> dn between rows n, n + 8
-                        b ^= t
-                        a ^= t << s8
-                        t = ((cc >> s8) ^ d) & m_dn
-                        d ^= t
-                        cc ^= t << s8
-                        t = ((a >> s16) ^ cc) & m_t0  # a2 <-> t0 between rows n, n + 16
-                        cc ^= t
-                        a ^= t << s16
-                        t = ((b >> s16) ^ d) & m_t0
-                        d ^= t
-                        b ^= t << s16
+                        a, b = _exchange(a, b, s8, m_dn)  # a1 <-> dn between rows n, n + 8
+                        cc, d = _exchange(cc, d, s8, m_dn)
+                        a, cc = _exchange(a, cc, s16, m_t0)  # a2 <-> t0 between rows n, n + 16
+                        b, d = _exchange(b, d, s16, m_t0)
                         out[e, kt, c, r, 0, 0, t1] = _swap(a, s16, m_half)
                         out[e, kt, c, r, 0, 1, t1] = _swap(b, s16, m_half)
                         out[e, kt, c, r, 1, 0, t1] = _swap(cc, s16, m_half)
