@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from dsv4_convert.core.errors import DsvError, InputError
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
+from dsv4_convert.core.structure import unreadable_tensors
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat
 from dsv4_convert.formats.e4m3 import e4m3_is_nan
 from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
@@ -330,6 +331,7 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool) -> 
     skip = _truncated_tensors(headers)
     if skip:
         report.notes.append(f"{len(skip)} tensors in truncated shards were not read")
+    skip |= unreadable_tensors(ckpt)  # empty projections: structure.experts.empty reports them
     with TensorReader(root) as reader:
         sf = _rescale_factors(ckpt, opts, reader, ckpt.projections)
     tasks = _tasks(ckpt, ref_ckpt, opts, sf, skip)
