@@ -26,6 +26,7 @@ from corrupt import (
 )
 
 from dsv4_convert.core.errors import ContentError, InputError
+from dsv4_convert.synth import MANIFEST, write_synthetic_checkpoint
 
 __all__ = ["CATALOGUE", "EXPERT", "MX", "NV", "NV_HF", "VALUE_FINDINGS", "Entry"]
 
@@ -244,6 +245,19 @@ def nan_global_scale(root: Path) -> None:
     _poke(root, f"{EXPERT}.w3.weight_scale_2", struct.pack("<f", float("nan")))
 
 
+def synth_defect(defect: str) -> Callable[[Path], None]:
+    """Rewrite the synth checkpoint at root with the same arguments plus `synth --defect DEFECT`."""
+    def build(root: Path) -> None:
+        rec = json.loads((root / MANIFEST).read_text())
+        d = rec["dims"]
+        write_synthetic_checkpoint(root, format=rec["format"], layers=d["layers"], experts=d["experts"],
+                                   hidden=d["hidden"], intermediate=d["intermediate"], shards=len(rec["files"]),
+                                   seed=rec["seed"], mtp=d["mtp"], hash_layers=d["hash_layers"],
+                                   defects=(defect,), force=True)
+    build.__name__ = f"synth_{defect.replace('-', '_')}"
+    return build
+
+
 CATALOGUE: tuple[Entry, ...] = (
     Entry("header-length-past-eof", NV, header_length_past_eof, "header.length_past_eof", INPUT, "model-0000",
           validate="structure.shard.header"),
@@ -294,6 +308,17 @@ CATALOGUE: tuple[Entry, ...] = (
           validate="structure.reader"),
     Entry("nan-global-scale", NV, nan_global_scale, "convert.bad_values", CONTENT, f"{EXPERT}.w3",
           validate="nvfp4.global.invalid", inspect_ok=True),
+    # the structure rules (core/structure.py) that the converter and validate share
+    Entry("empty-expert", NV, synth_defect("empty-expert"), "convert.empty_expert", CONTENT,
+          "layers.0.ffn.experts.0.w1.weight", validate="structure.experts.empty", inspect_ok=True),
+    Entry("empty-expert-mxfp4", MX, synth_defect("empty-expert"), "convert.empty_expert", CONTENT,
+          "layers.0.ffn.experts.0.w1.weight", validate="structure.experts.empty", inspect_ok=True),
+    Entry("reshaped-down", NV, synth_defect("reshaped-down"), "convert.expert_dims", CONTENT,
+          "layers.0.ffn.experts.0.w2.weight", validate="structure.experts.dims", inspect_ok=True),
+    Entry("config-intermediate", NV, synth_defect("config-intermediate"), "convert.expert_dims", CONTENT,
+          "moe_intermediate_size", validate="structure.experts.dims", inspect_ok=True),
+    Entry("experts-beyond-config", NV, synth_defect("experts-beyond-config"), "convert.extra_experts", CONTENT,
+          "n_routed_experts", validate="structure.experts.extra", inspect_ok=True),
 )
 
 # Value defects that the converter handles (it repacks what it can; validate reports them).

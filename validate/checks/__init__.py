@@ -34,6 +34,8 @@ ALL_CHECKS = (
     structure.k_alignment,
     tiles.tile_rules_per_rank,
     quant_config.group_size_matches,
+    quant_config.quantized_layers_match,
+    quant_config.moe_quant_algo_matches,
     quant_config.experts_method,
     quant_config.exclusions_cover,
     quant_config.mxfp4_act_dtype,
