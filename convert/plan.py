@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv4_convert import __version__
-from dsv4_convert.core.engines import FORMAT_VERSION, INDEX_FILE, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
+from dsv4_convert.core.engines import FORMAT_VERSION, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.rescale import rescales
+from dsv4_convert.core.structure import RULES as STRUCTURE_RULES
+from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.tensor_model import (
     Checkpoint,
     Projection,
     Quant,
-    Role,
     SourceFormat,
     TensorRef,
     moe_layers,
@@ -26,7 +27,8 @@ from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.formats.tiles import LAYOUT_CANDIDATES, check_weight_tiles, moe_rank_tiles
 from dsv4_convert.safetensors_writer import TensorSpec
 
-__all__ = ["refuse_converted", "check_source", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan", "build_plan", "FORMAT_VERSION",
+__all__ = ["check_structure", "refuse_converted", "check_source", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
+           "build_plan", "FORMAT_VERSION",
            "serving_layouts"]
 
 _GLOBAL_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
@@ -132,7 +134,7 @@ def serving_layouts(ckpt: Checkpoint, engine: str) -> tuple[tuple[int, int], ...
     """The (TP, EP) splits in {1, 2, 4, 8} that every experts layer serves without padding (formats/tiles.py).
     Raises convert.needs_padding, before any work, when there is none."""
     shapes = moe_layers(ckpt.projections)
-    n = _expected_experts(ckpt.config)
+    n = model_dims(ckpt.config)["experts"]
     verdicts = {tp_ep: [moe_rank_tiles(m.quant.value, engine, hidden=m.hidden, intermediate=m.intermediate,
                                        tp=tp_ep[0], ep=tp_ep[1], experts=n or m.experts) for m in shapes.values()]
                 for tp_ep in LAYOUT_CANDIDATES}
@@ -150,34 +152,15 @@ def serving_layouts(ckpt: Checkpoint, engine: str) -> tuple[tuple[int, int], ...
     return layouts
 
 
-def _expected_experts(config: dict) -> int | None:
-    text = config.get("text_config") or {}
-    for key in ("n_routed_experts", "num_experts", "num_local_experts"):
-        for c in (config, text):
-            if isinstance(c.get(key), int):
-                return c[key]
-    return None
-
-
-def _check_complete(ckpt: Checkpoint) -> None:
-    """Every expert of every layer, with gate, up and down: an incomplete MoE fails late at load."""
-    have: dict[str, dict[int, set[Role]]] = {}
-    for p in ckpt.projections:
-        have.setdefault(p.container, {}).setdefault(p.expert, set()).add(p.role)
-    n = _expected_experts(ckpt.config)
-    problems = []
-    for container, experts in have.items():
-        missing = sorted(set(range(n)) - set(experts)) if n else []
-        partial = sorted(e for e, roles in experts.items() if len(roles) != len(Role))
-        if missing:
-            problems.append(f"{container}: experts {missing[:8]}{'...' if len(missing) > 8 else ''} missing "
-                            f"(config says {n} per layer)")
-        if partial:
-            problems.append(f"{container}: experts {partial[:8]} lack a gate, up or down projection")
-    if problems:
-        raise ContentError("the checkpoint is incomplete: " + "; ".join(problems[:5]),
-                           error_id="convert.incomplete_experts", file=INDEX_FILE,
-                           hint="re-download the missing shards or tensors; `dsv4-convert validate` lists them all")
+def check_structure(ckpt: Checkpoint) -> None:
+    """Refuse, before any work, what validate reports as a structure error: the same rules (core/structure.py)."""
+    for rule in STRUCTURE_RULES:
+        violations = list(rule(ckpt))
+        if violations:
+            v = violations[0]
+            more = f" ({len(violations) - 1} more; `dsv4-convert validate` lists them all)" if len(violations) > 1 else ""
+            raise ContentError(v.message + more, error_id=rule.error_id, tensor=v.tensor,
+                               file=v.file or ckpt.index_file or "config.json", hint=rule.hint)
 
 
 def refuse_converted(ckpt: Checkpoint) -> None:
@@ -206,7 +189,7 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
     """Emit converted tensors at the position of their projection's first source tensor, everything
     else as a byte copy, in input order. Shards mirror the input's unless max_shard_size is set."""
     refuse_converted(ckpt)
-    _check_complete(ckpt)
+    check_structure(ckpt)
     for p in ckpt.projections:
         _check_convertible(p, target)
     layouts = serving_layouts(ckpt, target.engine)

@@ -121,19 +121,38 @@ def _load_record(root: Path):
         raise ContentError(f"{sdir / 'headers.json'} is missing", error_id="reverse.no_source_record",
                            file=str(sdir / "headers.json"),
                            hint="only a complete dsv4-convert output can be reversed; convert again from the source")
+    config = _record_json(sdir / "config.json", dict)
+    recorded = _record_json(sdir / "headers.json", dict)
     try:
-        config = json.loads((sdir / "config.json").read_text())
-        recorded = json.loads((sdir / "headers.json").read_text())
         lost = load_file(sdir / LOST) if (sdir / LOST).exists() else {}
-    except (OSError, ValueError) as e:  # the manifest check catches edits; this is what is left
-        raise InputError(f"the source record in {sdir} cannot be read: {e}", error_id="reverse.bad_source_record",
-                         file=str(sdir), hint="convert again from the source; the record is damaged") from None
+    except Exception as e:  # safetensors raises its own error type for a damaged file
+        _bad_record(sdir / LOST, f"not a readable safetensors file ({e})")
     shards = {}  # file -> (the 8-byte length + header bytes, its tensors), parsed once
     for file, text in recorded.items():
+        # a name from the record becomes a path under OUT: a plain shard name only, never ../ or a dir
+        if not (isinstance(text, str) and file.endswith(".safetensors") and Path(file).name == file
+                and file not in (".", "..")):
+            _bad_record(sdir / "headers.json", f"entry {file!r} is not a shard name -> header text pair")
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw
         shards[file] = (prefix, parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
     return shards, config, lost
+
+
+def _bad_record(path: Path, why: str):
+    # the manifest check catches edits; this guards the reader itself (a record edited with its manifest)
+    raise InputError(f"the source record {path.name} cannot be used: {why}", error_id="reverse.bad_source_record",
+                     file=str(path), hint="convert again from the source; the record is damaged")
+
+
+def _record_json(path: Path, kind: type):
+    try:
+        obj = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as e:
+        _bad_record(path, f"not readable JSON ({e})")
+    if not isinstance(obj, kind):
+        _bad_record(path, f"not a JSON {kind.__name__}")
+    return obj
 
 
 def _refuse_unverified(root: Path) -> None:

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from dsv4_convert.core.errors import DsvError, InputError
 from dsv4_convert.core.reader import TensorReader, open_checkpoint, resolve_source
 from dsv4_convert.core.rescale import rescales, stack_key, stack_rescale_factors
+from dsv4_convert.core.structure import unreadable_tensors
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.validate.check import Result, Scope
 from dsv4_convert.validate.checks import ALL_CHECKS
@@ -208,6 +209,7 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool, exe
     skip = _truncated_tensors(headers)
     if skip:
         report.notes.append(f"{len(skip)} tensors in truncated shards were not read")
+    skip |= unreadable_tensors(ckpt)  # empty projections: structure.experts.empty reports them
     with TensorReader(root) as reader:
         sf = rescale_factors(ckpt, opts, reader, ckpt.projections)
     tasks = _tasks(ckpt, ref_ckpt, opts, sf, skip)

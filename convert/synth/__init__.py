@@ -141,6 +141,8 @@ def _check_args(fmt, layers, experts, hidden, intermediate, shards, hash_layers,
         problems.append(f"dtype_torch must be torch.bfloat16 or torch.float16, got {dtype}")
     if real_size and (mtp or defects):
         problems.append("--real-size makes one bare MoE layer: it takes no --mtp and no --defect")
+    if "reshaped-down" in defects and hidden == intermediate:
+        problems.append("--defect reshaped-down needs --hidden != --intermediate (else [I, H] is [H, I])")
     if problems:
         raise UsageError("; ".join(problems), error_id="synth.args", hint="see `dsv4-convert synth --help`")
 

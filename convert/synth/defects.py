@@ -9,6 +9,7 @@ writes bytes 0x01..0x07 into the first (up to) 7 block scales of row 0.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ __all__ = [
 _NVFP4 = ("nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct")
 _MXFP4 = ("mxfp4-dsv4", "mxfp4-ct", "mxfp4-gptoss")
 _ALL = _NVFP4 + _MXFP4
+_NOT_STACKED = tuple(f for f in _ALL if f != "mxfp4-gptoss")  # one tensor per projection
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,11 @@ DEFECTS = {d.name: d for d in (
     DefectSpec("nan-global", _NVFP4, 2, ("up",), "NaN global scale (weight_scale_2 / weight_global_scale)"),
     DefectSpec("truncated-shard", _ALL, None, (), "the last shard is cut to half of its data after writing"),
     DefectSpec("missing-shard", _ALL, None, (), "the last shard is deleted; the index still points to it"),
+    DefectSpec("reshaped-down", _NOT_STACKED, 0, ("down",),
+               "down weight and scale stored as [I, H/2] / [I, H/g] (same bytes, the gate/up shape)"),
+    DefectSpec("empty-expert", _NOT_STACKED, 0, ("gate",), "gate weight and block scale with 0 rows"),
+    DefectSpec("config-intermediate", _ALL, None, (), "config.json's expert intermediate size doubled"),
+    DefectSpec("experts-beyond-config", _ALL, None, (), "config.json's n_routed_experts one less than the experts"),
 )}
 
 
@@ -176,6 +183,11 @@ def apply_tensor_defects(tensors: dict, defects: tuple[str, ...], fmt: str, expe
         elif name == "global-mismatch":
             rec.tensors = [s.global_scale for s in slots]
             rec.detail = {"globals": [tensors[s.global_scale].reshape(-1)[0].item() for s in slots]}
+        elif name in ("reshaped-down", "empty-expert"):
+            rec.tensors = [slots[0].weight, slots[0].scale]
+            inner = tensors[slots[0].weight].shape[1] * 2  # K of the down projection: I
+            for t in rec.tensors:  # reshaped: [H, I/2] -> [I, H/2] and [H, I/g] -> [I, H/g]
+                tensors[t] = tensors[t][:0] if name == "empty-expert" else tensors[t].reshape(inner, -1)
         elif name in ("missing-expert", "all-zero-expert"):
             rec.tensors = list(dict.fromkeys(
                 n for s in slots for n in (s.weight, s.scale, s.global_scale, s.input_scale) if n))
@@ -187,9 +199,12 @@ def apply_tensor_defects(tensors: dict, defects: tuple[str, ...], fmt: str, expe
 
 
 def apply_file_defects(root: Path, shard_files: list[str], records: list[DefectRecord]) -> None:
-    """Damage the written shards for truncated-shard / missing-shard (the index stays untouched)."""
+    """Damage the written shards for truncated-shard / missing-shard (the index stays untouched), and
+    config.json for the config defects."""
     last = root / shard_files[-1]
     for rec in records:
+        if rec.defect in _CONFIG_EDITS:
+            _edit_config(root / "config.json", rec)
         if rec.defect == "truncated-shard":
             size = last.stat().st_size
             with open(last, "rb") as f:
@@ -200,3 +215,20 @@ def apply_file_defects(root: Path, shard_files: list[str], records: list[DefectR
         elif rec.defect == "missing-shard":
             last.unlink()
             rec.file = last.name
+
+
+# defect -> (config keys, the first present one is edited; new value from the old one)
+_CONFIG_EDITS = {
+    "config-intermediate": (("moe_intermediate_size", "intermediate_size"), lambda v: 2 * v),
+    "experts-beyond-config": (("n_routed_experts", "num_local_experts", "num_experts"), lambda v: v - 1),
+}
+
+
+def _edit_config(path: Path, rec: DefectRecord) -> None:
+    keys, change = _CONFIG_EDITS[rec.defect]
+    config = json.loads(path.read_text())
+    text = config.get("text_config") or config
+    key = next(k for k in keys if k in text)
+    rec.file, rec.detail["key"], rec.detail["original"] = path.name, key, text[key]
+    text[key] = change(text[key])
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

@@ -223,7 +223,8 @@ def _applicable():
 
 @pytest.mark.parametrize("defect,fmt", _applicable())
 def test_defect_is_where_the_manifest_says(tmp_path, defect, fmt):
-    root = write_synthetic_checkpoint(tmp_path / "x", format=fmt, defects=[defect], **SMALL)
+    small = dict(SMALL, intermediate=32) if defect == "reshaped-down" else SMALL  # H == I: no reshape to see
+    root = write_synthetic_checkpoint(tmp_path / "x", format=fmt, defects=[defect], **small)
     (rec,) = manifest(root)["defects"]
     assert rec["defect"] == defect
     index = json.loads((root / "model.safetensors.index.json").read_text())["weight_map"]
@@ -236,7 +237,12 @@ def test_defect_is_where_the_manifest_says(tmp_path, defect, fmt):
     if defect == "missing-expert":
         assert rec["tensors"] and not any(n in index for n in rec["tensors"])
         return
-    clean = load_all(write_synthetic_checkpoint(tmp_path / "clean", format=fmt, **SMALL))
+    if defect in ("config-intermediate", "experts-beyond-config"):
+        config = json.loads((root / "config.json").read_text())
+        was = rec["detail"]["original"]
+        assert config[rec["detail"]["key"]] == (2 * was if defect == "config-intermediate" else was - 1)
+        return
+    clean = load_all(write_synthetic_checkpoint(tmp_path / "clean", format=fmt, **small))
     t = load_all(root)
     name = rec["tensors"][0]
     assert index[name] == rec["file"]
@@ -263,6 +269,15 @@ def test_defect_is_where_the_manifest_says(tmp_path, defect, fmt):
     elif defect == "all-zero-expert":
         dq = _dequant(fmt, t, "0", rec["expert"], "gate")
         assert (dq == 0).all()
+    elif defect in ("reshaped-down", "empty-expert"):
+        inner = clean[rec["tensors"][0]].shape[1] * 2  # I, from the clean down weight [H, I/2]
+        for n in rec["tensors"]:
+            got, orig = t[n], clean[n]
+            if defect == "empty-expert":
+                assert tuple(got.shape) == (0, orig.shape[1])
+            else:  # same bytes, the gate/up shape
+                assert tuple(got.shape) == (inner, orig.numel() // inner) != tuple(orig.shape)
+                assert torch.equal(got.reshape(-1).view(torch.uint8), orig.reshape(-1).view(torch.uint8))
 
 
 @pytest.mark.parametrize("defects,fmt,match", [
@@ -272,6 +287,7 @@ def test_defect_is_where_the_manifest_says(tmp_path, defect, fmt):
     (["no-such-defect"], "nvfp4-ct", "unknown defect"),
     (["nan-scale", "nan-scale"], "nvfp4-ct", "more than once"),
     (["truncated-shard", "missing-shard"], "nvfp4-ct", "last shard"),
+    (["reshaped-down"], "nvfp4-ct", "hidden != --intermediate"),  # SMALL has H == I
 ])
 def test_bad_defects_refused(tmp_path, defects, fmt, match):
     with pytest.raises(UsageError, match=match):

@@ -26,8 +26,9 @@ from corrupt import (
 )
 
 from dsv4_convert.core.errors import ContentError, InputError
+from dsv4_convert.synth import MANIFEST, write_synthetic_checkpoint
 
-__all__ = ["CATALOGUE", "EXPERT", "MX", "NV", "NV_HF", "VALUE_FINDINGS", "Entry"]
+__all__ = ["CATALOGUE", "CONFIG_FINDINGS", "EXPERT", "MX", "NV", "NV_HF", "VALUE_FINDINGS", "Entry"]
 
 NV, MX, NV_HF = "nvfp4-modelopt-dsv4", "mxfp4-dsv4", "nvfp4-modelopt-hf"
 EXPERT = "layers.0.ffn.experts.1"  # DeepSeek names (NV, MX): w1 gate, w3 up, w2 down
@@ -203,6 +204,28 @@ def quant_config_contradicts_tensors(root: Path) -> None:
     edit_json(root / "hf_quant_config.json", lambda q: q["quantization"].__setitem__("group_size", 32))
 
 
+def _qc_edit(root: Path, edit: Callable[[dict], None]) -> None:
+    edit_json(root / "config.json", lambda c: edit(c["quantization_config"]))
+
+
+def config_group_size_32(root: Path) -> None:
+    """config.json's group_size 32 (hf_quant_config.json keeps 16): NVFP4 scales are one per 16."""
+    _qc_edit(root, lambda q: q.__setitem__("group_size", 32))
+
+
+def layer_group_size_32(root: Path) -> None:
+    _qc_edit(root, lambda q: q["quantized_layers"]["layers.0.ffn.experts"].__setitem__("group_size", 32))
+
+
+def layer_algo_mxfp4(root: Path) -> None:
+    edit_json(root / "hf_quant_config.json",
+              lambda q: q["quantization"]["quantized_layers"]["layers.0.ffn.experts"].__setitem__("quant_algo", "MXFP4"))
+
+
+def moe_algo_mxfp4(root: Path) -> None:
+    _qc_edit(root, lambda q: q.__setitem__("moe_quant_algo", "MXFP4"))
+
+
 def no_weights(root: Path) -> None:
     (root / INDEX).unlink()
     for p in root.glob("*.safetensors"):
@@ -242,6 +265,19 @@ def nan_e8m0_scale(root: Path) -> None:
 
 def nan_global_scale(root: Path) -> None:
     _poke(root, f"{EXPERT}.w3.weight_scale_2", struct.pack("<f", float("nan")))
+
+
+def synth_defect(defect: str) -> Callable[[Path], None]:
+    """Rewrite the synth checkpoint at root with the same arguments plus `synth --defect DEFECT`."""
+    def build(root: Path) -> None:
+        rec = json.loads((root / MANIFEST).read_text())
+        d = rec["dims"]
+        write_synthetic_checkpoint(root, format=rec["format"], layers=d["layers"], experts=d["experts"],
+                                   hidden=d["hidden"], intermediate=d["intermediate"], shards=len(rec["files"]),
+                                   seed=rec["seed"], mtp=d["mtp"], hash_layers=d["hash_layers"],
+                                   defects=(defect,), force=True)
+    build.__name__ = f"synth_{defect.replace('-', '_')}"
+    return build
 
 
 CATALOGUE: tuple[Entry, ...] = (
@@ -294,6 +330,17 @@ CATALOGUE: tuple[Entry, ...] = (
           validate="structure.reader"),
     Entry("nan-global-scale", NV, nan_global_scale, "convert.bad_values", CONTENT, f"{EXPERT}.w3",
           validate="nvfp4.global.invalid", inspect_ok=True),
+    # the structure rules (core/structure.py) that the converter and validate share
+    Entry("empty-expert", NV, synth_defect("empty-expert"), "convert.empty_expert", CONTENT,
+          "layers.0.ffn.experts.0.w1.weight", validate="structure.experts.empty", inspect_ok=True),
+    Entry("empty-expert-mxfp4", MX, synth_defect("empty-expert"), "convert.empty_expert", CONTENT,
+          "layers.0.ffn.experts.0.w1.weight", validate="structure.experts.empty", inspect_ok=True),
+    Entry("reshaped-down", NV, synth_defect("reshaped-down"), "convert.expert_dims", CONTENT,
+          "layers.0.ffn.experts.0.w2.weight", validate="structure.experts.dims", inspect_ok=True),
+    Entry("config-intermediate", NV, synth_defect("config-intermediate"), "convert.expert_dims", CONTENT,
+          "moe_intermediate_size", validate="structure.experts.dims", inspect_ok=True),
+    Entry("experts-beyond-config", NV, synth_defect("experts-beyond-config"), "convert.extra_experts", CONTENT,
+          "n_routed_experts", validate="structure.experts.extra", inspect_ok=True),
 )
 
 # Value defects that the converter handles (it repacks what it can; validate reports them).
@@ -301,4 +348,13 @@ VALUE_FINDINGS: tuple[tuple[str, str, Callable[[Path], None], str], ...] = (
     ("nan-e4m3-scale", NV, nan_e4m3_scale, "nvfp4.scale.nan"),
     ("negative-e4m3-scale", NV, negative_e4m3_scale, "nvfp4.scale.negative"),
     ("e8m0-0xff-scale", MX, nan_e8m0_scale, "mxfp4.scale.nan"),
+)
+
+# Quantization-config contradictions that validate reports (exit 1). The converter writes its own
+# quantization_config from the tensors, so it may convert them; it must not crash or half-write.
+CONFIG_FINDINGS: tuple[tuple[str, str, Callable[[Path], None], str], ...] = (
+    ("config-group-size-32", NV, config_group_size_32, "structure.quant_config.group_size"),
+    ("quantized-layers-group-size-32", NV, layer_group_size_32, "structure.quant_config.layers"),
+    ("quantized-layers-algo-mxfp4", NV, layer_algo_mxfp4, "structure.quant_config.layers"),
+    ("moe-quant-algo-mxfp4", NV, moe_algo_mxfp4, "structure.quant_config.moe_algo"),
 )

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from catalogue import CATALOGUE, MX, NV, VALUE_FINDINGS, Entry
+from catalogue import CATALOGUE, CONFIG_FINDINGS, MX, NV, VALUE_FINDINGS, Entry
 from corrupt import INDEX, copy_checkpoint
 
 sys.path.append(str(Path(__file__).parents[1] / "convert"))
@@ -50,7 +50,7 @@ def outcomes(tmp_path_factory, synth_source):
         root = copy_checkpoint(synth_source(e.fmt, **SMALL), work / e.name)
         e.build(root)
         add(e.name, root, e.fmt)
-    for name, fmt, build, _ in VALUE_FINDINGS:
+    for name, fmt, build, _ in VALUE_FINDINGS + CONFIG_FINDINGS:
         root = copy_checkpoint(synth_source(fmt, **SMALL), work / name)
         build(root)
         add(name, root, fmt)
@@ -144,6 +144,24 @@ def test_bad_scale_values_are_validator_findings_not_crashes(outcomes, name, che
     assert case["after"] == case["before"], "the input changed"
 
 
+@pytest.mark.parametrize("name,check", [(n, c) for n, _, _, c in CONFIG_FINDINGS])
+def test_quant_config_contradictions_are_validator_findings(outcomes, name, check):
+    case = outcomes[name]
+    for command in ("convert", "inspect", "validate"):
+        _no_crash(case[command])
+    v = case["validate"]
+    assert v["code"] == 1 and f"error[{check}]" in v["stdout"] and "\n  fix: " in v["stdout"], v["stdout"]
+    assert f"error[{check}]" not in outcomes["nan-e4m3-scale"]["validate"]["stdout"], "fires on a sound config"
+    convert = case["convert"]
+    assert convert["code"] in (0, 4), convert["stderr"]
+    if convert["code"] == 0:
+        assert (case["out"] / INDEX).is_file()
+    else:
+        _assert_nothing_written(case)
+    assert not case["out"].with_name(case["out"].name + ".partial").exists()
+    assert case["after"] == case["before"], "the input changed"
+
+
 def test_already_converted_input_is_refused(outcomes):
     case = outcomes["already-converted"]
     assert case["setup"]["code"] == 0, case["setup"]["stderr"]
@@ -155,7 +173,7 @@ def test_already_converted_input_is_refused(outcomes):
 
 def test_catalogue_covers_the_issue(outcomes):
     """At least 15 distinct corruptions, every exit code class that bad input can give."""
-    assert len(CATALOGUE) + len(VALUE_FINDINGS) + 1 >= 15
+    assert len(CATALOGUE) + len(VALUE_FINDINGS) + len(CONFIG_FINDINGS) + 1 >= 15
     assert {e.code for e in CATALOGUE} == {3, 4}
     assert len({e.build for e in CATALOGUE}) == len(CATALOGUE)
 

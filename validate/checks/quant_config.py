@@ -21,12 +21,15 @@ from dsv4_convert.validate.checks.tiles import containers
 from dsv4_convert.validate.inputs import CheckpointInput, Options
 
 __all__ = [
+    "declared_group_sizes",
     "exclusions_cover",
     "experts_method",
     "group_size_matches",
     "marlin_config",
     "marlin_dtype_shape",
+    "moe_quant_algo_matches",
     "mxfp4_act_dtype",
+    "quantized_layers_match",
 ]
 
 _FLOAT = {"BF16", "F16", "F32"}
@@ -40,16 +43,20 @@ def _hfq(c: CheckpointInput) -> dict:
     return (c.hf_quant_config or {}).get("quantization") or {}
 
 
-def declared_group_size(c: CheckpointInput) -> int | None:
+def declared_group_sizes(c: CheckpointInput) -> list[tuple[str, int]]:
+    """Every place the config files declare the FP4 group size: engines read different ones."""
     qc, hq = _qc(c), _hfq(c)
-    for v in (hq.get("group_size"), qc.get("group_size")):
-        if isinstance(v, int):
-            return v
-    for group in (qc.get("config_groups") or {}).values():
-        v = (group.get("weights") or {}).get("group_size")
-        if isinstance(v, int):
-            return v
-    return None
+    found = [(where, v) for where, v in (("hf_quant_config.json quantization.group_size", hq.get("group_size")),
+                                         ("config.json quantization_config.group_size", qc.get("group_size")))]
+    for name, group in (qc.get("config_groups") or {}).items():
+        if isinstance(group, dict):
+            found.append((f"config.json quantization_config.config_groups.{name}.weights.group_size",
+                          (group.get("weights") or {}).get("group_size")))
+    return [(where, v) for where, v in found if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _tensor_group(p) -> int | None:
+    return p.k // p.scale.shape[-1] if p.scale.shape and p.scale.shape[-1] else None
 
 
 def exclusion_patterns(c: CheckpointInput) -> list[str]:
@@ -82,18 +89,82 @@ def group_size_matches(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """The engine builds scale parameters from the configured group size; Marlin compiles only 16 (NVFP4) and 32 (MXFP4)."""
     if c.checkpoint is None or c.checkpoint.format is SourceFormat.MARLIN:
         return
-    declared = declared_group_size(c)
+    routed = c.checkpoint.routed_quant  # the global group size describes the routed experts (not MXFP4 MTP)
     found = defaultdict(list)
     for p in c.checkpoint.projections:
-        g = p.k // p.scale.shape[-1] if p.scale.shape and p.scale.shape[-1] else None
-        found[(p.quant.value, g)].append(p)
+        found[(p.quant.value, _tensor_group(p))].append(p)
     for (quant, g), ps in found.items():
         if g != ps[0].group_size:
             yield Finding(ps[0].scale.name, f"{len(ps)} {quant} projections have K / scale columns = {g}, but "
                           f"{quant} needs {ps[0].group_size}.", count=len(ps), file=ps[0].scale.file)
-        elif declared is not None and quant == "nvfp4" and declared != g:
-            yield Finding("quantization_config", f"declared group_size {declared}, but the NVFP4 tensors use {g} "
-                          f"(first {ps[0].scale.name}).", count=len(ps))
+            continue
+        if routed is None or quant != routed.value:
+            continue
+        for where, declared in declared_group_sizes(c):
+            if declared != g:
+                yield Finding(where, f"{where} = {declared}, but the {quant} expert scales have groups of {g} "
+                              f"(first {ps[0].scale.name}).", count=len(ps), file=where.split(" ")[0])
+
+
+_ALGO = {"NVFP4": "nvfp4", "MXFP4": "mxfp4"}
+
+
+def quantized_layer_entries(c: CheckpointInput) -> list[tuple[str, str, dict]]:
+    """(file, module prefix, {quant_algo, group_size}) of every per-layer `quantized_layers` entry (ModelOpt MIXED_PRECISION)."""
+    out = []
+    for where, block in (("config.json", _qc(c)), ("hf_quant_config.json", _hfq(c))):
+        layers = block.get("quantized_layers")
+        if isinstance(layers, dict):
+            out += [(where, name, entry) for name, entry in layers.items() if isinstance(entry, dict)]
+    return out
+
+
+def _covered(prefix: str, container: str) -> bool:
+    variants = {container, "model." + container, container.removeprefix("model.")}
+    return any(v == prefix or v.startswith(prefix + ".") for v in variants)
+
+
+@check(id="structure.quant_config.layers", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="make each quantized_layers entry say the quant_algo and group_size of its experts' tensors "
+            "(NVFP4: 16, MXFP4: 32), in config.json and hf_quant_config.json alike")
+def quantized_layers_match(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """ModelOpt's MIXED_PRECISION engines build each layer's parameters from its quantized_layers entry; one that contradicts the tensors fails the load or reads scales as the wrong format."""
+    if c.checkpoint is None or c.checkpoint.format is SourceFormat.MARLIN:
+        return
+    by_container = defaultdict(list)
+    for p in c.checkpoint.projections:
+        by_container[p.container].append(p)
+    for where, prefix, entry in quantized_layer_entries(c):
+        for container, ps in by_container.items():
+            if not _covered(prefix, container):
+                continue
+            quant, g = ps[0].quant.value, _tensor_group(ps[0])
+            algo = str(entry.get("quant_algo", "")).upper()
+            if algo in _ALGO and _ALGO[algo] != quant:
+                yield Finding(f"quantized_layers.{prefix}", f"{where}: quantized_layers[{prefix!r}].quant_algo = "
+                              f"{entry.get('quant_algo')}, but {container} holds {quant} tensors (first "
+                              f"{ps[0].scale.name}).", file=where, layer=ps[0].layer)
+            gs = entry.get("group_size")
+            if isinstance(gs, int) and g is not None and gs != g:
+                yield Finding(f"quantized_layers.{prefix}", f"{where}: quantized_layers[{prefix!r}].group_size = "
+                              f"{gs}, but {container}'s scales have groups of {g} (first {ps[0].scale.name}).",
+                              file=where, layer=ps[0].layer)
+
+
+@check(id="structure.quant_config.moe_algo", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="set moe_quant_algo to the format of the routed experts' tensors (NVFP4 for E4M3 scales per 16, "
+            "MXFP4 for E8M0 scales per 32)")
+def moe_quant_algo_matches(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """SGLang and vLLM pick the MoE method of a DeepSeek-V4 checkpoint from moe_quant_algo; the wrong one builds scale parameters of the other FP4 format."""
+    if c.checkpoint is None or c.checkpoint.format is SourceFormat.MARLIN:
+        return
+    declared = str(_qc(c).get("moe_quant_algo") or "").upper()
+    routed = c.checkpoint.routed_quant
+    if declared in _ALGO and routed is not None and _ALGO[declared] != routed.value:
+        first = next(p for p in c.checkpoint.projections if p.quant is routed and not p.layer.startswith("mtp"))
+        yield Finding("config.json", f"quantization_config.moe_quant_algo = {_qc(c)['moe_quant_algo']}, but the "
+                      f"routed experts are {routed.value} (first {first.scale.name}: {first.scale.dtype}, groups of "
+                      f"{_tensor_group(first)}).", file="config.json")
 
 
 @check(id="structure.quant_config.method", severity=Severity.ERROR, scope=Scope.CHECKPOINT,

@@ -5,13 +5,18 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from dsv4_convert.core.tensor_model import Role, SourceFormat
+from dsv4_convert.core import structure as rules
+from dsv4_convert.core.structure import model_dims
+from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.headers import INDEX_FILE
 from dsv4_convert.validate.inputs import CheckpointInput, Options
 
 __all__ = [
     "dtype_shape",
+    "expert_dims",
+    "experts_empty",
+    "experts_extra",
     "experts_missing",
     "index_extra_file",
     "index_keys",
@@ -25,17 +30,6 @@ __all__ = [
 
 _SOURCE_WEIGHT = {"U8", "I8"}
 _SCALE_DTYPES = {"nvfp4": {"F8_E4M3", "U8"}, "mxfp4": {"F8_E8M0", "U8", "I8"}}
-
-
-def model_dims(config: dict) -> dict:
-    """hidden / intermediate / experts from a DeepSeek-V4 or Hugging Face config (None when absent)."""
-    text = config.get("text_config", config)
-    return {
-        "hidden": text.get("hidden_size"),
-        "intermediate": text.get("moe_intermediate_size") or text.get("intermediate_size"),
-        "experts": text.get("n_routed_experts") or text.get("num_local_experts") or text.get("num_experts"),
-        "layers": text.get("num_hidden_layers"),
-    }
 
 
 @check(id="structure.shard.header", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -130,61 +124,50 @@ def reader_refused(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
                       file=getattr(e, "file", None))
 
 
-@check(id="structure.experts.missing", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
-       hint="re-download the shards that hold these experts; every expert of every layer must be present")
-def experts_missing(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
-    """The engine allocates n_routed_experts per layer; a missing expert fails the load or serves zeros."""
+def _findings(rule: rules.Rule, c: CheckpointInput) -> Iterator[Finding]:
+    """The shared rule's violations (core/structure.py: the converter refuses the same ones) as findings."""
     if c.checkpoint is None:
         return
-    want = model_dims(c.config)["experts"]
-    layers = defaultdict(lambda: defaultdict(set))
-    for p in c.checkpoint.projections:
-        layers[p.layer][p.expert].add(p.role)
-    for layer, experts in sorted(layers.items()):
-        expected = set(range(want)) if want else set(range(max(experts) + 1))
-        missing = sorted(expected - set(experts))
-        partial = sorted(e for e, roles in experts.items() if roles != set(Role))
-        prefix = _container(c, layer)
-        if missing:
-            yield Finding(prefix, f"layer {layer} has {len(experts)} of {len(expected)} experts "
-                          f"(n_routed_experts={want}); missing {_ranges(missing)}.", count=len(missing), layer=layer,
-                          expert=missing[0])
-        for e in partial:
-            lacking = sorted(r.value for r in set(Role) - experts[e])
-            yield Finding(f"{prefix}.{e}", f"expert {e} of layer {layer} lacks projection(s) {', '.join(lacking)}.",
-                          layer=layer, expert=e)
+    for v in rule(c.checkpoint):
+        yield Finding(v.tensor, v.message, count=v.count, file=v.file, layer=v.layer, expert=v.expert)
 
 
-def _container(c: CheckpointInput, layer: str) -> str:
-    for p in c.checkpoint.projections:
-        if p.layer == layer:
-            return p.key.rsplit(".", 2)[0]
-    return f"layers.{layer}"
+_RULE = {r.check_id: r for r in rules.RULES}
 
 
-def _ranges(xs: list[int]) -> str:
-    out, start = [], xs[0]
-    for a, b in zip(xs, xs[1:] + [None]):
-        if b != a + 1:
-            out.append(f"{start}" if start == a else f"{start}-{a}")
-            start = b
-    return ", ".join(out[:8]) + (" ..." if len(out) > 8 else "")
+@check(id="structure.experts.empty", severity=Severity.ERROR, scope=Scope.CHECKPOINT, hint=_RULE["structure.experts.empty"].hint)
+def experts_empty(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """A projection with 0 rows or columns holds no expert: the engine's fused tensor cannot take it."""
+    yield from _findings(_RULE["structure.experts.empty"], c)
+
+
+@check(id="structure.experts.missing", severity=Severity.ERROR, scope=Scope.CHECKPOINT, hint=_RULE["structure.experts.missing"].hint)
+def experts_missing(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """The engine allocates n_routed_experts per layer; a missing expert fails the load or serves zeros."""
+    yield from _findings(_RULE["structure.experts.missing"], c)
+
+
+@check(id="structure.experts.extra", severity=Severity.ERROR, scope=Scope.CHECKPOINT, hint=_RULE["structure.experts.extra"].hint)
+def experts_extra(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """Experts numbered n_routed_experts or more have no slot in the engine's stacked tensors."""
+    yield from _findings(_RULE["structure.experts.extra"], c)
+
+
+@check(id="structure.experts.dims", severity=Severity.ERROR, scope=Scope.CHECKPOINT, hint=_RULE["structure.experts.dims"].hint)
+def expert_dims(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """Every projection's [N, K] must match hidden_size / moe_intermediate_size, or it reads as another matrix."""
+    yield from _findings(_RULE["structure.experts.dims"], c)
 
 
 @check(id="structure.dtype_shape", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
        hint="the checkpoint was exported with another config or tool version; re-export it consistently")
 def dtype_shape(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
-    """Every projection of a role must have the dtypes and shapes the config implies, or the engine's fused tensors cannot hold it."""
+    """Every projection must have the dtypes and packed shapes of its format, or the engine's fused tensors cannot hold it."""
     if c.checkpoint is None:
         return
-    dims = model_dims(c.config)
-    h, i = dims["hidden"], dims["intermediate"]
     marlin = c.checkpoint.format is SourceFormat.MARLIN
     problems = defaultdict(list)
-    for p in c.checkpoint.projections:
-        n_want, k_want = (h, i) if p.role is Role.DOWN else (i, h)
-        if h and i and (p.n, p.k) != (n_want, k_want):
-            problems[f"{p.role.value}: [N, K] = [{p.n}, {p.k}], config implies [{n_want}, {k_want}]"].append(p)
+    for p in c.checkpoint.projections:  # [N, K] against the config: structure.experts.dims
         if marlin or p.row_step != 1 or p.expert_index is not None:
             continue  # Marlin tensors: marlin.dtype_shape; stacked gpt-oss tensors: checked by the reader
         g = p.group_size

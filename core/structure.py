@@ -1,0 +1,163 @@
+"""The structure rules of an MoE checkpoint, from config and headers alone: one home for both the
+converter's planning pass (convert/plan.py refuses the first rule that fails) and validate
+(validate/checks/structure.py reports every violation), so the two can never disagree.
+
+Each rule is a pure function over the Checkpoint model that yields `Violation`s; `RULES` names, for
+each, validate's check id, the converter's error id and the fix. The tile rule is not here: it
+belongs to formats/tiles.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from dsv4_convert.core.tensor_model import Checkpoint, Projection, Role
+
+__all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config",
+           "experts_incomplete", "model_dims", "unreadable_tensors"]
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    tensor: str  # the tensor (or experts container) the problem is about
+    message: str
+    file: str | None = None
+    layer: str | None = None
+    expert: int | None = None
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Rule:
+    check_id: str  # validate's finding id (exit 1)
+    error_id: str  # the converter's refusal id (ContentError, exit 4)
+    hint: str  # the fix, printed by both
+    fn: Callable[[Checkpoint], Iterator[Violation]]
+
+    def __call__(self, ckpt: Checkpoint) -> Iterator[Violation]:
+        return self.fn(ckpt)
+
+
+def model_dims(config: dict) -> dict:
+    """hidden / intermediate / experts / layers from a DeepSeek-V4 or Hugging Face config (None when absent);
+    a nested `text_config` (multimodal configs) wins over the top level."""
+    def get(*keys):
+        for c in (config.get("text_config") or {}, config):
+            for k in keys:
+                if isinstance(c.get(k), int) and not isinstance(c.get(k), bool):
+                    return c[k]
+        return None
+    return {"hidden": get("hidden_size"), "intermediate": get("moe_intermediate_size", "intermediate_size"),
+            "experts": get("n_routed_experts", "num_local_experts", "num_experts"),
+            "layers": get("num_hidden_layers")}
+
+
+def _implied(p: Projection) -> tuple[int, int]:
+    """(H, I) as this projection's [N, K] implies them: gate/up are [I, H], down is [H, I]."""
+    return (p.n, p.k) if p.role is Role.DOWN else (p.k, p.n)
+
+
+def empty_projections(ckpt: Checkpoint) -> Iterator[Violation]:
+    """A projection with 0 rows or columns holds no expert: the engine's fused tensor cannot take it."""
+    for p in ckpt.projections:
+        if p.n == 0 or p.k == 0:
+            yield Violation(p.weight.name, f"{p.key} has [N, K] = [{p.n}, {p.k}]: an expert projection with no "
+                            "weights.", file=p.weight.file, layer=p.layer, expert=p.expert)
+
+
+def unreadable_tensors(ckpt: Checkpoint) -> set[str]:
+    """Names of the tensors of empty projections: nothing to read, and per-block code would divide by 0."""
+    bad = {v.tensor for v in empty_projections(ckpt)}
+    return {r.name for p in ckpt.projections if p.weight.name in bad for r in p.source_refs}
+
+
+def expert_dims(ckpt: Checkpoint) -> Iterator[Violation]:
+    """Every projection's [N, K] must be what hidden_size / moe_intermediate_size imply (gate/up [I, H],
+    down [H, I]); without them, what the rest of its layer implies. A reshaped or transposed tensor
+    reads as another matrix."""
+    dims = model_dims(ckpt.config)
+    by_container: dict[str, list[Projection]] = defaultdict(list)
+    for p in ckpt.projections:
+        if p.n and p.k:  # empty ones: empty_projections
+            by_container[p.container].append(p)
+    bad: dict[str, list[Projection]] = defaultdict(list)
+    for container, ps in by_container.items():
+        if dims["hidden"] and dims["intermediate"]:
+            want, source = (dims["hidden"], dims["intermediate"]), "config.json"
+        else:
+            want, source = Counter(_implied(p) for p in ps).most_common(1)[0][0], "the rest of its layer"
+        for p in ps:
+            if _implied(p) != want:
+                n_want, k_want = (want[0], want[1]) if p.role is Role.DOWN else (want[1], want[0])
+                bad[f"{p.role.value}: [N, K] = [{p.n}, {p.k}], {source} implies [{n_want}, {k_want}] "
+                    f"(H={want[0]}, I={want[1]})"].append(p)
+    for text, ps in bad.items():
+        yield Violation(ps[0].weight.name, f"{len(ps)} projections: {text}; first {ps[0].key}.", file=ps[0].weight.file,
+                        layer=ps[0].layer, expert=ps[0].expert, count=len(ps))
+
+
+def _experts(ckpt: Checkpoint) -> dict[str, dict[int, set[Role]]]:
+    have: dict[str, dict[int, set[Role]]] = {}
+    for p in ckpt.projections:
+        have.setdefault(p.container, {}).setdefault(p.expert, set()).add(p.role)
+    return have
+
+
+def _layer(ckpt: Checkpoint, container: str) -> str:
+    return next(p.layer for p in ckpt.projections if p.container == container)
+
+
+def experts_incomplete(ckpt: Checkpoint) -> Iterator[Violation]:
+    """The engine allocates n_routed_experts per layer, each with gate, up and down; a missing one fails the load or serves zeros."""
+    want = model_dims(ckpt.config)["experts"]
+    for container, experts in _experts(ckpt).items():
+        layer = _layer(ckpt, container)
+        expected = set(range(want)) if want else set(range(max(experts) + 1))
+        missing = sorted(expected - set(experts))
+        if missing:
+            yield Violation(container, f"{container} has {len(set(experts) & expected)} of {len(expected)} experts "
+                            f"(n_routed_experts={want}); missing experts {_ranges(missing)}.", count=len(missing),
+                            file=ckpt.index_file, layer=layer, expert=missing[0])
+        for e in sorted(e for e, roles in experts.items() if roles != set(Role)):
+            lacking = sorted(r.value for r in set(Role) - experts[e])
+            yield Violation(f"{container}.{e}", f"expert {e} of {container} lacks projection(s) {', '.join(lacking)}.",
+                            file=ckpt.index_file, layer=layer, expert=e)
+
+
+def experts_beyond_config(ckpt: Checkpoint) -> Iterator[Violation]:
+    """Experts numbered n_routed_experts or more have no slot in the engine's stacked tensors: the load fails or drops them."""
+    want = model_dims(ckpt.config)["experts"]
+    if not want:
+        return
+    for container, experts in _experts(ckpt).items():
+        extra = sorted(e for e in experts if e >= want)
+        if extra:
+            first = next(p for p in ckpt.projections if p.container == container and p.expert == extra[0])
+            yield Violation(first.weight.name, f"{container} has experts {_ranges(extra)}, beyond "
+                            f"n_routed_experts={want} (config.json).", file=first.weight.file, layer=first.layer,
+                            expert=extra[0], count=len(extra))
+
+
+def _ranges(xs: list[int]) -> str:
+    out, start = [], xs[0]
+    for a, b in zip(xs, xs[1:] + [None]):
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return ", ".join(out[:8]) + (" ..." if len(out) > 8 else "")
+
+
+RULES = (
+    Rule(check_id="structure.experts.empty", error_id="convert.empty_expert",
+         hint="re-export the checkpoint: every expert projection needs its full [N, K] weight", fn=empty_projections),
+    Rule(check_id="structure.experts.missing", error_id="convert.incomplete_experts",
+         hint="re-download the shards that hold these experts; every expert of every layer must be present",
+         fn=experts_incomplete),
+    Rule(check_id="structure.experts.extra", error_id="convert.extra_experts",
+         hint="fix n_routed_experts in config.json, or remove the stray experts' tensors", fn=experts_beyond_config),
+    Rule(check_id="structure.experts.dims", error_id="convert.expert_dims",
+         hint="fix hidden_size / moe_intermediate_size in config.json, or re-export the tensors with the right "
+              "shape", fn=expert_dims),
+)
