@@ -67,7 +67,11 @@ def _register():
         cli.add_command(command)
 
 
+_signalled: list[int] = []  # signals received: whatever an interrupted import then raises is the interrupt
+
+
 def _interrupt(signum, frame):
+    _signalled.append(signum)
     raise KeyboardInterrupt
 
 
@@ -119,7 +123,7 @@ def _answer(doc: dict, argv: list[str], to_report: bool = True) -> None:
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt if sig != signal.SIGINT else signal.default_int_handler)
+        signal.signal(sig, _interrupt)
     try:
         _register()
         cli.main(args=args, prog_name="dsv4-convert", standalone_mode=False)
@@ -139,3 +143,11 @@ def main(argv=None):
         if os.environ.get("DSV4_DEBUG"):
             raise
         _fail(from_os_error(e), args)
+    except SystemExit:
+        raise
+    except BaseException:
+        # an interrupt that lands inside an import (numba, numpy) can surface as another exception
+        # (a half-initialised module, a RecursionError): it is still the interrupt, not a bug
+        if not _signalled or os.environ.get("DSV4_DEBUG"):
+            raise
+        _fail(Interrupted("interrupted", error_id="cli.interrupted"), args)
