@@ -47,7 +47,7 @@ def test_validate_on_an_empty_expert_reports_it_in_json(tmp_path):
     src = tmp_path / "src"
     run_cli("synth", src, *SMALL, "--defect", "empty-expert")
     report = tmp_path / "report.json"
-    proc = run_cli("validate", src, "--quiet", "--workers", "1", "--json", report, check=False)
+    proc = run_cli("validate", src, "--quiet", "--workers", "1", "--report", report, check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     doc = json.loads(report.read_text())
     assert doc["summary"]["exit_code"] == 1

@@ -133,7 +133,7 @@ def test_validate_report_is_the_same(tmp_path, synth_source, cluster):
     out = tmp_path / "local" / "out"
     reports = []
     for extra in ((), _ray(cluster)):
-        proc = run_cli("validate", out, "--against", src, "--json", "-", *extra, env=ENV)
+        proc = run_cli("validate", out, "--against", src, "--json", *extra, env=ENV)
         report = json.loads(proc.stdout)
         report["summary"].pop("seconds", None)
         reports.append(report)
