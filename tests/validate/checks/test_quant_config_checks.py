@@ -62,8 +62,8 @@ def test_declared_group_size_that_the_tensors_do_not_use(tmp_path, nvfp4):
     cin = replace(cin, hf_quant_config=json.loads((root / "hf_quant_config.json").read_text()))
     (f,) = run(q.group_size_matches, cin)
     assert q.group_size_matches.severity_of(f) is Severity.ERROR
-    assert f.tensor == "quantization_config"
-    assert "declared group_size 32, but the NVFP4 tensors use 16" in f.message
+    assert f.tensor == "hf_quant_config.json quantization.group_size"  # where the contradiction is declared
+    assert "group_size = 32, but the nvfp4 expert scales have groups of 16" in f.message
 
 
 def test_nvfp4_experts_excluded_from_the_nvfp4_method(tmp_path, nvfp4):
