@@ -5,7 +5,7 @@ mid-run is retried by Ray with identical output, and a driver SIGKILLed mid-run 
 that --resume (ray or local) completes to the same bytes.
 
 Substitutions: the two "nodes" are two raylets on one machine (so the shared filesystem is the local
-disk); DSV4_CONVERT_PAUSE_TASK (a test hook) makes one task write its pid and wait so the test can
+disk), with token authentication off (RAY_AUTH_MODE=disabled, see ENV); DSV4_CONVERT_PAUSE_TASK (a test hook) makes one task write its pid and wait so the test can
 kill it at a known moment; the format sweep calls the CLI's main() for all six formats in one
 subprocess that connected to Ray once (one Ray job: its workers import torch once, not six times, to
 keep CI short). Everything else is real: Ray, the CLI in subprocesses, files on disk."""
@@ -26,12 +26,15 @@ import pytest
 pytest.importorskip("ray")
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import CLI, run_cli, tree_hashes  # noqa: E402
+from cli_helpers import CLI, restored_tree, run_cli, tree_hashes  # noqa: E402
 
 RAY = Path(sys.executable).with_name("ray")
 COMMAND = {"mxfp4": "mxfp4-to-marlin", "nvfp4": "nvfp4-to-marlin"}
 SMALL = ("--max-shard-size", "120KB", "-q")  # several shards from a tiny checkpoint
-ENV = {"RAY_USAGE_STATS_ENABLED": "0"}
+# RAY_AUTH_MODE: Ray 2.60's daemons turn token authentication on when ~/.ray/auth_token exists (left
+# by an earlier `ray get-auth-token --generate` on the machine) while a client that was not told the
+# mode connects without a token and is refused; the test cluster is private to the test, so say it.
+ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 
 
 def _free_port() -> int:
@@ -147,7 +150,7 @@ def test_marlin_to_source_on_ray_gives_the_input_back(tmp_path, synth_source, cl
     _converted(tmp_path, "conv", src, fmt)
     back = tmp_path / "back"
     run_cli("marlin-to-source", tmp_path / "conv" / "out", back, "-q", *_ray(cluster), env=ENV)
-    assert tree_hashes(back) == tree_hashes(src)
+    assert restored_tree(back) == tree_hashes(src)
 
 
 def _start_paused(src: Path, out: Path, pid_file: Path, address: str) -> tuple[subprocess.Popen, int]:
