@@ -113,7 +113,9 @@ class RayExecutor:
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise UsageError(f"cannot connect to the Ray cluster at {address}: {e}", error_id="usage.ray_address",
                              hint="start it with `ray start --head` (docs/SCALE.md), or check --ray-address / "
-                                  "RAY_ADDRESS") from None
+                                  "RAY_ADDRESS; 'Authentication token is missing' means the cluster runs with "
+                                  "token auth: set RAY_AUTH_TOKEN (or ~/.ray/auth_token) to its token, or start "
+                                  "it and this command with the same RAY_AUTH_MODE") from None
 
     def check_paths(self, run: RunDir | None, inputs: list[Path]) -> None:
         """A tiny task on every node with CPUs: it must see this run's token file in OUT.partial and every
