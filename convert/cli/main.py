@@ -26,6 +26,7 @@ import click  # noqa: E402
 from dsv4_convert import __version__  # noqa: E402
 from dsv4_convert.cli.report import report_path, write_report  # noqa: E402
 from dsv4_convert.core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
+from dsv4_convert.paths import check_report_file  # noqa: E402
 
 __all__ = ["cli", "main", "error_object"]
 
@@ -104,7 +105,7 @@ def _fail(e: DsvError, argv: list[str], exit_code: int | None = None):
     click.echo(e.render(), err=True)
     if not isinstance(e, Interrupted):
         click.echo("  (set DSV4_DEBUG=1 for the traceback)", err=True)
-    _answer(error_object(e, code), argv, to_report=e.error_id != "report.not_writable")
+    _answer(error_object(e, code), argv, to_report=not e.error_id.startswith("report."))
     sys.exit(code)
 
 
@@ -126,6 +127,8 @@ def main(argv=None):
         signal.signal(sig, _interrupt)
     try:
         _register()
+        if (report := report_path(args)) and not {"--help", "-h"} & set(args):
+            check_report_file(report, [a for a in args if a != report and not a.startswith("-")])
         cli.main(args=args, prog_name="dsv4-convert", standalone_mode=False)
     except DsvError as e:
         if os.environ.get("DSV4_DEBUG"):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import CLI, run_cli  # noqa: E402
+from cli_helpers import CLI, run_cli, tree_hashes  # noqa: E402
 
 from dsv4_convert.synth import write_synthetic_checkpoint  # noqa: E402
 
@@ -186,3 +186,26 @@ def test_trailing_bytes_are_one_finding_not_two(tmp_path):
     doc = _one_object(proc)
     errors = [f["check"] for f in doc["findings"] if f["severity"] == "error"]
     assert proc.returncode == 1 and errors == ["structure.shard.header"], errors
+
+
+def test_a_report_inside_a_checkpoint_is_refused_before_any_work(ckpts, tmp_path):
+    src = Path(ckpts["src"])
+    before = tree_hashes(src)
+    out = tmp_path / "out"
+    for args, report in ((["validate", src, *VALIDATE], src / "report.json"),
+                         (["validate", src, *VALIDATE], src / "config.json"),  # would overwrite an input file
+                         (["nvfp4-to-marlin", src, out], src / "r.json"),
+                         (["inspect", src], src / "sub" / ".." / "r.json")):
+        proc = run_cli(*args, "--json", "--report", report, check=False)
+        doc = _one_object(proc)
+        assert proc.returncode == 2 == doc["exit_code"], (args, proc.stderr)
+        assert doc["error"]["id"] == "report.inside_checkpoint", doc
+    assert tree_hashes(src) == before and not out.exists()
+
+
+def test_a_report_in_a_missing_directory_is_refused_before_the_conversion(ckpts, tmp_path):
+    out = tmp_path / "out"
+    proc = run_cli("nvfp4-to-marlin", ckpts["src"], out, "--json", "--report", tmp_path / "no" / "r.json", check=False)
+    doc = _one_object(proc)
+    assert doc["error"]["id"] == "report.not_writable" and proc.returncode == 5 and not out.exists()
+    assert not Path(f"{out}.partial").exists()
