@@ -16,8 +16,8 @@ import torch
 
 from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 
-__all__ = ["join_rank_blocks", "layout_record", "marlin_rank_blocks", "padded_nk", "rank_nk", "read_layout_record",
-           "source_rank_blocks", "unpad_rank_block"]
+__all__ = ["join_rank_blocks", "layout_record", "pad_source", "padded_nk", "rank_nk", "read_layout_record",
+           "source_rank_blocks", "unpad_source"]
 
 
 def rank_nk(down: bool, t: RankTiles) -> tuple[int, int]:
@@ -51,20 +51,48 @@ def join_rank_blocks(blocks, *, down: bool) -> torch.Tensor:
     return torch.cat(list(blocks), dim=_axis(down))
 
 
-def marlin_rank_blocks(tensor: torch.Tensor, *, down: bool, t: RankTiles) -> tuple[torch.Tensor, ...]:
-    """Split a padded Marlin weight or scale back into its MoE-TP ranks' blocks."""
-    return tuple(torch.chunk(tensor, t.moe_tp, dim=_axis(down)))
+def _rank_view(t: RankTiles, down: bool, group: int, r: int, padded: bool):
+    """(row slice, weight column slice, scale column slice) of rank r's real block, in the whole
+    padded source-space matrix (padded=True) or in the unpadded source (padded=False)."""
+    step, real = (t.i_pad if padded else t.i_shard), t.i_shard
+    if down:  # ranks side by side along K (columns); rows are H (padded to h_pad at the end)
+        c0 = r * step
+        return slice(0, t.hidden), slice(c0 // 2, (c0 + real) // 2), slice(c0 // group, (c0 + real) // group)
+    r0 = r * step  # ranks stacked along N (rows); columns are H
+    return slice(r0, r0 + real), slice(0, t.hidden // 2), slice(0, t.hidden // group)
 
 
-def unpad_rank_block(weight: torch.Tensor, scale: torch.Tensor, *, down: bool, t: RankTiles):
-    """(decoded padded rank block [n_pad, k_pad/2], scale [n_pad, k_pad/g]) -> (real part, padding is zero).
-    The real part is the rank's source slice; `padding is zero` is False when any padding byte is set."""
+def pad_source(weight: torch.Tensor, scale: torch.Tensor, *, down: bool, t: RankTiles):
+    """A source projection (packed [N, K/2], scale bytes [N, K/g]) -> the whole padded source-space
+    matrix its padded Marlin tensor decodes to (each rank's block zero-padded, blocks in rank order).
+    Marlin packing is tile-local along N and K, so packing this whole matrix gives the same bytes as
+    packing each rank's block and concatenating."""
     g = GROUP_SIZE[t.fmt]
-    n, k = (t.hidden, t.i_shard) if down else (t.i_shard, t.hidden)
-    w, s = weight.view(torch.uint8), scale.view(torch.uint8)
-    real_w, real_s = w[..., :n, :k // 2], s[..., :n, :k // g]
-    zero = bool(w.sum() == real_w.sum() and s.sum() == real_s.sum())  # bytes are non-negative
-    return real_w, real_s, zero
+    n, k = padded_nk(down, t)
+    w = torch.zeros(n, k // 2, dtype=torch.uint8)
+    s = torch.zeros(n, k // g, dtype=torch.uint8)
+    wv, sv = weight.view(torch.uint8), scale.view(torch.uint8)
+    for r in range(t.moe_tp):
+        rows, wc, sc = _rank_view(t, down, g, r, padded=True)
+        srows, swc, ssc = _rank_view(t, down, g, r, padded=False)
+        w[rows, wc], s[rows, sc] = wv[srows, swc], sv[srows, ssc]
+    return w, s.view(scale.dtype)
+
+
+def unpad_source(weight: torch.Tensor, scale: torch.Tensor, *, down: bool, t: RankTiles):
+    """Inverse of pad_source: (source packed [N, K/2], scale [N, K/g], padding_is_zero). The padding
+    bytes must all be zero for the result to be the exact inverse; the flag says whether they are."""
+    g = GROUP_SIZE[t.fmt]
+    wv, sv = weight.view(torch.uint8), scale.view(torch.uint8)
+    n, k = (t.hidden, t.moe_tp * t.i_shard) if down else (t.moe_tp * t.i_shard, t.hidden)
+    w = torch.empty(n, k // 2, dtype=torch.uint8)
+    s = torch.empty(n, k // g, dtype=torch.uint8)
+    for r in range(t.moe_tp):
+        rows, wc, sc = _rank_view(t, down, g, r, padded=True)
+        srows, swc, ssc = _rank_view(t, down, g, r, padded=False)
+        w[srows, swc], s[srows, ssc] = wv[rows, wc], sv[rows, sc]
+    zero = int(wv.sum()) == int(w.sum()) and int(sv.sum()) == int(s.sum())  # bytes are non-negative
+    return w, s.view(scale.dtype), zero
 
 
 def layout_record(tp: int, ep: int, tiles: dict[str, RankTiles]) -> dict:
