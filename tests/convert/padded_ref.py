@@ -20,12 +20,13 @@ from safetensors import safe_open
 sys.path.insert(0, str(Path(__file__).parents[1] / "formats"))
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
+from ckpt_factory import write_json  # noqa: E402
 from conftest import assert_bytes_equal  # noqa: E402
 from engine_stacks import mxfp4_moe_to_marlin, nvfp4_moe_to_marlin  # noqa: E402
 
 from dsv4_convert.formats.marlin import MarlinTarget  # noqa: E402
 
-__all__ = ["assert_rank_blocks", "load_out", "rank_reference", "write_header_only"]
+__all__ = ["assert_rank_blocks", "gptoss_headers", "load_out", "rank_reference", "write_header_only"]
 
 GROUP = {"nvfp4": 16, "mxfp4": 32}
 
@@ -92,3 +93,25 @@ def write_header_only(path: Path, tensors: dict[str, tuple[str, tuple[int, ...]]
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
         f.truncate(8 + len(raw) + off)
+
+
+def gptoss_headers(root, experts=32, hidden=2880, inter=2880, layers=1):
+    """A gpt-oss-20b-shaped checkpoint from headers only: the real tensor names, dtypes and shapes."""
+    root.mkdir(parents=True)
+    write_json(root / "config.json", {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": hidden,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_local_experts": experts,
+        "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
+            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}})
+    t = {"model.embed_tokens.weight": ("BF16", (64, hidden))}
+    for L in range(layers):
+        p = f"model.layers.{L}.mlp"
+        t[f"{p}.router.weight"] = ("BF16", (experts, hidden))
+        t[f"{p}.experts.gate_up_proj_blocks"] = ("U8", (experts, 2 * inter, hidden // 32, 16))
+        t[f"{p}.experts.gate_up_proj_scales"] = ("U8", (experts, 2 * inter, hidden // 32))
+        t[f"{p}.experts.gate_up_proj_bias"] = ("BF16", (experts, 2 * inter))
+        t[f"{p}.experts.down_proj_blocks"] = ("U8", (experts, hidden, inter // 32, 16))
+        t[f"{p}.experts.down_proj_scales"] = ("U8", (experts, hidden, inter // 32))
+        t[f"{p}.experts.down_proj_bias"] = ("BF16", (experts, hidden))
+    write_header_only(root / "model.safetensors", t)
+    return root, t

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from ckpt_factory import make_checkpoint, write_json
+from ckpt_factory import make_checkpoint
 from cli_helpers import run_cli
 from conftest import assert_bytes_equal
-from padded_ref import assert_rank_blocks, load_out, rank_reference, write_header_only
+from padded_ref import assert_rank_blocks, gptoss_headers, load_out, rank_reference
 
 from dsv4_convert.formats.marlin import MarlinTarget
 
@@ -66,28 +66,6 @@ def test_dsv4_shapes_at_tp8_padded_per_rank(tmp_path, inter, target, i_pad):
     run_cli("mxfp4-to-marlin", built.root, out, "--target", target, "--tp", 8, "-q")
     _check_ranks(built, out, "layers.0.ffn.experts", ("w1", "w3", "w2"), fmt="mxfp4", target=target, m=8,
                  i_pad=i_pad, h_pad=4096)
-
-
-def gptoss_headers(root, experts=32, hidden=H, inter=INTER, layers=1):
-    """A gpt-oss-20b-shaped checkpoint from headers only: the real tensor names, dtypes and shapes."""
-    root.mkdir(parents=True)
-    write_json(root / "config.json", {
-        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": layers, "num_local_experts": experts,
-        "quantization_config": {"quant_method": "mxfp4", "modules_to_not_convert": [
-            "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}})
-    t = {"model.embed_tokens.weight": ("BF16", (64, hidden))}
-    for L in range(layers):
-        p = f"model.layers.{L}.mlp"
-        t[f"{p}.router.weight"] = ("BF16", (experts, hidden))
-        t[f"{p}.experts.gate_up_proj_blocks"] = ("U8", (experts, 2 * inter, hidden // 32, 16))
-        t[f"{p}.experts.gate_up_proj_scales"] = ("U8", (experts, 2 * inter, hidden // 32))
-        t[f"{p}.experts.gate_up_proj_bias"] = ("BF16", (experts, 2 * inter))
-        t[f"{p}.experts.down_proj_blocks"] = ("U8", (experts, hidden, inter // 32, 16))
-        t[f"{p}.experts.down_proj_scales"] = ("U8", (experts, hidden, inter // 32))
-        t[f"{p}.experts.down_proj_bias"] = ("BF16", (experts, hidden))
-    write_header_only(root / "model.safetensors", t)
-    return root, t
 
 
 @pytest.mark.parametrize("target, tp, ep, m_i_pad", [("vllm", 1, 1, 2944), ("vllm", 2, 1, 3072),
