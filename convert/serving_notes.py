@@ -64,8 +64,13 @@ def _splits(plan: ConvertPlan, layouts: list[tuple[int, int]]) -> str:
                 "quantization_config.layouts;\n   the engine would pad any other, and the plugin refuses it): "
                 f"{listed}.")
     tp, ep = plan.tp_layout
-    sizes = "; ".join(f"{c}: I_shard {v.i_shard} -> {v.i_pad}, H {v.hidden} -> {v.h_pad}"
-                      for c, v in plan.rank_tiles.items() if v.status == "pad")
+    groups: dict[str, int] = {}
+    for v in plan.rank_tiles.values():
+        if v.status == "pad":
+            what = [f"I_shard {v.i_shard} -> {v.i_pad}"] * (v.i_pad != v.i_shard) + [f"H {v.hidden} -> {v.h_pad}"] * (
+                v.h_pad != v.hidden)
+            groups[", ".join(what)] = groups.get(", ".join(what), 0) + 1
+    sizes = "; ".join(f"{n} experts layer{'s' * (n > 1)}: {what}" for what, n in groups.items())
     return (f"This checkpoint serves **TP {tp} / EP {ep} only**: it was converted with `--tp {tp} --ep {ep}`, and "
             f"the experts\n   are written padded per rank exactly as {plan.target.engine} pads them "
             f"(quantization_config.tp_layout; {sizes}).\n   The plugin refuses any other --tp/--ep; for another "
