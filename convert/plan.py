@@ -241,6 +241,8 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
     layouts = serving_layouts(ckpt, target.engine, refuse=tp is None)
     if pads:
         layouts = ((tp, ep),)  # the padded bytes serve that split only
+    elif tp is not None and (tp, ep) not in layouts:  # e.g. --tp 16: unpadded there too
+        layouts = (*layouts, (tp, ep))
     owners: dict[str, list[Projection]] = {}  # a stacked tensor (gpt-oss) feeds many projections
     for p in ckpt.projections:
         for r in p.source_refs:

@@ -25,6 +25,7 @@ from conftest import assert_bytes_equal  # noqa: E402
 from engine_stacks import mxfp4_moe_to_marlin, nvfp4_moe_to_marlin  # noqa: E402
 
 from dsv4_convert.formats.marlin import MarlinTarget  # noqa: E402
+from dsv4_convert.formats.marlin_scales import vllm_rescale_factor  # noqa: E402
 
 __all__ = ["assert_rank_blocks", "gptoss_headers", "load_out", "rank_reference", "write_header_only"]
 
@@ -34,7 +35,9 @@ GROUP = {"nvfp4": 16, "mxfp4": 32}
 def rank_reference(fmt: str, target: MarlinTarget, experts: list[dict], *, r: int, m: int, i_pad: int,
                    h_pad: int) -> dict[str, torch.Tensor]:
     """engine_stacks' final tensors for MoE-TP rank r of `m`: `experts` is one {gate, up, down:
-    (packed [N, K/2], scale [N, K/g], ModelOpt global or None)} per expert, in order."""
+    (packed [N, K/2], scale [N, K/g], ModelOpt global or None)} per expert, in order. NVFP4 for vllm
+    uses the whole stack's rescale factors (docs/FORMAT.md: the converter keeps the per-stack factor;
+    the vLLM plugin re-derives it over what its rank holds)."""
     g = GROUP[fmt]
     inter = experts[0]["gate"][0].shape[0]
     s = inter // m
@@ -46,7 +49,12 @@ def rank_reference(fmt: str, target: MarlinTarget, experts: list[dict], *, r: in
     if fmt == "nvfp4":
         g13 = torch.stack([torch.stack((e["gate"][2].reshape(()), e["up"][2].reshape(()))) for e in experts])
         g2 = torch.stack([e["down"][2].reshape(()) for e in experts])
-        return nvfp4_moe_to_marlin(w13, s13, g13, w2, s2, g2, target=target, i_pad=i_pad)
+        sf = None
+        if target.engine == "vllm":
+            full13 = torch.stack([torch.cat((e["gate"][1], e["up"][1])) for e in experts])
+            full2 = torch.stack([e["down"][1] for e in experts])
+            sf = (vllm_rescale_factor(full13, target.act_dtype), vllm_rescale_factor(full2, target.act_dtype))
+        return nvfp4_moe_to_marlin(w13, s13, g13, w2, s2, g2, target=target, i_pad=i_pad, sf=sf)
     return mxfp4_moe_to_marlin(w13, s13, w2, s2, target=target, i_pad=i_pad, h_pad=h_pad)
 
 

@@ -130,3 +130,17 @@ def test_resume_with_another_tp_is_refused(mx128, tmp_path):
     assert proc.returncode == 5 and "output.resume_mismatch" in proc.stderr, proc.stderr
     run_cli("mxfp4-to-marlin", mx128.root, out, "--target", "vllm", "--tp", 2, "--resume", "-q")
     assert _qc(out)["tp_layout"]["tp"] == 2
+
+
+def test_nvfp4_vllm_tp2_padded_per_rank_bytes(nv96, tmp_path):
+    """I=96 at TP 2: I_shard 48 -> 64 per rank; the whole stack's rescale factor (recorded)."""
+    out = tmp_path / "out"
+    run_cli("nvfp4-to-marlin", nv96.root, out, "--target", "vllm", "--tp", 2, "-q")
+    got = load_out(out)
+    for r in range(2):
+        ref = rank_reference("nvfp4", MarlinTarget("vllm"), _experts(nv96, "layers.0.ffn.experts"), r=r, m=2,
+                             i_pad=64, h_pad=128)
+        for e in range(2):
+            keys = tuple(f"layers.0.ffn.experts.{e}.{w}" for w in ("w1", "w3", "w2"))
+            assert_rank_blocks(got, keys, ref, e, r=r, fmt="nvfp4", i_pad=64)
+    assert tuple(got["layers.0.ffn.experts.0.w2.weight"].shape) == (2 * 64 // 16, 2 * 128)
