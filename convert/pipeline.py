@@ -72,11 +72,13 @@ def _report(nbytes: int, callback=None) -> None:
         callback(nbytes)
 
 
-def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float) -> tuple[dict, dict]:
-    """One projection -> (output parts, {key.index, key.bytes} of scale bytes the target loses)."""
+def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float,
+             tiles=None) -> tuple[dict, dict]:
+    """One projection -> (output parts, {key.index, key.bytes} of scale bytes the target loses);
+    `tiles`: the padded per-rank layout of a --tp/--ep conversion (plan.OutTensor.tiles)."""
     src = load_projection(reader, p, fmt=fmt)
     try:
-        parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf)
+        parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf, tiles=tiles)
     except ValueError as e:  # the codecs refuse values the target cannot encode
         raise ContentError(f"{p.key}: {e}", error_id="convert.bad_values", tensor=p.weight.name, file=p.weight.file,
                            hint="run `dsv4-convert validate` on the input for the full list; fix or re-export "
@@ -114,7 +116,8 @@ def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_pat
                     p = o.projection
                     if current != p.key:  # a projection's outputs are consecutive: convert it once
                         current = p.key
-                        parts, new_lost = _convert(reader, p, fmt, target, rescale.get(f"{p.container}.{p.stack}", 1.0))
+                        parts, new_lost = _convert(reader, p, fmt, target, rescale.get(f"{p.container}.{p.stack}", 1.0),
+                                                   o.tiles)
                         lost.update(new_lost)
                     writer.write(o.spec.name, _planned_bytes(parts[o.part], o.spec))
                 _report(o.spec.nbytes, callback)

@@ -18,18 +18,20 @@ from dsv4_convert.core.tensor_model import (
     Checkpoint,
     Projection,
     Quant,
+    Role,
     SourceFormat,
     TensorRef,
     moe_layers,
 )
 from dsv4_convert.formats.constants import MARLIN_TILE_K
 from dsv4_convert.formats.marlin import MarlinTarget
-from dsv4_convert.formats.tiles import LAYOUT_CANDIDATES, check_weight_tiles, moe_rank_tiles
+from dsv4_convert.formats.padded_layout import padded_nk, rank_nk
+from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
 from dsv4_convert.safetensors_writer import TensorSpec
 
 __all__ = ["check_structure", "refuse_converted", "check_source", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
            "build_plan", "FORMAT_VERSION",
-           "serving_layouts"]
+           "serving_layouts", "layout_tiles"]
 
 _GLOBAL_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
 
@@ -41,6 +43,7 @@ class OutTensor:
     source: TensorRef | None = None
     projection: Projection | None = None
     part: str | None = None
+    tiles: RankTiles | None = None  # set for a projection written in the padded per-rank layout (--tp/--ep)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,12 @@ class ConvertPlan:
     needs_rescale: bool  # vllm + bf16 + NVFP4: a planning pass over the scales picks sf per stack
     options: dict = field(default_factory=dict)
     layouts: tuple[tuple[int, int], ...] = ()  # (TP, EP) splits every experts layer serves unpadded
+    tp_layout: tuple[int, int] | None = None  # --tp/--ep: the one split the output is written for
+    rank_tiles: dict[str, RankTiles] = field(default_factory=dict)  # container -> verdict at tp_layout
+
+    @property
+    def padded(self) -> bool:
+        return any(v.status == PAD for v in self.rank_tiles.values())
 
     @property
     def projections(self) -> tuple[Projection, ...]:
@@ -84,19 +93,23 @@ class ConvertPlan:
         return h.hexdigest()
 
 
-def _projection_outputs(p: Projection, fmt: SourceFormat, target: MarlinTarget) -> list[OutTensor]:
+def _projection_outputs(p: Projection, fmt: SourceFormat, target: MarlinTarget,
+                        tiles: RankTiles | None = None) -> list[OutTensor]:
     g = p.group_size
+    n, k = (p.n, p.k) if tiles is None else padded_nk(p.role is Role.DOWN, tiles)
     out = [
-        OutTensor(TensorSpec(f"{p.key}.weight", "I32", (p.k // MARLIN_TILE_K, 2 * p.n)), projection=p, part="weight"),
+        OutTensor(TensorSpec(f"{p.key}.weight", "I32", (k // MARLIN_TILE_K, 2 * n)), projection=p, part="weight",
+                  tiles=tiles),
         OutTensor(TensorSpec(f"{p.key}.weight_scale", "F8_E4M3" if p.quant is Quant.NVFP4 else "F8_E8M0",
-                             (p.k // g, p.n)), projection=p, part="weight_scale"),
+                             (k // g, n)), projection=p, part="weight_scale", tiles=tiles),
     ]
     if p.quant is Quant.NVFP4:
         gdt = "F32" if target.engine == "vllm" else _GLOBAL_DTYPE[target.act_dtype]
         out.append(OutTensor(TensorSpec(f"{p.key}.weight_global_scale", gdt, ()), projection=p,
-                             part="weight_global_scale"))
+                             part="weight_global_scale", tiles=tiles))
         if fmt is SourceFormat.NVFP4_CT:
-            out.append(OutTensor(TensorSpec(f"{p.key}.weight_scale_2", "F32", ()), projection=p, part="weight_scale_2"))
+            out.append(OutTensor(TensorSpec(f"{p.key}.weight_scale_2", "F32", ()), projection=p, part="weight_scale_2",
+                                 tiles=tiles))
             out.append(_keep(p, p.global_scale, f"{p.key}.ct_weight_global_scale"))
         else:
             out.append(_keep(p, p.global_scale, f"{p.key}.weight_scale_2"))
@@ -110,7 +123,7 @@ def _keep(p: Projection, ref: TensorRef, name: str) -> OutTensor:
     return OutTensor(TensorSpec(name, ref.dtype, ref.shape), source=ref, projection=p, part="kept")
 
 
-def _check_convertible(p: Projection, target: MarlinTarget) -> None:
+def _check_convertible(p: Projection, target: MarlinTarget, tiles: RankTiles | None = None) -> None:
     if p.quant is Quant.MXFP4 and mxfp4_dtype_problem(target.act_dtype):
         raise ContentError(
             f"{p.key} is MXFP4, and {MXFP4_NEEDS_BF16}",
@@ -119,36 +132,65 @@ def _check_convertible(p: Projection, target: MarlinTarget) -> None:
     if p.quant is Quant.NVFP4 and target.w4a8:
         raise ContentError(f"{p.key} is NVFP4, which has no W4A8 Marlin variant", error_id="convert.w4a8_nvfp4",
                            tensor=p.weight.name, file=p.weight.file, hint="drop --w4a8 (it is for MXFP4 + vllm)")
-    try:
-        check_weight_tiles(p.n, p.k, w4a8=target.w4a8)
+    try:  # a padded projection: each rank's padded block must be whole tiles
+        check_weight_tiles(*((p.n, p.k) if tiles is None else rank_nk(p.role is Role.DOWN, tiles)), w4a8=target.w4a8)
     except ValueError as e:
         raise ContentError(f"{p.key}: {e}", error_id="convert.needs_padding", tensor=p.weight.name,
                            file=p.weight.file, hint=_PAD_HINT) from None
 
 
-_PAD_HINT = ("serve this checkpoint unconverted (the engine pads at load time); `dsv4-convert plan` "
-             "shows which TP/EP splits the engine pads")
+_PAD_HINT = ("convert for one split with --tp N [--ep M] (written padded per rank as the engine pads it), or "
+             "serve this checkpoint unconverted (the engine pads at load time); `dsv4-convert plan` shows which "
+             "TP/EP splits the engine pads")
 
 
-def serving_layouts(ckpt: Checkpoint, engine: str) -> tuple[tuple[int, int], ...]:
-    """The (TP, EP) splits in {1, 2, 4, 8} that every experts layer serves without padding (formats/tiles.py).
-    Raises convert.needs_padding, before any work, when there is none."""
-    shapes = moe_layers(ckpt.projections)
+def _verdicts(ckpt: Checkpoint, engine: str, tp: int, ep: int) -> dict[str, RankTiles]:
     n = model_dims(ckpt.config)["experts"]
-    verdicts = {tp_ep: [moe_rank_tiles(m.quant.value, engine, hidden=m.hidden, intermediate=m.intermediate,
-                                       tp=tp_ep[0], ep=tp_ep[1], experts=n or m.experts) for m in shapes.values()]
-                for tp_ep in LAYOUT_CANDIDATES}
+    return {c: moe_rank_tiles(m.quant.value, engine, hidden=m.hidden, intermediate=m.intermediate, tp=tp, ep=ep,
+                              experts=n or m.experts) for c, m in moe_layers(ckpt.projections).items()}
+
+
+def _split_list(verdicts: dict[tuple[int, int], list[RankTiles]]) -> str:
+    ok = [f"TP {t} / EP {e}" for (t, e), vs in verdicts.items() if all(v.ok for v in vs)]
+    padded = [f"TP {t} / EP {e}" for (t, e), vs in verdicts.items()
+              if all(v.servable for v in vs) and not all(v.ok for v in vs)]
+    return (f"unpadded: {', '.join(ok) or 'none'}; padded (--tp/--ep): {', '.join(padded) or 'none'}")
+
+
+def layout_tiles(ckpt: Checkpoint, engine: str, tp: int, ep: int) -> dict[str, RankTiles]:
+    """`--tp/--ep`: container -> the tile rule's verdict at that split. Raises convert.layout_impossible,
+    before any work, when some experts layer cannot be served there even with the engine's padding."""
+    tiles = _verdicts(ckpt, engine, tp, ep)
+    bad = next((v for v in tiles.values() if v.status == IMPOSSIBLE), None)
+    if bad is not None:
+        name = next(c for c, v in tiles.items() if v is bad)
+        others = {tp_ep: list(_verdicts(ckpt, engine, *tp_ep).values()) for tp_ep in LAYOUT_CANDIDATES}
+        raise ContentError(
+            f"{name} ({bad.fmt}, H={bad.hidden}, I={bad.intermediate}) cannot be served by {engine} at TP {tp} / "
+            f"EP {ep}: {bad.reason}", error_id="convert.layout_impossible", tensor=name,
+            file=ckpt.index_file or "config.json",
+            hint=f"pick a split that works ({_split_list(others)}); `dsv4-convert plan` explains each")
+    return tiles
+
+
+def serving_layouts(ckpt: Checkpoint, engine: str, *, refuse: bool = True) -> tuple[tuple[int, int], ...]:
+    """The (TP, EP) splits in {1, 2, 4, 8} that every experts layer serves without padding (formats/tiles.py).
+    Raises convert.needs_padding, before any work, when there is none (unless `refuse` is False: --tp/--ep)."""
+    shapes = moe_layers(ckpt.projections)
+    verdicts = {tp_ep: list(_verdicts(ckpt, engine, *tp_ep).values()) for tp_ep in LAYOUT_CANDIDATES}
     layouts = tuple(tp_ep for tp_ep, vs in verdicts.items() if all(v.ok for v in vs))
-    if shapes and not layouts:
+    if refuse and shapes and not layouts:
         m = next(iter(shapes.values()))
         bad = next(v for v in verdicts[(1, 1)] if not v.ok)
         padded = [f"TP {t} / EP {e}" for (t, e), vs in verdicts.items() if all(v.servable for v in vs)]
         raise ContentError(
             f"no TP/EP split in {{1, 2, 4, 8}} serves these experts on {engine} without padding "
-            f"({m.quant.value}, H={m.hidden}, I={m.intermediate}; at TP 1: {bad.reason}); pre-packed tiles "
-            "cannot be padded afterwards, so this tool does not convert them",
+            f"({m.quant.value}, H={m.hidden}, I={m.intermediate}; at TP 1: {bad.reason}); layout-agnostic "
+            "pre-packed tiles cannot be padded afterwards",
             error_id="convert.needs_padding", tensor=m.container, file=ckpt.index_file or "config.json",
-            hint=f"{_PAD_HINT}; {engine} pads them at " + (", ".join(padded) or "no split: it cannot serve them"))
+            hint=f"{engine} pads them at " + (", ".join(padded) or "no split: it cannot serve them")
+                 + ": convert for one of those with --tp N [--ep M] (the output then serves that split only), "
+                 "or serve this checkpoint unconverted (the engine pads at load time)")
     return layouts
 
 
@@ -185,14 +227,22 @@ def check_source(ckpt: Checkpoint, quant: Quant) -> None:
 
 
 def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | None = None,
-               options: dict | None = None) -> ConvertPlan:
+               options: dict | None = None, tp: int | None = None, ep: int = 1) -> ConvertPlan:
     """Emit converted tensors at the position of their projection's first source tensor, everything
-    else as a byte copy, in input order. Shards mirror the input's unless max_shard_size is set."""
+    else as a byte copy, in input order. Shards mirror the input's unless max_shard_size is set.
+    With `tp` (--tp/--ep), containers the engine pads at that split are written in the padded
+    per-rank layout (formats/padded_layout.py); the others keep the layout-agnostic bytes."""
     refuse_converted(ckpt)
     check_structure(ckpt)
+    rank_tiles = {} if tp is None else layout_tiles(ckpt, target.engine, tp, ep)
+    pads = {c: v for c, v in rank_tiles.items() if v.status == PAD}
     for p in ckpt.projections:
-        _check_convertible(p, target)
-    layouts = serving_layouts(ckpt, target.engine)
+        _check_convertible(p, target, pads.get(p.container))
+    layouts = serving_layouts(ckpt, target.engine, refuse=tp is None)
+    if pads:
+        layouts = ((tp, ep),)  # the padded bytes serve that split only
+    elif tp is not None and (tp, ep) not in layouts:  # e.g. --tp 16: unpadded there too
+        layouts = (*layouts, (tp, ep))
     owners: dict[str, list[Projection]] = {}  # a stacked tensor (gpt-oss) feeds many projections
     for p in ckpt.projections:
         for r in p.source_refs:
@@ -206,11 +256,14 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
         for p in owners[t.name]:
             if p.key not in emitted:
                 emitted.add(p.key)
-                items.extend((t.file, o) for o in _projection_outputs(p, ckpt.format, target))
+                items.extend((t.file, o) for o in _projection_outputs(p, ckpt.format, target, pads.get(p.container)))
     shards = _mirror_shards(items) if max_shard_size is None else _pack_shards(items, max_shard_size)
     needs_rescale = rescales(target.engine, target.act_dtype) and any(p.quant is Quant.NVFP4 for p in ckpt.projections)
-    return ConvertPlan(ckpt, target, shards, needs_rescale, dict(options or {}, max_shard_size=max_shard_size),
-                       layouts)
+    opts = dict(options or {}, max_shard_size=max_shard_size)
+    if tp is not None:  # part of the resume fingerprint: --resume with another --tp/--ep refuses
+        opts.update(tp=tp, ep=ep)
+    return ConvertPlan(ckpt, target, shards, needs_rescale, opts, layouts,
+                       None if tp is None else (tp, ep), rank_tiles)
 
 
 def _mirror_shards(items) -> tuple[ShardPlan, ...]:

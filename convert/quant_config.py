@@ -8,6 +8,7 @@ import re
 from dsv4_convert import __version__
 from dsv4_convert.core.engines import FORMAT_VERSION, QUANT_METHOD
 from dsv4_convert.core.tensor_model import Quant
+from dsv4_convert.formats.padded_layout import layout_record
 from dsv4_convert.plan import ConvertPlan
 
 __all__ = ["QUANT_METHOD", "marlin_quant_config", "rewrite_config", "rewrite_hf_quant_config"]
@@ -23,6 +24,9 @@ def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: d
     experts = {p.container: p.quant.value for p in projections}
     main = plan.checkpoint.routed_quant or Quant.NVFP4
     t = plan.target
+    # --tp/--ep: the one split written for, and each container's per-rank sizes (docs/FORMAT.md)
+    tp_layout = {} if plan.tp_layout is None else {"tp_layout": layout_record(
+        *plan.tp_layout, dict(sorted(plan.rank_tiles.items(), key=lambda kv: _natural(kv[0]))))}
     return {
         "quant_method": QUANT_METHOD,
         "format_version": FORMAT_VERSION,
@@ -37,6 +41,7 @@ def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: d
         "group_size": main.group_size,
         # the (TP, EP) splits whose per-rank shapes the engine does not pad: the plugin slices them (format 2)
         "layouts": [{"tp": tp, "ep": ep} for tp, ep in plan.layouts],
+        **tp_layout,
         "experts": dict(sorted(experts.items(), key=lambda kv: _natural(kv[0]))),
         "packed_modules": sorted({_pattern(p.key) for p in projections}),
         "rescale_factors": dict(sorted(rescale_factors.items(), key=lambda kv: _natural(kv[0]))),

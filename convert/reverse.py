@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +24,10 @@ from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
-from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat, TensorRef
+from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.executors import ExecutorSpec, RunDir, auto_workers, make_executor
 from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4
+from dsv4_convert.formats.padded_layout import read_layout_record, unpad_source
 from dsv4_convert.manifest import verify
 from dsv4_convert.paths import MARKER
 from dsv4_convert.pipeline import INDEX, LOST, SOURCE_DIR, _report
@@ -60,17 +61,28 @@ class _Job:
     outputs: dict  # converted tensor name -> TensorRef
     decoded_by: dict  # original tensor name -> [(source Projection, "weight" | "scale")]
     kept_as: dict  # original tensor name -> converted tensor name (globals, input scales)
+    tiles: dict = field(default_factory=dict)  # container -> RankTiles of a padded --tp/--ep output
 
 
 def _decode(reader, cp: Projection, job: _Job) -> dict[str, torch.Tensor]:
     src = load_projection(reader, cp)
+    sf = job.rescale.get(f"{cp.container}.{cp.stack}", 1.0)
     if cp.quant is Quant.NVFP4:
-        sf = job.rescale.get(f"{cp.container}.{cp.stack}", 1.0)
         weight, scale = marlin_to_nvfp4(src.weight, src.scale, target=job.target, n=cp.n, k=cp.k, sf=sf)
-        if f"{cp.key}.index" in job.lost:
-            scale.view(torch.uint8).reshape(-1)[job.lost[f"{cp.key}.index"]] = job.lost[f"{cp.key}.bytes"]
     else:
         weight, scale = marlin_to_mxfp4(src.weight, src.scale, target=job.target, n=cp.n, k=cp.k)
+    tiles = job.tiles.get(cp.container)
+    if tiles is not None:  # --tp/--ep output: drop each rank's padding (formats/padded_layout.py)
+        weight, scale, zero = unpad_source(weight, scale, down=cp.role is Role.DOWN, t=tiles)
+        if not zero:
+            raise ContentError(f"{cp.key}: the padding of the TP {tiles.tp} / EP {tiles.ep} layout holds non-zero "
+                               "bytes, so the source cannot be rebuilt exactly", error_id="reverse.padding_not_zero",
+                               tensor=cp.weight.name, file=cp.weight.file,
+                               hint="the converted checkpoint was edited or not written by dsv4-convert; convert "
+                                    "again from the source")
+    if cp.quant is Quant.NVFP4:
+        if f"{cp.key}.index" in job.lost:
+            scale.view(torch.uint8).reshape(-1)[job.lost[f"{cp.key}.index"]] = job.lost[f"{cp.key}.bytes"]
     return {"weight": weight.view(torch.uint8), "scale": scale.view(torch.uint8)}
 
 
@@ -182,10 +194,11 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
     try:
         target = MarlinTarget(block["target_engine"], block["act_dtype"], bool(block["w4a8"]))
         fmt = SourceFormat(block["source_format"])
+        layout = read_layout_record(block)
     except (KeyError, ValueError) as e:
         raise ContentError(f"config.json quantization_config is not a dsv4-convert block ({e})",
                            error_id="reverse.bad_config", file="config.json",
-                           hint="was this checkpoint written by dsv4-convert? (format_version 1)") from None
+                           hint="was this checkpoint written by dsv4-convert? (format_version 1 or 2)") from None
     shards, config, lost = _load_record(ckpt.root)
     original = {name: ref for _, refs in shards.values() for name, ref in refs.items()}
     decoded_by, kept_as = {}, {}
@@ -201,7 +214,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
                            f"e.g. {missing[0]}", error_id="reverse.missing_tensor", tensor=missing[0],
                            hint="the converted checkpoint is incomplete or was edited")
     job = _Job(str(ckpt.root), target, block.get("rescale_factors") or {}, lost, converted, ckpt.tensors,
-               decoded_by, kept_as)
+               decoded_by, kept_as, layout[2] if layout else {})
     staging.open(json.dumps(sorted(shards)))
     run = RunDir(staging.path)
     try:

@@ -13,7 +13,7 @@ __all__ = ["serving_markdown"]
 def serving_markdown(plan: ConvertPlan, out_name: str) -> str:
     t = plan.target
     layouts = list(plan.layouts)
-    tp, ep = max(layouts, key=lambda te: (te[0], -te[1]), default=(1, 1))
+    tp, ep = plan.tp_layout or max(layouts, key=lambda te: (te[0], -te[1]), default=(1, 1))
     nvfp4 = any(p.quant is Quant.NVFP4 for p in plan.projections)
     flag = ENGINES[t.engine].moe_backend_flag
     launch = launch_command(t.engine, out_name, tp=tp, ep=ep, act_dtype=t.act_dtype)
@@ -39,8 +39,7 @@ Force it with `{flag}`, so that the engine does not auto-select a backend that f
 
        {launch}
 
-   Splits that keep whole Marlin tiles per rank for this model (recorded in quantization_config.layouts;
-   the engine would pad any other, and the plugin refuses it): {", ".join(f"TP {a} / EP {b}" for a, b in layouts)}.
+   {_splits(plan, layouts)}
    {"The activation dtype must be the one converted for (NVFP4 bytes depend on it)." if nvfp4 else ""}
 3. Check the log for the plugin's line, and that no Marlin repack of the experts is logged:
 
@@ -54,3 +53,25 @@ repacking the packed bytes a second time. To get the original checkpoint back, r
 NVFP4 block scales are {scales}. MXFP4 scales are permuted E8M0 bytes. The exact layout is in
 dsv4-convert's docs/FORMAT.md.
 """
+
+
+def _splits(plan: ConvertPlan, layouts: list[tuple[int, int]]) -> str:
+    listed = ", ".join(f"TP {a} / EP {b}" for a, b in layouts)
+    if not plan.padded:
+        fixed = (f"Converted with `--tp {plan.tp_layout[0]} --ep {plan.tp_layout[1]}` (quantization_config.tp_layout); "
+                 "these shapes need no padding, so the bytes are layout-agnostic.\n   ") if plan.tp_layout else ""
+        return (f"{fixed}Splits that keep whole Marlin tiles per rank for this model (recorded in "
+                "quantization_config.layouts;\n   the engine would pad any other, and the plugin refuses it): "
+                f"{listed}.")
+    tp, ep = plan.tp_layout
+    groups: dict[str, int] = {}
+    for v in plan.rank_tiles.values():
+        if v.status == "pad":
+            what = [f"I_shard {v.i_shard} -> {v.i_pad}"] * (v.i_pad != v.i_shard) + [f"H {v.hidden} -> {v.h_pad}"] * (
+                v.h_pad != v.hidden)
+            groups[", ".join(what)] = groups.get(", ".join(what), 0) + 1
+    sizes = "; ".join(f"{n} experts layer{'s' * (n > 1)}: {what}" for what, n in groups.items())
+    return (f"This checkpoint serves **TP {tp} / EP {ep} only**: it was converted with `--tp {tp} --ep {ep}`, and "
+            f"the experts\n   are written padded per rank exactly as {plan.target.engine} pads them "
+            f"(quantization_config.tp_layout; {sizes}).\n   The plugin refuses any other --tp/--ep; for another "
+            "split, convert the source again with that --tp/--ep.")

@@ -7,22 +7,33 @@ import functools
 import numpy as np
 import torch
 
-from dsv4_convert.core.tensor_model import Projection, Quant
+from dsv4_convert.core.tensor_model import Projection, Quant, Role
 from dsv4_convert.device import convert_projection_on, transform_device
 from dsv4_convert.formats.constants import E8M0_NAN
 from dsv4_convert.formats.fp4_kernels import byte_presence
-from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.formats.marlin import (
+    MarlinTarget,
+    mxfp4_source_for,
+    mxfp4_to_marlin,
+    nvfp4_source_for,
+    nvfp4_to_marlin,
+)
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales
+from dsv4_convert.formats.padded_layout import join_rank_blocks, rank_nk, source_rank_blocks
+from dsv4_convert.formats.tiles import RankTiles
 
 __all__ = ["convert_projection", "lost_scales"]
 
 
 def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
-                       *, target: MarlinTarget, sf: float = 1.0) -> dict[str, torch.Tensor]:
+                       *, target: MarlinTarget, sf: float = 1.0, tiles: RankTiles | None = None) -> dict[str, torch.Tensor]:
     """Source tensors (weight u8 [N, K/2], scale [N, K/g], ModelOpt global or None) -> output parts
     named as in plan._projection_outputs: weight, weight_scale, and for NVFP4 weight_global_scale and
-    weight_scale_2 (the ModelOpt-convention global, stored for compressed-tensors sources)."""
+    weight_scale_2 (the ModelOpt-convention global, stored for compressed-tensors sources).
+    With `tiles` (a container the engine pads at the --tp/--ep split), the padded per-rank layout."""
     _refuse_nan_scales(p, scale)
+    if tiles is not None:
+        return _convert_padded(p, weight, scale, global_scale, target=target, sf=sf, tiles=tiles)
     if transform_device() is not None:  # --device cuda[:N]: same bytes, computed on the GPU
         return convert_projection_on(transform_device(), p, weight, scale, global_scale, target=target, sf=sf)
     if p.quant is Quant.NVFP4:
@@ -32,6 +43,25 @@ def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor,
         return {"weight": q, "weight_scale": s, "weight_global_scale": processed, "weight_scale_2": g}
     q, s = mxfp4_to_marlin(weight, scale, target=target)
     return {"weight": q, "weight_scale": s}
+
+
+def _convert_padded(p: Projection, weight, scale, global_scale, *, target: MarlinTarget, sf: float,
+                    tiles: RankTiles) -> dict[str, torch.Tensor]:
+    """Each MoE-TP rank's source slice, zero-padded in source space to the engine's per-rank sizes
+    (what vLLM's torch.zeros parameters hold before the repack), through the same codec as an
+    unpadded projection; the rank blocks concatenated in rank order (formats/padded_layout.py).
+    One rank's block in flight at a time besides the outputs."""
+    down = p.role is Role.DOWN
+    n_pad, k_pad = rank_nk(down, tiles)
+    pad = nvfp4_source_for if p.quant is Quant.NVFP4 else mxfp4_source_for
+    blocks = []
+    for w, s in source_rank_blocks(weight, scale, down=down, t=tiles):
+        w, s = pad(w.contiguous(), s.contiguous(), target=target, n_pad=n_pad, k_pad=k_pad)
+        blocks.append(convert_projection(p, w.contiguous(), s.contiguous(), global_scale, target=target, sf=sf))
+    out = dict(blocks[0])
+    for part in ("weight", "weight_scale"):
+        out[part] = join_rank_blocks((b[part] for b in blocks), down=down)
+    return out
 
 
 def _refuse_nan_scales(p: Projection, scale: torch.Tensor) -> None:

@@ -13,9 +13,10 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from dsv4_convert.core.tensor_model import Checkpoint, Projection, Role
+from dsv4_convert.core.tensor_model import Checkpoint, Projection, Role, SourceFormat
+from dsv4_convert.formats.padded_layout import read_layout_record
 
-__all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config",
+__all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
            "experts_incomplete", "model_dims", "unreadable_tensors"]
 
 
@@ -73,11 +74,24 @@ def unreadable_tensors(ckpt: Checkpoint) -> set[str]:
     return {r.name for p in ckpt.projections if p.weight.name in bad for r in p.source_refs}
 
 
+def padded_containers(ckpt: Checkpoint) -> dict:
+    """container -> RankTiles of a converted checkpoint's padded containers (quantization_config.tp_layout;
+    validate's structure.tile.tp reports a record that does not parse)."""
+    if ckpt.format is not SourceFormat.MARLIN:
+        return {}
+    try:
+        layout = read_layout_record(ckpt.config.get("quantization_config") or {})
+    except ValueError:
+        return {}
+    return layout[2] if layout else {}
+
+
 def expert_dims(ckpt: Checkpoint) -> Iterator[Violation]:
     """Every projection's [N, K] must be what hidden_size / moe_intermediate_size imply (gate/up [I, H],
     down [H, I]); without them, what the rest of its layer implies. A reshaped or transposed tensor
     reads as another matrix."""
     dims = model_dims(ckpt.config)
+    padded = padded_containers(ckpt)
     by_container: dict[str, list[Projection]] = defaultdict(list)
     for p in ckpt.projections:
         if p.n and p.k:  # empty ones: empty_projections
@@ -88,6 +102,9 @@ def expert_dims(ckpt: Checkpoint) -> Iterator[Violation]:
             want, source = (dims["hidden"], dims["intermediate"]), "config.json"
         else:
             want, source = Counter(_implied(p) for p in ps).most_common(1)[0][0], "the rest of its layer"
+        t = padded.get(container)
+        if t is not None and want == (t.hidden, t.intermediate):  # a --tp/--ep output: the padded per-rank layout
+            want, source = (t.h_pad, t.moe_tp * t.i_pad), f"{source} padded for TP {t.tp} / EP {t.ep} (tp_layout)"
         for p in ps:
             if _implied(p) != want:
                 n_want, k_want = (want[0], want[1]) if p.role is Role.DOWN else (want[1], want[0])

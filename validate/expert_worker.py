@@ -8,7 +8,7 @@ file descriptors open across the tasks it is given; each task is one (layer, exp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -17,6 +17,7 @@ from dsv4_convert.core.reader import TensorReader, load_projection
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
+from dsv4_convert.formats.padded_layout import pad_source
 from dsv4_convert.validate.check import Check, Finding, Result, Scope
 from dsv4_convert.validate.checks import ALL_CHECKS
 from dsv4_convert.validate.inputs import ExpertTensors, GemmCase, MarlinTensors, Options, ProjectionTensors
@@ -50,6 +51,7 @@ class _Job:
     against_root: str | None
     against_fmt: SourceFormat | None
     opts: Options
+    tiles: dict = field(default_factory=dict)  # container -> RankTiles of a padded --tp/--ep output
 
 
 class _Worker:
@@ -102,6 +104,8 @@ class _Worker:
                 ref_proj = task.references.get(proj.role)
                 if ref_proj is not None and self.against is not None:
                     refs[proj.role] = self._load(self.against, ref_proj, job.against_fmt, sf)
+                    if proj.container in job.tiles:  # compare with the source as this layout pads it
+                        refs[proj.role] = _padded_reference(refs[proj.role], proj, job.tiles[proj.container])
             except (DsvError, ValueError, RuntimeError) as e:
                 msg = getattr(e, "message", str(e))
                 out.results.append(Result("structure.reader", Finding(
@@ -161,3 +165,10 @@ class _Worker:
         except ValueError:
             return None  # shapes off the Marlin tile: structure.tile.tp / structure.k_align report them
         return GemmCase(pt, q, s, mglobal, **common)
+
+
+def _padded_reference(ref: ProjectionTensors, proj: Projection, tiles) -> ProjectionTensors:
+    """The --against source projection in the padded per-rank layout of a --tp/--ep output
+    (formats/padded_layout.py): zeros where the engine pads, so the comparisons cover the padding."""
+    w, s = pad_source(ref.weight, ref.scale, down=proj.role is Role.DOWN, t=tiles)
+    return ProjectionTensors(replace(ref.proj, n=proj.n, k=proj.k), w, s, ref.global_scale, sf=ref.sf, file=ref.file)

@@ -58,6 +58,7 @@ class Options:
     engine_requested: str | None = None  # what the user passed (--target / --act-dtype), if anything
     act_dtype_requested: str | None = None
     verify_manifest: bool = True  # re-hash every file a converted checkpoint's manifest lists
+    layout_requested: bool = False  # --tp/--ep given (else a converted checkpoint's tp_layout is the default)
 
     def target(self, quant: Quant | None = None) -> MarlinTarget:
         """The Marlin target these options name, for a projection of `quant` (W4A8 exists for

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
+from dsv4_convert.formats.padded_layout import read_layout_record
 from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 from dsv4_convert.validate.checks.structure import model_dims
 
@@ -26,6 +27,7 @@ __all__ = [
     "LaunchPlan",
     "ModelShape",
     "make_plan",
+    "padding_factor",
     "shape_from_checkpoint",
 ]
 
@@ -51,6 +53,7 @@ class ModelShape:
     largest_layer_expert_bytes: int
     converted: bool
     converted_for: str | None = None  # target engine of a converted checkpoint
+    converted_layout: tuple[int, int] | None = None  # (TP, EP) of a --tp/--ep conversion (tp_layout)
 
 
 def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
@@ -69,13 +72,25 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
     total = sum(t.nbytes for t in ckpt.tensors.values())
     qc = ckpt.config.get("quantization_config") or {}
     experts = dims["experts"] or len({p.expert for p in ckpt.projections})
+    layout = None
+    if ckpt.format is SourceFormat.MARLIN:
+        try:
+            rec = read_layout_record(qc)
+        except ValueError:
+            rec = None  # validate's structure.tile.tp reports it
+        if rec is not None:
+            layout = rec[0], rec[1]
+            padded = next(iter(rec[2].values()), None)  # a padded tensor's shape is not the model's H / I
+            if padded is not None:
+                hidden, intermediate = padded.hidden, padded.intermediate
     return ModelShape(name=ckpt.root.name, format=ckpt.format.value,
                       quant=max(quants, key=quants.get) if quants else "mxfp4",
                       hidden=dims["hidden"] or hidden or 0, intermediate=dims["intermediate"] or intermediate or 0,
                       experts=experts, layers=len([layer for layer in per_layer if not layer.startswith("mtp")]),
                       expert_bytes=expert_bytes, other_bytes=total - expert_bytes,
                       largest_layer_expert_bytes=max(per_layer.values(), default=0),
-                      converted=ckpt.format is SourceFormat.MARLIN, converted_for=qc.get("target_engine"))
+                      converted=ckpt.format is SourceFormat.MARLIN, converted_for=qc.get("target_engine"),
+                      converted_layout=layout)
 
 
 @dataclass
@@ -89,6 +104,7 @@ class ConfigVerdict:
     fits: bool
     valid: bool
     reasons: list[str] = field(default_factory=list)
+    padding_factor: float = 1.0  # expert bytes per GPU with the engine's padding / without (sources)
 
 
 @dataclass
@@ -119,7 +135,8 @@ class LaunchPlan:
                             "tiles": c.tiles.status, "tiles_ok": c.tiles.ok, "servable": c.tiles.servable,
                             "padded": None if c.tiles.status != PAD else {"i_shard": c.tiles.i_pad,
                                                                           "hidden": c.tiles.h_pad},
-                            "tiles_reason": c.tiles.reason or None, "weights_gib": round(c.weights_gib, 2),
+                            "tiles_reason": c.tiles.reason or None, "padding_factor": round(c.padding_factor, 4),
+                            "weights_gib": round(c.weights_gib, 2),
                             "repack_gib": round(c.repack_gib, 2), "kv_gib": round(c.kv_gib, 2), "fits": c.fits,
                             "valid": c.valid, "reasons": c.reasons} for c in self.candidates],
             "recommended": None if self.chosen is None else {"tp": self.chosen.tp, "ep": self.chosen.ep},
@@ -140,6 +157,14 @@ class LaunchPlan:
         out += ["", "launch:" if self.command else "no configuration fits; see the reasons above",
                 f"  {self.command}" if self.command else ""]
         return "\n".join(out).rstrip()
+
+
+def padding_factor(tiles: RankTiles) -> float:
+    """How much larger a rank's experts are with the engine's padding: w13 [2*I_pad, H_pad] and w2
+    [H_pad, I_pad] against [2*I_shard, H] and [H, I_shard] (1 when nothing is padded)."""
+    if tiles.status != PAD or not tiles.i_shard or not tiles.hidden:
+        return 1.0
+    return (tiles.i_pad * tiles.h_pad) / (tiles.i_shard * tiles.hidden)
 
 
 def _mem_flag(engine: str, gpu_mem: float) -> tuple[str, float]:
@@ -177,8 +202,10 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
         for ep in sorted({1, tp}):
             tiles = moe_rank_tiles(shape.quant, engine, hidden=shape.hidden, intermediate=shape.intermediate,
                                    tp=tp, ep=ep, experts=shape.experts)
-            weights = (shape.expert_bytes + shape.other_bytes) / tp / GIB
-            repack = 0.0 if shape.converted else shape.largest_layer_expert_bytes / tp / GIB
+            # a source the engine pads holds padded experts per rank; a converted checkpoint's bytes are final
+            grow = 1.0 if shape.converted else padding_factor(tiles)
+            weights = (shape.expert_bytes * grow + shape.other_bytes) / tp / GIB
+            repack = 0.0 if shape.converted else shape.largest_layer_expert_bytes * grow / tp / GIB
             if engine == "sglang":
                 kv = mem * gpu_mem_gib - weights
             else:
@@ -186,11 +213,15 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
             loads = weights + repack + RUNTIME_GIB <= gpu_mem_gib
             fits = loads and kv >= MIN_KV_GIB
             reasons = []
-            if not tiles.servable:
+            fixed = shape.converted_layout
+            if fixed is not None and (tp, ep) != fixed:
+                reasons.append(f"converted for TP {fixed[0]} / EP {fixed[1]} only (quantization_config.tp_layout)")
+            elif not tiles.servable:
                 reasons.append("tile rule: " + tiles.reason)
             elif not tiles.ok:
-                reasons.append("needs padding: " + tiles.reason)
-                if shape.converted:
+                reasons.append("needs padding: " + tiles.reason
+                               + (f" (+{grow - 1:.1%} expert bytes per GPU)" if grow > 1 else ""))
+                if shape.converted and fixed is None:
                     reasons.append("converted tensors cannot be sliced for this split")
             if not loads:
                 reasons.append(f"weights {weights:.1f} GiB" + (f" + repack {repack:.1f} GiB" if repack else "")
@@ -198,8 +229,11 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                                + ("; the fixed overhead is the cause" if weights + repack <= gpu_mem_gib else ""))
             elif kv < MIN_KV_GIB:
                 reasons.append(f"only {kv:.1f} GiB left for the KV cache (< {MIN_KV_GIB:g})")
-            valid = (tiles.ok if shape.converted else tiles.servable) and fits
-            candidates.append(ConfigVerdict(tp, ep, tiles, weights, repack, kv, fits, valid, reasons))
+            if fixed is not None:  # written padded (or not) for exactly this split
+                valid = (tp, ep) == fixed and tiles.servable and fits
+            else:
+                valid = (tiles.ok if shape.converted else tiles.servable) and fits
+            candidates.append(ConfigVerdict(tp, ep, tiles, weights, repack, kv, fits, valid, reasons, grow))
     usable = [c for c in candidates if c.valid]
     chosen = max(usable, key=lambda c: (c.tp, c.tiles.ok, -c.ep), default=None)
     reasoning.append(f"experts: {shape.layers} layers x {shape.experts} x 3 projections, H={shape.hidden}, "
@@ -235,6 +269,13 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
         if chosen.ep > 1 and padded:
             reasoning.append(f"EP {chosen.ep} keeps each expert whole on one rank, so nothing is padded; TP "
                              f"{chosen.tp} without EP would need padding ({padded[0].tiles.reason})")
+        if not shape.converted:
+            reasoning.append(
+                f"to convert for it: dsv4-convert {'nvfp4' if shape.quant == 'nvfp4' else 'mxfp4'}-to-marlin "
+                f"--target {engine} --tp {chosen.tp}" + (f" --ep {chosen.ep}" if chosen.ep > 1 else "")
+                + (" (the experts are written padded as the engine pads them; the output then serves this "
+                   "split only)" if chosen.tiles.status == PAD else
+                   " (or without --tp: this shape needs no padding, so the output is layout-agnostic)"))
         if chosen.tp < gpus:
             reasoning.append(f"{gpus // chosen.tp} replicas of TP {chosen.tp} (data parallel) would use all {gpus} GPUs")
     command = None if chosen is None else launch_command(engine, path, tp=chosen.tp, ep=chosen.ep,

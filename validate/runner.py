@@ -22,7 +22,7 @@ from tqdm import tqdm
 from dsv4_convert.core.errors import DsvError, InputError
 from dsv4_convert.core.reader import TensorReader, open_checkpoint, resolve_source
 from dsv4_convert.core.rescale import rescales, stack_key, stack_rescale_factors
-from dsv4_convert.core.structure import unreadable_tensors
+from dsv4_convert.core.structure import padded_containers, unreadable_tensors
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.validate.check import Result, Scope
 from dsv4_convert.validate.checks import ALL_CHECKS
@@ -54,7 +54,12 @@ def resolve_options(opts: Options, ckpt: Checkpoint | None) -> Options:
     qc = ckpt.config.get("quantization_config") or {}
     engine = qc.get("target_engine") if qc.get("target_engine") in ("vllm", "sglang") else opts.engine
     act = qc.get("act_dtype") if qc.get("act_dtype") in ("bfloat16", "float16") else opts.act_dtype
-    return replace(opts, engine=engine, act_dtype=act, w4a8=bool(qc.get("w4a8", opts.w4a8)))
+    tp, ep = opts.tp, opts.ep
+    rec = qc.get("tp_layout")
+    if not opts.layout_requested and isinstance(rec, dict) and isinstance(rec.get("tp"), int) \
+            and isinstance(rec.get("ep"), int):
+        tp, ep = rec["tp"], rec["ep"]  # a --tp/--ep output: its layout is the default (structure.tile.tp)
+    return replace(opts, engine=engine, act_dtype=act, w4a8=bool(qc.get("w4a8", opts.w4a8)), tp=tp, ep=ep)
 
 
 _WORKER: _Worker | None = None  # one per worker process (set by the pool initializer)
@@ -216,7 +221,7 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool, exe
     if opts.sample < 1.0:
         report.notes.append(f"sampled {opts.sample:.0%} of the experts of each layer (--sample)")
     job = _Job(str(root), ckpt.format, str(ref_ckpt.root) if ref_ckpt else None,
-               ref_ckpt.format if ref_ckpt else None, opts)
+               ref_ckpt.format if ref_ckpt else None, opts, padded_containers(ckpt))
     bar = tqdm(total=len(tasks), unit="expert", desc="validate", disable=not progress, leave=False)
     if executor is not None and executor.name != "local":
         for outcome in _on_cluster(executor, job, tasks, bar):

@@ -21,6 +21,8 @@ from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Quant
 from dsv4_convert.executors import refuse_device
 from dsv4_convert.formats.marlin import MarlinTarget
+from dsv4_convert.formats.padded_layout import layout_record
+from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.pipeline import run_conversion
 from dsv4_convert.plan import CONVERT_COMMAND, build_plan, check_source
 from dsv4_convert.staging import Staging
@@ -35,6 +37,7 @@ Examples:
   dsv4-convert {cmd} {repo} ./dsv4-marlin --target vllm --workers 8
   dsv4-convert {cmd} IN OUT --dry-run          # what would be written, and how big
   dsv4-convert {cmd} IN OUT --resume           # after an interruption
+  dsv4-convert {cmd} IN OUT --target vllm --tp 2   # for TP 2 only, padded as vLLM pads it
   dsv4-convert {cmd} IN OUT --json --report r.json   # one JSON object, on stdout and in r.json
 
 \b
@@ -43,9 +46,36 @@ Exit codes: 0 converted, 2 usage error, 3 unreadable input, 4 input not converti
 """
 
 
+def layout_options(fn):
+    """--tp / --ep: convert for one tensor/expert-parallel split (padded per rank where the engine pads)."""
+    fn = click.option("--ep", type=click.IntRange(1), default=None, metavar="M",
+                      help="Expert-parallel size of that split (needs --tp; must divide it; default 1). MoE TP = TP / EP.")(fn)
+    return click.option(
+        "--tp", type=click.IntRange(1), default=None, metavar="N",
+        help="Convert for this one tensor-parallel size. Needed only when the engine pads these experts' "
+             "per-rank shapes (no layout-agnostic split exists, e.g. gpt-oss H = I = 2880, or I_shard not a "
+             "multiple of 64/128): the experts are then written padded per rank exactly as the engine pads "
+             "them, and the output serves only that --tp/--ep (recorded in quantization_config.tp_layout; "
+             "the plugin refuses any other). Shapes that need no padding give the usual layout-agnostic "
+             "bytes. Without --tp the output serves every split that needs no padding.")(fn)
+
+
+def _layout(tp, ep) -> tuple[int | None, int]:
+    if tp is None:
+        if ep is not None:
+            raise UsageError("--ep needs --tp (the split the output is written for)", error_id="usage.flags")
+        return None, 1
+    ep = ep or 1
+    if tp % ep:
+        raise UsageError(f"--ep {ep} must divide --tp {tp} (the MoE runs with TP / EP per expert)",
+                         error_id="usage.flags")
+    return tp, ep
+
+
 def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
-         report, executor, device=None):
+         report, executor, device=None, tp=None, ep=None):
     refuse_device(executor, device)
+    tp, ep = _layout(tp, ep)
     force_progress = report.pop("force_progress")
     workers = use_device(device, workers)  # refuses (exit 2) before anything is read or written
     if (resume or force) and dry_run:
@@ -60,7 +90,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     if out is not None and not dry_run:  # every path refusal before any work (convert/paths.py)
         Staging(Path(out), force=force, resume=resume, source=ckpt.root).check()
     plan = build_plan(ckpt, tgt, max_shard_size=parse_size(max_shard_size),
-                      options={"command": CONVERT_COMMAND[quant]})
+                      options={"command": CONVERT_COMMAND[quant]}, tp=tp, ep=ep)
     if dry_run:
         summary = _plan_summary(plan)
         emit(summary, _plan_text(plan, summary), **report)
@@ -89,6 +119,8 @@ def _plan_summary(plan) -> dict:
         "shards": [{"file": s.file, "tensors": len(s.tensors), "bytes": s.nbytes} for s in plan.shards],
         "bytes_in": sum(t.nbytes for t in ckpt.tensors.values()), "bytes_out": plan.output_bytes,
         "rescale_pass": plan.needs_rescale,
+        "layouts": [{"tp": t, "ep": e} for t, e in plan.layouts],
+        **({} if plan.tp_layout is None else {"tp_layout": layout_record(*plan.tp_layout, plan.rank_tiles)}),
     }
 
 
@@ -100,6 +132,13 @@ def _plan_text(plan, summary: dict) -> str:
         f"tensors     {summary['tensors_in']} in -> {summary['tensors_out']} out, {len(plan.shards)} shards",
         f"bytes       {summary['bytes_in'] / 2**30:.3f} GiB in -> {summary['bytes_out'] / 2**30:.3f} GiB out",
     ]
+    if plan.tp_layout is not None:
+        tp, ep = plan.tp_layout
+        pads = [f"{c} I_shard {v.i_shard}->{v.i_pad}, H {v.hidden}->{v.h_pad}" for c, v in plan.rank_tiles.items()
+                if v.status == PAD]
+        lines.append(f"layout      TP {tp} / EP {ep} only, padded per rank: {len(pads)} of {len(plan.rank_tiles)} "
+                     f"experts layers ({pads[0]}{', ...' if len(pads) > 1 else ''})" if pads else
+                     f"layout      TP {tp} / EP {ep}: no padding needed, layout-agnostic bytes")
     if plan.needs_rescale:
         lines.append("rescale     a planning pass reads the NVFP4 scales to pick vLLM's factor per layer stack")
     return "\n".join([*lines, "(dry run: nothing written)"])
@@ -110,16 +149,17 @@ def _command(quant: Quant, name: str, suffix: str, repo: str, doc: str):
     @click.argument("src", metavar="IN")
     @click.argument("out", metavar="OUT", required=False)
     @target_options
+    @layout_options
     @run_options
     @device_option
     @executor_options
-    def command(src, out, target, act_dtype, workers, max_shard_size, resume, force, dry_run, as_json, report_file,
-                quiet, force_progress, device, executor, w4a8=False):
+    def command(src, out, target, act_dtype, tp, ep, workers, max_shard_size, resume, force, dry_run, as_json,
+                report_file, quiet, force_progress, device, executor, w4a8=False):
         if out is None and not dry_run:
             raise click.UsageError("missing argument OUT (only --dry-run can do without it)")
         _run(quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
              {"as_json": as_json, "report_file": report_file, "quiet": quiet, "force_progress": force_progress},
-             executor, device)
+             executor, device, tp, ep)
     return command
 
 

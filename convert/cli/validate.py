@@ -47,8 +47,10 @@ def _fraction(ctx, param, value):
 @click.option("--act-dtype", type=click.Choice(["bfloat16", "float16"]), default=None,
               help="activation dtype [default: bfloat16, or what a converted checkpoint records]")
 @click.option("--w4a8", is_flag=True, help="MXFP4 with FP8 activations (vLLM only)")
-@click.option("--tp", default=1, show_default=True, type=click.IntRange(min=1), help="tensor-parallel size")
-@click.option("--ep", default=1, show_default=True, type=click.IntRange(min=1), help="expert-parallel size")
+@click.option("--tp", default=None, type=click.IntRange(min=1),
+              help="tensor-parallel size [default: 1, or the tp_layout a --tp conversion records]")
+@click.option("--ep", default=None, type=click.IntRange(min=1),
+              help="expert-parallel size [default: 1, or the tp_layout a --tp conversion records]")
 @click.option("--sample", default=1.0, show_default=True, type=float, callback=_fraction,
               help="fraction of each layer's experts to check (1 = all)")
 @click.option("--gemm-experts", default=2, show_default=True, type=click.IntRange(min=0),
@@ -76,6 +78,8 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
              kernel_experts, kernel_provider, device, plot_file, skip_manifest, strict, as_json, report_file, quiet,
              force_progress, executor):
     refuse_device(executor, device if kernel else None)
+    layout_requested = tp is not None or ep is not None
+    tp, ep = tp or 1, ep or 1
     if tp % ep:
         raise click.BadParameter(f"--ep {ep} must divide --tp {tp} (the MoE runs with TP / EP per expert)",
                                  param_hint="--ep")
@@ -84,7 +88,7 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
                                  param_hint="--w4a8")
     opts = Options(engine=target or ("vllm" if w4a8 else "sglang"), act_dtype=act_dtype or "bfloat16", w4a8=w4a8,
                    tp=tp, ep=ep, sample=sample, gemm_experts=gemm_experts, seed=seed, engine_requested=target,
-                   act_dtype_requested=act_dtype, verify_manifest=not skip_manifest)
+                   act_dtype_requested=act_dtype, verify_manifest=not skip_manifest, layout_requested=layout_requested)
     kernel_opts = kernel_options(kernel, kernel_experts, kernel_provider, device)
     try:
         report = run_validation(path, opts, against=against, workers=workers or 1,

@@ -44,14 +44,18 @@ def _pad_halves(w13, i: int, i_pad: int):
 
 
 def nvfp4_moe_to_marlin(w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, *, target: MarlinTarget,
-                        i_pad: int | None = None) -> dict[str, torch.Tensor]:
+                        i_pad: int | None = None, sf: tuple[float, float] | None = None) -> dict[str, torch.Tensor]:
     """Stacked experts, as the engines prepare them: w13 [E, 2I, H/2] (gate rows then up rows), w2
     [E, H, I/2], globals [E, 2] (gate, up) / [E]. Only the gate's global is kept for w13 (both
-    engines do this). One vllm rescale factor per stack. Returns the engine's final tensors."""
+    engines do this). One vllm rescale factor per stack (or `sf` = (w13, w2) given: a rank's slice
+    encoded with the whole stack's factors, as a --tp conversion writes it). Returns the engine's
+    final tensors."""
     i, h = w13.shape[-2] // 2, w2.shape[-2]
     i_pad = i_pad or i
     sf13 = vllm_rescale_factor(w13_scale, target.act_dtype) if target.engine == "vllm" else 1.0
     sf2 = vllm_rescale_factor(w2_scale, target.act_dtype) if target.engine == "vllm" else 1.0
+    if sf is not None:
+        sf13, sf2 = sf
     q13, s13 = nvfp4_to_marlin(_pad_halves(w13.view(torch.uint8), i, i_pad),
                                _pad_halves(as_e4m3(w13_scale), i, i_pad), target=target, sf=sf13)
     q2, s2 = nvfp4_to_marlin(w2, w2_scale, target=target, sf=sf2, n_pad=h, k_pad=i_pad)

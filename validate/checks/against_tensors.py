@@ -19,8 +19,8 @@ def _projection_keys(ckpt) -> set[str]:
 
 
 def _non_expert(ckpt) -> dict:
-    keys = _projection_keys(ckpt)
-    return {n: t for n, t in ckpt.tensors.items() if n.rsplit(".", 1)[0] not in keys}
+    keys, used = _projection_keys(ckpt), ckpt.projection_names  # used: gpt-oss's stacked *_blocks / *_scales too
+    return {n: t for n, t in ckpt.tensors.items() if n.rsplit(".", 1)[0] not in keys and n not in used}
 
 
 def _digest(reader: TensorReader, ref) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dsv4_convert.core.tensor_model import SourceFormat, moe_layers
+from dsv4_convert.formats.padded_layout import read_layout_record
 from dsv4_convert.formats.tiles import moe_rank_tiles
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.checks.structure import model_dims
@@ -28,9 +29,25 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
         return
     n_experts = model_dims(c.config)["experts"]
     marlin = c.checkpoint.format is SourceFormat.MARLIN
+    padded = {}
+    if marlin:  # a --tp/--ep output serves the one split it records (the plugin refuses any other)
+        try:
+            layout = read_layout_record(c.config.get("quantization_config") or {})
+        except ValueError as e:
+            yield Finding("config.json", f"quantization_config.tp_layout cannot be used: {e}.")
+            return
+        if layout is not None:
+            tp, ep, padded = layout
+            if (opts.tp, opts.ep) != (tp, ep):
+                yield Finding("config.json", f"converted for TP {tp} / EP {ep} only (quantization_config.tp_layout"
+                              f"{', experts padded per rank' if padded else ''}), but validating for TP {opts.tp} / "
+                              f"EP {opts.ep}: the plugin refuses any other split. Leave out --tp/--ep (validate "
+                              f"takes the recorded layout), or convert the source again with --tp {opts.tp} "
+                              f"--ep {opts.ep}.")
+                return
     seen = {}
     for name, info in containers(c).items():
-        if info["hidden"] is None:
+        if info["hidden"] is None or name in padded:  # padded: written for exactly this split (tp_layout)
             continue
         key = (info["quant"], info["hidden"], info["intermediate"])
         if key in seen:
