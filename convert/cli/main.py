@@ -6,11 +6,21 @@ from __future__ import annotations
 import signal
 import sys
 
+# The error object of docs/ERRORS.md, spelled out: this handler may run in the middle of an import,
+# where importing json could block on the import lock.
+_EARLY_JSON = (b'{"error": {"id": "cli.interrupted", "message": "interrupted", "file": null, "tensor": null, '
+               b'"fix": null}, "exit_code": 130}\n')
 
-def _early_interrupt(signum, frame):  # Ctrl-C / SIGTERM / SIGHUP while the imports still run
-    sys.stderr.write("interrupted\n")
-    sys.stderr.flush()
+
+def _early_interrupt(signum, frame):
+    """Ctrl-C / SIGTERM / SIGHUP while the imports still run (main() keeps this handler until the
+    command modules, torch and numba included, are imported): nothing is written yet, so leave at
+    once. Raising KeyboardInterrupt there instead can land inside torch's C++ start-up, which then
+    aborts (`terminate called after throwing pybind11::error_already_set`)."""
     import os
+    os.write(2, b"interrupted\n")
+    if "--json" in sys.argv[1:]:
+        os.write(1, _EARLY_JSON)
     os._exit(130)
 
 
@@ -123,10 +133,10 @@ def _answer(doc: dict, argv: list[str], to_report: bool = True) -> None:
 
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
     try:
-        _register()
+        _register()  # the heavy imports, under _early_interrupt
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, _interrupt)
         if (report := report_path(args)) and not {"--help", "-h"} & set(args):
             check_report_file(report, [a for a in args if a != report and not a.startswith("-")])
         cli.main(args=args, prog_name="dsv4-convert", standalone_mode=False)

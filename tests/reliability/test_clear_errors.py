@@ -129,3 +129,16 @@ def test_a_signal_in_the_first_second_is_exit_130_without_a_traceback(tmp_path, 
         assert p.returncode == 130 and "Traceback" not in err, err
         assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
     assert tree_hashes(src) == before
+
+
+def test_a_signal_during_the_imports_still_answers_json(tmp_path):
+    """Interrupted while torch / numba are still being imported: one JSON error object, exit 130."""
+    p = subprocess.Popen([*CLI, "nvfp4-to-marlin", str(tmp_path / "src"), str(tmp_path / "out"), "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.6)  # the interpreter is up; the command modules (2-5 s of imports) are not
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    doc = json.loads(out)
+    assert doc["exit_code"] == 130 and doc["error"]["id"] == "cli.interrupted"
+    assert set(doc["error"]) == {"id", "message", "file", "tensor", "fix"}
