@@ -6,6 +6,7 @@ many; tests compare both byte for byte. Compiled once per machine and cached bes
   repack_a16      W4A16 weight repack (the bit exchanges of marlin_weight, per group of 4 words
                   held in registers, written straight to their final place)
   permute_scales  [N, G] -> Marlin [G, N] with the 64-column permutation (transpose + perm in one)
+  permute_lookup  the same with a 256-entry byte table applied on the way (NVFP4 -> S0E5M3 in one pass)
   byte_presence   which of the 256 byte values occur (NaN / lost-scale checks without a mask tensor)
   lookup          a 256-entry byte table applied in place
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-__all__ = ["repack_a16", "permute_scales", "byte_presence", "lookup"]
+__all__ = ["repack_a16", "permute_scales", "permute_lookup", "byte_presence", "lookup"]
 
 _jit = nb.njit(cache=True, nogil=True, boundscheck=False)
 
@@ -72,6 +73,18 @@ def permute_scales(src, perm, out):
             for gi in range(g):
                 for q in range(p):
                     out[b, gi, p * j + q] = src[b, p * j + perm[q], gi]
+
+
+@_jit
+def permute_lookup(src, perm, table, out):
+    """permute_scales with a byte table on the way: out[b, g, P*j + q] = table[src[b, P*j + perm[q], g]]."""
+    n_b, n, g = src.shape
+    p = perm.shape[0]
+    for b in range(n_b):
+        for j in range(n // p):
+            for gi in range(g):
+                for q in range(p):
+                    out[b, gi, p * j + q] = table[src[b, p * j + perm[q], gi]]
 
 
 @_jit
