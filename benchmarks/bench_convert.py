@@ -8,8 +8,9 @@ peak RSS of the largest process and of the process tree (target <= 1 GiB each), 
 and the projected time for the full 149 GB checkpoint.
 With --profile, one more (untimed) conversion per case runs with DSV4_CONVERT_PROFILE set
 (convert/profiling.py): the driver's phases (start-up = imports + planning, the vLLM rescale pass,
-shard jobs, finalize, publish = the fsync of everything) and the jobs' CPU seconds per category
-(read, weights, scales, globals, hash, write, Python) and their idle seconds, summed over workers.
+shard jobs, finalize, publish = the fsync of everything) and, summed over the shard jobs, the wall
+seconds inside read, weights, scales, globals, hash, write and Python, the jobs' CPU seconds, and
+their idle seconds (wall - CPU: waiting for the disk, or for a core on a busy machine).
 
     python benchmarks/bench_convert.py [--workers 2] [--repeat 3] [--cases nvfp4-sglang ...] [--profile]
 """
@@ -101,8 +102,9 @@ def _profile(cli, command, src, tmp, target, workers) -> None:
     print(f"{'':<14}profile (load {os.getloadavg()[0]:.2f}; cProfile adds overhead): wall {r.seconds:.2f} s = "
           f"{', '.join(phases)}, exit+sync {t0 + r.seconds - last:.2f}", flush=True)
     cats = ["read", "weights", "scales", "globals", "hash", "write", "python"]
-    print(f"{'':<14}jobs (s, summed over workers): wall {b['jobs_wall']:.2f}, CPU {b['jobs_cpu']:.2f} = "
-          f"{', '.join(f'{c} {b[c]:.2f}' for c in cats)}; idle {b['idle']:.2f}", flush=True)
+    print(f"{'':<14}jobs (s, summed over workers): wall {b['jobs_wall']:.2f} = "
+          f"{', '.join(f'{c} {b[c]:.2f}' for c in cats)}; CPU {b['jobs_cpu']:.2f}, idle (wall - CPU) "
+          f"{b['idle']:.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ is bounded by the projection in flight plus one copy chunk, whatever the checkpo
 from __future__ import annotations
 
 import errno
-import gc
 import os
 import signal
 import time
@@ -25,7 +24,7 @@ from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
 from dsv4_convert.executors import ExecutorSpec, RunDir, auto_workers, make_executor
 from dsv4_convert.formats.marlin_weight import kernel_threads
-from dsv4_convert.memory import keep_buffers
+from dsv4_convert.memory import freeze_imports, keep_buffers
 from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
 from dsv4_convert.profiling import mark, profiled_job
 from dsv4_convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
@@ -70,18 +69,6 @@ def _step() -> None:
 
 
 # -- worker side ---------------------------------------------------------------------------------
-_frozen = False
-
-
-def _freeze_imports() -> None:
-    """Once per process: the objects of the imports (torch's ~10^5) are never garbage, so no garbage
-    collection should walk them (and, in a forked worker, touch their copy-on-write pages)."""
-    global _frozen
-    if not _frozen:
-        _frozen = True
-        gc.freeze()
-
-
 def _report(nbytes: int, callback=None) -> None:
     if callback is not None:  # the executor's progress channel
         callback(nbytes)
@@ -112,7 +99,7 @@ def _planned_bytes(t: torch.Tensor, spec) -> memoryview:
 
 def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
                  metadata: dict, callback=None) -> tuple[str, str, int]:
-    _freeze_imports()
+    freeze_imports()
     threads = torch.get_num_threads()  # 1 in a pool worker; the cores when run inline (--workers 1)
     torch.set_num_threads(1)  # torch's small ops here only wake OpenMP threads that then spin
     try:
@@ -163,6 +150,7 @@ def _rescale_for(root: str, act_dtype: str, container: str, projections: list[Pr
 def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, resume: bool = False,
                    force: bool = False, progress: bool = True, executor: ExecutorSpec = ExecutorSpec()) -> ConvertResult:
     start = time.perf_counter()
+    freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
     staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root, fence=RunDir.fence)
     done = staging.open(plan.fingerprint())

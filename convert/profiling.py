@@ -48,7 +48,7 @@ def profiled_job(name: str):
         yield
         return
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    prof = cProfile.Profile(time.process_time)  # CPU time: waiting shows as idle, not in a category
+    prof = cProfile.Profile()  # wall clock (a CPU-time timer is a system call per event: it distorted more)
     prof.enable()
     try:
         yield
@@ -73,8 +73,9 @@ def mark(phase: str) -> None:
 
 
 def breakdown(d: Path) -> dict[str, float]:
-    """Seconds per category summed over every job in `d`: CPU seconds, except `idle` (job wall minus
-    job CPU: time a worker waited, e.g. in the kernel's dirty-page throttle)."""
+    """Seconds per category summed over every job in `d`: wall seconds spent inside the category's
+    functions (they add up to the jobs' wall time), and apart from them `idle`: the jobs' wall minus
+    their CPU time (waiting: on the disk's writeback throttle, or for a core on a busy machine)."""
     out = dict.fromkeys(["read", "weights", "scales", "globals", "hash", "write", "python", "idle", "jobs_wall",
                          "jobs_cpu"], 0.0)
     for js in sorted(Path(d).glob("*.json")):

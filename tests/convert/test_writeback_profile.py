@@ -51,4 +51,4 @@ def test_inline_and_pool_runs_agree_and_the_profile_adds_up(tmp_path, synth_sour
     b = breakdown(prof)
     cats = ["read", "weights", "scales", "globals", "hash", "write", "python"]
     assert all(b[c] >= 0 for c in cats) and b["weights"] > 0 and b["scales"] > 0 and b["read"] > 0
-    assert sum(b[c] for c in cats) <= b["jobs_cpu"] * 1.5 + 0.05  # categories are the jobs' own CPU time
+    assert sum(b[c] for c in cats) <= b["jobs_wall"] * 1.05 + 0.05  # the categories split the jobs' wall time
