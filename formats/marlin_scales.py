@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 _QUAD = (0, 2, 1, 3)
+_NO_TABLE = np.empty(0, np.uint8)
 _SINGLE = (0, 1, 8, 9, 16, 17, 24, 25)
 
 
@@ -79,10 +80,7 @@ def permute_scale_columns(s: torch.Tensor, *, w4a8: bool = False, table: np.ndar
     *lead, g, n = s.shape
     src = s.transpose(-1, -2).view(torch.uint8).reshape(-1, n, g).numpy()
     out = np.empty((src.shape[0], g, n), np.uint8)
-    if table is None:
-        fp4_kernels.permute_scales(src, perm, out)
-    else:
-        fp4_kernels.permute_lookup(src, perm, table, out)
+    fp4_kernels.permute_scales(src, perm, _NO_TABLE if table is None else table, out)
     return torch.from_numpy(out).reshape(*lead, g, n).view(s.dtype)
 
 
