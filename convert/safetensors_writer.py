@@ -13,7 +13,6 @@ counts as done or the output is renamed into place."""
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import json
 import os
 from dataclasses import dataclass
@@ -30,9 +29,10 @@ _SYNC_FILE_RANGE_WRITE = 2
 
 
 def _sync_file_range():
-    """libc's sync_file_range (Linux), or None where there is none (then the kernel's own writeback)."""
+    """libc's sync_file_range (Linux), or None where there is none (then the kernel's own writeback).
+    Looked up in the symbols already loaded (dlopen(NULL)): no `ldconfig` subprocess at import time."""
     try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
