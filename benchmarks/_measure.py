@@ -15,6 +15,7 @@ class Run:
     seconds: float
     tree_mib: float  # peak of the summed RSS of the process and its descendants
     largest_mib: float  # peak RSS of the largest single process of the tree
+    started: float = 0.0  # time.perf_counter() when the command was started (after the first sync)
 
 
 def _tree_rss_kib(root_pid: int) -> tuple[int, int]:
@@ -61,7 +62,7 @@ def measured(cmd: list[str], *, env: dict | None = None) -> Run:
     subprocess.run(["sync"], check=True)
     if rc:
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {rc}")
-    return Run(time.perf_counter() - start, tree / 1024, largest / 1024)
+    return Run(time.perf_counter() - start, tree / 1024, largest / 1024, start)
 
 
 def timed(cmd: list[str], *, env: dict | None = None) -> tuple[float, float]:

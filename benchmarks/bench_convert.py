@@ -6,13 +6,19 @@ for the three default cases: NVFP4 -> sglang, NVFP4 -> vllm, MXFP4 -> sglang. Re
 of --repeat pairs: seconds, ratio b/a (target <= 1.25 on 2 cores), GB/s of input (target >= 1.3),
 peak RSS of the largest process and of the process tree (target <= 1 GiB each), the load average,
 and the projected time for the full 149 GB checkpoint.
+With --profile, one more (untimed) conversion per case runs with DSV4_CONVERT_PROFILE set
+(convert/profiling.py): the driver's phases (start-up = imports + planning, the vLLM rescale pass,
+shard jobs, finalize, publish = the fsync of everything) and, summed over the shard jobs, the wall
+seconds inside read, weights, scales, globals, hash, write and Python, the jobs' CPU seconds, and
+their idle seconds (wall - CPU: waiting for the disk, or for a core on a busy machine).
 
-    python benchmarks/bench_convert.py [--workers 2] [--repeat 3] [--cases nvfp4-sglang ...]
+    python benchmarks/bench_convert.py [--workers 2] [--repeat 3] [--cases nvfp4-sglang ...] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -22,6 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _measure import measured  # noqa: E402
+
+from dsv4_convert.profiling import PROFILE_ENV, breakdown  # noqa: E402
 
 FULL_CHECKPOINT_GB = 148.66 * 2**30 / 1e9
 CASES = {  # name -> (synth format, command, target)
@@ -37,6 +45,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3, help="alternating cp / convert pairs per case (median)")
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--dir", default=None, help="scratch directory (needs ~3x 3.6 GB)")
+    ap.add_argument("--profile", action="store_true", help="one more run per case: where the time goes")
     args = ap.parse_args()
     cli = [sys.executable, "-m", "dsv4_convert.cli"]
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; {os.cpu_count()} cores")
@@ -71,7 +80,31 @@ def main() -> None:
                   f"{FULL_CHECKPOINT_GB / rate / 60:>10.1f} min", flush=True)
             print(f"{'':<14}runs: cp {' '.join(f'{c:.2f}' for c in copies)}; convert "
                   f"{' '.join(f'{r.seconds:.2f}' for r in convs)}", flush=True)
+            if args.profile:
+                _profile(cli, command, src, tmp, target, args.workers)
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def _profile(cli, command, src, tmp, target, workers) -> None:
+    prof = tmp / "profile"
+    env = dict(os.environ, **{PROFILE_ENV: str(prof)})
+    r = measured([*cli, command, str(src), str(tmp / "out"), "--workers", str(workers), "--target", target, "-q"],
+                 env=env)
+    shutil.rmtree(tmp / "out")
+    marks = json.loads((prof / "driver.json").read_text())
+    t0 = r.started  # perf_counter is CLOCK_MONOTONIC: the driver's marks use the same clock
+    phases, last = [], t0
+    for name, t in marks:
+        phases.append(f"{'start-up' if name == 'start' else name} {t - last:.2f}")
+        last = t
+    b = breakdown(prof)
+    shutil.rmtree(prof)
+    print(f"{'':<14}profile (load {os.getloadavg()[0]:.2f}; cProfile adds overhead): wall {r.seconds:.2f} s = "
+          f"{', '.join(phases)}, exit+sync {t0 + r.seconds - last:.2f}", flush=True)
+    cats = ["read", "weights", "scales", "globals", "hash", "write", "python"]
+    print(f"{'':<14}jobs (s, summed over workers): wall {b['jobs_wall']:.2f} = "
+          f"{', '.join(f'{c} {b[c]:.2f}' for c in cats)}; CPU {b['jobs_cpu']:.2f}, idle (wall - CPU) "
+          f"{b['idle']:.2f}", flush=True)
 
 
 if __name__ == "__main__":

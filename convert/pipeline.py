@@ -23,8 +23,10 @@ from dsv4_convert.core.rescale import stack_rescale_factors
 from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
 from dsv4_convert.executors import ExecutorSpec, RunDir, auto_workers, make_executor
-from dsv4_convert.memory import keep_buffers
+from dsv4_convert.formats.marlin_weight import kernel_threads
+from dsv4_convert.memory import freeze_imports, keep_buffers
 from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
+from dsv4_convert.profiling import mark, profiled_job
 from dsv4_convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
 from dsv4_convert.safetensors_writer import ShardWriter
 from dsv4_convert.staging import Staging
@@ -99,6 +101,18 @@ def _planned_bytes(t: torch.Tensor, spec) -> memoryview:
 
 def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
                  metadata: dict, callback=None) -> tuple[str, str, int]:
+    freeze_imports()
+    threads = torch.get_num_threads()  # 1 in a pool worker; the cores when run inline (--workers 1)
+    torch.set_num_threads(1)  # torch's small ops here only wake OpenMP threads that then spin
+    try:
+        with kernel_threads(threads), profiled_job(shard.file):
+            return _write_shard_job(root, fmt, target, shard, tmp_path, rescale, metadata, callback)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
+                     metadata: dict, callback=None) -> tuple[str, str, int]:
     keep_buffers()
     with TensorReader(Path(root)) as reader:
         # no fsync per shard: --resume re-hashes every recorded shard, and publish fsyncs everything
@@ -139,6 +153,7 @@ def _rescale_for(root: str, act_dtype: str, container: str, projections: list[Pr
 def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, resume: bool = False,
                    force: bool = False, progress: bool = True, executor: ExecutorSpec = ExecutorSpec()) -> ConvertResult:
     start = time.perf_counter()
+    freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
     staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root, fence=RunDir.fence)
     done = staging.open(plan.fingerprint())
@@ -151,18 +166,23 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting",
                    disable=not progress, dynamic_ncols=True)
         pool = make_executor(executor, auto_workers(workers, total, len(todo)), bar, max_in_flight=workers)
+        mark("start")
         pool.check_paths(run, [ckpt.root / f for f in sorted({t.file for t in ckpt.tensors.values()})])
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
+        mark("rescale")
         meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,
                 "format_version": str(FORMAT_VERSION), "marlin_layout": plan.target.layout_tag}
         args = [(str(ckpt.root), ckpt.format, plan.target, s, str(run.tmp(s.file)), rescale, meta) for s in todo]
         pool.map(_write_shard, args, lambda r: _hand_over(run, staging, *r), reports_progress=True,
                  job_bytes=[s.nbytes for s in todo])
+        mark("shards")
         bar.close()
         pool.shutdown()
         run.remove()
         lost = finalize(plan, staging, rescale, step=_step)
+        mark("finalize")
         staging.publish()
+        mark("publish")
     except BaseException as e:
         if pool:
             pool.shutdown(cancel=True)

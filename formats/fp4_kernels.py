@@ -5,7 +5,8 @@ many; tests compare both byte for byte. Compiled once per machine and cached bes
 (`cache=True`), so a later start costs an import, not a compile.
   repack_a16      W4A16 weight repack (the bit exchanges of marlin_weight, per group of 4 words
                   held in registers, written straight to their final place)
-  permute_scales  [N, G] -> Marlin [G, N] with the 64-column permutation (transpose + perm in one)
+  permute_scales  [N, G] -> Marlin [G, N] with the 64-column permutation (transpose + perm in one),
+                  optionally through a 256-entry byte table on the way (NVFP4 -> S0E5M3 in the same pass)
   byte_presence   which of the 256 byte values occur (NaN / lost-scale checks without a mask tensor)
   lookup          a 256-entry byte table applied in place
 """
@@ -62,16 +63,18 @@ def repack_a16(src, out):
 
 
 @_jit
-def permute_scales(src, perm, out):
-    """src [B, N, G] bytes, perm [P] (source column in each block of P), out [B, G, N]:
-    out[b, g, P*j + q] = src[b, P*j + perm[q], g]."""
+def permute_scales(src, perm, table, out):
+    """src [B, N, G] bytes, perm [P] (source column in each block of P), table [256] bytes or empty
+    (no table), out [B, G, N]: out[b, g, P*j + q] = table[src[b, P*j + perm[q], g]]."""
     n_b, n, g = src.shape
     p = perm.shape[0]
+    lut = table.shape[0] == 256  # loop-invariant: the compiler unswitches the loop on it
     for b in range(n_b):
         for j in range(n // p):
             for gi in range(g):
                 for q in range(p):
-                    out[b, gi, p * j + q] = src[b, p * j + perm[q], gi]
+                    v = src[b, p * j + perm[q], gi]
+                    out[b, gi, p * j + q] = table[v] if lut else v
 
 
 @_jit

@@ -18,7 +18,7 @@ from dsv4_convert.formats.e8m0 import as_e8m0_bytes
 from dsv4_convert.formats.marlin_scales import (
     marlin_to_mxfp4_scales,
     mxfp4_scales_to_marlin,
-    nvfp4_scales_to_s0e5m3,
+    nvfp4_scales_to_marlin,
     permute_scale_columns,
     s0e5m3_to_nvfp4_scales,
     unpermute_scale_columns,
@@ -105,8 +105,7 @@ def nvfp4_to_marlin(weight, scale, *, target: MarlinTarget, sf: float = 1.0, n_p
     float8_e4m3fn [..., Kp/16, Np]). `sf` is the vllm rescale factor of the whole stack (1 otherwise)."""
     weight, scale = nvfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
     qweight = to_marlin_weight(weight)
-    s = nvfp4_scales_to_s0e5m3(scale.transpose(-1, -2), engine=target.engine, sf=sf)
-    return qweight, permute_scale_columns(s).view(torch.float8_e4m3fn)
+    return qweight, nvfp4_scales_to_marlin(scale, engine=target.engine, sf=sf).view(torch.float8_e4m3fn)
 
 
 def marlin_to_nvfp4(qweight, mscale, *, target: MarlinTarget, n: int, k: int, sf: float = 1.0):

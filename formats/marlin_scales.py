@@ -27,16 +27,29 @@ from dsv4_convert.formats.e8m0 import as_e8m0_bytes
 
 __all__ = [
     "scale_column_perm", "permute_scale_columns", "unpermute_scale_columns",
-    "vllm_rescale_factor", "nvfp4_scales_to_s0e5m3", "s0e5m3_to_nvfp4_scales",
+    "vllm_rescale_factor", "nvfp4_scales_to_s0e5m3", "nvfp4_scales_to_marlin", "s0e5m3_to_nvfp4_scales",
     "nvfp4_global_to_marlin", "marlin_to_nvfp4_global", "mxfp4_scales_to_marlin", "marlin_to_mxfp4_scales",
 ]
 
 _QUAD = (0, 2, 1, 3)
+_NO_TABLE = np.empty(0, np.uint8)
 _SINGLE = (0, 1, 8, 9, 16, 17, 24, 25)
 
 
 def scale_column_perm(*, w4a8: bool) -> torch.Tensor:
     """Source column (within one block) for each output column: 64 entries, or 32 for W4A8."""
+    return torch.from_numpy(_perm(w4a8).copy())
+
+
+@functools.lru_cache(maxsize=2)
+def _perm(w4a8: bool) -> np.ndarray:
+    """scale_column_perm, built once (read-only: callers get copies)."""
+    perm = _build_perm(w4a8).numpy()
+    perm.setflags(write=False)
+    return perm
+
+
+def _build_perm(w4a8: bool) -> torch.Tensor:
     if w4a8:
         return torch.tensor([2 * i + _SINGLE[m] for i in range(4) for m in range(8)])
     src = []
@@ -54,18 +67,28 @@ def _apply_block_perm(s: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
     return s.reshape(*s.shape[:-1], n // block, block)[..., perm].reshape(s.shape)
 
 
-def permute_scale_columns(s: torch.Tensor, *, w4a8: bool = False) -> torch.Tensor:
-    """[..., G, N] -> the same shape with Marlin's column order (a pure permutation of bytes).
-    Given the transpose of [..., N, G] bytes (how the converters call it), the transpose and the
-    permutation are one compiled pass; anything else takes the torch indexing reference."""
-    perm = scale_column_perm(w4a8=w4a8)
-    if s.dim() < 2 or s.element_size() != 1 or s.shape[-1] % perm.numel() or not s.transpose(-1, -2).is_contiguous():
-        return _apply_block_perm(s, perm)
+def permute_scale_columns(s: torch.Tensor, *, w4a8: bool = False, table: np.ndarray | None = None) -> torch.Tensor:
+    """[..., G, N] -> the same shape with Marlin's column order (a pure permutation of bytes), and with
+    `table` ([256] uint8) applied to every byte if given (a byte-wise value rule, e.g. _s0e5m3_table).
+    Given the transpose of [..., N, G] bytes (how the converters call it), the transpose, the
+    permutation and the table are one compiled pass; anything else takes the torch reference."""
+    perm = _perm(w4a8)
+    if s.dim() < 2 or s.element_size() != 1 or s.shape[-1] % perm.size or not s.transpose(-1, -2).is_contiguous():
+        if table is not None:
+            s = torch.from_numpy(table[s.contiguous().view(torch.uint8).numpy()]).view(s.dtype)
+        return _apply_block_perm(s, torch.from_numpy(perm.copy()))
     *lead, g, n = s.shape
     src = s.transpose(-1, -2).view(torch.uint8).reshape(-1, n, g).numpy()
     out = np.empty((src.shape[0], g, n), np.uint8)
-    fp4_kernels.permute_scales(src, perm.numpy(), out)
+    fp4_kernels.permute_scales(src, perm, _NO_TABLE if table is None else table, out)
     return torch.from_numpy(out).reshape(*lead, g, n).view(s.dtype)
+
+
+def nvfp4_scales_to_marlin(scale: torch.Tensor, *, engine: str, sf: float = 1.0) -> torch.Tensor:
+    """E4M3 block scales [..., N, G] -> Marlin's S0E5M3 bytes [..., G, N] (uint8): the same bytes as
+    permute_scale_columns(nvfp4_scales_to_s0e5m3(scale.transpose(-1, -2))), in one pass."""
+    src = as_e4m3(scale).view(torch.uint8)
+    return permute_scale_columns(src.transpose(-1, -2), table=_s0e5m3_table(engine, sf))
 
 
 def unpermute_scale_columns(s: torch.Tensor, *, w4a8: bool = False) -> torch.Tensor:

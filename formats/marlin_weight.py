@@ -14,12 +14,13 @@ n % 64 = 16*t + 8*dn + r (t = 2*t1 + t0). Each step exchanges two address bits:
 after which every word holds two finished output int32 and one word transpose
 (c, t1, q1, q0, r, kt) -> (kt, c, r, q1, q0, t1) puts them in place. All swaps are their own
 inverse, so from_marlin_weight runs the same steps backwards. Rows are processed in blocks of a
-few 64-row tiles so the intermediates stay in L2; with torch.get_num_threads() > 1 the blocks are
-shared out to threads (numpy ufuncs release the GIL).
+few 64-row tiles so the intermediates stay in L2; with more than one thread (`kernel_threads`, else
+torch.get_num_threads()) the blocks are shared out to threads (numpy ufuncs and the kernel release the GIL).
 W4A8 (32x32 tiles) permutes 2-byte units and swaps nibbles inside each int32.
 Leading (expert) dimensions are kept.
 """
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -29,7 +30,7 @@ from dsv4_convert.formats import fp4_kernels
 from dsv4_convert.formats.constants import MARLIN_TILE_K, MARLIN_TILE_N
 from dsv4_convert.formats.tiles import check_weight_tiles as check_marlin_weight_shape
 
-__all__ = ["check_marlin_weight_shape", "from_marlin_weight", "to_marlin_weight"]
+__all__ = ["check_marlin_weight_shape", "from_marlin_weight", "kernel_threads", "to_marlin_weight"]
 
 _U64 = np.uint64
 _BLOCK_BYTES = 1 << 19  # source bytes per block of 64-row tiles: two such buffers fit a 1 MiB L2
@@ -40,6 +41,24 @@ _T0_SWAP = (_U64(16), _U64(0x0000FFFF_0000FFFF))  # a2 <-> t0 (rows n, n + 16)
 _HALF_SWAP = (_U64(16), _U64(0x00000000_FFFF0000))  # a2 <-> a3
 _TO_OUT = (5, 0, 4, 2, 3, 1)  # block (c, t1, t0, dn, r, kt) -> output (kt, c, r, q1, q0, t1)
 _FROM_OUT = (1, 5, 3, 4, 2, 0)
+_threads: int | None = None  # kernel_threads() inside its block; None: torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def kernel_threads(n: int):
+    """Run the repack on `n` threads inside the block, whatever torch's own thread count. The converter
+    sets torch to 1 thread (its many small ops only wake OpenMP threads that then spin: with one
+    worker that doubled the user time) and keeps the repack's own threads."""
+    global _threads
+    before, _threads = _threads, max(1, int(n))
+    try:
+        yield
+    finally:
+        _threads = before
+
+
+def _thread_count() -> int:
+    return _threads if _threads is not None else torch.get_num_threads()
 
 
 def _delta_swap(src: np.ndarray, dst: np.ndarray, t: np.ndarray, shift, mask) -> None:
@@ -94,7 +113,7 @@ def _a16_run(src: np.ndarray, dst: np.ndarray, k2: int, forward: bool) -> None:
     n_experts, n_tiles = (src.shape[0], src.shape[1]) if forward else (src.shape[0], src.shape[2])
     tiles = max(1, min(n_tiles, _BLOCK_BYTES // (MARLIN_TILE_N * k2)))
     blocks = [(e, c0) for e in range(n_experts) for c0 in range(0, n_tiles, tiles)]
-    threads = min(torch.get_num_threads(), len(blocks))
+    threads = min(_thread_count(), len(blocks))
     if threads <= 1:
         _a16_blocks(src, dst, blocks, tiles, forward)
         return
@@ -105,9 +124,9 @@ def _a16_run(src: np.ndarray, dst: np.ndarray, k2: int, forward: bool) -> None:
 
 
 def _threaded_kernel(src: np.ndarray, out: np.ndarray) -> None:
-    """The kernel over ranges of 64-row tiles, on torch.get_num_threads() threads (it drops the GIL)."""
+    """The kernel over ranges of 64-row tiles, on `_thread_count()` threads (it drops the GIL)."""
     n_tiles = src.shape[1]
-    threads = min(torch.get_num_threads(), n_tiles)
+    threads = min(_thread_count(), n_tiles)
     if threads <= 1 or src.nbytes < (8 << 20):
         fp4_kernels.repack_a16(src, out)
         return

@@ -12,7 +12,13 @@ import xxhash
 
 from dsv4_convert.digest import file_digest, new_hash
 from dsv4_convert.formats import fp4_kernels
-from dsv4_convert.formats.marlin_scales import _apply_block_perm, permute_scale_columns, scale_column_perm
+from dsv4_convert.formats.marlin_scales import (
+    _apply_block_perm,
+    nvfp4_scales_to_marlin,
+    nvfp4_scales_to_s0e5m3,
+    permute_scale_columns,
+    scale_column_perm,
+)
 from dsv4_convert.formats.marlin_weight import _a16_forward, to_marlin_weight
 
 
@@ -41,6 +47,20 @@ def test_scale_permutation_kernel_matches_indexing(shape):
     fast = permute_scale_columns(s.transpose(-1, -2))  # the transposed view takes the kernel
     ref = _apply_block_perm(s.transpose(-1, -2).contiguous(), scale_column_perm(w4a8=False))
     assert torch.equal(fast, ref)
+
+
+@pytest.mark.parametrize("engine, sf", [("sglang", 1.0), ("vllm", 1.0), ("vllm", 0.25)])
+@pytest.mark.parametrize("shape", [(64, 8), (3, 128, 16), (2048, 256)])
+def test_fused_nvfp4_scales_match_the_two_steps(engine, sf, shape):
+    """The one-pass table + transpose + permutation against the value rule and the permutation
+    applied one after the other (and the strided fallback, for a non-contiguous source)."""
+    s = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(6))
+    e4m3 = s.view(torch.float8_e4m3fn)
+    ref = _apply_block_perm(nvfp4_scales_to_s0e5m3(e4m3, engine=engine, sf=sf).transpose(-1, -2).contiguous(),
+                            scale_column_perm(w4a8=False))
+    assert torch.equal(nvfp4_scales_to_marlin(e4m3, engine=engine, sf=sf), ref.view(torch.uint8))
+    wide = torch.cat([s, s], dim=-1)[..., : s.shape[-1]].view(torch.float8_e4m3fn)  # strided rows
+    assert torch.equal(nvfp4_scales_to_marlin(wide, engine=engine, sf=sf), ref.view(torch.uint8))
 
 
 def test_byte_presence_and_lookup():

@@ -1,0 +1,103 @@
+"""Where a conversion's time goes (benchmarks/bench_convert.py --profile). Off unless the environment
+names a directory in DSV4_CONVERT_PROFILE; then every shard job runs under cProfile and leaves
+`<dir>/<shard>.prof` and `<dir>/<shard>.json` (the job's wall, user and sys seconds), and the driver
+leaves `<dir>/driver.json` (wall clock at each phase boundary). `breakdown` sums them into the
+categories of issue 13: read, transform (weights, scales, globals), hash, write, Python, idle."""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import json
+import os
+import pstats
+import resource
+import time
+from pathlib import Path
+
+__all__ = ["PROFILE_ENV", "profiled_job", "mark", "breakdown"]
+
+PROFILE_ENV = "DSV4_CONVERT_PROFILE"
+_marks: list[tuple[str, float]] = []
+
+# category -> functions whose cumulative time counts there (file suffix, function name); disjoint call trees
+_CUMULATIVE = {
+    "read": [("core/reader.py", "load_projection"), ("core/reader.py", "iter_bytes")],
+    "weights": [("formats/marlin_weight.py", "to_marlin_weight")],
+    "scales": [("formats/marlin_scales.py", "permute_scale_columns"), ("formats/marlin_scales.py", "nvfp4_scales_to_s0e5m3"),
+               ("formats/marlin_scales.py", "mxfp4_scales_to_marlin"), ("convert/transform.py", "_refuse_nan_scales"),
+               ("convert/transform.py", "lost_scales"), ("formats/marlin_scales.py", "marlin_scales_fused")],
+    "globals": [("formats/marlin_scales.py", "nvfp4_global_to_marlin")],
+}
+_SELF = {  # category -> builtins whose own time counts there
+    "hash": ["of 'xxhash."],
+    "write": ["posix.write", "posix.pwrite", "posix.fsync", "'write' of '_io.", "sync_file_range", "copy_file_range"],
+}
+
+
+def _dir() -> Path | None:
+    d = os.environ.get(PROFILE_ENV)
+    return Path(d) if d else None
+
+
+@contextlib.contextmanager
+def profiled_job(name: str):
+    """Run one shard job under cProfile when profiling is on; a no-op otherwise."""
+    d = _dir()
+    if d is None:
+        yield
+        return
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    prof = cProfile.Profile()  # wall clock (a CPU-time timer is a system call per event: it distorted more)
+    prof.enable()
+    try:
+        yield
+    finally:
+        prof.disable()
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        d.mkdir(parents=True, exist_ok=True)
+        prof.dump_stats(d / f"{name}.prof")
+        (d / f"{name}.json").write_text(json.dumps({
+            "wall": time.perf_counter() - t0, "user": r1.ru_utime - r0.ru_utime, "sys": r1.ru_stime - r0.ru_stime,
+            "pid": os.getpid()}))
+
+
+def mark(phase: str) -> None:
+    """Driver side: note the wall clock at the end of `phase`; written out at once (a crash keeps it)."""
+    d = _dir()
+    if d is None:
+        return
+    _marks.append((phase, time.perf_counter()))
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "driver.json").write_text(json.dumps(_marks))
+
+
+def breakdown(d: Path) -> dict[str, float]:
+    """Seconds per category summed over every job in `d`: wall seconds spent inside the category's
+    functions (they add up to the jobs' wall time), and apart from them `idle`: the jobs' wall minus
+    their CPU time (waiting: on the disk's writeback throttle, or for a core on a busy machine)."""
+    out = dict.fromkeys(["read", "weights", "scales", "globals", "hash", "write", "python", "idle", "jobs_wall",
+                         "jobs_cpu"], 0.0)
+    for js in sorted(Path(d).glob("*.json")):
+        if js.name == "driver.json":
+            continue
+        job = json.loads(js.read_text())
+        stats = pstats.Stats(str(js.with_suffix(".prof"))).stats  # {(file, line, func): (cc, nc, tt, ct, callers)}
+        total = sum(v[2] for v in stats.values())
+        used = 0.0
+        for cat, funcs in _CUMULATIVE.items():
+            for (file, _, func), v in stats.items():
+                if any(file.endswith(f) and func == fn for f, fn in funcs):
+                    out[cat] += v[3]
+                    used += v[3]
+        for cat, names in _SELF.items():
+            for (file, _, func), v in stats.items():
+                if file == "~" and any(n in func for n in names):
+                    out[cat] += v[2]
+                    used += v[2]
+        out["python"] += max(0.0, total - used)
+        cpu = job["user"] + job["sys"]
+        out["jobs_wall"] += job["wall"]
+        out["jobs_cpu"] += cpu
+        out["idle"] += max(0.0, job["wall"] - cpu)
+    return out
