@@ -36,9 +36,9 @@ from dsv4_convert.serving.config import (
     QUANT_METHOD,
     PluginConfigError,
     check_layout,
-    check_rank_shape,
     expert_container,
     parse_quant_config,
+    rank_param_sizes,
 )
 from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader
 
@@ -53,11 +53,11 @@ _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
 _MARLIN_HINT = "start vLLM with --moe-backend marlin"
 
 
-def _check_layer(fmt, layer, hidden_size, intermediate_size_per_partition):
-    tp = layer.moe_config.moe_parallel_config.tp_size
-    check_rank_shape(
-        fmt, "vllm", intermediate=intermediate_size_per_partition * tp, hidden=hidden_size, tp_size=tp
-    )
+def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_partition):
+    """(H, I) of this rank's parameters: the unpadded sizes vLLM's layer has, or the padded ones a
+    `--tp/--ep` checkpoint records for exactly this split (serving/config.py rank_param_sizes)."""
+    return rank_param_sizes(spec, container, "vllm", hidden=hidden_size, i_shard=intermediate_size_per_partition,
+                            moe_tp=parallel.tp_size, ep=parallel.ep_size)
 
 
 def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
@@ -76,13 +76,28 @@ def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
 class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
     """MXFP4 experts already in Marlin order (what vLLM's prepare_moe_mxfp4_layer_for_marlin makes)."""
 
-    def __init__(self, moe, activation_key=None):
+    def __init__(self, moe, activation_key=None, *, spec, container: str):
         super().__init__(moe, activation_key=activation_key)
+        self.spec, self.container = spec, container
         if self.mxfp4_backend not in (Mxfp4MoeBackend.MARLIN, Mxfp4MoeBackend.BATCHED_MARLIN):
             raise PluginConfigError(
                 f"{QUANT_METHOD} experts are Marlin-packed but vLLM chose the "
                 f"{self.mxfp4_backend.value} MoE backend; {_MARLIN_HINT}"
             )
+
+    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config):
+        # vLLM rounds MXFP4 Marlin sizes up here (I -> 128, H -> 256) and passes the result to
+        # create_weights; the unpadded sizes are only seen here, so the layout is checked here.
+        engine = super().maybe_roundup_sizes(hidden_size, intermediate_size_per_partition, act_dtype,
+                                             moe_parallel_config)
+        ours = _rank_sizes(self.spec, self.container, moe_parallel_config, hidden_size,
+                           intermediate_size_per_partition)
+        if tuple(engine) != ours:
+            raise PluginConfigError(
+                f"{self.container}: vLLM {vllm.__version__} pads this layer's MXFP4 experts to H, I = "
+                f"{tuple(engine)} per rank but the checkpoint holds {ours}; re-convert for this vLLM"
+            )
+        return engine
 
     def create_weights(
         self,
@@ -93,7 +108,7 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
         params_dtype,
         **extra_weight_attrs,
     ):
-        _check_layer("mxfp4", layer, hidden_size, intermediate_size_per_partition)
+        # sizes already checked (and, for a --tp/--ep checkpoint, padded) in maybe_roundup_sizes
         self.num_experts = layer.num_experts = num_experts
         layer.params_dtype = params_dtype
         self.intermediate_size, self.hidden_size = intermediate_size_per_partition, hidden_size
@@ -152,14 +167,18 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
                 f"this NVFP4 checkpoint was converted for {self.spec.act_dtype} activations "
                 f"but vLLM runs {params_dtype}; use --dtype {self.spec.act_dtype} or re-convert"
             )
-        _check_layer("nvfp4", layer, hidden_size, intermediate_size_per_partition)
+        # vLLM pads NVFP4 I per rank only inside its repack: the parameters of a --tp/--ep checkpoint
+        # are created at the padded size here (layer.intermediate_size_per_partition stays unpadded,
+        # as it does in vLLM's own path)
+        h, i = _rank_sizes(self.spec, self.container, layer.moe_config.moe_parallel_config, hidden_size,
+                           intermediate_size_per_partition)
         layer.num_experts, layer.params_dtype, layer.quant_config = (
             num_experts,
             params_dtype,
             self.quant_config,
         )
         global_experts = extra_weight_attrs.get("global_num_experts", num_experts)
-        e, h, i = num_experts, hidden_size, intermediate_size_per_partition
+        e = num_experts
         loader, attrs = _create_marlin_params(layer, "nvfp4", e, h, i, dict(extra_weight_attrs))
         t = {**attrs, "quant_method": _TENSOR}
         _register(layer, "w13_weight_global_scale", torch.zeros(e, 2), t, loader)  # processed, F32
@@ -246,7 +265,7 @@ class VllmMarlinFp4Config(QuantizationConfig):
             container = expert_container(self.spec, prefix, num_hidden_layers=_num_hidden_layers())
             if container is not None:
                 if self.spec.format_of(container) == "mxfp4":
-                    return PrepackedMxfp4MarlinMoE(layer.moe_config)
+                    return PrepackedMxfp4MarlinMoE(layer.moe_config, spec=self.spec, container=container)
                 nvfp4 = ModelOptNvFp4Config(
                     is_checkpoint_nvfp4_serialized=True,
                     kv_cache_quant_algo=None,

@@ -136,6 +136,7 @@ def run_case(
     convert_for="vllm",
     small_scales=(),
     checkpoints: list | None = None,
+    padded: dict | None = None,
 ) -> dict:
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.plugins import load_general_plugins
@@ -148,12 +149,16 @@ def run_case(
         fmt, experts=experts, hidden=hidden, inter=inter, small_scales_for=tuple(small_scales)
     )
     target = MarlinTarget(engine=convert_for, act_dtype=act_dtype)
-    conv = synth.converted_experts(src, fmt, target, experts=experts)
+    conv = None if padded else synth.converted_experts(src, fmt, target, experts=experts)
     qc = synth.quant_config(
         fmt,
         MarlinTarget(engine="vllm", act_dtype=act_dtype),
         rescale=synth.rescale_factors(src, target, range(experts)),
     )
+    if padded is not None:  # `--tp/--ep` output for the split `padded` (may differ from the one run)
+        layout = synth.tp_layout(fmt, "vllm", hidden=hidden, inter=inter, experts=experts, **padded)
+        conv = synth.padded_experts(src, fmt, target, layout, experts=experts)
+        qc = {**qc, "tp_layout": layout, "layouts": [padded]}
     if checkpoints is not None:  # the real converter's output (dsv4-convert synth + *-to-marlin)
         src, _ = synth.load_checkpoint_experts(checkpoints[0])
         conv, qc = synth.load_checkpoint_experts(checkpoints[1])
@@ -163,20 +168,26 @@ def run_case(
         )
         engine_skipped = load_like_dsv4(engine, src, experts=experts)
         engine.quant_method.process_weights_after_loading(engine)
-        plugin = make_layer(
-            fresh,
-            get_quantization_config(qc["quant_method"]).from_config(qc),
-            experts=experts,
-            hidden=hidden,
-            inter=inter,
-            dtype=dtype,
-        )
+        from dsv4_convert.serving.config import PluginConfigError
+
+        try:
+            plugin = make_layer(
+                fresh,
+                get_quantization_config(qc["quant_method"]).from_config(qc),
+                experts=experts,
+                hidden=hidden,
+                inter=inter,
+                dtype=dtype,
+            )
+        except PluginConfigError as e:
+            return {"refused": str(e), "engine_method": type(engine.quant_method).__name__}
         missing = load_like_dsv4(plugin, conv, experts=experts)
         plugin.quant_method.process_weights_after_loading(plugin)
     return {
         "engine_method": type(engine.quant_method).__name__,
         "plugin_method": type(plugin.quant_method).__name__,
         "local_experts": int(plugin.w13_weight.shape[0]),
+        "shapes": {n: list(getattr(plugin, n).shape) for n in FINAL[fmt]},
         "rescale": getattr(plugin.quant_method, "rank_rescale_factors", {}),
         "engine_skipped": sorted(set(engine_skipped)),
         "skipped": sorted(set(missing)),

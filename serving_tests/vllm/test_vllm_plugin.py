@@ -66,6 +66,23 @@ EP_CASES = [
     _case("nvfp4-bf16-ep2-rescale", "nvfp4", "bfloat16", ep=True, small_scales=[0, 1]),
 ]
 
+# `--tp/--ep` padded output (serving_tests/synth.py padded_experts, the ROUND3 layout), loaded at the
+# recorded split; vLLM's own path pads the unconverted source itself. NVFP4: I_shard 96 -> 128 (the
+# golden nvfp4_moe_vllm_bfloat16_pad shape); MXFP4: I_shard 96 -> 128 and H 384 -> 512.
+PAD_CASES = [
+    _case("pad-nvfp4-bf16-tp2", "nvfp4", "bfloat16", inter=192, padded={"tp": 2, "ep": 1},
+          small_scales=[0, 1, 2, 3]),
+    _case("pad-mxfp4-bf16-tp2", "mxfp4", "bfloat16", hidden=384, inter=192, padded={"tp": 2, "ep": 1}),
+]
+PAD_EP_CASES = [
+    _case("pad-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True, inter=96, padded={"tp": 2, "ep": 2},
+          small_scales=[0, 1]),
+    _case("pad-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, hidden=384, inter=96, padded={"tp": 2, "ep": 2}),
+    # written padded for TP 2 / EP 1, served at TP 2 / EP 2: refused
+    _case("refuse-mxfp4-tp2-at-ep2", "mxfp4", "bfloat16", ep=True, hidden=384, inter=192,
+          padded={"tp": 2, "ep": 1}),
+]
+
 # the key cases on the real converter output: `dsv4-convert synth` + `*-to-marlin --target vllm`
 CKPT_CASES = [
     _case("ckpt-mxfp4-bf16-tp2", "mxfp4", "bfloat16"),
@@ -95,7 +112,7 @@ def _with_checkpoints(cases, tmp):
 def results(tmp_path_factory):
     """Every case in one spawn of 2 gloo ranks (the engine import dominates the run time)."""
     tmp = tmp_path_factory.mktemp("ranks")
-    cases = CASES + EP_CASES + _with_checkpoints(CKPT_CASES + CKPT_EP_CASES, tmp)
+    cases = CASES + EP_CASES + PAD_CASES + PAD_EP_CASES + _with_checkpoints(CKPT_CASES + CKPT_EP_CASES, tmp)
     return spawn_ranks("harness_vllm:run_cases", {"cases": cases}, tmp)
 
 
@@ -148,6 +165,29 @@ def test_ep2_rank_rescale_factor_was_recomputed(ep_results):
     stored, rank0 = ep_results[0]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"]
     assert stored == 1.0 and rank0 > 1.0  # rank 0 re-encoded its scales; rank 1 kept the stored bytes
     assert ep_results[1]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in PAD_CASES])
+def test_tp2_padded_layout_byte_equal_engine(results, case_id):
+    _assert_equal(results, case_id, expected_local=E)
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in PAD_EP_CASES if not c["id"].startswith("refuse")])
+def test_ep2_padded_layout_byte_equal_engine(results, case_id):
+    _assert_equal(results, case_id, expected_local=E // 2)
+
+
+def test_padded_shapes_are_vllms_padded_sizes(results):
+    # w13_weight [E, H/16, 4 I]: I_shard 96 -> 128 for both formats, H 384 -> 512 for MXFP4 only
+    assert results[0]["pad-nvfp4-bf16-tp2"]["shapes"]["w13_weight"] == [E, 256 // 16, 4 * 128]
+    assert results[1]["pad-mxfp4-bf16-ep2"]["shapes"]["w2_weight"] == [E // 2, 128 // 16, 2 * 512]
+
+
+def test_padded_layout_refused_at_another_split(results):
+    for res in results:
+        msg = res["refuse-mxfp4-tp2-at-ep2"]["refused"]
+        assert "converted padded for TP 2 / EP 1" in msg and "vllm runs TP 2 / EP 2" in msg, msg
+        assert "--tensor-parallel-size 2" in msg and "`--tp 2 --ep 2`" in msg
 
 
 # --- discovery and config, in this process --------------------------------------------------------
