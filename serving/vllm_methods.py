@@ -22,6 +22,7 @@ from vllm.model_executor.layers.quantization import get_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config, ModelOptNvFp4FusedMoE
 from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
+from vllm.model_executor.layers.quantization.utils import marlin_utils
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
@@ -40,7 +41,7 @@ from dsv4_convert.serving.config import (
     parse_quant_config,
     rank_param_sizes,
 )
-from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader
+from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader, w4a8_w13_final
 
 __all__ = ["PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "VllmMarlinFp4Config", "rank_rescale"]
 
@@ -51,6 +52,13 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _GROUP = FusedMoeWeightScaleSupported.GROUP.value
 _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
 _MARLIN_HINT = "start vLLM with --moe-backend marlin"
+# docs/SERVING.md "gpt-oss": why the pre-packed path does not serve it yet
+GPT_OSS_REFUSED = (
+    "gpt-oss experts are not served pre-packed yet: vLLM's gpt-oss loader (GptOssModel.load_weights) routes a "
+    "marlin_fp4 checkpoint to _load_weights_other, which skips per-expert gate_proj/up_proj/down_proj tensors, "
+    "and vLLM's gpt-oss Marlin path keeps gate/up interleaved. Serve the unconverted gpt-oss checkpoint "
+    "(vLLM pads and repacks it at load time)."
+)
 
 
 def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_partition):
@@ -60,7 +68,7 @@ def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_pa
                             moe_tp=parallel.tp_size, ep=parallel.ep_size)
 
 
-def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
+def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs, w4a8=False):
     loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
     for key in ("global_num_experts", "unpadded_hidden_size"):
         extra_weight_attrs.pop(key, None)
@@ -68,9 +76,25 @@ def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
     register_marlin_params(
         layer, _register, experts=e, hidden=h, intermediate=i, group=GROUP_SIZE[fmt],
         scale_dtype=torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8,  # E8M0 arrives viewed as uint8
-        attrs=attrs, loader=loader, scale_attrs={"quant_method": _GROUP},
+        attrs=attrs, loader=loader, scale_attrs={"quant_method": _GROUP}, w4a8=w4a8,
     )
     return loader, extra_weight_attrs
+
+
+def _check_w4a8(spec) -> None:
+    """W4A8 (`--w4a8`) bytes use vLLM's fp8-activation tile layout and scale offset: they need the
+    Marlin kernel vLLM builds with VLLM_MARLIN_INPUT_DTYPE=fp8, and W4A16 bytes need it unset."""
+    act = marlin_utils.get_marlin_input_dtype()  # what vLLM's repack and MarlinExperts read
+    if spec.w4a8 and act != torch.float8_e4m3fn:
+        raise PluginConfigError(
+            "this checkpoint was converted with --w4a8 (MXFP4 weights for fp8 activations); start vLLM "
+            "with VLLM_MARLIN_INPUT_DTYPE=fp8, or re-convert without --w4a8"
+        )
+    if not spec.w4a8 and act is not None:
+        raise PluginConfigError(
+            f"vLLM runs Marlin with {act} activations (VLLM_MARLIN_INPUT_DTYPE) but this checkpoint was "
+            "converted for 16-bit activations; unset VLLM_MARLIN_INPUT_DTYPE, or re-convert with --w4a8"
+        )
 
 
 class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
@@ -84,6 +108,7 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
                 f"{QUANT_METHOD} experts are Marlin-packed but vLLM chose the "
                 f"{self.mxfp4_backend.value} MoE backend; {_MARLIN_HINT}"
             )
+        _check_w4a8(spec)
 
     def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config):
         # vLLM rounds MXFP4 Marlin sizes up here (I -> 128, H -> 256) and passes the result to
@@ -119,9 +144,12 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
             hidden_size,
             intermediate_size_per_partition,
             dict(extra_weight_attrs),
+            w4a8=self.spec.w4a8,
         )
 
     def process_weights_after_loading(self, layer) -> None:
+        if self.spec.w4a8:
+            replace_parameter(layer, "w13_weight", w4a8_w13_final(layer.w13_weight.data))
         for name in ("w13_weight_scale", "w2_weight_scale"):
             replace_parameter(layer, name, getattr(layer, name).data.view(torch.float8_e8m0fnu))
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors
@@ -179,6 +207,8 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
         )
         global_experts = extra_weight_attrs.get("global_num_experts", num_experts)
         e = num_experts
+        pad = i - intermediate_size_per_partition  # zero scale bytes the padding holds by construction
+        self.padding_scale_bytes = {"w13": e * 2 * pad * (h // 16), "w2": e * h * (pad // 16)}
         loader, attrs = _create_marlin_params(layer, "nvfp4", e, h, i, dict(extra_weight_attrs))
         t = {**attrs, "quant_method": _TENSOR}
         _register(layer, "w13_weight_global_scale", torch.zeros(e, 2), t, loader)  # processed, F32
@@ -199,6 +229,7 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
             sf, new_bytes, zeros = rank_rescale(
                 getattr(layer, f"{stack}_weight_scale").data, stored_sf=stored, act_dtype=act
             )
+            zeros = max(0, zeros - getattr(self, "padding_scale_bytes", {}).get(stack, 0))
             self.rank_rescale_factors[stack] = (stored, sf)
             if sf != stored:
                 # expert parallel: this rank's experts give another factor than the whole layer's
@@ -264,6 +295,8 @@ class VllmMarlinFp4Config(QuantizationConfig):
         if isinstance(layer, RoutedExperts):
             container = expert_container(self.spec, prefix, num_hidden_layers=_num_hidden_layers())
             if container is not None:
+                if getattr(_hf_config(), "model_type", None) == "gpt_oss":
+                    raise PluginConfigError(GPT_OSS_REFUSED)
                 if self.spec.format_of(container) == "mxfp4":
                     return PrepackedMxfp4MarlinMoE(layer.moe_config, spec=self.spec, container=container)
                 nvfp4 = ModelOptNvFp4Config(

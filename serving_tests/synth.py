@@ -246,7 +246,12 @@ def padded_experts(src: dict[str, torch.Tensor], fmt: str, target: MarlinTarget,
                     sf = sfs[f"{CONTAINER}.{'w2' if p == 'w2' else 'w13'}"]
                     blocks.append(nvfp4_to_marlin(wr, sr, target=target, sf=sf, n_pad=n_pad, k_pad=k_pad))
             dim = 0 if p == "w2" else 1  # Marlin [K/16, 2N] and scales [K/g, N]
-            out[f"{name}.weight"] = torch.cat([q for q, _ in blocks], dim)
+            qs = [q for q, _ in blocks]
+            if target.w4a8 and dim == 1:  # W4A8: N-tiles are whole only in the [K/32, 4N] view
+                out[f"{name}.weight"] = torch.cat([q.reshape(q.shape[0] // 2, -1) for q in qs], 1).reshape(
+                    qs[0].shape[0], -1)
+            else:
+                out[f"{name}.weight"] = torch.cat(qs, dim)
             out[f"{name}.weight_scale"] = torch.cat([sc for _, sc in blocks], dim)
             if fmt == "nvfp4":
                 sf = sfs[f"{CONTAINER}.{'w2' if p == 'w2' else 'w13'}"]

@@ -83,6 +83,19 @@ PAD_EP_CASES = [
           padded={"tp": 2, "ep": 1}),
 ]
 
+# W4A8 (`--w4a8`: MXFP4 weights for fp8 activations, the golden mxfp4_moe_vllm_bfloat16_a8 layout),
+# loaded with VLLM_MARLIN_INPUT_DTYPE=fp8; and the two refusals when the kernel and bytes disagree
+W4A8_CASES = [
+    _case("w4a8-mxfp4-bf16-tp2", "mxfp4", "bfloat16", w4a8=True),
+    _case("w4a8-mxfp4-bf16-pad-tp2", "mxfp4", "bfloat16", w4a8=True, hidden=384, inter=192,
+          padded={"tp": 2, "ep": 1}),
+]
+W4A8_EP_CASES = [_case("w4a8-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, w4a8=True)]
+W4A8_REFUSED = [
+    _case("refuse-w4a8-bytes-a16-kernel", "mxfp4", "bfloat16", w4a8=True, kernel_a8=False),
+    _case("refuse-a16-bytes-w4a8-kernel", "mxfp4", "bfloat16", kernel_a8=True),
+]
+
 # the key cases on the real converter output: `dsv4-convert synth` + `*-to-marlin --target vllm`
 CKPT_CASES = [
     _case("ckpt-mxfp4-bf16-tp2", "mxfp4", "bfloat16"),
@@ -112,7 +125,7 @@ def _with_checkpoints(cases, tmp):
 def results(tmp_path_factory):
     """Every case in one spawn of 2 gloo ranks (the engine import dominates the run time)."""
     tmp = tmp_path_factory.mktemp("ranks")
-    cases = CASES + EP_CASES + PAD_CASES + PAD_EP_CASES + _with_checkpoints(CKPT_CASES + CKPT_EP_CASES, tmp)
+    cases = CASES + EP_CASES + PAD_CASES + PAD_EP_CASES + W4A8_CASES + W4A8_EP_CASES + W4A8_REFUSED + _with_checkpoints(CKPT_CASES + CKPT_EP_CASES, tmp)
     return spawn_ranks("harness_vllm:run_cases", {"cases": cases}, tmp)
 
 
@@ -188,6 +201,26 @@ def test_padded_layout_refused_at_another_split(results):
         msg = res["refuse-mxfp4-tp2-at-ep2"]["refused"]
         assert "converted padded for TP 2 / EP 1" in msg and "vllm runs TP 2 / EP 2" in msg, msg
         assert "--tensor-parallel-size 2" in msg and "`--tp 2 --ep 2`" in msg
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in W4A8_CASES])
+def test_tp2_w4a8_byte_equal_engine(results, case_id):
+    _assert_equal(results, case_id, expected_local=E)
+
+
+def test_ep2_w4a8_byte_equal_engine(results):
+    _assert_equal(results, "w4a8-mxfp4-bf16-ep2", expected_local=E // 2)
+
+
+@pytest.mark.parametrize("case_id, message", [
+    ("refuse-w4a8-bytes-a16-kernel", "converted with --w4a8.*VLLM_MARLIN_INPUT_DTYPE=fp8"),
+    ("refuse-a16-bytes-w4a8-kernel", "unset VLLM_MARLIN_INPUT_DTYPE, or re-convert with --w4a8"),
+])
+def test_w4a8_mismatch_with_the_kernel_refused(results, case_id, message):
+    import re
+
+    for res in results:
+        assert re.search(message, res[case_id]["refused"]), res[case_id]
 
 
 # --- discovery and config, in this process --------------------------------------------------------
