@@ -131,15 +131,35 @@ __all__.append("DSV4_FP8")
 # --- real converter output ------------------------------------------------------------------------
 
 
-def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int, hidden: int, inter: int):
-    """`dsv4-convert synth` + `dsv4-convert {fmt}-to-marlin` in a subprocess (the CLI of this checkout,
-    run by the current interpreter). Returns (source dir, converted dir)."""
-    import subprocess
+def converter_cli() -> list[str]:
+    """The converter command the checkpoint cases run: this checkout's CLI by the current interpreter, or
+    $DSV4_CONVERT_CLI (e.g. another checkout's `dsv4-convert`) when set."""
+    import os
     import sys
+
+    if os.environ.get("DSV4_CONVERT_CLI"):
+        return [os.environ["DSV4_CONVERT_CLI"]]
+    return [sys.executable, "-c", "from dsv4_convert.cli.main import main; main()"]
+
+
+def cli_has_tp() -> bool:
+    import subprocess
+
+    r = subprocess.run([*converter_cli(), "mxfp4-to-marlin", "--help"], capture_output=True, text=True)
+    return "--tp" in r.stdout
+
+
+def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int, hidden: int, inter: int,
+                     tp: int | None = None, ep: int | None = None):
+    """`dsv4-convert synth` + `dsv4-convert {fmt}-to-marlin [--tp --ep]` in a subprocess (`converter_cli`).
+    Returns (source dir, converted dir)."""
+    import subprocess
     from pathlib import Path
 
-    src, out = Path(tmp, f"src-{fmt}"), Path(tmp, f"conv-{fmt}-{engine}-{act_dtype}")
-    cli = [sys.executable, "-c", "from dsv4_convert.cli.main import main; main()"]
+    shape = "" if (hidden, inter) == (256, 256) else f"-{hidden}x{inter}"
+    split = "" if tp is None else f"-tp{tp}ep{ep or 1}"
+    src, out = Path(tmp, f"src-{fmt}{shape}"), Path(tmp, f"conv-{fmt}{shape}-{engine}-{act_dtype}{split}")
+    cli = converter_cli()
     if not src.exists():
         subprocess.run(
             [
@@ -176,6 +196,7 @@ def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int
             act_dtype,
             "--workers",
             "1",
+            *([] if tp is None else ["--tp", str(tp), "--ep", str(ep or 1)]),
         ],
         check=True,
         capture_output=True,
