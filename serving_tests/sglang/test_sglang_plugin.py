@@ -27,7 +27,7 @@ import logging
 
 import pytest
 import synth
-from common import spawn_ranks
+from common import spawn_ranks, split_params
 
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.serving.config import PluginConfigError, registration_log_line
@@ -171,15 +171,10 @@ def _assert_padded(results, case_id, expected_local, h_pad=H):
         assert r["shapes"]["w13_weight"] == [expected_local, h_pad // 16, 4 * 128], r["shapes"]
 
 
-@pytest.mark.parametrize("case_id", [c["id"] for c in PAD_CASES + CKPT_PAD_CASES if "h384" not in c["id"]])
-def test_tp2_padded_layout_real_region_byte_equal_and_padding_inert(results, case_id):
-    _assert_padded(results, case_id, expected_local=E)
-
-
-@pytest.mark.parametrize("case_id", [c["id"] for c in PAD_EP_CASES + CKPT_PAD_EP_CASES
-                                     if not c["id"].startswith("refuse")])
-def test_ep2_padded_layout_real_region_byte_equal_and_padding_inert(results, case_id):
-    _assert_padded(results, case_id, expected_local=E // 2)
+@pytest.mark.parametrize("case_id, local", split_params(
+    [c for c in PAD_CASES + CKPT_PAD_CASES if "h384" not in c["id"]], PAD_EP_CASES + CKPT_PAD_EP_CASES, E))
+def test_padded_layout_real_region_byte_equal_and_padding_inert(results, case_id, local):
+    _assert_padded(results, case_id, expected_local=local)
 
 
 def test_padded_layout_whole_tensors_byte_equal(results):

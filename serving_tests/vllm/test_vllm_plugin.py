@@ -30,7 +30,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 vllm = pytest.importorskip("vllm")
 
 import synth
-from common import spawn_ranks
+from common import spawn_ranks, split_params
 
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.serving.config import PluginConfigError, registration_log_line
@@ -191,15 +191,9 @@ def test_ep2_rank_rescale_factor_was_recomputed(ep_results):
     assert ep_results[1]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"] == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("case_id", [c["id"] for c in PAD_CASES + CKPT_PAD_CASES])
-def test_tp2_padded_layout_byte_equal_engine(results, case_id):
-    _assert_equal(results, case_id, expected_local=E)
-
-
-@pytest.mark.parametrize("case_id", [c["id"] for c in PAD_EP_CASES + CKPT_PAD_EP_CASES
-                                     if not c["id"].startswith("refuse")])
-def test_ep2_padded_layout_byte_equal_engine(results, case_id):
-    _assert_equal(results, case_id, expected_local=E // 2)
+@pytest.mark.parametrize("case_id, local", split_params(PAD_CASES + CKPT_PAD_CASES, PAD_EP_CASES + CKPT_PAD_EP_CASES, E))
+def test_padded_layout_byte_equal_engine(results, case_id, local):
+    _assert_equal(results, case_id, expected_local=local)
 
 
 @pytest.mark.skipif(not CLI_HAS_TP, reason="this checkout's dsv4-convert has no --tp yet (set $DSV4_CONVERT_CLI)")
