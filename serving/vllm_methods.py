@@ -24,6 +24,7 @@ from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
 from vllm.model_executor.layers.quantization.utils import marlin_utils
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
+from vllm.model_executor.models.gpt_oss import GptOssRoutedExperts
 from vllm.model_executor.utils import set_weight_attrs
 
 from dsv4_convert.formats.marlin_scales import (
@@ -52,15 +53,6 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _GROUP = FusedMoeWeightScaleSupported.GROUP.value
 _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
 _MARLIN_HINT = "start vLLM with --moe-backend marlin"
-# docs/SERVING.md "gpt-oss": why the pre-packed path does not serve it yet
-GPT_OSS_REFUSED = (
-    "gpt-oss experts are not served pre-packed yet: vLLM's gpt-oss loader (GptOssModel.load_weights) routes a "
-    "marlin_fp4 checkpoint to _load_weights_other, which skips per-expert gate_proj/up_proj/down_proj tensors, "
-    "and vLLM's gpt-oss Marlin path keeps gate/up interleaved. Serve the unconverted gpt-oss checkpoint "
-    "(vLLM pads and repacks it at load time)."
-)
-
-
 def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_partition):
     """(H, I) of this rank's parameters: the unpadded sizes vLLM's layer has, or the padded ones a
     `--tp/--ep` checkpoint records for exactly this split (serving/config.py rank_param_sizes)."""
@@ -111,6 +103,7 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
         _check_w4a8(spec)
 
     def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config):
+        self.unpadded_sizes = (hidden_size, intermediate_size_per_partition)
         # vLLM rounds MXFP4 Marlin sizes up here (I -> 128, H -> 256) and passes the result to
         # create_weights; the unpadded sizes are only seen here, so the layout is checked here.
         engine = super().maybe_roundup_sizes(hidden_size, intermediate_size_per_partition, act_dtype,
@@ -295,8 +288,13 @@ class VllmMarlinFp4Config(QuantizationConfig):
         if isinstance(layer, RoutedExperts):
             container = expert_container(self.spec, prefix, num_hidden_layers=_num_hidden_layers())
             if container is not None:
-                if getattr(_hf_config(), "model_type", None) == "gpt_oss":
-                    raise PluginConfigError(GPT_OSS_REFUSED)
+                if isinstance(layer, GptOssRoutedExperts):
+                    if self.spec.format_of(container) != "mxfp4":
+                        raise PluginConfigError(f"{container}: gpt-oss experts are MXFP4; this checkpoint "
+                                                f"records {self.spec.format_of(container)}")
+                    from dsv4_convert.serving.vllm_gpt_oss import PrepackedGptOssMxfp4MarlinMoE
+
+                    return PrepackedGptOssMxfp4MarlinMoE(layer.moe_config, spec=self.spec, container=container)
                 if self.spec.format_of(container) == "mxfp4":
                     return PrepackedMxfp4MarlinMoE(layer.moe_config, spec=self.spec, container=container)
                 nvfp4 = ModelOptNvFp4Config(

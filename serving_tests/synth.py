@@ -150,15 +150,16 @@ def cli_has_tp() -> bool:
 
 
 def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int, hidden: int, inter: int,
-                     tp: int | None = None, ep: int | None = None):
+                     tp: int | None = None, ep: int | None = None, source: str | None = None):
     """`dsv4-convert synth` + `dsv4-convert {fmt}-to-marlin [--tp --ep]` in a subprocess (`converter_cli`).
-    Returns (source dir, converted dir)."""
+    `source` is synth's --format (default: the DeepSeek-V4 one of `fmt`). Returns (source dir, converted dir)."""
     import subprocess
     from pathlib import Path
 
     shape = "" if (hidden, inter) == (256, 256) else f"-{hidden}x{inter}"
     split = "" if tp is None else f"-tp{tp}ep{ep or 1}"
-    src, out = Path(tmp, f"src-{fmt}{shape}"), Path(tmp, f"conv-{fmt}{shape}-{engine}-{act_dtype}{split}")
+    source = source or ("mxfp4-dsv4" if fmt == "mxfp4" else "nvfp4-modelopt-dsv4")
+    src, out = Path(tmp, f"src-{source}{shape}"), Path(tmp, f"conv-{source}{shape}-{engine}-{act_dtype}{split}")
     cli = converter_cli()
     if not src.exists():
         subprocess.run(
@@ -167,7 +168,7 @@ def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int
                 "synth",
                 str(src),
                 "--format",
-                "mxfp4-dsv4" if fmt == "mxfp4" else "nvfp4-modelopt-dsv4",
+                source,
                 "--layers",
                 "1",
                 "--experts",
