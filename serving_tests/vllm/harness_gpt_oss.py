@@ -100,6 +100,7 @@ def run(rank, world, *, src: str, conv: str, ep: bool) -> dict:
         p = plugin.routed_experts
         with set_current_vllm_config(fresh()):
             p.quant_method.process_weights_after_loading(p)
+            outputs = _emulated_outputs(e, p, hidden=hf["hidden_size"])
 
     # vLLM's w13 rows are interleaved (g0, u0, g1, u1, ...) over the rank's padded 2 * I_p rows; the
     # plugin's are [g0 .. g_{I_p-1}; u0 .. u_{I_p-1}]: row j of ours is row perm[j] of vLLM's
@@ -141,8 +142,40 @@ def run(rank, world, *, src: str, conv: str, ep: bool) -> dict:
                 before["w13_weight"], before["w13_weight_scale"], target=MarlinTarget(engine="vllm"))[0]),
             "w13_bias": byte_diff(p.w13_bias.data, e.w13_bias.data),
         },
+        "emulated_max_abs_diff": outputs,
         "bias_nonzero": bool(before["w13_bias"].abs().sum() > 0),
     }
+
+
+def _emulated_outputs(e, p, *, hidden: int) -> dict:
+    """Each local expert's output on the same tokens, from the final Marlin tensors of both paths
+    (validate/emulate.py's dequantisation as the kernel reads the bytes, float32 GEMMs, the biases
+    taken back from their Marlin permutation): vLLM's path with its SWIGLUOAI (`SwigluOAIAndMul`,
+    interleaved), the plugin's with vLLM's SWIGLUOAI_UNINTERLEAVE math (`SiluAndMulWithClamp` with
+    the constants the plugin sets). Returns {"max_abs_diff": .., "max_abs_out": ..}."""
+    from vllm.model_executor.layers.activation import SiluAndMulWithClamp, SwigluOAIAndMul
+
+    from dsv4_convert.core.tensor_model import Quant
+    from dsv4_convert.validate.emulate import marlin_dequantize
+
+    cfg = p.quant_method.moe_quant_config
+    acts = {"engine": SwigluOAIAndMul().forward_native,
+            "plugin": SiluAndMulWithClamp(cfg.gemm1_clamp_limit, cfg.gemm1_alpha, cfg.gemm1_beta).forward_native}
+    h_pad, n13 = e.w13_weight.shape[1] * 16, e.w13_weight.shape[2] // 2
+    kw = dict(quant=Quant.MXFP4, act_dtype="bfloat16", w4a8=False)
+    x = torch.nn.functional.pad(torch.randn(8, hidden, generator=torch.Generator().manual_seed(0)), (0, h_pad - hidden))
+    diff = top = 0.0
+    for i in range(e.w13_weight.shape[0]):
+        out = {}
+        for side, layer in (("engine", e), ("plugin", p)):
+            w13 = marlin_dequantize(layer.w13_weight.data[i], layer.w13_weight_scale.data[i], None, n=n13, k=h_pad, **kw)
+            w2 = marlin_dequantize(layer.w2_weight.data[i], layer.w2_weight_scale.data[i], None, n=h_pad,
+                                   k=n13 // 2, **kw)
+            y = x @ w13.T + _unpermute_bias(layer.w13_bias.data[i]).float()
+            out[side] = (acts[side](y) @ w2.T + _unpermute_bias(layer.w2_bias.data[i]).float())[:, :hidden]
+        diff = max(diff, float((out["engine"] - out["plugin"]).abs().max()))
+        top = max(top, float(out["engine"].abs().max()))
+    return {"max_abs_diff": diff, "max_abs_out": top}
 
 
 def _final_scale_diff(e, p, perm):
