@@ -86,8 +86,8 @@ def test_gpt_oss_activation_is_swigluoai_on_deinterleaved_halves(results):
 
 
 def test_gpt_oss_emulated_moe_output_equal(results):
-    # the final tensors of both paths give the same expert outputs (validate/emulate.py dequantisation,
-    # each path's own activation) are exactly equal: the de-interleave and SWIGLUOAI_UNINTERLEAVE change nothing
+    # the expert outputs from the final tensors of both paths (validate/emulate.py dequantisation, each
+    # path's own activation) are exactly equal: the de-interleave and SWIGLUOAI_UNINTERLEAVE change nothing
     split, ranks = results
     for r in ranks:
         out = r["emulated_max_abs_diff"]
