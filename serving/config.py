@@ -20,7 +20,7 @@ from dsv4_convert.core.engines import (
     registration_log_line,
     version_tuple,
 )
-from dsv4_convert.formats.tiles import GROUP_SIZE, moe_rank_tiles, working_layouts
+from dsv4_convert.formats.tiles import GROUP_SIZE, OK, PAD, moe_rank_tiles, working_layouts
 
 __all__ = [
     "FORMAT_VERSION",
@@ -30,6 +30,8 @@ __all__ = [
     "PluginConfigError",
     "check_layout",
     "check_rank_shape",
+    "check_tp_layout",
+    "rank_param_sizes",
     "expert_container",
     "parse_quant_config",
     "registration_log_line",
@@ -56,10 +58,38 @@ class MarlinFp4Spec:
     original_quantization_config: dict | None
     format_version: int = FORMAT_VERSION
     target_engine_version: str | None = None
+    tp_layout: dict | None = None  # the `--tp/--ep` record (docs/FORMAT.md), None when layout-agnostic
     raw: dict = field(default_factory=dict, repr=False, compare=False)
 
     def format_of(self, container: str) -> str:
         return self.experts[container]
+
+    @property
+    def padded(self) -> bool:
+        """True when some experts container was written padded for the one recorded (TP, EP)."""
+        return self.tp_layout is not None and any(
+            c["status"] == PAD for c in self.tp_layout["containers"].values())
+
+
+_LAYOUT_KEYS = ("hidden", "intermediate", "i_shard", "i_pad", "h_pad")
+
+
+def _tp_layout_problems(tl, experts) -> list[str]:
+    if not isinstance(tl, dict):
+        return ["tp_layout must be an object {tp, ep, containers}"]
+    out = [f"tp_layout.{k} must be a positive integer" for k in ("tp", "ep")
+           if not (isinstance(tl.get(k), int) and tl[k] >= 1)]
+    containers = tl.get("containers")
+    if not isinstance(containers, dict):
+        return [*out, "tp_layout.containers must map each experts container to its padded sizes"]
+    for name, c in containers.items():
+        if name not in experts:
+            out.append(f"tp_layout.containers[{name!r}] is not listed in experts")
+        elif not isinstance(c, dict) or c.get("status") not in (OK, PAD) or not all(
+                isinstance(c.get(k), int) and c[k] > 0 for k in _LAYOUT_KEYS):
+            out.append(f"tp_layout.containers[{name!r}] needs status ok|pad and positive integer "
+                       f"{', '.join(_LAYOUT_KEYS)}")
+    return out
 
 
 def parse_quant_config(cfg: dict) -> MarlinFp4Spec:
@@ -100,6 +130,9 @@ def parse_quant_config(cfg: dict) -> MarlinFp4Spec:
         problems.append(
             "original_quantization_config must be the source's block (with its quant_method) or null"
         )
+    tp_layout = cfg.get("tp_layout")
+    if tp_layout is not None:
+        problems += _tp_layout_problems(tp_layout, experts)
     if problems:
         raise PluginConfigError("dsv4-convert checkpoint config refused:\n  - " + "\n  - ".join(problems))
     return MarlinFp4Spec(
@@ -114,6 +147,7 @@ def parse_quant_config(cfg: dict) -> MarlinFp4Spec:
         original_quantization_config=original,
         format_version=version,
         target_engine_version=cfg.get("target_engine_version"),
+        tp_layout=tp_layout,
         raw=dict(cfg),
     )
 
@@ -195,3 +229,50 @@ def check_rank_shape(fmt: str, engine: str, *, intermediate: int, hidden: int, t
         f"longer line up. Layouts that work for this model: "
         f"{', '.join(f'TP {t} / EP {e}' for t, e in ok) or 'none'}. Otherwise serve the unconverted checkpoint."
     )
+
+
+def _layout_text(tp: int, ep: int) -> str:
+    return f"TP {tp} / EP {ep}"
+
+
+def check_tp_layout(spec: MarlinFp4Spec, *, tp: int, ep: int) -> None:
+    """A checkpoint written padded for one (TP, EP) (`--tp/--ep`) serves exactly that split: each rank's
+    block holds that rank's padded slice. `tp` is the engine's whole TP (MoE TP x EP)."""
+    if not spec.padded:
+        return
+    want = spec.tp_layout["tp"], spec.tp_layout["ep"]
+    if (tp, ep) == want:
+        return
+    t, e = want
+    engine = spec.target_engine
+    serve = (f"--tensor-parallel-size {t}" + (" --enable-expert-parallel" if e > 1 else "")
+             if engine == "vllm" else f"--tp-size {t}" + (f" --ep-size {e}" if e > 1 else ""))
+    raise PluginConfigError(
+        f"this checkpoint was converted padded for {_layout_text(t, e)} (quantization_config.tp_layout): its "
+        f"expert tensors hold each of those ranks' padded slices and serve only that split, but {engine} runs "
+        f"{_layout_text(tp, ep)}. Serve it with {serve}, or re-convert the source with `--tp {tp} --ep {ep}`."
+    )
+
+
+def rank_param_sizes(spec: MarlinFp4Spec, container: str, engine: str, *, hidden: int, i_shard: int,
+                     moe_tp: int, ep: int = 1) -> tuple[int, int]:
+    """(H, I) per rank of the plugin's expert parameters for `container`, given the layer's unpadded
+    hidden size and per-rank intermediate size. A padded `tp_layout` gives its recorded sizes (after
+    checking the split and that the one tile rule gives the same numbers); otherwise the layer must
+    need no padding (check_rank_shape) and the sizes are the unpadded ones."""
+    fmt = spec.format_of(container)
+    check_tp_layout(spec, tp=moe_tp * ep, ep=ep)
+    rec = (spec.tp_layout or {}).get("containers", {}).get(container) if spec.padded else None
+    if rec is None or rec["status"] == OK:
+        check_rank_shape(fmt, engine, intermediate=i_shard * moe_tp, hidden=hidden, tp_size=moe_tp, ep_size=ep)
+        return hidden, i_shard
+    v = moe_rank_tiles(fmt, engine, hidden=rec["hidden"], intermediate=rec["intermediate"],
+                       tp=moe_tp * ep, ep=ep)
+    got = (rec["hidden"], rec["i_shard"], rec["h_pad"], rec["i_pad"])
+    if (hidden, i_shard) != got[:2] or (v.status, v.hidden, v.i_shard, v.h_pad, v.i_pad) != (PAD, *got):
+        raise PluginConfigError(
+            f"{container}: tp_layout records H={rec['hidden']} I_shard={rec['i_shard']} padded to "
+            f"H={rec['h_pad']} I={rec['i_pad']}, but the model has H={hidden} I_shard={i_shard} and {engine} "
+            f"pads it to H={v.h_pad} I={v.i_pad} ({v.status}). Re-convert with this dsv4-convert version."
+        )
+    return v.h_pad, v.i_pad

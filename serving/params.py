@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["same_bytes_loader", "register_param", "register_marlin_params"]
+__all__ = ["same_bytes_loader", "register_param", "register_marlin_params", "w4a8_w13_final"]
 
 
 def same_bytes_loader(weight_loader):
@@ -15,6 +15,10 @@ def same_bytes_loader(weight_loader):
     def load(param, loaded_weight, *args, **kwargs):
         if loaded_weight.dtype != param.dtype and loaded_weight.element_size() == param.element_size():
             loaded_weight = loaded_weight.view(param.dtype)
+        if getattr(param, "dsv4_w4a8_rows", False) and loaded_weight.dim() == 2:
+            # W4A8 tiles are 32 (K) x 32 (N): a [K/16, 2N] tensor is really [K/32, 4N] with whole
+            # N-tiles per column range, so gate/up halves and TP slices are cut in that view
+            loaded_weight = loaded_weight.reshape(loaded_weight.shape[0] // 2, -1)
         return weight_loader(param, loaded_weight, *args, **kwargs)
 
     return load
@@ -28,12 +32,23 @@ def register_param(layer, name, data, attrs, weight_loader, set_weight_attrs, **
 
 
 def register_marlin_params(layer, register, *, experts: int, hidden: int, intermediate: int, group: int,
-                           scale_dtype: torch.dtype, attrs: dict, loader, scale_attrs: dict) -> None:
+                           scale_dtype: torch.dtype, attrs: dict, loader, scale_attrs: dict,
+                           w4a8: bool = False) -> None:
     """The four packed expert parameters in their final Marlin shapes (docs/FORMAT.md): weights int32
-    [E, K/16, 2N], scales [E, K/g, N], for w13 (N = 2I, K = H) and w2 (N = H, K = I)."""
+    [E, K/16, 2N], scales [E, K/g, N], for w13 (N = 2I, K = H) and w2 (N = H, K = I). W4A8's w13 is
+    created as [E, H/32, 8I] (its tile rows; `w4a8_w13_final` views it back after loading)."""
     e, h, i = experts, hidden, intermediate
-    register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
+    if w4a8:
+        register(layer, "w13_weight", torch.zeros(e, h // 32, 8 * i, dtype=torch.int32), attrs, loader,
+                 dsv4_w4a8_rows=True)
+    else:
+        register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
     register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
     # zero bytes viewed as the scale dtype (E8M0 has no torch.zeros of its own)
     for name, shape in (("w13_weight_scale", (e, h // group, 2 * i)), ("w2_weight_scale", (e, i // group, h))):
         register(layer, name, torch.zeros(shape, dtype=torch.uint8).view(scale_dtype), attrs, loader, **scale_attrs)
+
+
+def w4a8_w13_final(w13: torch.Tensor) -> torch.Tensor:
+    """[E, H/32, 8I] as loaded -> the kernel's [E, H/16, 4I] (same bytes)."""
+    return w13.view(w13.shape[0], w13.shape[1] * 2, w13.shape[2] // 2)

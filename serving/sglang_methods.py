@@ -28,9 +28,9 @@ from dsv4_convert.serving.config import (
     QUANT_METHOD,
     PluginConfigError,
     check_layout,
-    check_rank_shape,
     expert_container,
     parse_quant_config,
+    rank_param_sizes,
 )
 from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader
 
@@ -52,15 +52,19 @@ def _require_marlin_runner():
         )
 
 
-def _check_layer(fmt: str, layer, intermediate_size_per_partition: int, hidden_size: int) -> None:
-    tp = getattr(layer, "moe_tp_size", 1)
-    check_rank_shape(
-        fmt, "sglang", intermediate=intermediate_size_per_partition * tp, hidden=hidden_size, tp_size=tp
-    )
+def _rank_sizes(spec, container: str, layer, hidden_size: int, intermediate_size_per_partition: int):
+    """(H, I) of this rank's parameters: SGLang passes the unpadded sizes to create_weights (its MXFP4
+    Marlin method pads inside); a `--tp/--ep` checkpoint records the padded ones for exactly this split."""
+    return rank_param_sizes(spec, container, "sglang", hidden=hidden_size, i_shard=intermediate_size_per_partition,
+                            moe_tp=getattr(layer, "moe_tp_size", 1), ep=getattr(layer, "moe_ep_size", 1))
 
 
 class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
     """MXFP4 experts already in Marlin order: w13 [E, H/16, 4I] int32, scales [E, H/32, 2I] E8M0."""
+
+    def __init__(self, fp8_method, prefix: str, *, spec, container: str):
+        super().__init__(fp8_method, prefix=prefix)
+        self.spec, self.container = spec, container
 
     def create_weights(
         self,
@@ -72,10 +76,10 @@ class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
         **extra_weight_attrs,
     ):
         _require_marlin_runner()
-        _check_layer("mxfp4", layer, intermediate_size_per_partition, hidden_size)
+        h, i = _rank_sizes(self.spec, self.container, layer, hidden_size, intermediate_size_per_partition)
         layer._dsv4_mxfp4_backend = None
-        self.hidden_pad = 0
-        e, h, i = num_experts, hidden_size, intermediate_size_per_partition
+        self.hidden_pad = h - layer.hidden_size  # apply() pads the activations to the weights' H
+        e = num_experts
         loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
         attrs = {**extra_weight_attrs, "is_transposed": True}
         register_marlin_params(layer, _register, experts=e, hidden=h, intermediate=i, group=32,
@@ -93,10 +97,11 @@ class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
 class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
     """NVFP4 experts already in Marlin order, with SGLang's S0E5M3 scale bytes and act-dtype globals."""
 
-    def __init__(self, quant_config, act_dtype: torch.dtype):
+    def __init__(self, quant_config, act_dtype: torch.dtype, *, spec, container: str):
         _require_marlin_runner()
         super().__init__(quant_config)
         self.act_dtype = act_dtype
+        self.spec, self.container = spec, container
 
     def create_weights(
         self,
@@ -112,12 +117,13 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
                 f"this checkpoint's NVFP4 globals are stored in {self.act_dtype} but the server runs {params_dtype}; "
                 f"start SGLang with --dtype {str(self.act_dtype).removeprefix('torch.')} or re-convert"
             )
-        _check_layer("nvfp4", layer, intermediate_size_per_partition, hidden_size)
+        # SGLang never pads gated NVFP4 experts: this refuses any shape that would need it
+        h, i = _rank_sizes(self.spec, self.container, layer, hidden_size, intermediate_size_per_partition)
         layer.intermediate_size_per_partition = intermediate_size_per_partition
         layer.params_dtype = params_dtype
         layer.quant_config = self.quant_config
         layer.w13_blockscale_swizzled = layer.w2_blockscale_swizzled = None
-        e, h, i = layer.num_local_experts, hidden_size, intermediate_size_per_partition
+        e = layer.num_local_experts
         loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
         attrs = {**extra_weight_attrs, "is_transposed": True}
         register_marlin_params(layer, _register, experts=e, hidden=h, intermediate=i, group=16,
@@ -210,11 +216,13 @@ class SglangMarlinFp4Config(QuantizationConfig):
                 fmt = self.spec.format_of(container)
                 if fmt == "mxfp4":
                     fp8_method = Fp8MoEMethod(self.inner) if isinstance(self.inner, Fp8Config) else None
-                    return PrepackedMxfp4MarlinMoEMethod(fp8_method, prefix=prefix)
+                    return PrepackedMxfp4MarlinMoEMethod(fp8_method, prefix=prefix, spec=self.spec,
+                                                         container=container)
                 nvfp4 = ModelOptFp4Config(
                     is_checkpoint_nvfp4_serialized=True, group_size=GROUP_SIZE["nvfp4"], exclude_modules=[]
                 )
-                return PrepackedNvFp4MarlinMoEMethod(nvfp4, _DTYPES[self.spec.act_dtype])
+                return PrepackedNvFp4MarlinMoEMethod(nvfp4, _DTYPES[self.spec.act_dtype], spec=self.spec,
+                                                     container=container)
         if self.inner is None:
             return None
         return self.inner.get_quant_method(layer, prefix)

@@ -22,7 +22,9 @@ from vllm.model_executor.layers.quantization import get_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config, ModelOptNvFp4FusedMoE
 from vllm.model_executor.layers.quantization.mxfp4 import Mxfp4MoEMethod
+from vllm.model_executor.layers.quantization.utils import marlin_utils
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
+from vllm.model_executor.models.gpt_oss import GptOssRoutedExperts
 from vllm.model_executor.utils import set_weight_attrs
 
 from dsv4_convert.formats.marlin_scales import (
@@ -36,11 +38,11 @@ from dsv4_convert.serving.config import (
     QUANT_METHOD,
     PluginConfigError,
     check_layout,
-    check_rank_shape,
     expert_container,
     parse_quant_config,
+    rank_param_sizes,
 )
-from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader
+from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader, w4a8_w13_final
 
 __all__ = ["PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "VllmMarlinFp4Config", "rank_rescale"]
 
@@ -51,16 +53,14 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _GROUP = FusedMoeWeightScaleSupported.GROUP.value
 _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
 _MARLIN_HINT = "start vLLM with --moe-backend marlin"
+def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_partition):
+    """(H, I) of this rank's parameters: the unpadded sizes vLLM's layer has, or the padded ones a
+    `--tp/--ep` checkpoint records for exactly this split (serving/config.py rank_param_sizes)."""
+    return rank_param_sizes(spec, container, "vllm", hidden=hidden_size, i_shard=intermediate_size_per_partition,
+                            moe_tp=parallel.tp_size, ep=parallel.ep_size)
 
 
-def _check_layer(fmt, layer, hidden_size, intermediate_size_per_partition):
-    tp = layer.moe_config.moe_parallel_config.tp_size
-    check_rank_shape(
-        fmt, "vllm", intermediate=intermediate_size_per_partition * tp, hidden=hidden_size, tp_size=tp
-    )
-
-
-def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
+def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs, w4a8=False):
     loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
     for key in ("global_num_experts", "unpadded_hidden_size"):
         extra_weight_attrs.pop(key, None)
@@ -68,21 +68,54 @@ def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs):
     register_marlin_params(
         layer, _register, experts=e, hidden=h, intermediate=i, group=GROUP_SIZE[fmt],
         scale_dtype=torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8,  # E8M0 arrives viewed as uint8
-        attrs=attrs, loader=loader, scale_attrs={"quant_method": _GROUP},
+        attrs=attrs, loader=loader, scale_attrs={"quant_method": _GROUP}, w4a8=w4a8,
     )
     return loader, extra_weight_attrs
+
+
+def _check_w4a8(spec) -> None:
+    """W4A8 (`--w4a8`) bytes use vLLM's fp8-activation tile layout and scale offset: they need the
+    Marlin kernel vLLM builds with VLLM_MARLIN_INPUT_DTYPE=fp8, and W4A16 bytes need it unset."""
+    act = marlin_utils.get_marlin_input_dtype()  # what vLLM's repack and MarlinExperts read
+    if spec.w4a8 and act != torch.float8_e4m3fn:
+        raise PluginConfigError(
+            "this checkpoint was converted with --w4a8 (MXFP4 weights for fp8 activations); start vLLM "
+            "with VLLM_MARLIN_INPUT_DTYPE=fp8, or re-convert without --w4a8"
+        )
+    if not spec.w4a8 and act is not None:
+        raise PluginConfigError(
+            f"vLLM runs Marlin with {act} activations (VLLM_MARLIN_INPUT_DTYPE) but this checkpoint was "
+            "converted for 16-bit activations; unset VLLM_MARLIN_INPUT_DTYPE, or re-convert with --w4a8"
+        )
 
 
 class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
     """MXFP4 experts already in Marlin order (what vLLM's prepare_moe_mxfp4_layer_for_marlin makes)."""
 
-    def __init__(self, moe, activation_key=None):
+    def __init__(self, moe, activation_key=None, *, spec, container: str):
         super().__init__(moe, activation_key=activation_key)
+        self.spec, self.container = spec, container
         if self.mxfp4_backend not in (Mxfp4MoeBackend.MARLIN, Mxfp4MoeBackend.BATCHED_MARLIN):
             raise PluginConfigError(
                 f"{QUANT_METHOD} experts are Marlin-packed but vLLM chose the "
                 f"{self.mxfp4_backend.value} MoE backend; {_MARLIN_HINT}"
             )
+        _check_w4a8(spec)
+
+    def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config):
+        self.unpadded_sizes = (hidden_size, intermediate_size_per_partition)
+        # vLLM rounds MXFP4 Marlin sizes up here (I -> 128, H -> 256) and passes the result to
+        # create_weights; the unpadded sizes are only seen here, so the layout is checked here.
+        engine = super().maybe_roundup_sizes(hidden_size, intermediate_size_per_partition, act_dtype,
+                                             moe_parallel_config)
+        ours = _rank_sizes(self.spec, self.container, moe_parallel_config, hidden_size,
+                           intermediate_size_per_partition)
+        if tuple(engine) != ours:
+            raise PluginConfigError(
+                f"{self.container}: vLLM {vllm.__version__} pads this layer's MXFP4 experts to H, I = "
+                f"{tuple(engine)} per rank but the checkpoint holds {ours}; re-convert for this vLLM"
+            )
+        return engine
 
     def create_weights(
         self,
@@ -93,7 +126,7 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
         params_dtype,
         **extra_weight_attrs,
     ):
-        _check_layer("mxfp4", layer, hidden_size, intermediate_size_per_partition)
+        # sizes already checked (and, for a --tp/--ep checkpoint, padded) in maybe_roundup_sizes
         self.num_experts = layer.num_experts = num_experts
         layer.params_dtype = params_dtype
         self.intermediate_size, self.hidden_size = intermediate_size_per_partition, hidden_size
@@ -104,9 +137,12 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
             hidden_size,
             intermediate_size_per_partition,
             dict(extra_weight_attrs),
+            w4a8=self.spec.w4a8,
         )
 
     def process_weights_after_loading(self, layer) -> None:
+        if self.spec.w4a8:
+            replace_parameter(layer, "w13_weight", w4a8_w13_final(layer.w13_weight.data))
         for name in ("w13_weight_scale", "w2_weight_scale"):
             replace_parameter(layer, name, getattr(layer, name).data.view(torch.float8_e8m0fnu))
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors
@@ -152,14 +188,20 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
                 f"this NVFP4 checkpoint was converted for {self.spec.act_dtype} activations "
                 f"but vLLM runs {params_dtype}; use --dtype {self.spec.act_dtype} or re-convert"
             )
-        _check_layer("nvfp4", layer, hidden_size, intermediate_size_per_partition)
+        # vLLM pads NVFP4 I per rank only inside its repack: the parameters of a --tp/--ep checkpoint
+        # are created at the padded size here (layer.intermediate_size_per_partition stays unpadded,
+        # as it does in vLLM's own path)
+        h, i = _rank_sizes(self.spec, self.container, layer.moe_config.moe_parallel_config, hidden_size,
+                           intermediate_size_per_partition)
         layer.num_experts, layer.params_dtype, layer.quant_config = (
             num_experts,
             params_dtype,
             self.quant_config,
         )
         global_experts = extra_weight_attrs.get("global_num_experts", num_experts)
-        e, h, i = num_experts, hidden_size, intermediate_size_per_partition
+        e = num_experts
+        pad = i - intermediate_size_per_partition  # zero scale bytes the padding holds by construction
+        self.padding_scale_bytes = {"w13": e * 2 * pad * (h // 16), "w2": e * h * (pad // 16)}
         loader, attrs = _create_marlin_params(layer, "nvfp4", e, h, i, dict(extra_weight_attrs))
         t = {**attrs, "quant_method": _TENSOR}
         _register(layer, "w13_weight_global_scale", torch.zeros(e, 2), t, loader)  # processed, F32
@@ -180,6 +222,7 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
             sf, new_bytes, zeros = rank_rescale(
                 getattr(layer, f"{stack}_weight_scale").data, stored_sf=stored, act_dtype=act
             )
+            zeros = max(0, zeros - getattr(self, "padding_scale_bytes", {}).get(stack, 0))
             self.rank_rescale_factors[stack] = (stored, sf)
             if sf != stored:
                 # expert parallel: this rank's experts give another factor than the whole layer's
@@ -245,8 +288,15 @@ class VllmMarlinFp4Config(QuantizationConfig):
         if isinstance(layer, RoutedExperts):
             container = expert_container(self.spec, prefix, num_hidden_layers=_num_hidden_layers())
             if container is not None:
+                if isinstance(layer, GptOssRoutedExperts):
+                    if self.spec.format_of(container) != "mxfp4":
+                        raise PluginConfigError(f"{container}: gpt-oss experts are MXFP4; this checkpoint "
+                                                f"records {self.spec.format_of(container)}")
+                    from dsv4_convert.serving.vllm_gpt_oss import PrepackedGptOssMxfp4MarlinMoE
+
+                    return PrepackedGptOssMxfp4MarlinMoE(layer.moe_config, spec=self.spec, container=container)
                 if self.spec.format_of(container) == "mxfp4":
-                    return PrepackedMxfp4MarlinMoE(layer.moe_config)
+                    return PrepackedMxfp4MarlinMoE(layer.moe_config, spec=self.spec, container=container)
                 nvfp4 = ModelOptNvFp4Config(
                     is_checkpoint_nvfp4_serialized=True,
                     kv_cache_quant_algo=None,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["byte_diff", "compare_params", "spawn_ranks"]
+__all__ = ["byte_diff", "compare_params", "spawn_ranks", "split_params"]
 
 
 def _free_port() -> int:
@@ -77,3 +77,9 @@ def compare_params(engine_layer: torch.nn.Module, plugin_layer: torch.nn.Module,
         else:
             out[name] = byte_diff(act, exp)
     return out
+
+
+def split_params(tp_cases: list[dict], ep_cases: list[dict], experts: int) -> list[tuple[str, int]]:
+    """(case id, experts each rank holds) for TP=2 and EP=2 cases, refusal cases left out."""
+    return [(c["id"], n) for cases, n in ((tp_cases, experts), (ep_cases, experts // 2))
+            for c in cases if not c["id"].startswith("refuse")]

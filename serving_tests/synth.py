@@ -131,15 +131,36 @@ __all__.append("DSV4_FP8")
 # --- real converter output ------------------------------------------------------------------------
 
 
-def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int, hidden: int, inter: int):
-    """`dsv4-convert synth` + `dsv4-convert {fmt}-to-marlin` in a subprocess (the CLI of this checkout,
-    run by the current interpreter). Returns (source dir, converted dir)."""
-    import subprocess
+def converter_cli() -> list[str]:
+    """The converter command the checkpoint cases run: this checkout's CLI by the current interpreter, or
+    $DSV4_CONVERT_CLI (e.g. another checkout's `dsv4-convert`) when set."""
+    import os
     import sys
+
+    if os.environ.get("DSV4_CONVERT_CLI"):
+        return [os.environ["DSV4_CONVERT_CLI"]]
+    return [sys.executable, "-c", "from dsv4_convert.cli.main import main; main()"]
+
+
+def cli_has_tp() -> bool:
+    import subprocess
+
+    r = subprocess.run([*converter_cli(), "mxfp4-to-marlin", "--help"], capture_output=True, text=True)
+    return "--tp" in r.stdout
+
+
+def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int, hidden: int, inter: int,
+                     tp: int | None = None, ep: int | None = None, source: str | None = None):
+    """`dsv4-convert synth` + `dsv4-convert {fmt}-to-marlin [--tp --ep]` in a subprocess (`converter_cli`).
+    `source` is synth's --format (default: the DeepSeek-V4 one of `fmt`). Returns (source dir, converted dir)."""
+    import subprocess
     from pathlib import Path
 
-    src, out = Path(tmp, f"src-{fmt}"), Path(tmp, f"conv-{fmt}-{engine}-{act_dtype}")
-    cli = [sys.executable, "-c", "from dsv4_convert.cli.main import main; main()"]
+    shape = "" if (hidden, inter) == (256, 256) else f"-{hidden}x{inter}"
+    split = "" if tp is None else f"-tp{tp}ep{ep or 1}"
+    source = source or ("mxfp4-dsv4" if fmt == "mxfp4" else "nvfp4-modelopt-dsv4")
+    src, out = Path(tmp, f"src-{source}{shape}"), Path(tmp, f"conv-{source}{shape}-{engine}-{act_dtype}{split}")
+    cli = converter_cli()
     if not src.exists():
         subprocess.run(
             [
@@ -147,7 +168,7 @@ def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int
                 "synth",
                 str(src),
                 "--format",
-                "mxfp4-dsv4" if fmt == "mxfp4" else "nvfp4-modelopt-dsv4",
+                source,
                 "--layers",
                 "1",
                 "--experts",
@@ -176,6 +197,7 @@ def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int
             act_dtype,
             "--workers",
             "1",
+            *([] if tp is None else ["--tp", str(tp), "--ep", str(ep or 1)]),
         ],
         check=True,
         capture_output=True,
@@ -198,3 +220,66 @@ def load_checkpoint_experts(path: str, container: str = CONTAINER) -> tuple[dict
                     tensors[name] = f.get_tensor(name)
     config = json.loads(Path(path, "config.json").read_text())
     return tensors, config.get("quantization_config", {})
+
+
+# --- padded per-rank layout (`--tp/--ep`, ROUND3 contract / docs/FORMAT.md) -----------------------
+# Built with the project's codecs until the converter's `--tp/--ep` is available; `padded_experts` and
+# `tp_layout` are the only two functions to switch to the real CLI output.
+
+
+def tp_layout(fmt: str, engine: str, *, hidden: int, inter: int, tp: int, ep: int, experts: int | None = None):
+    """The `tp_layout` record the converter writes for `--tp tp --ep ep`."""
+    from dsv4_convert.formats.tiles import moe_rank_tiles
+
+    v = moe_rank_tiles(fmt, engine, hidden=hidden, intermediate=inter, tp=tp, ep=ep, experts=experts)
+    assert v.servable, v.reason
+    return {"tp": tp, "ep": ep, "containers": {CONTAINER: {
+        "hidden": hidden, "intermediate": inter, "i_shard": v.i_shard, "i_pad": v.i_pad, "h_pad": v.h_pad,
+        "status": v.status}}}
+
+
+def padded_experts(src: dict[str, torch.Tensor], fmt: str, target: MarlinTarget, layout: dict, *, experts: int,
+                   proj_names=None) -> dict[str, torch.Tensor]:
+    """The converter's padded output: per projection, the per-rank blocks (rank r's source slice zero-padded
+    to (i_pad, h_pad), then the codec) concatenated in rank order (w1/w3 along Marlin N, w2 along K).
+    NVFP4 globals as in `converted_experts` (per-stack sf over all experts; the plugin re-derives per rank)."""
+    c = layout["containers"][CONTAINER]
+    m = layout["tp"] // layout["ep"]
+    i_s, i_pad, h_pad = c["i_shard"], c["i_pad"], c["h_pad"]
+    sfs = rescale_factors(src, target, range(experts)) if fmt == "nvfp4" else {}
+    scale_key = "scale" if fmt == "mxfp4" else "weight_scale"
+    out = {}
+    for e in range(experts):
+        for p in PROJ:
+            name = f"{CONTAINER}.{e}.{p}"
+            w, s = src[f"{name}.weight"], src[f"{name}.{scale_key}"]
+            g = GROUP_SIZE[fmt]
+            blocks = []
+            for r in range(m):
+                if p == "w2":  # N = H, K = I: rank r's source columns
+                    wr, sr = w[:, r * i_s // 2:(r + 1) * i_s // 2], s[:, r * i_s // g:(r + 1) * i_s // g]
+                    n_pad, k_pad = h_pad, i_pad
+                else:  # N = I, K = H: rank r's source rows
+                    wr, sr = w[r * i_s:(r + 1) * i_s], s[r * i_s:(r + 1) * i_s]
+                    n_pad, k_pad = i_pad, h_pad
+                if fmt == "mxfp4":
+                    blocks.append(mxfp4_to_marlin(wr, sr, target=target, n_pad=n_pad, k_pad=k_pad))
+                else:
+                    sf = sfs[f"{CONTAINER}.{'w2' if p == 'w2' else 'w13'}"]
+                    blocks.append(nvfp4_to_marlin(wr, sr, target=target, sf=sf, n_pad=n_pad, k_pad=k_pad))
+            dim = 0 if p == "w2" else 1  # Marlin [K/16, 2N] and scales [K/g, N]
+            qs = [q for q, _ in blocks]
+            if target.w4a8 and dim == 1:  # W4A8: N-tiles are whole only in the [K/32, 4N] view
+                out[f"{name}.weight"] = torch.cat([q.reshape(q.shape[0] // 2, -1) for q in qs], 1).reshape(
+                    qs[0].shape[0], -1)
+            else:
+                out[f"{name}.weight"] = torch.cat(qs, dim)
+            out[f"{name}.weight_scale"] = torch.cat([sc for _, sc in blocks], dim)
+            if fmt == "nvfp4":
+                sf = sfs[f"{CONTAINER}.{'w2' if p == 'w2' else 'w13'}"]
+                gm = nvfp4_global_to_marlin(src[f"{name}.weight_scale_2"], engine=target.engine,
+                                            act_dtype=target.act_dtype, sf=sf)
+                out[f"{name}.weight_global_scale"] = gm.reshape(())
+                out[f"{name}.weight_scale_2"] = src[f"{name}.weight_scale_2"]
+                out[f"{name}.input_scale"] = src[f"{name}.input_scale"]
+    return out

@@ -8,8 +8,10 @@ from dsv4_convert.serving.config import (
     PluginConfigError,
     check_layout,
     check_rank_shape,
+    check_tp_layout,
     expert_container,
     parse_quant_config,
+    rank_param_sizes,
     working_tp_sizes,
 )
 
@@ -92,3 +94,62 @@ def test_padding_shape_refused_with_working_layouts():
 @pytest.mark.parametrize("version", [1, 2])
 def test_both_format_versions_parse(version):
     assert parse_quant_config(_qc(format_version=version)).format_version == version
+
+
+# --- tp_layout (`--tp/--ep` padded output) --------------------------------------------------------
+
+
+def _padded_spec(fmt="mxfp4", engine="vllm", *, hidden=256, inter=192, tp=2, ep=1):
+    layout = synth.tp_layout(fmt, engine, hidden=hidden, inter=inter, tp=tp, ep=ep)
+    return parse_quant_config(_qc(engine=engine, fmt=fmt, tp_layout=layout, layouts=[{"tp": tp, "ep": ep}]))
+
+
+def test_padded_layout_gives_recorded_sizes():
+    spec = _padded_spec()
+    assert spec.padded
+    assert rank_param_sizes(spec, synth.CONTAINER, "vllm", hidden=256, i_shard=96, moe_tp=2) == (256, 128)
+
+
+@pytest.mark.parametrize("moe_tp, ep, runs", [(1, 1, "TP 1 / EP 1"), (4, 1, "TP 4 / EP 1"), (1, 2, "TP 2 / EP 2")])
+def test_padded_layout_refuses_another_split(moe_tp, ep, runs):
+    spec = _padded_spec()
+    with pytest.raises(PluginConfigError) as e:
+        rank_param_sizes(spec, synth.CONTAINER, "vllm", hidden=256, i_shard=192 // moe_tp, moe_tp=moe_tp, ep=ep)
+    msg = str(e.value)
+    assert "converted padded for TP 2 / EP 1" in msg and f"vllm runs {runs}" in msg
+    assert "--tensor-parallel-size 2" in msg and f"`--tp {moe_tp * ep} --ep {ep}`" in msg
+    with pytest.raises(PluginConfigError, match="--tp-size 4 --ep-size 2"):
+        check_tp_layout(_padded_spec(engine="sglang", hidden=256, inter=384, tp=4, ep=2), tp=2, ep=1)
+
+
+def test_padded_layout_record_must_match_the_tile_rule():
+    spec = _padded_spec()
+    bad = {**spec.tp_layout["containers"][synth.CONTAINER], "i_pad": 192}
+    spec = parse_quant_config({**spec.raw, "tp_layout": {**spec.tp_layout, "containers": {synth.CONTAINER: bad}}})
+    with pytest.raises(PluginConfigError, match="records H=256 I_shard=96 padded to H=256 I=192"):
+        rank_param_sizes(spec, synth.CONTAINER, "vllm", hidden=256, i_shard=96, moe_tp=2)
+
+
+def test_all_ok_tp_layout_is_layout_agnostic():
+    spec = _padded_spec(inter=256)  # I_shard 128 at TP 2: no padding, bytes are the layout-agnostic ones
+    assert spec.tp_layout["containers"][synth.CONTAINER]["status"] == "ok" and not spec.padded
+    for moe_tp in (1, 2):
+        assert rank_param_sizes(spec, synth.CONTAINER, "vllm", hidden=256, i_shard=256 // moe_tp,
+                                moe_tp=moe_tp) == (256, 256 // moe_tp)
+
+
+def test_without_tp_layout_a_padded_split_is_refused_as_today():
+    spec = parse_quant_config(_qc(engine="vllm", fmt="mxfp4"))
+    with pytest.raises(PluginConfigError, match="I_shard 96 -> 128.*Layouts that work"):
+        rank_param_sizes(spec, synth.CONTAINER, "vllm", hidden=256, i_shard=96, moe_tp=2)
+
+
+@pytest.mark.parametrize("layout, message", [
+    ({"tp": 0, "ep": 1, "containers": {}}, "tp_layout.tp must be a positive integer"),
+    ({"tp": 2, "ep": 1, "containers": {"layers.9.ffn.experts": {}}}, "is not listed in experts"),
+    ({"tp": 2, "ep": 1, "containers": {"layers.0.ffn.experts": {"status": "pad"}}}, "needs status ok|pad"),
+    ([2, 1], "tp_layout must be an object"),
+])
+def test_malformed_tp_layout_refused(layout, message):
+    with pytest.raises(PluginConfigError, match=message):
+        parse_quant_config(_qc(tp_layout=layout))

@@ -67,6 +67,133 @@ def sglang_cpu(*, world: int, rank: int, ep: bool, dtype: torch.dtype):
         ov.restore()
 
 
+@contextlib.contextmanager
+def gpu_loader(on: bool):
+    """SGLang's FusedMoE loader takes its `use_padded_loading` branch on CPU only (`_is_cpu`); on the
+    sm_120 GPU with the Marlin runner it is False, and that branch is the one that offsets each rank by
+    the checkpoint's per-rank size (the CPU branch offsets by the padded parameter size)."""
+    from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+
+    if not on:
+        yield
+        return
+    saved = FusedMoE.__dict__["use_padded_loading"]
+    FusedMoE.use_padded_loading = property(lambda self: False)
+    try:
+        yield
+    finally:
+        FusedMoE.use_padded_loading = saved
+
+
+def _real_regions(c: dict) -> dict:
+    """Source-space (rows, packed columns, scale columns) of the real data per projection stack."""
+    h, i_s, i_pad = c["hidden"], c["i_shard"], c["i_pad"]
+    w13_rows = torch.cat([torch.arange(i_s), i_pad + torch.arange(i_s)])
+    return {"w13": (w13_rows, h // 2, h // 32), "w2": (torch.arange(h), i_s // 2, i_s // 32)}
+
+
+def _source_space(layer, stack: str, c: dict):
+    """Undo the Marlin packing (the project's inverse codec) for every local expert: (weight, scale)."""
+    from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4
+
+    n, k = (2 * c["i_pad"], c["h_pad"]) if stack == "w13" else (c["h_pad"], c["i_pad"])
+    q, s = getattr(layer, f"{stack}_weight").data, getattr(layer, f"{stack}_weight_scale").data
+    out = [marlin_to_mxfp4(q[e], s[e], target=MarlinTarget(engine="sglang"), n=n, k=k) for e in range(q.shape[0])]
+    return torch.stack([w for w, _ in out]), torch.stack([sc.view(torch.uint8) for _, sc in out])
+
+
+def _emulated_moe(w13, w2, x, c: dict) -> torch.Tensor:
+    """One expert's SwiGLU MoE output [T, H] from Marlin tensors, with validate/emulate.py's kernel
+    emulation (activations zero-padded to H_pad as SGLang's apply() does; output cut back to H)."""
+    from dsv4_convert.core.tensor_model import Quant
+    from dsv4_convert.validate.emulate import marlin_dequantize
+
+    i_pad, h_pad, h = c["i_pad"], c["h_pad"], c["hidden"]
+    kw = dict(quant=Quant.MXFP4, act_dtype="bfloat16", w4a8=False)
+    W13 = marlin_dequantize(*w13, None, n=2 * i_pad, k=h_pad, **kw)
+    W2 = marlin_dequantize(*w2, None, n=h_pad, k=i_pad, **kw)
+    xp = torch.nn.functional.pad(x, (0, h_pad - h))
+    y = xp @ W13.T
+    a = torch.nn.functional.silu(y[:, :i_pad]) * y[:, i_pad:]
+    return (a @ W2.T)[:, :h]
+
+
+def source_reference(src, c: dict, *, rank: int, world: int, ep: bool) -> dict:
+    """Where SGLang's own path cannot load a shape: this rank's slice of the unconverted source, in the
+    source-space layout `_source_space` gives (w13 = [w1 rows; w3 rows] at 0 and I_pad), as reference."""
+    experts = len({k.split(".")[4] for k in src})
+    local = range(rank * experts // world, (rank + 1) * experts // world) if ep else range(experts)
+    r = 0 if ep else rank
+    i_s, i_pad, h = c["i_shard"], c["i_pad"], c["hidden"]
+    out = {}
+    for stack in ("w13", "w2"):
+        ws, ss = [], []
+        for e in local:
+            name = f"{synth.CONTAINER}.{e}"
+            if stack == "w13":
+                w = torch.zeros(2 * i_pad, h // 2, dtype=torch.uint8)
+                s = torch.zeros(2 * i_pad, h // 32, dtype=torch.uint8)
+                for half, p in enumerate(("w1", "w3")):
+                    w[half * i_pad:half * i_pad + i_s] = src[f"{name}.{p}.weight"].view(torch.uint8)[r * i_s:(r + 1) * i_s]
+                    s[half * i_pad:half * i_pad + i_s] = src[f"{name}.{p}.scale"].view(torch.uint8)[r * i_s:(r + 1) * i_s]
+            else:
+                w = src[f"{name}.w2.weight"].view(torch.uint8)[:, r * i_s // 2:(r + 1) * i_s // 2]
+                s = src[f"{name}.w2.scale"].view(torch.uint8)[:, r * i_s // 32:(r + 1) * i_s // 32]
+            ws.append(w)
+            ss.append(s)
+        out[stack] = (torch.stack(ws), torch.stack(ss))
+    return out
+
+
+def padding_evidence(engine, plugin, c: dict) -> dict:
+    """SGLang leaves the padding to torch.empty; dsv4-convert writes zeros there. Returns (a) the byte
+    comparison of the real region only, in source space, and (b) whether the emulated GEMM output of
+    expert 0 changes when the padding holds random bytes instead of zeros (w13's padding with w2's
+    zeros, w2's padding with w13's zeros: each padded product has one zero side)."""
+    from common import byte_diff
+
+    from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin
+
+    regions = _real_regions(c)
+    real = {}
+    packed = {}
+    for stack, (rows, wcols, scols) in regions.items():
+        ew, es = engine[stack] if isinstance(engine, dict) else _source_space(engine, stack, c)
+        pw, ps = _source_space(plugin, stack, c)
+        packed[stack] = (pw[0], ps[0])
+        real[f"{stack}_weight"] = byte_diff(pw[:, rows, :wcols], ew[:, rows, :wcols])
+        real[f"{stack}_weight_scale"] = byte_diff(ps[:, rows, :scols], es[:, rows, :scols])
+    g = torch.Generator().manual_seed(7)
+    target = MarlinTarget(engine="sglang")
+
+    def repack(stack, randomize):
+        w, s = (t.clone() for t in packed[stack])
+        if randomize:
+            rows, wcols, scols = regions[stack]
+            wm = torch.ones_like(w, dtype=torch.bool)
+            wm[rows.unsqueeze(1), torch.arange(wcols)] = False
+            sm = torch.ones_like(s, dtype=torch.bool)
+            sm[rows.unsqueeze(1), torch.arange(scols)] = False
+            w[wm] = torch.randint(0, 256, (int(wm.sum()),), generator=g, dtype=torch.uint8)
+            s[sm] = torch.randint(110, 140, (int(sm.sum()),), generator=g, dtype=torch.uint8)
+        return mxfp4_to_marlin(w, s.view(torch.float8_e8m0fnu), target=target)
+
+    x = torch.randn(8, c["hidden"], generator=g)
+    base = _emulated_moe(repack("w13", False), repack("w2", False), x, c)
+    e0 = (plugin.w13_weight.data[0], plugin.w13_weight_scale.data[0])
+    repack_is_identity = byte_diff(repack("w13", False)[0], e0[0]) is None and \
+        byte_diff(repack("w13", False)[1].view(torch.uint8), e0[1].view(torch.uint8)) is None
+    return {
+        "real_diff": real,
+        "repack_is_identity": repack_is_identity,
+        "gemm_same_w13_padding_random": bool(torch.equal(_emulated_moe(repack("w13", True), repack("w2", False), x, c), base)),
+        "gemm_same_w2_padding_random": bool(torch.equal(_emulated_moe(repack("w13", False), repack("w2", True), x, c), base)),
+        # negative control: garbage on both sides of the padded product does change the output
+        "gemm_same_both_random": bool(torch.equal(_emulated_moe(repack("w13", True), repack("w2", True), x, c), base)),
+        "gemm_nonzero": bool(base.abs().sum() > 0),
+    }
+
+
 def make_layer(quant_config, *, experts: int, hidden: int, inter: int, dtype: torch.dtype):
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
 
@@ -142,6 +269,7 @@ def run_case(
     convert_for: str = "sglang",
     small_scales: bool = False,
     checkpoints: list | None = None,
+    padded: dict | None = None,
 ) -> dict:
     """One scenario on this rank: (a) the engine's own method on the source, (b) the plugin on the
     converted tensors; returns the byte comparison of every final expert parameter."""
@@ -160,24 +288,48 @@ def run_case(
         small_scales_for=tuple(range(experts)) if small_scales else (),
     )
     target = MarlinTarget(engine=convert_for, act_dtype=act_dtype)
-    conv = synth.converted_experts(src, fmt, target, experts=experts)
+    conv = None if padded else synth.converted_experts(src, fmt, target, experts=experts)
     qc = synth.quant_config(
         fmt,
         MarlinTarget(engine="sglang", act_dtype=act_dtype),
         rescale=synth.rescale_factors(src, target, range(experts)),
     )
+    layout = None
+    if padded is not None:  # `--tp/--ep` output for the split `padded` (may differ from the one run)
+        layout = synth.tp_layout(fmt, "sglang", hidden=hidden, inter=inter, experts=experts, **padded)
+        conv = synth.padded_experts(src, fmt, target, layout, experts=experts)
+        qc = {**qc, "tp_layout": layout, "layouts": [padded]}
     if checkpoints is not None:  # the real converter's output (dsv4-convert synth + *-to-marlin)
         src, _ = synth.load_checkpoint_experts(checkpoints[0])
         conv, qc = synth.load_checkpoint_experts(checkpoints[1])
-    with sglang_cpu(world=world, rank=rank, ep=ep, dtype=dtype):
-        engine = make_layer(engine_config(fmt), experts=experts, hidden=hidden, inter=inter, dtype=dtype)
-        engine_skipped = load_like_dsv4(engine, src, experts=experts)
-        engine.quant_method.process_weights_after_loading(engine)
+    from dsv4_convert.serving.config import PluginConfigError
 
-        plugin = make_layer(plugin_config(qc), experts=experts, hidden=hidden, inter=inter, dtype=dtype)
+    with sglang_cpu(world=world, rank=rank, ep=ep, dtype=dtype), gpu_loader(padded is not None):
+        engine = make_layer(engine_config(fmt), experts=experts, hidden=hidden, inter=inter, dtype=dtype)
+        engine_error = None
+        try:
+            engine_skipped = load_like_dsv4(engine, src, experts=experts)
+            engine.quant_method.process_weights_after_loading(engine)
+        except RuntimeError as e:  # SGLang's own path cannot load this shape (H padding: see SERVING.md)
+            if padded is None:
+                raise
+            engine_error, engine_skipped = f"{type(e).__name__}: {e}", []
+        try:
+            plugin = make_layer(plugin_config(qc), experts=experts, hidden=hidden, inter=inter, dtype=dtype)
+        except PluginConfigError as e:
+            return {"refused": str(e), "engine_method": type(engine.quant_method).__name__}
         skipped = load_like_dsv4(plugin, conv, experts=experts)
         plugin.quant_method.process_weights_after_loading(plugin)
+    extra = {}
+    if layout is not None and layout["containers"][synth.CONTAINER]["status"] == "pad":
+        c = layout["containers"][synth.CONTAINER]
+        reference = source_reference(src, c, rank=rank, world=world, ep=ep) if engine_error else engine
+        extra = padding_evidence(reference, plugin, c)
+    if engine_error:
+        extra["engine_error"] = engine_error
     return {
+        **extra,
+        "shapes": {n: list(getattr(plugin, n).shape) for n in FINAL[fmt]},
         "engine_method": type(engine.quant_method).__name__,
         "plugin_method": type(plugin.quant_method).__name__,
         "local_experts": int(plugin.w13_weight.shape[0]),

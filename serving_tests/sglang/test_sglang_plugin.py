@@ -27,7 +27,7 @@ import logging
 
 import pytest
 import synth
-from common import spawn_ranks
+from common import spawn_ranks, split_params
 
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.serving.config import PluginConfigError, registration_log_line
@@ -57,6 +57,17 @@ CASES = [
 ]
 EP_CASES = [_case("mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True)]
 
+# `--tp/--ep` padded MXFP4 output (serving_tests/synth.py padded_experts, the ROUND3 layout) loaded at
+# the recorded split; SGLang's own path pads the unconverted source itself (I_shard 96 -> 128).
+PAD_CASES = [_case("pad-mxfp4-bf16-tp2", "mxfp4", "bfloat16", inter=192, padded={"tp": 2, "ep": 1})]
+# H 384 -> 512 as well: SGLang's own loader cannot load this source (see test_sglang_h_padding_...);
+# the plugin's real region is compared with this rank's slice of the source instead
+H_PAD_CASES = [_case("pad-mxfp4-h384-tp2", "mxfp4", "bfloat16", hidden=384, inter=192, padded={"tp": 2, "ep": 1})]
+PAD_EP_CASES = [
+    _case("pad-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, inter=96, padded={"tp": 2, "ep": 2}),
+    _case("refuse-mxfp4-tp2-at-ep2", "mxfp4", "bfloat16", ep=True, inter=192, padded={"tp": 2, "ep": 1}),
+]
+
 # the key cases on the real converter output: `dsv4-convert synth` + `*-to-marlin --target sglang`
 CKPT_CASES = [
     _case("ckpt-mxfp4-bf16-tp2", "mxfp4", "bfloat16"),
@@ -69,6 +80,7 @@ CKPT_EP_CASES = [_case("ckpt-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True)]
 def _with_checkpoints(cases, tmp):
     out = []
     for c in cases:
+        split = c.get("padded") or {}
         ckpt = synth.make_checkpoints(
             tmp,
             c["fmt"],
@@ -77,16 +89,26 @@ def _with_checkpoints(cases, tmp):
             experts=c["experts"],
             hidden=c["hidden"],
             inter=c["inter"],
+            **split,
         )
         out.append({**c, "checkpoints": list(ckpt)})
     return out
+
+
+# the padded cases on the real converter's `--tp/--ep` output, once the CLI has it (the converter side
+# of issue 11; $DSV4_CONVERT_CLI can point at another checkout's dsv4-convert meanwhile)
+CLI_HAS_TP = synth.cli_has_tp()
+CKPT_PAD_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_CASES + H_PAD_CASES] if CLI_HAS_TP else []
+CKPT_PAD_EP_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_EP_CASES if not c["id"].startswith("refuse")] \
+    if CLI_HAS_TP else []
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """Every case in one spawn of 2 gloo ranks (the engine import dominates the run time)."""
     tmp = tmp_path_factory.mktemp("ranks")
-    cases = CASES + EP_CASES + _with_checkpoints(CKPT_CASES + CKPT_EP_CASES, tmp)
+    cases = CASES + EP_CASES + PAD_CASES + PAD_EP_CASES + H_PAD_CASES + _with_checkpoints(
+        CKPT_CASES + CKPT_EP_CASES + CKPT_PAD_CASES + CKPT_PAD_EP_CASES, tmp)
     return spawn_ranks("harness_sglang:run_cases", {"cases": cases}, tmp)
 
 
@@ -134,6 +156,51 @@ def test_negative_control_wrong_target_differs(tp_results):
 @pytest.mark.parametrize("case_id", [c["id"] for c in EP_CASES + CKPT_EP_CASES])
 def test_ep2_plugin_params_byte_equal_engine(ep_results, case_id):
     _assert_equal(ep_results, case_id, expected_local=E // 2)
+
+
+def _assert_padded(results, case_id, expected_local, h_pad=H):
+    for rank, res in enumerate(results):
+        r = res[case_id]
+        assert r["plugin_method"].startswith("Prepacked") and r["local_experts"] == expected_local, r
+        assert r["skipped"] == [] and r["engine_skipped"] == [], r
+        bad = {k: v for k, v in r["real_diff"].items() if v is not None}
+        assert not bad, f"rank {rank} {case_id}: real region differs: {bad}"
+        assert r["repack_is_identity"] and r["gemm_nonzero"], r
+        assert r["gemm_same_w13_padding_random"] and r["gemm_same_w2_padding_random"], r
+        assert not r["gemm_same_both_random"], r  # the control: zeros on one side are what makes it hold
+        assert r["shapes"]["w13_weight"] == [expected_local, h_pad // 16, 4 * 128], r["shapes"]
+
+
+@pytest.mark.parametrize("case_id, local", split_params(
+    [c for c in PAD_CASES + CKPT_PAD_CASES if "h384" not in c["id"]], PAD_EP_CASES + CKPT_PAD_EP_CASES, E))
+def test_padded_layout_real_region_byte_equal_and_padding_inert(results, case_id, local):
+    _assert_padded(results, case_id, expected_local=local)
+
+
+def test_padded_layout_whole_tensors_byte_equal(results):
+    """With I padding only, SGLang's own (GPU-branch) loader zero-fills the shard-dim tail it does not
+    copy (fused_moe_triton/layer.py _load_w13/_load_w2), so even the padding bytes agree."""
+    for res in results:
+        for case_id in ("pad-mxfp4-bf16-tp2", "pad-mxfp4-bf16-ep2", *(c["id"] for c in CKPT_PAD_CASES + CKPT_PAD_EP_CASES
+                                                                     if "h384" not in c["id"])):
+            bad = {k: v for k, v in res[case_id]["diff"].items() if v is not None}
+            assert not bad, (case_id, bad)
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in H_PAD_CASES + CKPT_PAD_CASES if "h384" in c["id"]])
+def test_sglang_h_padding_plugin_loads_real_region_equal_to_source(results, case_id):
+    _assert_padded(results, case_id, expected_local=E, h_pad=512)
+    for res in results:
+        # SGLang's own path: create_weights rounds H to 256 (torch.empty), but _load_w13 copies the
+        # [I_shard, H/2] source into a [I_shard, H_pad/2] slice: a size mismatch, so no reference
+        assert "must match the size" in res[case_id]["engine_error"], res[case_id]
+
+
+def test_padded_layout_refused_at_another_split(results):
+    for res in results:
+        msg = res["refuse-mxfp4-tp2-at-ep2"]["refused"]
+        assert "converted padded for TP 2 / EP 1" in msg and "sglang runs TP 2 / EP 2" in msg, msg
+        assert "--tp-size 2" in msg and "`--tp 2 --ep 2`" in msg
 
 
 # --- discovery and config, in this process --------------------------------------------------------

@@ -136,7 +136,45 @@ def run_case(
     convert_for="vllm",
     small_scales=(),
     checkpoints: list | None = None,
+    padded: dict | None = None,
+    w4a8: bool = False,
+    kernel_a8: bool | None = None,
 ) -> dict:
+    with w4a8_fp8(w4a8 if kernel_a8 is None else kernel_a8):
+        return _run_case(rank, world, fmt=fmt, act_dtype=act_dtype, ep=ep, experts=experts, hidden=hidden,
+                         inter=inter, convert_for=convert_for, small_scales=small_scales, checkpoints=checkpoints,
+                         padded=padded, w4a8=w4a8)
+
+
+@contextlib.contextmanager
+def w4a8_fp8(on: bool):
+    """vLLM's W4A8 Marlin: VLLM_MARLIN_INPUT_DTYPE=fp8, which vLLM accepts only on sm_89 / sm_12x; the
+    CPU platform reports the sm_12x family (the documented target)."""
+    from vllm.platforms import current_platform
+
+    if not on:
+        yield
+        return
+    saved = os.environ.get("VLLM_MARLIN_INPUT_DTYPE")
+    os.environ["VLLM_MARLIN_INPUT_DTYPE"] = "fp8"
+    cls = type(current_platform)
+    family = cls.__dict__.get("is_device_capability_family")
+    cls.is_device_capability_family = classmethod(lambda c, family, device_id=0: family == 120)
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["VLLM_MARLIN_INPUT_DTYPE"]
+        else:
+            os.environ["VLLM_MARLIN_INPUT_DTYPE"] = saved
+        if family is None:
+            del cls.is_device_capability_family
+        else:
+            cls.is_device_capability_family = family
+
+
+def _run_case(rank, world, *, fmt, act_dtype, ep, experts, hidden, inter, convert_for, small_scales, checkpoints,
+              padded, w4a8) -> dict:
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.plugins import load_general_plugins
 
@@ -147,13 +185,17 @@ def run_case(
     src = synth.source_experts(
         fmt, experts=experts, hidden=hidden, inter=inter, small_scales_for=tuple(small_scales)
     )
-    target = MarlinTarget(engine=convert_for, act_dtype=act_dtype)
-    conv = synth.converted_experts(src, fmt, target, experts=experts)
+    target = MarlinTarget(engine=convert_for, act_dtype=act_dtype, w4a8=w4a8)
+    conv = None if padded else synth.converted_experts(src, fmt, target, experts=experts)
     qc = synth.quant_config(
         fmt,
-        MarlinTarget(engine="vllm", act_dtype=act_dtype),
+        MarlinTarget(engine="vllm", act_dtype=act_dtype, w4a8=w4a8),
         rescale=synth.rescale_factors(src, target, range(experts)),
     )
+    if padded is not None:  # `--tp/--ep` output for the split `padded` (may differ from the one run)
+        layout = synth.tp_layout(fmt, "vllm", hidden=hidden, inter=inter, experts=experts, **padded)
+        conv = synth.padded_experts(src, fmt, target, layout, experts=experts)
+        qc = {**qc, "tp_layout": layout, "layouts": [padded]}
     if checkpoints is not None:  # the real converter's output (dsv4-convert synth + *-to-marlin)
         src, _ = synth.load_checkpoint_experts(checkpoints[0])
         conv, qc = synth.load_checkpoint_experts(checkpoints[1])
@@ -161,22 +203,32 @@ def run_case(
         engine = make_layer(
             fresh, engine_config(fmt), experts=experts, hidden=hidden, inter=inter, dtype=dtype
         )
+        from vllm.config import set_current_vllm_config
+
         engine_skipped = load_like_dsv4(engine, src, experts=experts)
-        engine.quant_method.process_weights_after_loading(engine)
-        plugin = make_layer(
-            fresh,
-            get_quantization_config(qc["quant_method"]).from_config(qc),
-            experts=experts,
-            hidden=hidden,
-            inter=inter,
-            dtype=dtype,
-        )
+        with set_current_vllm_config(fresh()):  # vLLM's model loader processes inside its config
+            engine.quant_method.process_weights_after_loading(engine)
+        from dsv4_convert.serving.config import PluginConfigError
+
+        try:
+            plugin = make_layer(
+                fresh,
+                get_quantization_config(qc["quant_method"]).from_config(qc),
+                experts=experts,
+                hidden=hidden,
+                inter=inter,
+                dtype=dtype,
+            )
+        except PluginConfigError as e:
+            return {"refused": str(e), "engine_method": type(engine.quant_method).__name__}
         missing = load_like_dsv4(plugin, conv, experts=experts)
-        plugin.quant_method.process_weights_after_loading(plugin)
+        with set_current_vllm_config(fresh()):
+            plugin.quant_method.process_weights_after_loading(plugin)
     return {
         "engine_method": type(engine.quant_method).__name__,
         "plugin_method": type(plugin.quant_method).__name__,
         "local_experts": int(plugin.w13_weight.shape[0]),
+        "shapes": {n: list(getattr(plugin, n).shape) for n in FINAL[fmt]},
         "rescale": getattr(plugin.quant_method, "rank_rescale_factors", {}),
         "engine_skipped": sorted(set(engine_skipped)),
         "skipped": sorted(set(missing)),

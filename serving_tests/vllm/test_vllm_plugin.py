@@ -30,7 +30,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 vllm = pytest.importorskip("vllm")
 
 import synth
-from common import spawn_ranks
+from common import spawn_ranks, split_params
 
 from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.serving.config import PluginConfigError, registration_log_line
@@ -66,6 +66,36 @@ EP_CASES = [
     _case("nvfp4-bf16-ep2-rescale", "nvfp4", "bfloat16", ep=True, small_scales=[0, 1]),
 ]
 
+# `--tp/--ep` padded output (serving_tests/synth.py padded_experts, the ROUND3 layout), loaded at the
+# recorded split; vLLM's own path pads the unconverted source itself. NVFP4: I_shard 96 -> 128 (the
+# golden nvfp4_moe_vllm_bfloat16_pad shape); MXFP4: I_shard 96 -> 128 and H 384 -> 512.
+PAD_CASES = [
+    _case("pad-nvfp4-bf16-tp2", "nvfp4", "bfloat16", inter=192, padded={"tp": 2, "ep": 1},
+          small_scales=[0, 1, 2, 3]),
+    _case("pad-mxfp4-bf16-tp2", "mxfp4", "bfloat16", hidden=384, inter=192, padded={"tp": 2, "ep": 1}),
+]
+PAD_EP_CASES = [
+    _case("pad-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True, inter=96, padded={"tp": 2, "ep": 2},
+          small_scales=[0, 1]),
+    _case("pad-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, hidden=384, inter=96, padded={"tp": 2, "ep": 2}),
+    # written padded for TP 2 / EP 1, served at TP 2 / EP 2: refused
+    _case("refuse-mxfp4-tp2-at-ep2", "mxfp4", "bfloat16", ep=True, hidden=384, inter=192,
+          padded={"tp": 2, "ep": 1}),
+]
+
+# W4A8 (`--w4a8`: MXFP4 weights for fp8 activations, the golden mxfp4_moe_vllm_bfloat16_a8 layout),
+# loaded with VLLM_MARLIN_INPUT_DTYPE=fp8; and the two refusals when the kernel and bytes disagree
+W4A8_CASES = [
+    _case("w4a8-mxfp4-bf16-tp2", "mxfp4", "bfloat16", w4a8=True),
+    _case("w4a8-mxfp4-bf16-pad-tp2", "mxfp4", "bfloat16", w4a8=True, hidden=384, inter=192,
+          padded={"tp": 2, "ep": 1}),
+]
+W4A8_EP_CASES = [_case("w4a8-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, w4a8=True)]
+W4A8_REFUSED = [
+    _case("refuse-w4a8-bytes-a16-kernel", "mxfp4", "bfloat16", w4a8=True, kernel_a8=False),
+    _case("refuse-a16-bytes-w4a8-kernel", "mxfp4", "bfloat16", kernel_a8=True),
+]
+
 # the key cases on the real converter output: `dsv4-convert synth` + `*-to-marlin --target vllm`
 CKPT_CASES = [
     _case("ckpt-mxfp4-bf16-tp2", "mxfp4", "bfloat16"),
@@ -78,6 +108,7 @@ CKPT_EP_CASES = [_case("ckpt-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True)]
 def _with_checkpoints(cases, tmp):
     out = []
     for c in cases:
+        split = c.get("padded") or {}
         ckpt = synth.make_checkpoints(
             tmp,
             c["fmt"],
@@ -86,16 +117,26 @@ def _with_checkpoints(cases, tmp):
             experts=c["experts"],
             hidden=c["hidden"],
             inter=c["inter"],
+            **split,
         )
         out.append({**c, "checkpoints": list(ckpt)})
     return out
+
+
+# the padded cases on the real converter's `--tp/--ep` output, once the CLI has it (the converter side
+# of issue 11; $DSV4_CONVERT_CLI can point at another checkout's dsv4-convert meanwhile)
+CLI_HAS_TP = synth.cli_has_tp()
+CKPT_PAD_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_CASES] if CLI_HAS_TP else []
+CKPT_PAD_EP_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_EP_CASES if not c["id"].startswith("refuse")] \
+    if CLI_HAS_TP else []
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """Every case in one spawn of 2 gloo ranks (the engine import dominates the run time)."""
     tmp = tmp_path_factory.mktemp("ranks")
-    cases = CASES + EP_CASES + _with_checkpoints(CKPT_CASES + CKPT_EP_CASES, tmp)
+    cases = CASES + EP_CASES + PAD_CASES + PAD_EP_CASES + W4A8_CASES + W4A8_EP_CASES + W4A8_REFUSED + _with_checkpoints(
+        CKPT_CASES + CKPT_EP_CASES + CKPT_PAD_CASES + CKPT_PAD_EP_CASES, tmp)
     return spawn_ranks("harness_vllm:run_cases", {"cases": cases}, tmp)
 
 
@@ -148,6 +189,49 @@ def test_ep2_rank_rescale_factor_was_recomputed(ep_results):
     stored, rank0 = ep_results[0]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"]
     assert stored == 1.0 and rank0 > 1.0  # rank 0 re-encoded its scales; rank 1 kept the stored bytes
     assert ep_results[1]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("case_id, local", split_params(PAD_CASES + CKPT_PAD_CASES, PAD_EP_CASES + CKPT_PAD_EP_CASES, E))
+def test_padded_layout_byte_equal_engine(results, case_id, local):
+    _assert_equal(results, case_id, expected_local=local)
+
+
+@pytest.mark.skipif(not CLI_HAS_TP, reason="this checkout's dsv4-convert has no --tp yet (set $DSV4_CONVERT_CLI)")
+def test_real_converter_padded_output_was_tested(results):
+    assert {"ckpt-pad-nvfp4-bf16-tp2", "ckpt-pad-mxfp4-bf16-ep2"} <= set(results[0])
+
+
+def test_padded_shapes_are_vllms_padded_sizes(results):
+    # w13_weight [E, H/16, 4 I]: I_shard 96 -> 128 for both formats, H 384 -> 512 for MXFP4 only
+    assert results[0]["pad-nvfp4-bf16-tp2"]["shapes"]["w13_weight"] == [E, 256 // 16, 4 * 128]
+    assert results[1]["pad-mxfp4-bf16-ep2"]["shapes"]["w2_weight"] == [E // 2, 128 // 16, 2 * 512]
+
+
+def test_padded_layout_refused_at_another_split(results):
+    for res in results:
+        msg = res["refuse-mxfp4-tp2-at-ep2"]["refused"]
+        assert "converted padded for TP 2 / EP 1" in msg and "vllm runs TP 2 / EP 2" in msg, msg
+        assert "--tensor-parallel-size 2" in msg and "`--tp 2 --ep 2`" in msg
+
+
+@pytest.mark.parametrize("case_id", [c["id"] for c in W4A8_CASES])
+def test_tp2_w4a8_byte_equal_engine(results, case_id):
+    _assert_equal(results, case_id, expected_local=E)
+
+
+def test_ep2_w4a8_byte_equal_engine(results):
+    _assert_equal(results, "w4a8-mxfp4-bf16-ep2", expected_local=E // 2)
+
+
+@pytest.mark.parametrize("case_id, message", [
+    ("refuse-w4a8-bytes-a16-kernel", "converted with --w4a8.*VLLM_MARLIN_INPUT_DTYPE=fp8"),
+    ("refuse-a16-bytes-w4a8-kernel", "unset VLLM_MARLIN_INPUT_DTYPE, or re-convert with --w4a8"),
+])
+def test_w4a8_mismatch_with_the_kernel_refused(results, case_id, message):
+    import re
+
+    for res in results:
+        assert re.search(message, res[case_id]["refused"]), res[case_id]
 
 
 # --- discovery and config, in this process --------------------------------------------------------
