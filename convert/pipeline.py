@@ -144,7 +144,7 @@ def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp
     return shard.file, sha, size
 
 
-def _rescale_for(root: str, act_dtype: str, container: str, projections: list[Projection]) -> dict[str, float]:
+def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> dict[str, float]:
     with TensorReader(Path(root)) as reader:
         return stack_rescale_factors(reader, projections, act_dtype)
 
@@ -228,7 +228,7 @@ def _plan_rescale(plan: ConvertPlan, pool) -> dict[str, float]:
         if p.quant is Quant.NVFP4:
             groups.setdefault(p.container, []).append(p)
     factors: dict[str, float] = {}
-    pool.map(_rescale_for, [(str(plan.checkpoint.root), plan.target.act_dtype, c, ps) for c, ps in groups.items()],
+    pool.map(_rescale_for, [(str(plan.checkpoint.root), plan.target.act_dtype, ps) for ps in groups.values()],
              factors.update, job_bytes=[sum(p.scale.nbytes for p in ps) for ps in groups.values()])
     return factors
 

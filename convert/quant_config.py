@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import re
 
 from dsv4_convert import __version__
 from dsv4_convert.core.engines import FORMAT_VERSION, QUANT_METHOD
+from dsv4_convert.core.index import natural_key
 from dsv4_convert.core.tensor_model import Quant
 from dsv4_convert.formats.padded_layout import layout_record
 from dsv4_convert.plan import ConvertPlan
@@ -26,7 +26,7 @@ def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: d
     t = plan.target
     # --tp/--ep: the one split written for, and each container's per-rank sizes (docs/FORMAT.md)
     tp_layout = {} if plan.tp_layout is None else {"tp_layout": layout_record(
-        *plan.tp_layout, dict(sorted(plan.rank_tiles.items(), key=lambda kv: _natural(kv[0]))))}
+        *plan.tp_layout, dict(sorted(plan.rank_tiles.items(), key=lambda kv: natural_key(kv[0]))))}
     return {
         "quant_method": QUANT_METHOD,
         "format_version": FORMAT_VERSION,
@@ -42,16 +42,12 @@ def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: d
         # the (TP, EP) splits whose per-rank shapes the engine does not pad: the plugin slices them (format 2)
         "layouts": [{"tp": tp, "ep": ep} for tp, ep in plan.layouts],
         **tp_layout,
-        "experts": dict(sorted(experts.items(), key=lambda kv: _natural(kv[0]))),
+        "experts": dict(sorted(experts.items(), key=lambda kv: natural_key(kv[0]))),
         "packed_modules": sorted({_pattern(p.key) for p in projections}),
-        "rescale_factors": dict(sorted(rescale_factors.items(), key=lambda kv: _natural(kv[0]))),
+        "rescale_factors": dict(sorted(rescale_factors.items(), key=lambda kv: natural_key(kv[0]))),
         "original_quantization_config": original,
         "original_hf_quant_config": original_hf,
     }
-
-
-def _natural(s: str):
-    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", s)]
 
 
 def rewrite_config(config: dict, block: dict) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from dsv4_convert.core.index import natural_key
 from dsv4_convert.validate.check import Severity
 
 __all__ = ["plot_report"]
@@ -18,7 +19,7 @@ def plot_report(report, path: str) -> str:
     except ImportError:
         return "note: --plot skipped: matplotlib is not installed (pip install 'dsv4-convert[plot]')"
     layers = sorted({str(r.finding.layer) for r in report.results if r.finding.layer is not None}
-                    | {str(g["layer"]) for g in report.gemm}, key=_natural)
+                    | {str(g["layer"]) for g in report.gemm}, key=natural_key)
     if not layers:
         return "note: --plot skipped: no per-layer findings or GEMM cases to draw"
     experts = 1 + max([r.finding.expert or 0 for r in report.results] + [g["expert"] for g in report.gemm])
@@ -46,8 +47,3 @@ def plot_report(report, path: str) -> str:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return f"wrote {path}"
-
-
-def _natural(s: str):
-    import re
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
