@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import synth
 import torch
 from common import byte_diff
 from harness_sglang import sglang_cpu
@@ -16,13 +17,7 @@ FINAL = ["w13_weight", "w13_weight_scale", "w13_weight_bias", "w2_weight", "w2_w
 
 
 def _read(path: str) -> dict:
-    from safetensors import safe_open
-
-    out = {}
-    for shard in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys() if ".mlp.experts." in k})
-    return out
+    return synth.load_checkpoint_experts(path, container=PREFIX)[0]
 
 
 def _model(quant_config, hf):
