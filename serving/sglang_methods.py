@@ -10,6 +10,7 @@ the repack; `apply` is inherited unchanged.
 from __future__ import annotations
 
 import logging
+import re
 from functools import partial
 
 import sglang
@@ -80,18 +81,94 @@ class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
         layer._dsv4_mxfp4_backend = None
         self.hidden_pad = h - layer.hidden_size  # apply() pads the activations to the weights' H
         e = num_experts
-        loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
+        extra_weight_attrs.pop("weight_loader")  # gpt-oss passes weight_loader_fused: ours are per expert
+        with_bias = extra_weight_attrs.pop("with_bias", False)
+        loader = same_bytes_loader(layer.weight_loader)
         attrs = {**extra_weight_attrs, "is_transposed": True}
         register_marlin_params(layer, _register, experts=e, hidden=h, intermediate=i, group=32,
                                scale_dtype=torch.float8_e8m0fnu, attrs=attrs, loader=loader,
                                scale_attrs={"quant_method": _GROUP})
+        if with_bias:  # gpt-oss: SGLang's Mxfp4MoEMethod shapes, filled by its own gpt-oss bias loading
+            _install_gpt_oss_route()
+            _register(layer, "w13_weight_bias", torch.zeros(e, 2 * i, dtype=torch.bfloat16), {}, _bias_copy)
+            _register(layer, "w2_weight_bias", torch.zeros(e, h, dtype=torch.bfloat16), {}, _bias_copy)
 
     def process_weights_after_loading(self, layer) -> None:
         # No repack: the tensors are already what SGLang's prepare_moe_mxfp4_layer_for_marlin produces.
+        # gpt-oss (gemm1_alpha set): SGLang de-interleaves w13 to [gates; ups] before its repack, which
+        # is the converter's w1 / w3 order, so only the biases (loaded interleaved) need SGLang's steps.
         if self.runner.config.gemm1_alpha is not None:
-            raise PluginConfigError("interleaved (gpt-oss style) MXFP4 experts are not supported pre-packed")
+            if not hasattr(layer, "w13_weight_bias"):
+                raise PluginConfigError("interleaved (gpt-oss style) MXFP4 experts without biases are not supported")
+            _gpt_oss_biases_for_marlin(layer)
         layer.workspace = marlin_utils.marlin_make_workspace(layer.w13_weight.device, 4)
         layer._dsv4_mxfp4_backend = "marlin"
+
+
+def _bias_copy(param, loaded_weight, weight_name=None, shard_id=None, expert_id=None):
+    """What SGLang's FusedMoE.weight_loader does with a gpt-oss bias for quant_method "mxfp4" (its
+    `expert_id is None` branch, keyed on that name): copy the rank's slice, cut by the model's loader."""
+    param.data[:, : loaded_weight.shape[1]].copy_(loaded_weight)
+
+
+def _gpt_oss_biases_for_marlin(layer) -> None:
+    """SGLang's bias steps for gpt-oss Marlin (deinterleave_moe_mxfp4_w13_for_marlin, then
+    prepare_moe_mxfp4_layer_for_marlin's marlin_permute_bias per expert in the activation dtype)."""
+    b13 = layer.w13_weight_bias.data
+    e, n = b13.shape
+    b13 = b13.view(e, n // 2, 2).permute(0, 2, 1).contiguous().view(e, n)
+    dtype = getattr(layer, "orig_dtype", b13.dtype)
+    for name, b in (("w13_weight_bias", b13), ("w2_weight_bias", layer.w2_weight_bias.data)):
+        permuted = torch.stack([marlin_utils.marlin_permute_bias(b[x].to(dtype)) for x in range(e)])
+        setattr(layer, name, torch.nn.Parameter(permuted, requires_grad=False))
+
+
+_EXPERT_NAME = re.compile(r"\.mlp\.experts\.(\d+\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale)|"
+                          r"gate_up_proj_bias|down_proj_bias)$")
+
+
+def _install_gpt_oss_route() -> None:
+    """SGLang's GptOssForCausalLM loads a non-"mxfp4" checkpoint with `_load_normal_weights`, whose
+    fused mapping silently skips per-expert names. Once: names of experts held by our method go to
+    SGLang's per-expert mapping (as DeepSeek-V4 loads them) and the biases to SGLang's own gpt-oss
+    bias loading (`_load_mxfp4_experts_weights`, which narrows per rank); everything else unchanged."""
+    from sglang.srt.models.gpt_oss import GptOssForCausalLM
+
+    original = GptOssForCausalLM._load_normal_weights
+    if getattr(original, "_dsv4_route", False):
+        return
+
+    def _load_normal_weights(self, weights, is_nextn: bool, weight_name_mapping: dict, *args, **kwargs):
+        rest, experts, biases = [], [], []
+        for name, tensor in weights:
+            m = _EXPERT_NAME.search(name)
+            try:
+                module = self.get_submodule(name[: m.start()] + ".mlp.experts") if m else None
+            except AttributeError:  # a layer this rank does not hold: SGLang's own loader skips it
+                module = None
+            if not isinstance(getattr(module, "quant_method", None), PrepackedMxfp4MarlinMoEMethod):
+                rest.append((name, tensor))
+            elif name.endswith("_bias"):
+                biases.append((name, tensor))
+            else:
+                experts.append((name, tensor, module))
+        params = dict(self.named_parameters())
+        for name, tensor, module in experts:
+            for param_name, weight_name, expert_id, shard_id in FusedMoE.make_expert_params_mapping(
+                ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj", ckpt_up_proj_name="up_proj",
+                num_experts=module.num_experts,
+            ):
+                if weight_name in name:
+                    resolved = name.replace(weight_name, param_name)
+                    param = params[resolved]
+                    param.weight_loader(param, tensor, resolved, shard_id=shard_id, expert_id=expert_id)
+                    break
+        if biases:
+            self._load_mxfp4_experts_weights(biases)
+        return original(self, rest, is_nextn, weight_name_mapping, *args, **kwargs)
+
+    _load_normal_weights._dsv4_route = True
+    GptOssForCausalLM._load_normal_weights = _load_normal_weights
 
 
 class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
