@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from dsv4_convert.core.engines import engine_facts
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from dsv4_convert.core.rescale import stack_key
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
-from dsv4_convert.formats.marlin import ENGINES
 from dsv4_convert.formats.marlin_scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
 from dsv4_convert.formats.marlin_torch import (
     byte_table,
@@ -134,7 +134,7 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
     if opts.w4a8:
         report.notes.append("kernel checks skipped: W4A8 (fp8 activations) is not in the kernel pre-flight yet")
         return
-    provider = select_provider(kopts.provider, ENGINES[opts.engine][0])
+    provider = select_provider(kopts.provider, engine_facts(opts.engine).layout_tag)
     dev = torch.device(kopts.device)
     report.notes.append(f"kernel: {provider.name} on {torch.cuda.get_device_name(dev)}")
     ref_ckpt = open_checkpoint(resolve_source(against)) if against is not None else None
