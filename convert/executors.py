@@ -14,18 +14,17 @@ import os
 import queue
 import shutil
 import signal
+import sys
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from dsv4_convert.core.errors import OutputError, UsageError
 
-__all__ = ["ExecutorSpec", "LocalExecutor", "RunDir", "auto_workers", "make_executor", "refuse_device",
-           "task_memory"]
+__all__ = ["ExecutorSpec", "LocalExecutor", "RunDir", "auto_workers", "job_threads", "make_executor",
+           "one_thread_per_job", "refuse_device", "task_memory"]
 
 EXECUTORS = ("local", "ray")
 _BYTES_PER_WORKER = 256 << 20  # below this much work per worker, another process is not worth starting
@@ -51,7 +50,7 @@ def refuse_device(spec: ExecutorSpec, device: str | None) -> None:
 
 def auto_workers(workers: int | None, total_bytes: int, jobs: int) -> int:
     """`workers` if given, else the cores, but no more than the jobs, and in auto mode one process per
-    256 MiB of work at most: starting a worker costs a torch import, not worth it for small inputs."""
+    256 MiB of work at most: a worker costs a fork and its own start-up, not worth it for small inputs."""
     n = workers or min(os.cpu_count() or 1, 1 + total_bytes // _BYTES_PER_WORKER)
     return max(1, min(n, jobs))
 
@@ -107,12 +106,29 @@ class RunDir:
 
 # -- local: a process pool ------------------------------------------------------------------------
 _progress_queue = None
+_one_thread = False
+
+
+def one_thread_per_job() -> None:
+    """In a pool worker or a Ray task: the other cores run other jobs, so a job's kernels (and torch,
+    where a job imports it) run on one thread; more would only contend. torch's small ops also only
+    woke OpenMP threads that then spun."""
+    global _one_thread
+    _one_thread = True
+    torch = sys.modules.get("torch")  # never imported for this: the CPU route does not need torch
+    if torch is not None:
+        torch.set_num_threads(1)
+
+
+def job_threads() -> int:
+    """Threads a job's kernels may use: 1 in a worker (one_thread_per_job), else the cores."""
+    return 1 if _one_thread else (os.cpu_count() or 1)
 
 
 def _init_worker(q) -> None:
     global _progress_queue
     _progress_queue = q
-    torch.set_num_threads(1)
+    one_thread_per_job()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
 
 

@@ -12,25 +12,22 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
 from tqdm import tqdm
 
 from dsv4_convert import __version__
-from dsv4_convert.core.errors import ContentError, Interrupted, OutputError
-from dsv4_convert.core.reader import TensorReader, load_projection
+from dsv4_convert.core.errors import Interrupted, OutputError
+from dsv4_convert.core.reader import TensorReader
 from dsv4_convert.core.rescale import stack_rescale_factors
-from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
-from dsv4_convert.executors import ExecutorSpec, RunDir, auto_workers, make_executor
-from dsv4_convert.formats.marlin_weight import kernel_threads
+from dsv4_convert.cpu_path import convert_on_cpu
+from dsv4_convert.executors import ExecutorSpec, RunDir, auto_workers, job_threads, make_executor
+from dsv4_convert.formats.marlin_words import kernel_threads
 from dsv4_convert.memory import freeze_imports, keep_buffers
 from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
 from dsv4_convert.profiling import mark, profiled_job
 from dsv4_convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
 from dsv4_convert.safetensors_writer import ShardWriter
 from dsv4_convert.staging import Staging
-from dsv4_convert.transform import convert_projection, lost_scales
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
 
@@ -74,41 +71,11 @@ def _report(nbytes: int, callback=None) -> None:
         callback(nbytes)
 
 
-def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float,
-             tiles=None) -> tuple[dict, dict]:
-    """One projection -> (output parts, {key.index, key.bytes} of scale bytes the target loses);
-    `tiles`: the padded per-rank layout of a --tp/--ep conversion (plan.OutTensor.tiles)."""
-    src = load_projection(reader, p, fmt=fmt)
-    try:
-        parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf, tiles=tiles)
-    except ValueError as e:  # the codecs refuse values the target cannot encode
-        raise ContentError(f"{p.key}: {e}", error_id="convert.bad_values", tensor=p.weight.name, file=p.weight.file,
-                           hint="run `dsv4-convert validate` on the input for the full list; fix or re-export "
-                                "the checkpoint") from None
-    if p.quant is Quant.NVFP4:
-        idx, orig = lost_scales(src.scale, target=target, sf=sf)
-        if idx.numel():
-            return parts, {f"{p.key}.index": idx, f"{p.key}.bytes": orig}
-    return parts, {}
-
-
-def _planned_bytes(t: torch.Tensor, spec) -> memoryview:
-    if safetensors_dtype(t) != spec.dtype or tuple(t.shape) != spec.shape:
-        raise RuntimeError(f"{spec.name}: produced {safetensors_dtype(t)}{list(t.shape)}, "
-                           f"planned {spec.dtype}{list(spec.shape)}")
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy()
-
-
 def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
                  metadata: dict, callback=None) -> tuple[str, str, int]:
     freeze_imports()
-    threads = torch.get_num_threads()  # 1 in a pool worker; the cores when run inline (--workers 1)
-    torch.set_num_threads(1)  # torch's small ops here only wake OpenMP threads that then spin
-    try:
-        with kernel_threads(threads), profiled_job(shard.file):
-            return _write_shard_job(root, fmt, target, shard, tmp_path, rescale, metadata, callback)
-    finally:
-        torch.set_num_threads(threads)
+    with kernel_threads(job_threads()), profiled_job(shard.file):  # 1 in a pool worker, else the cores
+        return _write_shard_job(root, fmt, target, shard, tmp_path, rescale, metadata, callback)
 
 
 def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
@@ -130,18 +97,29 @@ def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp
                     p = o.projection
                     if current != p.key:  # a projection's outputs are consecutive: convert it once
                         current = p.key
-                        parts, new_lost = _convert(reader, p, fmt, target, rescale.get(f"{p.container}.{p.stack}", 1.0),
-                                                   o.tiles)
-                        lost.update(new_lost)
-                    writer.write(o.spec.name, _planned_bytes(parts[o.part], o.spec))
+                        parts = _convert(reader, p, fmt, target, rescale.get(f"{p.container}.{p.stack}", 1.0),
+                                         o.tiles, lost)
+                    writer.write(o.spec.name, parts[o.part])
                 _report(o.spec.nbytes, callback)
             sha, size = writer.close()
         except BaseException:
             writer.abort()
             raise
     if lost:
+        from safetensors.torch import save_file
         save_file(lost, tmp_path.removesuffix(".tmp") + LOST_SUFFIX)
     return shard.file, sha, size
+
+
+def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float, tiles, lost: dict) -> dict:
+    """One projection's output parts (buffers of their planned bytes): the numpy route where it
+    applies (convert/cpu_path.py), else the torch route, which also adds to `lost` the scale bytes
+    the target cannot represent. torch is imported only when the torch route is taken."""
+    parts = convert_on_cpu(reader, p, fmt, target, sf) if tiles is None else None
+    if parts is not None:
+        return parts
+    from dsv4_convert.transform import convert_with_torch
+    return convert_with_torch(reader, p, fmt, target, sf, tiles, lost)
 
 
 def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> dict[str, float]:

@@ -24,8 +24,8 @@ from dsv4_convert.core.tensor_model import (
     moe_layers,
 )
 from dsv4_convert.formats.constants import MARLIN_TILE_K
-from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.formats.padded_layout import padded_nk, rank_nk
+from dsv4_convert.formats.target import MarlinTarget
 from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
 from dsv4_convert.safetensors_writer import TensorSpec
 

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 
-from safetensors.torch import load_file, save_file
-
 from dsv4_convert import __version__
 from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan
@@ -43,10 +41,12 @@ def finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float], *, 
             shutil.copyfile(ckpt.root / name, src_dir / name)
     step()
     lost = {}
-    for f in sorted(dst.glob("*" + LOST_SUFFIX)):
-        lost.update(load_file(f))
-        f.unlink()
-    if lost:
+    sidecars = sorted(dst.glob("*" + LOST_SUFFIX))
+    if sidecars:  # only the torch route writes them: torch is imported only then
+        from safetensors.torch import load_file, save_file
+        for f in sidecars:
+            lost.update(load_file(f))
+            f.unlink()
         save_file(lost, src_dir / LOST)
     (src_dir / "headers.json").write_text(json.dumps(_source_headers(ckpt), indent=1) + "\n")
     block = marlin_quant_config(plan, ckpt.config.get("quantization_config"), ckpt.hf_quant_config, rescale)

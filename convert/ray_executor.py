@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import ray
-import torch
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dsv4_convert.core.errors import DsvError, OutputError, UsageError
-from dsv4_convert.executors import RunDir, pause_hook, task_memory
+from dsv4_convert.executors import RunDir, one_thread_per_job, pause_hook, task_memory
 
 __all__ = ["RayExecutor"]
 
@@ -42,7 +41,7 @@ class _Progress:
 
 def _run_job(fn, args, job: int, progress, token_file: str, token: str, reports_progress: bool):
     _check_token(token_file, token)
-    torch.set_num_threads(1)
+    one_thread_per_job()
     if not reports_progress:
         return fn(*args)
     state = {"n": 0, "sent": 0.0}

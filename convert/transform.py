@@ -7,7 +7,9 @@ import functools
 import numpy as np
 import torch
 
-from dsv4_convert.core.tensor_model import Projection, Quant, Role
+from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.reader import TensorReader, load_projection
+from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat
 from dsv4_convert.device import convert_projection_on, transform_device
 from dsv4_convert.formats.constants import E8M0_NAN
 from dsv4_convert.formats.fp4_kernels import byte_presence
@@ -22,7 +24,7 @@ from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, nvfp4_sca
 from dsv4_convert.formats.padded_layout import join_rank_blocks, rank_nk, source_rank_blocks
 from dsv4_convert.formats.tiles import RankTiles
 
-__all__ = ["convert_projection", "lost_scales"]
+__all__ = ["convert_projection", "convert_with_torch", "lost_scales"]
 
 
 def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
@@ -101,3 +103,28 @@ def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -
         return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.uint8)
     idx = torch.from_numpy(lossy[src.numpy()].nonzero()[0])
     return idx, src[idx].clone()
+
+
+def convert_with_torch(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float, tiles,
+                       lost: dict) -> dict[str, np.ndarray]:
+    """One projection -> its output parts as byte arrays, checked against the plan's dtypes and shapes;
+    adds {key.index, key.bytes} of the scale bytes the target loses to `lost`. `tiles`: the padded
+    per-rank layout of a --tp/--ep conversion (plan.OutTensor.tiles). The route for everything
+    convert/cpu_path.py does not take."""
+    src = load_projection(reader, p, fmt=fmt)
+    try:
+        parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf, tiles=tiles)
+    except ValueError as e:  # the codecs refuse values the target cannot encode
+        raise ContentError(f"{p.key}: {e}", error_id="convert.bad_values", tensor=p.weight.name, file=p.weight.file,
+                           hint="run `dsv4-convert validate` on the input for the full list; fix or re-export "
+                                "the checkpoint") from None
+    if p.quant is Quant.NVFP4:
+        idx, orig = lost_scales(src.scale, target=target, sf=sf)
+        if idx.numel():
+            lost.update({f"{p.key}.index": idx, f"{p.key}.bytes": orig})
+    return {part: _bytes(t) for part, t in parts.items()}
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    """A part's bytes with its safetensors dtype (the writer checks them against the plan's spec)."""
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy()

@@ -1,9 +1,11 @@
 """Lazy sharded checkpoint reader: config files + safetensors headers -> Checkpoint; tensor data on demand.
 
 `open_checkpoint` reads only config files and shard headers (a 46-shard checkpoint takes seconds) and
-checks the index against the shards. `TensorReader` memory-maps shards (safetensors `safe_open`) for
-tensors and reads raw bytes with `os.pread` for byte-identical copies. `load_projection` turns one
-Projection into plain tensors in one convention, whatever the source format.
+checks the index against the shards. `TensorReader` reads tensors with `os.preadv` into numpy arrays
+(`array`) or torch tensors (`get`), and raw bytes for byte-identical copies. `load_projection` turns
+one Projection into plain tensors in one convention, whatever the source format.
+torch is imported where a tensor is made, not here: the converter's CPU path reads with `array` and
+never needs it (convert/cpu_path.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from dsv4_convert.core.detect import detect_format
 from dsv4_convert.core.engines import INDEX_FILE
@@ -21,9 +23,7 @@ from dsv4_convert.core.errors import InputError, UsageError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.index import check_index, listing, natural_key, read_json, read_weight_map
 from dsv4_convert.core.safetensors_header import read_header
-from dsv4_convert.core.tensor_io import TORCH_DTYPES
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
-from dsv4_convert.formats.nvfp4 import global_from_ct
 
 __all__ = [
     "HUB_PATTERNS",
@@ -202,18 +202,32 @@ class TensorReader:
         """The tensor's raw bytes, straight from the file (for byte-identical copies)."""
         return b"".join(self.iter_bytes(ref))
 
-    def get(self, ref: TensorRef) -> torch.Tensor:
-        """The tensor in its stored dtype (I8 stays int8, F8_E8M0 is float8_e8m0fnu)."""
-        flat = torch.empty(ref.nbytes, dtype=torch.uint8)  # not zero-filled: every byte is read into it
+    def array(self, ref: TensorRef) -> np.ndarray:
+        """The tensor's bytes as a flat uint8 array (one copy, from the page cache)."""
+        flat = np.empty(ref.nbytes, dtype=np.uint8)  # not zero-filled: every byte is read into it
         if ref.nbytes:
-            self._read_into(ref, memoryview(flat.numpy()))
-        return flat.view(TORCH_DTYPES[ref.dtype]).reshape(ref.shape)
+            self._read_into(ref, memoryview(flat))
+        return flat
 
-    def get_expert(self, ref: TensorRef, index: int) -> torch.Tensor:
-        """Slab `index` of a tensor stacked along dim 0 (gpt-oss experts), reading only its bytes."""
+    def expert_array(self, ref: TensorRef, index: int) -> np.ndarray:
+        """The bytes of slab `index` of a tensor stacked along dim 0 (gpt-oss experts), reading only those."""
         slab = ref.nbytes // ref.shape[0]
-        return self.get(TensorRef(ref.name, ref.file, ref.dtype, tuple(ref.shape[1:]), ref.begin + index * slab,
-                                  ref.begin + (index + 1) * slab))
+        return self.array(TensorRef(ref.name, ref.file, ref.dtype, tuple(ref.shape[1:]), ref.begin + index * slab,
+                                    ref.begin + (index + 1) * slab))
+
+    def get(self, ref: TensorRef):
+        """The tensor as a torch tensor in its stored dtype (I8 stays int8, F8_E8M0 is float8_e8m0fnu)."""
+        import torch
+
+        from dsv4_convert.core.tensor_io import TORCH_DTYPES
+        return torch.from_numpy(self.array(ref)).view(TORCH_DTYPES[ref.dtype]).reshape(ref.shape)
+
+    def get_expert(self, ref: TensorRef, index: int):
+        """Slab `index` of a tensor stacked along dim 0 (gpt-oss experts), reading only its bytes."""
+        import torch
+
+        from dsv4_convert.core.tensor_io import TORCH_DTYPES
+        return torch.from_numpy(self.expert_array(ref, index)).view(TORCH_DTYPES[ref.dtype]).reshape(ref.shape[1:])
 
 
 # ----------------------------------------------------------------------------------------- projections
@@ -228,16 +242,19 @@ class ProjectionData:
         `weight_scale_2`; None for MXFP4.
     input_scale: as stored (ModelOpt `input_scale`; compressed-tensors `input_global_scale`, which is
         a reciprocal), or None."""
-    weight: torch.Tensor
-    scale: torch.Tensor
-    global_scale: torch.Tensor | None
-    input_scale: torch.Tensor | None
+    weight: "torch.Tensor"  # noqa: F821 (torch is imported on use)
+    scale: "torch.Tensor"  # noqa: F821
+    global_scale: "torch.Tensor | None"  # noqa: F821
+    input_scale: "torch.Tensor | None"  # noqa: F821
 
 
 def load_projection(reader: TensorReader, proj: Projection, *, fmt: SourceFormat | None = None) -> ProjectionData:
     """Read one projection: I8 -> U8 view, E8M0 -> bytes, gpt-oss expert selection, gate/up
     de-interleave (rows `row_start::row_step`) and block reshape. `fmt` is only needed to tell a
     compressed-tensors global (a divisor) from a ModelOpt one; without it the tensor name decides."""
+    import torch
+
+    from dsv4_convert.formats.nvfp4 import global_from_ct
     if proj.expert_index is not None:  # one expert's slab of a stacked tensor, then its interleaved rows
         weight = reader.get_expert(proj.weight, proj.expert_index)[proj.row_start::proj.row_step]
         scale = reader.get_expert(proj.scale, proj.expert_index)[proj.row_start::proj.row_step]

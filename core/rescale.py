@@ -6,11 +6,14 @@ form `quantization_config.rescale_factors` records."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+
+import numpy as np
 
 from dsv4_convert.core.errors import DsvError
 from dsv4_convert.core.tensor_model import Projection, Quant
-from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
+from dsv4_convert.formats.fp4_kernels import byte_presence
+from dsv4_convert.formats.scale_tables import rescale_factor
 
 __all__ = ["rescales", "stack_key", "stack_rescale_factors"]
 
@@ -26,21 +29,25 @@ def stack_key(p: Projection) -> str:
 
 def stack_rescale_factors(reader, projections: Iterable[Projection], act_dtype: str, *,
                           skip_unreadable: bool = False) -> dict[str, float]:
-    """`container.stack` -> vllm_rescale_factor over all NVFP4 experts of that stack, reading one
-    scale tensor at a time. With `skip_unreadable` (the validator, whose structure checks report
+    """`container.stack` -> vLLM's rescale factor (formats/marlin_scales.vllm_rescale_factor) over all
+    NVFP4 experts of that stack, reading one scale tensor at a time. With `skip_unreadable` (the validator, whose structure checks report
     them) a scale that cannot be read is left out instead of raising."""
     stacks: dict[str, list[Projection]] = {}
     for p in projections:
         if p.quant is Quant.NVFP4:
             stacks.setdefault(stack_key(p), []).append(p)
-    return {key: vllm_rescale_factor(_scales(reader, members, skip_unreadable), act_dtype)
+    return {key: rescale_factor(_present(reader, members, skip_unreadable), act_dtype)
             for key, members in stacks.items()}
 
 
-def _scales(reader, members: list[Projection], skip_unreadable: bool) -> Iterator:
+def _present(reader, members: list[Projection], skip_unreadable: bool) -> np.ndarray:
+    """Which E4M3 byte values occur in the members' scales (all the factor depends on), one scale
+    tensor read at a time."""
+    present = np.zeros(256, dtype=bool)
     for p in members:
         try:
-            yield reader.get(p.scale)
+            present |= byte_presence(reader.array(p.scale))
         except DsvError:
             if not skip_unreadable:
                 raise
+    return present

@@ -6,12 +6,10 @@ produces, and its inverse. Targets (spec MARLIN_FP4.md §8-9):
   sglang -> layout `sglang-L2` (SGLang 0.5.23): global in the activation dtype, no rescale, no clamp
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
-from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
+from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
 from dsv4_convert.formats.e4m3 import as_e4m3
 from dsv4_convert.formats.e8m0 import as_e8m0_bytes
@@ -24,34 +22,13 @@ from dsv4_convert.formats.marlin_scales import (
     unpermute_scale_columns,
 )
 from dsv4_convert.formats.marlin_weight import from_marlin_weight, to_marlin_weight
+from dsv4_convert.formats.target import MarlinTarget
 
 __all__ = [
     "ENGINES", "ACT_DTYPES", "MarlinTarget", "nvfp4_to_marlin", "marlin_to_nvfp4", "mxfp4_to_marlin",
     "marlin_to_mxfp4",
 ]
 
-
-
-@dataclass(frozen=True, slots=True)
-class MarlinTarget:
-    engine: str = "sglang"
-    act_dtype: str = "bfloat16"
-    w4a8: bool = False
-
-    def __post_init__(self):
-        engine_facts(self.engine)  # raises for an unknown engine
-        if self.act_dtype not in ACT_DTYPES:
-            raise ValueError(f"unknown activation dtype {self.act_dtype!r}; choose one of {ACT_DTYPES}")
-        if self.w4a8 and not ENGINES[self.engine].w4a8:
-            raise ValueError("W4A8 (fp8 activations) exists only in vLLM's Marlin; use engine='vllm'")
-
-    @property
-    def layout_tag(self) -> str:
-        return ENGINES[self.engine].layout_tag
-
-    @property
-    def engine_version(self) -> str:
-        return ENGINES[self.engine].version
 
 
 def _pad_last2(t: torch.Tensor, rows: int, cols: int) -> torch.Tensor:

@@ -7,8 +7,6 @@ bytes (with vLLM's power-of-two rescale and clamp where the target has them); MX
 (W4A8 adds 6). All functions here work on [..., G, N] and carry leading dimensions through.
 """
 
-import functools
-import math
 
 import numpy as np
 import torch
@@ -16,14 +14,13 @@ import torch
 from dsv4_convert.formats import fp4_kernels
 from dsv4_convert.formats.constants import (
     ACT_EXPONENT_BIAS,
-    S0E5M3_MIN,
     S0E5M3_MULTIPLIER,
-    VLLM_RESCALE_TARGET,
     W4A8_E8M0_OFFSET,
     W4A8_MAX_SOURCE_BYTE,
 )
-from dsv4_convert.formats.e4m3 import as_e4m3, half_to_s0e5m3, s0e5m3_to_half
+from dsv4_convert.formats.e4m3 import as_e4m3, s0e5m3_to_half
 from dsv4_convert.formats.e8m0 import as_e8m0_bytes
+from dsv4_convert.formats.scale_tables import permute_scales, rescale_factor, s0e5m3_table, scale_perm
 
 __all__ = [
     "scale_column_perm", "permute_scale_columns", "unpermute_scale_columns",
@@ -31,32 +28,9 @@ __all__ = [
     "nvfp4_global_to_marlin", "marlin_to_nvfp4_global", "mxfp4_scales_to_marlin", "marlin_to_mxfp4_scales",
 ]
 
-_QUAD = (0, 2, 1, 3)
-_NO_TABLE = np.empty(0, np.uint8)
-_SINGLE = (0, 1, 8, 9, 16, 17, 24, 25)
-
-
 def scale_column_perm(*, w4a8: bool) -> torch.Tensor:
     """Source column (within one block) for each output column: 64 entries, or 32 for W4A8."""
-    return torch.from_numpy(_perm(w4a8).copy())
-
-
-@functools.lru_cache(maxsize=2)
-def _perm(w4a8: bool) -> np.ndarray:
-    """scale_column_perm, built once (read-only: callers get copies)."""
-    perm = _build_perm(w4a8).numpy()
-    perm.setflags(write=False)
-    return perm
-
-
-def _build_perm(w4a8: bool) -> torch.Tensor:
-    if w4a8:
-        return torch.tensor([2 * i + _SINGLE[m] for i in range(4) for m in range(8)])
-    src = []
-    for q in range(64):
-        p = 4 * (q // 4) + _QUAD[q % 4]
-        src.append(8 * (p % 8) + p // 8)
-    return torch.tensor(src)
+    return torch.from_numpy(scale_perm(w4a8).copy())
 
 
 def _apply_block_perm(s: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
@@ -72,15 +46,14 @@ def permute_scale_columns(s: torch.Tensor, *, w4a8: bool = False, table: np.ndar
     `table` ([256] uint8) applied to every byte if given (a byte-wise value rule, e.g. _s0e5m3_table).
     Given the transpose of [..., N, G] bytes (how the converters call it), the transpose, the
     permutation and the table are one compiled pass; anything else takes the torch reference."""
-    perm = _perm(w4a8)
+    perm = scale_perm(w4a8)
     if s.dim() < 2 or s.element_size() != 1 or s.shape[-1] % perm.size or not s.transpose(-1, -2).is_contiguous():
         if table is not None:
             s = torch.from_numpy(table[s.contiguous().view(torch.uint8).numpy()]).view(s.dtype)
         return _apply_block_perm(s, torch.from_numpy(perm.copy()))
     *lead, g, n = s.shape
     src = s.transpose(-1, -2).view(torch.uint8).reshape(-1, n, g).numpy()
-    out = np.empty((src.shape[0], g, n), np.uint8)
-    fp4_kernels.permute_scales(src, perm, _NO_TABLE if table is None else table, out)
+    out = permute_scales(src, w4a8=w4a8, table=table)
     return torch.from_numpy(out).reshape(*lead, g, n).view(s.dtype)
 
 
@@ -88,7 +61,7 @@ def nvfp4_scales_to_marlin(scale: torch.Tensor, *, engine: str, sf: float = 1.0)
     """E4M3 block scales [..., N, G] -> Marlin's S0E5M3 bytes [..., G, N] (uint8): the same bytes as
     permute_scale_columns(nvfp4_scales_to_s0e5m3(scale.transpose(-1, -2))), in one pass."""
     src = as_e4m3(scale).view(torch.uint8)
-    return permute_scale_columns(src.transpose(-1, -2), table=_s0e5m3_table(engine, sf))
+    return permute_scale_columns(src.transpose(-1, -2), table=s0e5m3_table(engine, sf))
 
 
 def unpermute_scale_columns(s: torch.Tensor, *, w4a8: bool = False) -> torch.Tensor:
@@ -99,20 +72,11 @@ def vllm_rescale_factor(scales: list[torch.Tensor] | torch.Tensor, act_dtype: st
     """vLLM >= 0.20's power-of-two factor for one stacked tensor (all experts of w13, or of w2):
     2**floor(log2(448*128 / m)) where m is the largest non-zero x128 scale, if m < 448*128; else 1.
     Always 1 for fp16 activations."""
-    if act_dtype != "bfloat16":
-        return 1.0
     parts = [scales] if isinstance(scales, torch.Tensor) else scales
     present = np.zeros(256, dtype=bool)  # only which byte values occur matters: one histogram per part
     for part in parts:
-        present |= np.bincount(as_e4m3(part).contiguous().view(torch.uint8).numpy().reshape(-1), minlength=256) > 0
-    v = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float16) * S0E5M3_MULTIPLIER
-    v = v[torch.from_numpy(present) & (v != 0)]
-    if torch.isnan(v).any():
-        return 1.0
-    m = v.max().item() if v.numel() else -math.inf
-    if not (0 < m < VLLM_RESCALE_TARGET):
-        return 1.0
-    return 2.0 ** math.floor(math.log2(VLLM_RESCALE_TARGET / m))
+        present |= fp4_kernels.byte_presence(as_e4m3(part).contiguous().view(torch.uint8).numpy().reshape(-1))
+    return rescale_factor(present, act_dtype)
 
 
 def nvfp4_scales_to_s0e5m3(scale: torch.Tensor, *, engine: str, sf: float = 1.0) -> torch.Tensor:
@@ -122,35 +86,13 @@ def nvfp4_scales_to_s0e5m3(scale: torch.Tensor, *, engine: str, sf: float = 1.0)
     sglang: fp16(s) * 128 with the sign dropped; no rescale, no clamp.
     Each output byte depends on its input byte alone, so the rule is evaluated once over all 256
     bytes and applied as a table lookup (several times faster on a [2048, 256] expert scale)."""
-    table = _s0e5m3_table(engine, sf)
+    table = s0e5m3_table(engine, sf)
     src = as_e4m3(scale).view(torch.uint8)
     transposed = src.dim() >= 2 and not src.is_contiguous() and src.transpose(-1, -2).is_contiguous()
     base = src.transpose(-1, -2) if transposed else src.contiguous()  # keep a transposed view's layout
     out = base.clone()
     fp4_kernels.lookup(out.reshape(-1).numpy(), table)
     return out.transpose(-1, -2) if transposed else out
-
-
-@functools.lru_cache(maxsize=16)
-def _s0e5m3_table(engine: str, sf: float) -> np.ndarray:
-    """The forward rule over all 256 E4M3 bytes (built once per engine and rescale factor)."""
-    return _s0e5m3_values(torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn), engine=engine, sf=sf).numpy()
-
-
-def _s0e5m3_values(scale: torch.Tensor, *, engine: str, sf: float) -> torch.Tensor:
-    v = scale.to(torch.float16)
-    if engine == "vllm":
-        if sf != 1.0:
-            v = (v.float() * sf).to(torch.float16)
-        v = v * S0E5M3_MULTIPLIER
-        v = torch.where(v < S0E5M3_MIN, torch.zeros_like(v), v)
-    elif engine == "sglang":
-        if sf != 1.0:
-            raise ValueError("the sglang layout has no rescale factor (sf must be 1)")
-        v = v * S0E5M3_MULTIPLIER
-    else:
-        raise ValueError(f"unknown engine {engine!r}; expected 'vllm' or 'sglang'")
-    return half_to_s0e5m3(v)
 
 
 def s0e5m3_to_nvfp4_scales(b: torch.Tensor, *, sf: float = 1.0) -> torch.Tensor:

@@ -8,13 +8,17 @@ r its padded parameter:
   down (N = H, K = I): rank r packs source columns [r*i_shard, ...) padded to [h_pad, i_pad];
       blocks are concatenated along dim -2 (K): weight [m*i_pad/16, 2*h_pad], scale [m*i_pad/g, h_pad]
 The padding is zeros in source space before the codec (what the engines fill). Pure: no I/O.
+torch is imported by the functions that make tensors: planning uses the geometry alone.
 """
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["join_rank_blocks", "layout_record", "pad_source", "padded_nk", "rank_nk", "read_layout_record",
            "source_rank_blocks", "unpad_source"]
@@ -48,6 +52,8 @@ def source_rank_blocks(weight: torch.Tensor, scale: torch.Tensor, *, down: bool,
 
 def join_rank_blocks(blocks, *, down: bool) -> torch.Tensor:
     """Concatenate per-rank Marlin tensors (weight or scale) in rank order."""
+    import torch
+
     return torch.cat(list(blocks), dim=_axis(down))
 
 
@@ -67,6 +73,8 @@ def pad_source(weight: torch.Tensor, scale: torch.Tensor, *, down: bool, t: Rank
     matrix its padded Marlin tensor decodes to (each rank's block zero-padded, blocks in rank order).
     Marlin packing is tile-local along N and K, so packing this whole matrix gives the same bytes as
     packing each rank's block and concatenating."""
+    import torch
+
     g = GROUP_SIZE[t.fmt]
     n, k = padded_nk(down, t)
     w = torch.zeros(n, k // 2, dtype=torch.uint8)
@@ -82,6 +90,8 @@ def pad_source(weight: torch.Tensor, scale: torch.Tensor, *, down: bool, t: Rank
 def unpad_source(weight: torch.Tensor, scale: torch.Tensor, *, down: bool, t: RankTiles):
     """Inverse of pad_source: (source packed [N, K/2], scale [N, K/g], padding_is_zero). The padding
     bytes must all be zero for the result to be the exact inverse; the flag says whether they are."""
+    import torch
+
     g = GROUP_SIZE[t.fmt]
     wv, sv = weight.view(torch.uint8), scale.view(torch.uint8)
     n, k = (t.hidden, t.moe_tp * t.i_shard) if down else (t.moe_tp * t.i_shard, t.hidden)

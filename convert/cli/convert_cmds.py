@@ -20,8 +20,8 @@ from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Quant
 from dsv4_convert.executors import refuse_device
-from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.formats.padded_layout import layout_record
+from dsv4_convert.formats.target import MarlinTarget
 from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.pipeline import run_conversion
 from dsv4_convert.plan import CONVERT_COMMAND, build_plan, check_source

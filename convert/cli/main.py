@@ -70,11 +70,11 @@ def cli():
     pass
 
 
-def _register():
-    # Explicit list: one import per command module, nothing registers itself.
+def _register(args: list[str]):
+    # Explicit list (cli/commands.py): nothing registers itself; only the command being run is imported.
     from dsv4_convert.cli import commands
 
-    for command in commands.ALL:
+    for command in commands.load(next((a for a in args if not a.startswith("-")), None)):
         cli.add_command(command)
 
 
@@ -134,7 +134,7 @@ def _answer(doc: dict, argv: list[str], to_report: bool = True) -> None:
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        _register()  # the heavy imports, under _early_interrupt
+        _register(args)  # the heavy imports, under _early_interrupt
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _interrupt)
         if (report := report_path(args)) and not {"--help", "-h"} & set(args):

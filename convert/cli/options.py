@@ -56,6 +56,9 @@ def use_device(device: str | None, workers: int | None) -> int | None:
     """Check --device and select it for the transforms; the workers to use (1 on a GPU: CUDA does not
     survive the fork of a worker pool, and one process keeps the GPU busy)."""
     from dsv4_convert.device import resolve_device, set_transform_device
+    if (device or "cpu").strip().lower() == "cpu":  # the default: no torch needed to say so
+        set_transform_device(None)
+        return workers
     dev = resolve_device(device)
     set_transform_device(dev)
     return workers if dev.type == "cpu" else 1

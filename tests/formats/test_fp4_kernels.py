@@ -19,7 +19,8 @@ from dsv4_convert.formats.marlin_scales import (
     permute_scale_columns,
     scale_column_perm,
 )
-from dsv4_convert.formats.marlin_weight import _a16_forward, to_marlin_weight
+from dsv4_convert.formats.marlin_weight import to_marlin_weight
+from dsv4_convert.formats.marlin_words import a16_forward as _a16_forward
 
 
 @pytest.mark.parametrize("e, n, k2", [(1, 64, 8), (3, 128, 64), (2, 256, 1024)])

@@ -1,0 +1,30 @@
+"""What a conversion targets: the engine's Marlin layout, the activation dtype, W4A8 or not. Kept apart
+from the torch codecs (formats/marlin.py re-exports it) so that planning needs no torch."""
+
+from dataclasses import dataclass
+
+from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, engine_facts
+
+__all__ = ["MarlinTarget"]
+
+
+@dataclass(frozen=True, slots=True)
+class MarlinTarget:
+    engine: str = "sglang"
+    act_dtype: str = "bfloat16"
+    w4a8: bool = False
+
+    def __post_init__(self):
+        engine_facts(self.engine)  # raises for an unknown engine
+        if self.act_dtype not in ACT_DTYPES:
+            raise ValueError(f"unknown activation dtype {self.act_dtype!r}; choose one of {ACT_DTYPES}")
+        if self.w4a8 and not ENGINES[self.engine].w4a8:
+            raise ValueError("W4A8 (fp8 activations) exists only in vLLM's Marlin; use engine='vllm'")
+
+    @property
+    def layout_tag(self) -> str:
+        return ENGINES[self.engine].layout_tag
+
+    @property
+    def engine_version(self) -> str:
+        return ENGINES[self.engine].version
