@@ -217,17 +217,19 @@ class TensorReader:
 
     def get(self, ref: TensorRef):
         """The tensor as a torch tensor in its stored dtype (I8 stays int8, F8_E8M0 is float8_e8m0fnu)."""
-        import torch
-
-        from dsv4_convert.core.tensor_io import TORCH_DTYPES
-        return torch.from_numpy(self.array(ref)).view(TORCH_DTYPES[ref.dtype]).reshape(ref.shape)
+        return _as_tensor(self.array(ref), ref.dtype, ref.shape)
 
     def get_expert(self, ref: TensorRef, index: int):
         """Slab `index` of a tensor stacked along dim 0 (gpt-oss experts), reading only its bytes."""
-        import torch
+        return _as_tensor(self.expert_array(ref, index), ref.dtype, ref.shape[1:])
 
-        from dsv4_convert.core.tensor_io import TORCH_DTYPES
-        return torch.from_numpy(self.expert_array(ref, index)).view(TORCH_DTYPES[ref.dtype]).reshape(ref.shape[1:])
+
+def _as_tensor(flat: np.ndarray, dtype: str, shape):
+    import torch
+
+    from dsv4_convert.core.tensor_io import TORCH_DTYPES
+    t = torch.from_numpy(flat) if flat.size else torch.empty(0, dtype=torch.uint8)  # numpy's empty: stride 0
+    return t.view(TORCH_DTYPES[dtype]).reshape(shape)
 
 
 # ----------------------------------------------------------------------------------------- projections
