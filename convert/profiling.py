@@ -22,12 +22,18 @@ _marks: list[tuple[str, float]] = []
 
 # category -> functions whose cumulative time counts there (file suffix, function name); disjoint call trees
 _CUMULATIVE = {
-    "read": [("core/reader.py", "load_projection"), ("core/reader.py", "iter_bytes")],
-    "weights": [("formats/marlin_weight.py", "to_marlin_weight")],
+    # the torch route (convert/transform.py) and the numpy route (convert/cpu_path.py); a third element
+    # counts only the calls made from that file (the torch route's wrappers call the same numpy code)
+    "read": [("core/reader.py", "load_projection"), ("core/reader.py", "iter_bytes"), ("convert/cpu_path.py", "_rows")],
+    "weights": [("formats/marlin_weight.py", "to_marlin_weight"), ("formats/marlin_words.py", "a16_forward",
+                                                                     "convert/cpu_path.py")],
     "scales": [("formats/marlin_scales.py", "permute_scale_columns"), ("formats/marlin_scales.py", "nvfp4_scales_to_s0e5m3"),
                ("formats/marlin_scales.py", "mxfp4_scales_to_marlin"), ("convert/transform.py", "_refuse_nan_scales"),
-               ("convert/transform.py", "lost_scales"), ("formats/marlin_scales.py", "marlin_scales_fused")],
-    "globals": [("formats/marlin_scales.py", "nvfp4_global_to_marlin")],
+               ("convert/transform.py", "lost_scales"), ("formats/marlin_scales.py", "marlin_scales_fused"),
+               ("formats/scale_tables.py", "permute_scales", "convert/cpu_path.py"),
+               ("formats/fp4_kernels.py", "byte_presence", "convert/cpu_path.py")],
+    "globals": [("formats/marlin_scales.py", "nvfp4_global_to_marlin"),
+                ("formats/scale_tables.py", "global_to_marlin", "convert/cpu_path.py")],
 }
 _SELF = {  # category -> builtins whose own time counts there
     "hash": ["of 'xxhash."],
@@ -85,11 +91,13 @@ def breakdown(d: Path) -> dict[str, float]:
         stats = pstats.Stats(str(js.with_suffix(".prof"))).stats  # {(file, line, func): (cc, nc, tt, ct, callers)}
         total = sum(v[2] for v in stats.values())
         used = 0.0
-        for cat, funcs in _CUMULATIVE.items():
+        for cat, entries in _CUMULATIVE.items():
             for (file, _, func), v in stats.items():
-                if any(file.endswith(f) and func == fn for f, fn in funcs):
-                    out[cat] += v[3]
-                    used += v[3]
+                for f, fn, *caller in entries:
+                    if file.endswith(f) and func == fn:
+                        ct = v[3] if not caller else sum(c[3] for k, c in v[4].items() if k[0].endswith(caller[0]))
+                        out[cat] += ct
+                        used += ct
         for cat, names in _SELF.items():
             for (file, _, func), v in stats.items():
                 if file == "~" and any(n in func for n in names):
