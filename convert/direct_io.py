@@ -34,8 +34,8 @@ __all__ = ["BLOCK", "BUFFER_BYTES", "BUFFERS", "DIRECT_IO_ENV", "open_direct", "
 
 DIRECT_IO_ENV = "DSV4_CONVERT_DIRECT_IO"  # "0": always write through the page cache
 BLOCK = 4096  # offset, length and address alignment for O_DIRECT (covers 512- and 4096-byte sectors)
-BUFFER_BYTES = 8 << 20  # 8 MiB: large writes for the disk; 4 of them = 32 MiB per writer
-BUFFERS = 4  # one being filled, up to three queued or being written
+BUFFER_BYTES = 16 << 20  # per write: 16 MiB wrote ~20% faster than 8 MiB here (more requests in flight)
+BUFFERS = 3  # one being filled, up to two queued or being written: 48 MiB per writer
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 
 

@@ -5,7 +5,7 @@ on, just before and just after the bounce-buffer and block boundaries.
 
 Substitutions, each real, none a mock of the writer:
 - small bounce buffers (64 KiB, `direct_io.BUFFER_BYTES` set by monkeypatch) for the boundary cases,
-  so "many buffers" stays a few MiB; two cases use the real 8 MiB buffers too.
+  so "many buffers" stays a few MiB; two cases use the real 16 MiB buffers too.
 - a full disk is a 1 MiB or 20 MiB tmpfs mounted in a user + mount namespace (`unshare`), so no root
   and no loop device are needed; the kernel here (>= 6.6) accepts O_DIRECT on tmpfs, so it is the
   direct path that meets ENOSPC. Skipped where user namespaces are not allowed.
@@ -163,8 +163,9 @@ def test_no_thread_or_fd_outlives_close_or_abort(tmp_path):
 
 
 # -- real errors, in a subprocess ---------------------------------------------------------------
-# When direct write k fails, the caller can have filled up to BUFFERS more before it waits for a
-# buffer and sees the error: shards of 80 MiB (10 real buffers) make "raised in a feed" certain.
+# When direct write k (k <= 2 below) fails, the caller can have filled up to BUFFERS more before it
+# waits for a buffer and sees the error: shards of BUFFERS + 4 buffers make "raised in a feed" certain.
+BIG = (direct_io.BUFFERS + 4) * REAL
 _CHILD = r"""
 import json, os, resource, shutil, signal, sys, threading
 cfg = json.loads(sys.argv[1])
@@ -221,7 +222,7 @@ def namespace_mounts(tmp_path):
 
 
 @pytest.mark.parametrize("direct", ["1", "0"])
-@pytest.mark.parametrize(("size", "nbytes", "where"), [("1m", 80 << 20, "feed"), ("20m", 80 << 20, "feed"),
+@pytest.mark.parametrize(("size", "nbytes", "where"), [("1m", BIG, "feed"), ("20m", BIG, "feed"),
                                                        ("1m", 2 << 20, "close")])
 def test_disk_full_is_enospc_in_the_caller(namespace_mounts, monkeypatch, direct, size, nbytes, where):
     monkeypatch.setenv(direct_io.DIRECT_IO_ENV, direct)
@@ -253,7 +254,7 @@ def test_file_too_large_is_efbig_in_the_caller(tmp_path, monkeypatch, fsize, env
     if not _accepts_o_direct(tmp_path):
         pytest.skip(f"{tmp_path} refuses O_DIRECT: the buffered path's EFBIG is covered by the fault tests")
     monkeypatch.setenv(direct_io.DIRECT_IO_ENV, env)
-    out = _child({"path": str(tmp_path / "s"), "nbytes": 80 << 20, "fsize": fsize})
+    out = _child({"path": str(tmp_path / "s"), "nbytes": BIG, "fsize": fsize})
     assert out["errno"] == errno.EFBIG and out["where"] == "feed" and out["threads_left"] == 0, out
     assert out["direct"] is direct_after, out
     assert (tmp_path / "s").stat().st_size == fsize, "every byte up to the limit was written"
