@@ -2,13 +2,18 @@
 is appended one tensor at a time, so a shard never has to be held in memory. The file's hash
 (convert/digest.py) is computed while writing.
 
-Writeback starts as the data is written: every `_KICK` bytes the writer asks the kernel to start
-writing that range to disk (Linux `sync_file_range(SYNC_FILE_RANGE_WRITE)`: it queues the I/O and
-returns; it does not wait for it, and it is not a durability point). Without it the kernel lets
+Where the filesystem allows it the bytes go to disk with O_DIRECT from aligned buffers, written and
+hashed in a thread beside the conversion (convert/direct_io.py says why: the page-cache copy and its
+writeback cost more CPU than anything else the writer does). DSV4_CONVERT_DIRECT_IO=0 forces the
+buffered path below, which is also the fallback where O_DIRECT is refused.
+
+Buffered, writeback starts as the data is written: every `_KICK` bytes the writer asks the kernel to
+start writing that range to disk (Linux `sync_file_range(SYNC_FILE_RANGE_WRITE)`: it queues the I/O
+and returns; it does not wait for it, and it is not a durability point). Without it the kernel lets
 dirty pages pile up to its background threshold (10% of memory) before the disk does anything, so
 on a fast converter most of the disk's work happened after the CPU's, in the final fsync. Durability
-is unchanged: `close(fsync=True)` or publish's fsync still makes every byte durable before a shard
-counts as done or the output is renamed into place."""
+is the same on both paths: `close(fsync=True)` or publish's fsync still makes every byte durable
+before a shard counts as done or the output is renamed into place."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4_convert import direct_io
 from dsv4_convert.core.tensor_model import DTYPE_SIZES
 from dsv4_convert.digest import new_hash
 
@@ -75,35 +81,71 @@ def header_bytes(specs: list[TensorSpec], metadata: dict[str, str] | None = None
     return len(raw).to_bytes(8, "little") + raw
 
 
+class _BufferedSink:
+    """Through the page cache: write straight from the caller's buffer (no copy in user space), hash,
+    and start writeback every `_KICK` bytes."""
+
+    def __init__(self, path: Path, hasher):
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._hash = hasher
+        self.direct = False
+        self.size = 0
+        self._kicked = 0  # bytes [0, _kicked) have had their writeback started
+
+    def write(self, data) -> None:
+        mv = memoryview(data).cast("B")
+        self._hash.update(mv)
+        n, total = 0, len(mv)
+        while n < total:
+            n += os.write(self._fd, mv[n:])
+        self.size += total
+        if _start_writeback is not None and self.size - self._kicked >= _KICK:
+            _start_writeback(self._fd, self._kicked, self.size - self._kicked, _SYNC_FILE_RANGE_WRITE)
+            self._kicked = self.size  # a failure here is harmless: the fsync later writes what is left
+
+    def finish(self, *, fsync: bool) -> None:
+        try:
+            if fsync:
+                os.fsync(self._fd)
+        finally:
+            self._close(kick=True)
+
+    def abort(self) -> None:
+        self._close(kick=False)
+
+    def _close(self, *, kick: bool) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            if kick and _start_writeback is not None and self.size > self._kicked:  # the tail, too
+                _start_writeback(fd, self._kicked, self.size - self._kicked, _SYNC_FILE_RANGE_WRITE)
+            os.close(fd)
+
+
 class ShardWriter:
     """Write one shard: `write(name, data)` in header order, then `close()` (flush + fsync).
-    Every write is checked against the plan, so a shard can never silently disagree with its header."""
+    Every write is checked against the plan, so a shard can never silently disagree with its header.
+    `direct_io` says whether the bytes went to disk with O_DIRECT (else through the page cache)."""
 
     def __init__(self, path: Path, specs: list[TensorSpec], metadata: dict[str, str] | None = None, *,
                  fsync: bool = True):
         self.path = Path(path)
         self._specs = list(specs)
         self._next = 0
-        self._sha = new_hash()
-        self._size = 0
+        self._hash = new_hash()
         header = header_bytes(self._specs, metadata)  # checks every spec before a file is created
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        self._kicked = 0  # bytes [0, _kicked) have had their writeback started
+        fd = direct_io.open_direct(self.path)
+        self._sink = direct_io.DirectSink(fd, self._hash) if fd is not None else _BufferedSink(self.path, self._hash)
         self._pending = 0  # bytes still owed to the current tensor
         self._fsync = fsync
-        self._emit(header)
+        try:
+            self._sink.write(header)
+        except BaseException:
+            self._sink.abort()
+            raise
 
-    def _emit(self, data) -> None:
-        """Write straight from the caller's buffer (no copy in user space), hash it, start writeback."""
-        mv = memoryview(data).cast("B")
-        self._sha.update(mv)
-        n, total = 0, len(mv)
-        while n < total:
-            n += os.write(self._fd, mv[n:])
-        self._size += total
-        if _start_writeback is not None and self._size - self._kicked >= _KICK:
-            _start_writeback(self._fd, self._kicked, self._size - self._kicked, _SYNC_FILE_RANGE_WRITE)
-            self._kicked = self._size  # a failure here is harmless: the fsync later writes what is left
+    @property
+    def direct_io(self) -> bool:
+        return self._sink.direct
 
     def begin(self, name: str) -> int:
         """Start the next tensor; returns the number of bytes it must receive through `feed`."""
@@ -122,7 +164,7 @@ class ShardWriter:
         mv = memoryview(data).cast("B")
         if len(mv) > self._pending:
             raise RuntimeError(f"{self._specs[self._next - 1].name}: {len(mv)} bytes given, {self._pending} left")
-        self._emit(mv)
+        self._sink.write(mv)
         self._pending -= len(mv)
 
     def write(self, name: str, data) -> None:
@@ -133,24 +175,14 @@ class ShardWriter:
         self.feed(data)
 
     def close(self) -> tuple[str, int]:
-        """Finish the file (flush, and fsync unless disabled); returns (sha256 hex, size). Raises if a
-        planned tensor is missing."""
+        """Finish the file (flush, and fsync unless disabled); returns (hash hex, size). Raises if a
+        planned tensor is missing, or the error of a write that failed (errno kept)."""
         if self._pending or self._next != len(self._specs):
             missing = [s.name for s in self._specs[self._next:]]
             raise RuntimeError(f"{self.path.name}: tensors never written: {missing[:5]}")
-        try:
-            if self._fsync:
-                os.fsync(self._fd)
-        finally:
-            self._close_fd(kick=True)
-        return self._sha.hexdigest(), self._size
+        self._sink.finish(fsync=self._fsync)
+        return self._hash.hexdigest(), self._sink.size
 
     def abort(self) -> None:
-        self._close_fd(kick=False)
-
-    def _close_fd(self, *, kick: bool) -> None:
-        if self._fd >= 0:
-            fd, self._fd = self._fd, -1
-            if kick and _start_writeback is not None and self._size > self._kicked:  # the tail, too
-                _start_writeback(fd, self._kicked, self._size - self._kicked, _SYNC_FILE_RANGE_WRITE)
-            os.close(fd)
+        """Close without finishing (the file stays partial); stops the writer thread."""
+        self._sink.abort()

@@ -1,5 +1,7 @@
 """The streaming shard writer: what it writes is read back byte-identical by safetensors itself,
-for every dtype the converter emits, and it refuses to write anything its header did not promise."""
+for every dtype the converter emits, and it refuses to write anything its header did not promise.
+Every test runs on both write paths: O_DIRECT (where the filesystem takes it) and the page cache
+(DSV4_CONVERT_DIRECT_IO=0); tests/convert/test_direct_io.py compares the two byte for byte."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import xxhash
 from conftest import assert_bytes_equal
 from safetensors import safe_open
 
+from dsv4_convert import direct_io
 from dsv4_convert.core.reader import TensorReader
 from dsv4_convert.core.safetensors_header import read_header
 from dsv4_convert.core.tensor_io import safetensors_dtype
@@ -17,6 +20,12 @@ from dsv4_convert.safetensors_writer import ShardWriter, TensorSpec
 
 DTYPES = [torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.int32, torch.uint8, torch.int8, torch.bfloat16,
           torch.float16, torch.float32, torch.int64]
+
+
+@pytest.fixture(autouse=True, params=["direct", "buffered"])
+def io_path(request, monkeypatch):
+    monkeypatch.setenv(direct_io.DIRECT_IO_ENV, "1" if request.param == "direct" else "0")
+    return request.param
 
 
 def _tensors() -> dict[str, torch.Tensor]:

@@ -1,6 +1,6 @@
-"""The performance seams of the converter (issue 13): the shard writer starts writeback as it writes
-(a real `sync_file_range` on a real file) without changing a byte, the inline run (`--workers 1`)
-gives the same bytes as the pool, and DSV4_CONVERT_PROFILE leaves a per-job breakdown that adds up.
+"""The performance seams of the converter (issue 13): the shard writer's buffered path starts
+writeback as it writes (a real `sync_file_range` on a real file) without changing a byte, the inline
+run (`--workers 1`) gives the same bytes as the pool, and DSV4_CONVERT_PROFILE leaves a per-job breakdown that adds up.
 No substitutions: real files, real CLI subprocesses; the byte reference is the pool run."""
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import numpy as np
 import xxhash
 from cli_helpers import run_cli, tree_hashes
 
-from dsv4_convert import safetensors_writer
+from dsv4_convert import direct_io, safetensors_writer
 from dsv4_convert.profiling import PROFILE_ENV, breakdown
 from dsv4_convert.safetensors_writer import ShardWriter, TensorSpec
 
 
-def test_writeback_is_started_and_the_bytes_are_unchanged(tmp_path):
+def test_writeback_is_started_and_the_bytes_are_unchanged(tmp_path, monkeypatch):
+    monkeypatch.setenv(direct_io.DIRECT_IO_ENV, "0")  # the buffered path (O_DIRECT has no writeback to start)
     assert safetensors_writer._start_writeback is not None, "Linux libc has sync_file_range"
     n = safetensors_writer._KICK + 12345  # more than one kick, and a tail
     data = np.random.default_rng(0).integers(0, 256, size=n, dtype=np.uint8)
@@ -26,6 +27,7 @@ def test_writeback_is_started_and_the_bytes_are_unchanged(tmp_path):
     w.begin("x")
     for chunk in np.array_split(data, 7):
         w.feed(chunk)
+    assert not w.direct_io
     digest, size = w.close()
     raw = path.read_bytes()
     assert size == len(raw) and digest == xxhash.xxh3_128(raw).hexdigest()
