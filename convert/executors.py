@@ -28,7 +28,7 @@ __all__ = ["ExecutorSpec", "LocalExecutor", "RunDir", "auto_workers", "job_threa
 
 EXECUTORS = ("local", "ray")
 _BYTES_PER_WORKER = 256 << 20  # below this much work per worker, another process is not worth starting
-_WORKER_BYTES = 768 << 20  # a worker process with torch imported, plus one copy chunk (measured ~500 MiB)
+_WORKER_BYTES = 768 << 20  # a worker process (torch imported if the torch route runs), plus one copy chunk
 _STREAM_BOUND = 512 << 20  # a job streams: it never holds more than about this much of its shard at once
 _PAUSE_ENV = "DSV4_CONVERT_PAUSE_TASK"  # test hook: the first job to report progress writes its pid there, sleeps
 _RUN_PREFIX = ".run-"
