@@ -118,7 +118,10 @@ def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf:
     parts = convert_on_cpu(reader, p, fmt, target, sf) if tiles is None else None
     if parts is not None:
         return parts
+    import torch
+
     from dsv4_convert.transform import convert_with_torch
+    torch.set_num_threads(1)  # its small ops here only wake OpenMP threads that then spin; the repack has its own
     return convert_with_torch(reader, p, fmt, target, sf, tiles, lost)
 
 
