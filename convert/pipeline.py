@@ -5,6 +5,7 @@ is bounded by the projection in flight plus one copy chunk, whatever the checkpo
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import signal
 import time
@@ -87,7 +88,7 @@ def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp
         writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata, fsync=False)
         try:
             current, parts, lost = None, {}, {}
-            for o in shard.tensors:
+            for i, o in enumerate(shard.tensors):
                 _step()
                 if o.source is not None:
                     writer.begin(o.spec.name)
@@ -98,7 +99,7 @@ def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp
                     if current != p.key:  # a projection's outputs are consecutive: convert it once
                         current = p.key
                         parts = _convert(reader, p, fmt, target, rescale.get(f"{p.container}.{p.stack}", 1.0),
-                                         o.tiles, lost)
+                                         o.tiles, lost, _planned(shard.tensors, i))
                     writer.write(o.spec.name, parts[o.part])
                 _report(o.spec.nbytes, callback)
             sha, size = writer.close()
@@ -111,18 +112,28 @@ def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp
     return shard.file, sha, size
 
 
-def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float, tiles, lost: dict) -> dict:
+def _planned(tensors, i: int) -> dict:
+    """part -> TensorSpec of the converted outputs of the projection whose first output is tensors[i]
+    (a projection's outputs are consecutive in the plan)."""
+    key = tensors[i].projection.key
+    run = itertools.takewhile(lambda o: o.projection is not None and o.projection.key == key, tensors[i:])
+    return {o.part: o.spec for o in run if o.source is None}
+
+
+def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float, tiles, lost: dict,
+             planned: dict) -> dict:
     """One projection's output parts (buffers of their planned bytes): the numpy route where it
-    applies (convert/cpu_path.py), else the torch route, which also adds to `lost` the scale bytes
-    the target cannot represent. torch is imported only when the torch route is taken."""
+    applies (convert/cpu_path.py), else the torch route, which checks each part's dtype and shape
+    against `planned` and adds to `lost` the scale bytes the target cannot represent. torch is
+    imported only when the torch route is taken."""
     parts = convert_on_cpu(reader, p, fmt, target, sf) if tiles is None else None
     if parts is not None:
         return parts
     import torch
 
     from dsv4_convert.transform import convert_with_torch
-    torch.set_num_threads(1)  # its small ops here only wake OpenMP threads that then spin; the repack has its own
-    return convert_with_torch(reader, p, fmt, target, sf, tiles, lost)
+    torch.set_num_threads(1)  # its small ops only wake OpenMP threads that spin (the repack has its own)
+    return convert_with_torch(reader, p, fmt, target, sf, tiles, lost, planned)
 
 
 def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> dict[str, float]:

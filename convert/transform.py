@@ -9,6 +9,7 @@ import torch
 
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.reader import TensorReader, load_projection
+from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat
 from dsv4_convert.device import convert_projection_on, transform_device
 from dsv4_convert.formats.constants import E8M0_NAN
@@ -106,9 +107,10 @@ def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -
 
 
 def convert_with_torch(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float, tiles,
-                       lost: dict) -> dict[str, np.ndarray]:
-    """One projection -> its output parts as byte arrays, checked against the plan's dtypes and shapes;
-    adds {key.index, key.bytes} of the scale bytes the target loses to `lost`. `tiles`: the padded
+                       lost: dict, planned: dict) -> dict[str, np.ndarray]:
+    """One projection -> its output parts as byte arrays, each checked against its planned TensorSpec
+    (`planned`: part -> spec; parts the plan does not write are left out); adds {key.index, key.bytes}
+    of the scale bytes the target loses to `lost`. `tiles`: the padded
     per-rank layout of a --tp/--ep conversion (plan.OutTensor.tiles). The route for everything
     convert/cpu_path.py does not take."""
     src = load_projection(reader, p, fmt=fmt)
@@ -122,9 +124,11 @@ def convert_with_torch(reader: TensorReader, p: Projection, fmt: SourceFormat, t
         idx, orig = lost_scales(src.scale, target=target, sf=sf)
         if idx.numel():
             lost.update({f"{p.key}.index": idx, f"{p.key}.bytes": orig})
-    return {part: _bytes(t) for part, t in parts.items()}
+    return {part: _planned_bytes(parts[part], spec) for part, spec in planned.items()}
 
 
-def _bytes(t: torch.Tensor) -> np.ndarray:
-    """A part's bytes with its safetensors dtype (the writer checks them against the plan's spec)."""
+def _planned_bytes(t: torch.Tensor, spec) -> np.ndarray:
+    if safetensors_dtype(t) != spec.dtype or tuple(t.shape) != spec.shape:
+        raise RuntimeError(f"{spec.name}: produced {safetensors_dtype(t)}{list(t.shape)}, "
+                           f"planned {spec.dtype}{list(spec.shape)}")
     return t.contiguous().reshape(-1).view(torch.uint8).numpy()

@@ -29,9 +29,9 @@ def stack_key(p: Projection) -> str:
 
 def stack_rescale_factors(reader, projections: Iterable[Projection], act_dtype: str, *,
                           skip_unreadable: bool = False) -> dict[str, float]:
-    """`container.stack` -> vLLM's rescale factor (formats/marlin_scales.vllm_rescale_factor) over all
-    NVFP4 experts of that stack, reading one scale tensor at a time. With `skip_unreadable` (the validator, whose structure checks report
-    them) a scale that cannot be read is left out instead of raising."""
+    """`container.stack` -> vLLM's rescale factor (formats/scale_tables.rescale_factor) over all NVFP4
+    experts of that stack, reading one scale tensor at a time. With `skip_unreadable` (the validator,
+    whose structure checks report them) a scale that cannot be read is left out instead of raising."""
     stacks: dict[str, list[Projection]] = {}
     for p in projections:
         if p.quant is Quant.NVFP4:

@@ -7,7 +7,6 @@ bytes (with vLLM's power-of-two rescale and clamp where the target has them); MX
 (W4A8 adds 6). All functions here work on [..., G, N] and carry leading dimensions through.
 """
 
-
 import numpy as np
 import torch
 
@@ -28,6 +27,7 @@ __all__ = [
     "nvfp4_global_to_marlin", "marlin_to_nvfp4_global", "mxfp4_scales_to_marlin", "marlin_to_mxfp4_scales",
 ]
 
+
 def scale_column_perm(*, w4a8: bool) -> torch.Tensor:
     """Source column (within one block) for each output column: 64 entries, or 32 for W4A8."""
     return torch.from_numpy(scale_perm(w4a8).copy())
@@ -43,7 +43,7 @@ def _apply_block_perm(s: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 
 def permute_scale_columns(s: torch.Tensor, *, w4a8: bool = False, table: np.ndarray | None = None) -> torch.Tensor:
     """[..., G, N] -> the same shape with Marlin's column order (a pure permutation of bytes), and with
-    `table` ([256] uint8) applied to every byte if given (a byte-wise value rule, e.g. _s0e5m3_table).
+    `table` ([256] uint8) applied to every byte if given (a byte-wise value rule, e.g. scale_tables.s0e5m3_table).
     Given the transpose of [..., N, G] bytes (how the converters call it), the transpose, the
     permutation and the table are one compiled pass; anything else takes the torch reference."""
     perm = scale_perm(w4a8)

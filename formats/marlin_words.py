@@ -17,7 +17,8 @@ after which every word holds two finished output int32 and one word transpose
 (c, t1, q1, q0, r, kt) -> (kt, c, r, q1, q0, t1) puts them in place. All swaps are their own
 inverse, so from_marlin_weight runs the same steps backwards. Rows are processed in blocks of a
 few 64-row tiles so the intermediates stay in L2; with more than one thread (`kernel_threads`, else
-torch's thread count, or the cores) the blocks are shared out to threads (numpy ufuncs and the kernel release the GIL).
+torch's thread count, or the cores) the blocks are shared out to threads (numpy ufuncs and the
+kernel release the GIL).
 W4A8 (32x32 tiles) permutes 2-byte units and swaps nibbles inside each int32.
 Leading (expert) dimensions are kept.
 """
