@@ -109,6 +109,9 @@ def error_object(e: DsvError, exit_code: int) -> dict:
 
 
 def _fail(e: DsvError, argv: list[str], exit_code: int | None = None):
+    if isinstance(e, Interrupted):  # answered: a later signal must not turn exit 130 into death by signal
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
     code = e.exit_code if exit_code is None else exit_code
     if argv[:1] in (["validate"], ["plan"], ["doctor"]) and code not in (1, 2, 130):
         code = 2  # the report commands' documented classes: 0 clean, 1 findings, 2 unusable
