@@ -7,7 +7,7 @@ of --repeat pairs: seconds, ratio b/a (target <= 1.25 on 2 cores), GB/s of input
 peak RSS of the largest process and of the process tree (target <= 1 GiB each), the load average,
 and the projected time for the full 149 GB checkpoint.
 With --profile, one more (untimed) conversion per case runs with DSV4_CONVERT_PROFILE set
-(convert/profiling.py): the driver's phases (start-up = imports + planning, the vLLM rescale pass,
+(runtime/profiling.py): the driver's phases (start-up = imports + planning, the vLLM rescale pass,
 shard jobs, finalize, publish = the fsync of everything) and, summed over the shard jobs, the wall
 seconds inside read, weights, scales, globals, hash, write and Python, the jobs' CPU seconds, and
 their idle seconds (wall - CPU: waiting for the disk, or for a core on a busy machine).
@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _measure import measured  # noqa: E402
 
-from dsv4_convert.profiling import PROFILE_ENV, breakdown  # noqa: E402
+from dsv4_convert.runtime.profiling import PROFILE_ENV, breakdown  # noqa: E402
 
 FULL_CHECKPOINT_GB = 148.66 * 2**30 / 1e9
 CASES = {  # name -> (synth format, command, target)

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.formats.marlin import MarlinTarget
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.kernel_moe import repack_source
 from dsv4_convert.validate.kernel_provider import select_provider
@@ -57,7 +57,7 @@ def bench_kernel_validate(src: Path, engine: str, module: str) -> dict:
 
 
 def bench_device_transform(projections, engine: str) -> dict:
-    from dsv4_convert.device import convert_projection_on
+    from dsv4_convert.convert.cuda_route import convert_projection_on
     dev = torch.device("cuda")
     target = MarlinTarget(engine=engine, act_dtype="bfloat16")
     pinned = [(p, d.weight.pin_memory(), d.scale.pin_memory(), d.global_scale) for p, d in projections]

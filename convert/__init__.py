@@ -1,3 +1,1 @@
-"""dsv4-convert: offline, verified repacking of FP4 MoE checkpoints into Marlin tile order."""
-
-__version__ = "0.1.0"
+"""The converter: source checkpoint -> Marlin-order checkpoint (plan, transform, write, publish) and back."""

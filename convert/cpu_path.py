@@ -16,8 +16,8 @@ import os
 
 import numpy as np
 
+from dsv4_convert.convert.cuda_route import transform_device
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
-from dsv4_convert.device import transform_device
 from dsv4_convert.formats.constants import E8M0_NAN
 from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.marlin_words import a16_forward

@@ -16,19 +16,20 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dsv4_convert import __version__
+from dsv4_convert.convert.cpu_path import convert_on_cpu
+from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
+from dsv4_convert.convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
+from dsv4_convert.convert.safetensors_writer import ShardWriter
 from dsv4_convert.core.errors import Interrupted, OutputError
 from dsv4_convert.core.reader import TensorReader
 from dsv4_convert.core.rescale import stack_rescale_factors
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
-from dsv4_convert.cpu_path import convert_on_cpu
-from dsv4_convert.executors import ExecutorSpec, RunDir, auto_workers, job_threads, make_executor
 from dsv4_convert.formats.marlin_words import kernel_threads
-from dsv4_convert.memory import freeze_imports, keep_buffers
-from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
-from dsv4_convert.profiling import mark, profiled_job
-from dsv4_convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
-from dsv4_convert.safetensors_writer import ShardWriter
-from dsv4_convert.staging import Staging
+from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
+from dsv4_convert.runtime.jobs import RunDir, job_threads
+from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
+from dsv4_convert.runtime.profiling import mark, profiled_job
+from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
 
@@ -131,7 +132,7 @@ def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf:
         return parts
     import torch
 
-    from dsv4_convert.transform import convert_with_torch
+    from dsv4_convert.convert.transform import convert_with_torch
     torch.set_num_threads(1)  # its small ops only wake OpenMP threads that spin (the repack has its own)
     return convert_with_torch(reader, p, fmt, target, sf, tiles, lost, planned)
 

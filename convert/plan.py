@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsv4_convert import __version__
+from dsv4_convert.convert.safetensors_writer import TensorSpec
 from dsv4_convert.core.engines import FORMAT_VERSION, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.rescale import rescales
 from dsv4_convert.core.structure import RULES as STRUCTURE_RULES
 from dsv4_convert.core.structure import model_dims
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import (
     Checkpoint,
     Projection,
@@ -25,9 +27,7 @@ from dsv4_convert.core.tensor_model import (
 )
 from dsv4_convert.formats.constants import MARLIN_TILE_K
 from dsv4_convert.formats.padded_layout import padded_nk, rank_nk
-from dsv4_convert.formats.target import MarlinTarget
 from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
-from dsv4_convert.safetensors_writer import TensorSpec
 
 __all__ = ["check_structure", "refuse_converted", "check_source", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
            "build_plan", "FORMAT_VERSION",

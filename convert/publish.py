@@ -9,11 +9,11 @@ import json
 import shutil
 
 from dsv4_convert import __version__
+from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan
+from dsv4_convert.convert.quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
+from dsv4_convert.convert.serving_notes import serving_markdown
 from dsv4_convert.core.engines import INDEX_FILE
-from dsv4_convert.plan import FORMAT_VERSION, ConvertPlan
-from dsv4_convert.quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
-from dsv4_convert.serving_notes import serving_markdown
-from dsv4_convert.staging import Staging, write_json_atomic
+from dsv4_convert.runtime.staging import Staging, write_json_atomic
 
 __all__ = ["INDEX", "LOST", "LOST_SUFFIX", "SOURCE_DIR", "finalize"]
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 from dsv4_convert import __version__
+from dsv4_convert.convert.plan import ConvertPlan
 from dsv4_convert.core.engines import FORMAT_VERSION, QUANT_METHOD
 from dsv4_convert.core.index import natural_key
 from dsv4_convert.core.tensor_model import Quant
 from dsv4_convert.formats.padded_layout import layout_record
-from dsv4_convert.plan import ConvertPlan
 
 __all__ = ["QUANT_METHOD", "marlin_quant_config", "rewrite_config", "rewrite_hf_quant_config"]
 

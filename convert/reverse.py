@@ -20,18 +20,20 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from dsv4_convert.convert.pipeline import INDEX, LOST, SOURCE_DIR, _report
 from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
-from dsv4_convert.executors import ExecutorSpec, RunDir, auto_workers, make_executor
-from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4
+from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
 from dsv4_convert.formats.padded_layout import read_layout_record, unpad_source
-from dsv4_convert.manifest import verify
-from dsv4_convert.paths import MARKER
-from dsv4_convert.pipeline import INDEX, LOST, SOURCE_DIR, _report
-from dsv4_convert.staging import MANIFEST, Staging
+from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
+from dsv4_convert.runtime.jobs import RunDir
+from dsv4_convert.runtime.manifest import verify
+from dsv4_convert.runtime.paths import MARKER
+from dsv4_convert.runtime.staging import MANIFEST, Staging
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
 

@@ -1,9 +1,9 @@
 """A streaming safetensors writer: the header is written first from a known plan, then tensor data
 is appended one tensor at a time, so a shard never has to be held in memory. The file's hash
-(convert/digest.py) is computed while writing.
+(runtime/digest.py) is computed while writing.
 
 Where the filesystem allows it the bytes go to disk with O_DIRECT from aligned buffers, written and
-hashed in a thread beside the conversion (convert/direct_io.py says why: the page-cache copy and its
+hashed in a thread beside the conversion (runtime/direct_io.py says why: the page-cache copy and its
 writeback cost more CPU than anything else the writer does). DSV4_CONVERT_DIRECT_IO=0 forces the
 buffered path below, which is also the fallback where O_DIRECT is refused.
 
@@ -23,9 +23,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4_convert import direct_io
 from dsv4_convert.core.tensor_model import DTYPE_SIZES
-from dsv4_convert.digest import new_hash
+from dsv4_convert.runtime import direct_io
+from dsv4_convert.runtime.digest import new_hash
 
 __all__ = ["header_bytes", "ShardWriter", "TensorSpec"]
 

@@ -7,15 +7,15 @@ import functools
 import numpy as np
 import torch
 
+from dsv4_convert.convert.cuda_route import convert_projection_on, transform_device
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.reader import TensorReader, load_projection
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat
-from dsv4_convert.device import convert_projection_on, transform_device
 from dsv4_convert.formats.constants import E8M0_NAN
 from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.marlin import (
-    MarlinTarget,
     mxfp4_source_for,
     mxfp4_to_marlin,
     nvfp4_source_for,

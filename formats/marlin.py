@@ -1,4 +1,5 @@
-"""One FP4 projection (or a stack of them) <-> Marlin W4A16 / W4A8 tensors, for a given target.
+"""One FP4 projection (or a stack of them) <-> Marlin W4A16 / W4A8 tensors, for a given target (a
+core.target.MarlinTarget: the codecs read its fields and never import the engine table).
 
 This composes marlin_weight and marlin_scales into what an engine's `process_weights_after_loading`
 produces, and its inverse. Targets (spec MARLIN_FP4.md §8-9):
@@ -9,7 +10,6 @@ produces, and its inverse. Targets (spec MARLIN_FP4.md §8-9):
 import torch
 import torch.nn.functional as F
 
-from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
 from dsv4_convert.formats.e4m3 import as_e4m3
 from dsv4_convert.formats.e8m0 import as_e8m0_bytes
@@ -22,10 +22,9 @@ from dsv4_convert.formats.marlin_scales import (
     unpermute_scale_columns,
 )
 from dsv4_convert.formats.marlin_weight import from_marlin_weight, to_marlin_weight
-from dsv4_convert.formats.target import MarlinTarget
 
 __all__ = [
-    "ENGINES", "ACT_DTYPES", "MarlinTarget", "nvfp4_to_marlin", "marlin_to_nvfp4", "mxfp4_to_marlin",
+    "nvfp4_to_marlin", "marlin_to_nvfp4", "mxfp4_to_marlin",
     "marlin_to_mxfp4",
 ]
 
@@ -61,7 +60,7 @@ def _pad_source(weight, scale, group, n_pad, k_pad):
     return _pad_last2(weight.view(torch.uint8), n_pad, k_pad // 2), _pad_last2(scale, n_pad, k_pad // group)
 
 
-def nvfp4_source_for(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=None):
+def nvfp4_source_for(weight, scale, *, target, n_pad=None, k_pad=None):
     """The refusals and padding before any NVFP4 -> Marlin transform (CPU codecs and formats/marlin_torch.py)."""
     if target.w4a8:
         raise ValueError("NVFP4 has no W4A8 Marlin variant (vLLM raises for it); drop --w4a8")
@@ -69,15 +68,15 @@ def nvfp4_source_for(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=N
     return _pad_source(weight, as_e4m3(scale), NVFP4_GROUP, n_pad, k_pad)
 
 
-def mxfp4_source_for(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=None):
+def mxfp4_source_for(weight, scale, *, target, n_pad=None, k_pad=None):
     """The refusals and padding before any MXFP4 -> Marlin transform (padded packed bytes, E8M0 bytes)."""
-    if mxfp4_dtype_problem(target.act_dtype):
-        raise ValueError(MXFP4_NEEDS_BF16)
+    if problem := target.mxfp4_problem:
+        raise ValueError(problem)
     _check_source(weight, scale, MXFP4_GROUP, "MXFP4")
     return _pad_source(weight, as_e8m0_bytes(scale), MXFP4_GROUP, n_pad, k_pad)
 
 
-def nvfp4_to_marlin(weight, scale, *, target: MarlinTarget, sf: float = 1.0, n_pad=None, k_pad=None):
+def nvfp4_to_marlin(weight, scale, *, target, sf: float = 1.0, n_pad=None, k_pad=None):
     """(packed [..., N, K/2], e4m3 [..., N, K/16]) -> (int32 [..., Kp/16, 2Np], S0E5M3 bytes as
     float8_e4m3fn [..., Kp/16, Np]). `sf` is the vllm rescale factor of the whole stack (1 otherwise)."""
     weight, scale = nvfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
@@ -85,7 +84,7 @@ def nvfp4_to_marlin(weight, scale, *, target: MarlinTarget, sf: float = 1.0, n_p
     return qweight, nvfp4_scales_to_marlin(scale, engine=target.engine, sf=sf).view(torch.float8_e4m3fn)
 
 
-def marlin_to_nvfp4(qweight, mscale, *, target: MarlinTarget, n: int, k: int, sf: float = 1.0):
+def marlin_to_nvfp4(qweight, mscale, *, target, n: int, k: int, sf: float = 1.0):
     """Inverse of nvfp4_to_marlin, cropped to the logical [n, k]. Returns (packed, e4m3 scales);
     scales the target clamped or made positive come back as 0 / |s|: compare bytes to find them."""
     packed = from_marlin_weight(qweight)[..., :n, : k // 2]
@@ -94,7 +93,7 @@ def marlin_to_nvfp4(qweight, mscale, *, target: MarlinTarget, n: int, k: int, sf
     return packed.contiguous(), scale.contiguous()
 
 
-def mxfp4_to_marlin(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=None):
+def mxfp4_to_marlin(weight, scale, *, target, n_pad=None, k_pad=None):
     """(packed [..., N, K/2], E8M0 [..., N, K/32]) -> (int32 [..., Kp/16, 2Np], float8_e8m0fnu [..., Kp/32, Np])."""
     weight, scale = mxfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
     qweight = to_marlin_weight(weight, w4a8=target.w4a8)
@@ -102,7 +101,7 @@ def mxfp4_to_marlin(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=No
     return qweight, permute_scale_columns(s, w4a8=target.w4a8).view(torch.float8_e8m0fnu)
 
 
-def marlin_to_mxfp4(qweight, mscale, *, target: MarlinTarget, n: int, k: int):
+def marlin_to_mxfp4(qweight, mscale, *, target, n: int, k: int):
     packed = from_marlin_weight(qweight, w4a8=target.w4a8)[..., :n, : k // 2]
     s = unpermute_scale_columns(as_e8m0_bytes(mscale), w4a8=target.w4a8)
     scale = marlin_to_mxfp4_scales(s, w4a8=target.w4a8).transpose(-1, -2)[..., :n, : k // MXFP4_GROUP]

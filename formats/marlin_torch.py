@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from dsv4_convert.formats.e2m1 import pack_nibbles, unpack_nibbles
-from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_source_for, nvfp4_source_for
+from dsv4_convert.formats.marlin import mxfp4_source_for, nvfp4_source_for
 from dsv4_convert.formats.marlin_scales import mxfp4_scales_to_marlin, nvfp4_scales_to_s0e5m3, scale_column_perm
 from dsv4_convert.formats.marlin_weight import check_marlin_weight_shape
 
@@ -103,7 +103,7 @@ def permute_columns_t(s: torch.Tensor, *, w4a8: bool, inverse: bool = False) -> 
     return s.reshape(*s.shape[:-1], n // block, block)[..., perm].reshape(s.shape)
 
 
-def nvfp4_to_marlin_t(weight, scale, *, target: MarlinTarget, sf: float = 1.0, n_pad=None, k_pad=None):
+def nvfp4_to_marlin_t(weight, scale, *, target, sf: float = 1.0, n_pad=None, k_pad=None):
     """formats.marlin.nvfp4_to_marlin on the tensors' device (same bytes)."""
     weight, scale = nvfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
     table = byte_table(lambda c: nvfp4_scales_to_s0e5m3(c, engine=target.engine, sf=sf), torch.float8_e4m3fn,
@@ -112,7 +112,7 @@ def nvfp4_to_marlin_t(weight, scale, *, target: MarlinTarget, sf: float = 1.0, n
     return to_marlin_weight_t(weight), permute_columns_t(s, w4a8=False).view(torch.float8_e4m3fn)
 
 
-def mxfp4_to_marlin_t(weight, scale, *, target: MarlinTarget, n_pad=None, k_pad=None):
+def mxfp4_to_marlin_t(weight, scale, *, target, n_pad=None, k_pad=None):
     """formats.marlin.mxfp4_to_marlin on the tensors' device (same bytes)."""
     weight, scale = mxfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
     s = mxfp4_scales_to_marlin(scale.transpose(-1, -2).contiguous(), w4a8=target.w4a8)

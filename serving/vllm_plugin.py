@@ -22,7 +22,7 @@ def register() -> bool:
         from vllm.model_executor.layers import quantization as vllm_quant
     except ImportError:
         return False
-    from dsv4_convert.serving.vllm_methods import VllmMarlinFp4Config
+    from dsv4_convert.serving.vllm_config import VllmMarlinFp4Config
 
     if vllm_quant._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.get(QUANT_METHOD) is VllmMarlinFp4Config:
         return True

@@ -1,9 +1,9 @@
 """serving/config.py: parsing the converted checkpoint's quantization_config, without any engine."""
 
 import pytest
-import synth
 
-from dsv4_convert.formats.marlin import MarlinTarget
+import synth
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.serving.config import (
     PluginConfigError,
     check_layout,

@@ -1,56 +1,57 @@
 """The README's layering claim, checked on the source: every `dsv4_convert` import (module level or
-inside a function) of every file, parsed with ast, must follow an allowed arrow.
+inside a function) of every file, parsed with ast, must follow an allowed arrow, and no two modules
+may import each other through any chain (no circles). No exceptions are listed: there are none.
 
-  formats   -> nothing of the project, except the engine facts table (core.engines)
-  core      -> formats
-  convert, validate, serving -> core, formats
-  cli       -> everything
-plus the named exceptions below, each with its reason. No substitutions: the real tree is read.
+The layers are the folders, and each folder is the subpackage of its name (pyproject.toml's
+package-dir, read here, is the one home of that mapping):
+
+  formats  -> nothing of the project (pure codecs)
+  core     -> formats
+  runtime  -> core
+  convert, validate, serving, synth -> core, formats, runtime
+  cli      -> everything
+
+`dsv4_convert` itself holds only the version, which every layer may read. No substitutions: the
+real tree is read; the last tests run the same checker over a small tree made to break each rule.
 """
 
+from __future__ import annotations
+
 import ast
-from collections import defaultdict
+import sys
 from pathlib import Path
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ("formats", "core", "convert", "validate", "serving")  # package-dir mapping of pyproject.toml
+ROOT_PACKAGE = "dsv4_convert"
 
 ALLOWED = {
     "formats": set(),
     "core": {"formats"},
-    "convert": {"core", "formats"},
-    "validate": {"core", "formats"},
-    "serving": {"core", "formats"},
-    "cli": {"core", "formats", "convert", "validate", "serving"},
-}
-
-# (importing layer, imported module): the few arrows that cross the layering on purpose
-EXCEPTIONS = {
-    # one home for each engine fact (layout tags, versions, MXFP4 needs bf16): the codecs read it
-    ("formats", "dsv4_convert.core.engines"),
-    # validate verifies what the converter records, through the records' one home: the hash
-    # (convert/digest.py), the manifest and its file name, and the producer version in reports
-    ("validate", "dsv4_convert.digest"),
-    ("validate", "dsv4_convert.manifest"),
-    ("validate", "dsv4_convert.staging"),
-    ("validate", "dsv4_convert"),
-    # validate's batches run on the one executor seam (local process pool or Ray tasks) the converter uses
-    ("validate", "dsv4_convert.executors"),
+    "runtime": {"core"},
+    "convert": {"core", "formats", "runtime"},
+    "validate": {"core", "formats", "runtime"},
+    "serving": {"core", "formats", "runtime"},
+    "synth": {"core", "formats", "runtime"},
+    "cli": {"core", "formats", "runtime", "convert", "validate", "serving", "synth"},
 }
 
 
-def _layer_of_file(path: Path) -> str:
-    rel = path.relative_to(ROOT).parts
-    return "cli" if rel[:2] == ("convert", "cli") else rel[0]
+def package_dirs(root: Path = ROOT) -> dict[str, str]:
+    """layer -> folder, from pyproject.toml (every top-level subpackage is a layer)."""
+    mapping = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {pkg.split(".")[1]: folder for pkg, folder in mapping.items() if pkg.count(".") == 1}
 
 
-def _layer_of_module(module: str) -> str | None:
-    parts = module.split(".")
-    if parts[0] != "dsv4_convert":
-        return None
-    if len(parts) > 1 and parts[1] in ("formats", "core", "validate", "serving", "cli"):
-        return parts[1]
-    return "convert"  # dsv4_convert itself and its top-level modules live in convert/ (synth too)
+def _module_name(root: Path, layer: str, folder: str, path: Path) -> str:
+    parts = list(path.relative_to(root / folder).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join([ROOT_PACKAGE, layer, *parts])
 
 
 def _imports(path: Path):
@@ -58,37 +59,118 @@ def _imports(path: Path):
         if isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{path}: relative import (every import is absolute)"
             yield node.module
+            yield from (f"{node.module}.{a.name}" for a in node.names)  # `from pkg import module`
         elif isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
 
 
-def _arrows() -> dict[tuple[str, str], set[str]]:
-    arrows = defaultdict(set)
-    for folder in FOLDERS:
-        for path in (ROOT / folder).rglob("*.py"):
-            src = _layer_of_file(path)
-            for module in _imports(path):
-                dst = _layer_of_module(module)
-                if dst is not None and dst != src:
-                    arrows[(src, module)].add(str(path.relative_to(ROOT)))
-    return arrows
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """module -> the project modules it imports (the names that are modules of the tree)."""
+    files = {}
+    for layer, folder in package_dirs(root).items():
+        for path in (root / folder).rglob("*.py"):
+            files[_module_name(root, layer, folder, path)] = path
+    graph = {}
+    for module, path in files.items():
+        graph[module] = {m for m in _imports(path) if m in files and m != module}
+    return graph
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == ROOT_PACKAGE else None
+
+
+def bad_arrows(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{src} -> {dst}" for src, dsts in graph.items() for dst in dsts
+                  if _layer(src) != _layer(dst) and _layer(dst) not in ALLOWED[_layer(src)])
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_every_folder_is_the_subpackage_of_its_name():
+    dirs = package_dirs()
+    assert set(dirs) == set(ALLOWED), "a layer without a rule, or a rule without a layer"
+    assert all(dirs[layer] == layer for layer in dirs), dirs
 
 
 def test_every_import_follows_an_allowed_arrow():
-    arrows = _arrows()
-    assert arrows, "no project imports found: the tree walk is broken"
-    bad = sorted(f"{', '.join(sorted(files))}: {src} -> {module}" for (src, module), files in arrows.items()
-                 if _layer_of_module(module) not in ALLOWED[src] and (src, module) not in EXCEPTIONS)
-    assert bad == []
+    graph = import_graph()
+    assert sum(map(len, graph.values())) > 100, "too few project imports found: the tree walk is broken"
+    assert bad_arrows(graph) == []
 
 
-def test_every_exception_is_still_needed():
-    used = set(_arrows())
-    assert sorted(EXCEPTIONS - used) == []
+def test_no_import_circles():
+    assert circles(import_graph()) == []
 
 
-def test_the_walk_sees_a_violation():
-    """The check can fail: a formats -> validate arrow is not allowed."""
-    assert _layer_of_module("dsv4_convert.validate.runner") not in ALLOWED["formats"]
-    assert _layer_of_module("dsv4_convert.pipeline") == "convert"
-    assert "convert" not in ALLOWED["core"]
+def _tiny_tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.setuptools]\npackage-dir = {"dsv4_convert.formats" = "formats", "dsv4_convert.core" = "core"}\n')
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+def test_the_checker_sees_an_arrow_up_and_a_circle(tmp_path):
+    """The checks can fail: a formats -> core arrow, and a core <-> core circle through a function."""
+    root = _tiny_tree(tmp_path, {
+        "formats/__init__.py": "",
+        "formats/codec.py": "from dsv4_convert.core.reader import read\n",
+        "core/__init__.py": "",
+        "core/reader.py": "def read():\n    from dsv4_convert.core import index\n",
+        "core/index.py": "from dsv4_convert.core.reader import read\n",
+    })
+    graph = import_graph(root)
+    assert bad_arrows(graph) == ["dsv4_convert.formats.codec -> dsv4_convert.core.reader"]
+    assert circles(graph) == [["dsv4_convert.core.index", "dsv4_convert.core.reader"]]
+
+
+def test_the_checker_passes_a_clean_tree(tmp_path):
+    root = _tiny_tree(tmp_path, {
+        "formats/__init__.py": "", "formats/codec.py": "import numpy\n",
+        "core/__init__.py": "", "core/reader.py": "from dsv4_convert.formats.codec import x\n",
+    })
+    graph = import_graph(root)
+    assert graph["dsv4_convert.core.reader"] == {"dsv4_convert.formats.codec"}
+    assert bad_arrows(graph) == [] and circles(graph) == []

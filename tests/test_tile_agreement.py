@@ -14,16 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from dsv4_convert.convert.plan import build_plan
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
-from dsv4_convert.formats.marlin import MarlinTarget
 from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, OK, PAD, moe_rank_tiles
-from dsv4_convert.plan import build_plan
 from dsv4_convert.serving.config import PluginConfigError, check_rank_shape
+from dsv4_convert.serving.launch import make_plan, shape_from_checkpoint
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks.tiles import tile_rules_per_rank
 from dsv4_convert.validate.inputs import CheckpointInput, Options
-from dsv4_convert.validate.launch import make_plan, shape_from_checkpoint
 
 SIZES = (256, 512, 1536, 2048, 2304, 2880, 4096, 7168)
 EXPERTS = 8

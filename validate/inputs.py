@@ -20,11 +20,11 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role
 from dsv4_convert.formats.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, E8M0_NAN
 from dsv4_convert.formats.e4m3 import e4m3_is_nan
 from dsv4_convert.formats.e8m0 import e8m0_to_float
-from dsv4_convert.formats.target import MarlinTarget
 
 __all__ = [
     "CheckpointInput",

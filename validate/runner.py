@@ -88,7 +88,7 @@ def _run_batch(job: _Job, index: int, tasks: list[_Task], callback=None) -> tupl
 
 def _on_cluster(executor, job: _Job, tasks: list[_Task], bar) -> list[_Outcome]:
     """The experts in batches as executor jobs; the outcomes in task order, as a local run gives them."""
-    from dsv4_convert.executors import make_executor
+    from dsv4_convert.runtime.executors import make_executor
 
     size = max(1, len(tasks) // _CLUSTER_BATCHES)
     batches = [tasks[i:i + size] for i in range(0, len(tasks), size)]

@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
-import synth
 import torch
 from common import byte_diff
 from harness_sglang import sglang_cpu
+
+import synth
 
 PREFIX = "model.layers.0.mlp.experts"
 FINAL = ["w13_weight", "w13_weight_scale", "w13_weight_bias", "w2_weight", "w2_weight_scale", "w2_weight_bias"]

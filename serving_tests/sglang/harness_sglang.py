@@ -6,9 +6,10 @@ from __future__ import annotations
 import contextlib
 import os
 
-import synth
 import torch
 from common import compare_params
+
+import synth
 
 PREFIX = "model.layers.0.mlp.experts"  # SGLang's module name for checkpoint `layers.0.ffn.experts`
 FINAL = {
@@ -94,7 +95,8 @@ def _real_regions(c: dict) -> dict:
 
 def _source_space(layer, stack: str, c: dict):
     """Undo the Marlin packing (the project's inverse codec) for every local expert: (weight, scale)."""
-    from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4
+    from dsv4_convert.core.target import MarlinTarget
+    from dsv4_convert.formats.marlin import marlin_to_mxfp4
 
     n, k = (2 * c["i_pad"], c["h_pad"]) if stack == "w13" else (c["h_pad"], c["i_pad"])
     q, s = getattr(layer, f"{stack}_weight").data, getattr(layer, f"{stack}_weight_scale").data
@@ -152,7 +154,8 @@ def padding_evidence(engine, plugin, c: dict) -> dict:
     zeros, w2's padding with w13's zeros: each padded product has one zero side)."""
     from common import byte_diff
 
-    from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin
+    from dsv4_convert.core.target import MarlinTarget
+    from dsv4_convert.formats.marlin import mxfp4_to_marlin
 
     regions = _real_regions(c)
     real = {}
@@ -276,7 +279,7 @@ def run_case(
     os.environ["HF_HUB_OFFLINE"] = "1"  # ServerArgs(model_path="dummy") must not look for a model online
     from sglang.srt.plugins import load_plugins
 
-    from dsv4_convert.formats.marlin import MarlinTarget
+    from dsv4_convert.core.target import MarlinTarget
 
     load_plugins()
     dtype = getattr(torch, act_dtype)

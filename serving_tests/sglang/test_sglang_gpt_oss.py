@@ -20,8 +20,9 @@ CPU substitutions (nothing compared comes from any of them), in addition to test
 from __future__ import annotations
 
 import pytest
-import synth
 from common import spawn_ranks
+
+import synth
 
 sglang = pytest.importorskip("sglang")
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-import synth
 from common import spawn_ranks, split_params
 
-from dsv4_convert.formats.marlin import MarlinTarget
+import synth
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.serving.config import PluginConfigError, registration_log_line
 
 sglang = pytest.importorskip("sglang")

@@ -78,7 +78,8 @@ def run(rank, world, *, src: str, conv: str, ep: bool) -> dict:
     from vllm.model_executor.layers.quantization.utils.marlin_utils import marlin_permute_bias
     from vllm.plugins import load_general_plugins
 
-    from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin
+    from dsv4_convert.core.target import MarlinTarget
+    from dsv4_convert.formats.marlin import mxfp4_to_marlin
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     load_general_plugins()
@@ -181,7 +182,8 @@ def _emulated_outputs(e, p, *, hidden: int) -> dict:
 def _final_scale_diff(e, p, perm):
     """vLLM's own final w13 scale bytes (its marlin_permute_scales + mxfp4_marlin_process_scales) taken
     back to source rows with the project's inverse codec, de-interleaved, against the plugin's."""
-    from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4
+    from dsv4_convert.core.target import MarlinTarget
+    from dsv4_convert.formats.marlin import marlin_to_mxfp4
 
     t = MarlinTarget(engine="vllm")
     n, k = e.w13_weight.shape[2] // 2, e.w13_weight.shape[1] * 16

@@ -8,9 +8,10 @@ import os
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-import synth
 import torch
 from common import compare_params
+
+import synth
 
 PREFIX = "model.layers.0.ffn.experts"  # vLLM's module name for checkpoint `layers.0.ffn.experts`
 FINAL = {
@@ -178,7 +179,7 @@ def _run_case(rank, world, *, fmt, act_dtype, ep, experts, hidden, inter, conver
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.plugins import load_general_plugins
 
-    from dsv4_convert.formats.marlin import MarlinTarget
+    from dsv4_convert.core.target import MarlinTarget
 
     load_general_plugins()
     dtype = getattr(torch, act_dtype)

@@ -26,8 +26,9 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 vllm = pytest.importorskip("vllm")
 
-import synth
 from common import spawn_ranks
+
+import synth
 
 H, I, E = 256, 256, 4
 # split id: (ranks, expert parallel, converted with --tp/--ep, hidden, intermediate). "pad-tp2": H 384 ->

@@ -29,10 +29,10 @@ import pytest
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 vllm = pytest.importorskip("vllm")
 
-import synth
 from common import spawn_ranks, split_params
 
-from dsv4_convert.formats.marlin import MarlinTarget
+import synth
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.serving.config import PluginConfigError, registration_log_line
 
 H, I, E = 256, 256, 4

@@ -24,7 +24,7 @@ def tree_hashes(root: Path) -> dict[str, str]:
             for p in sorted(Path(root).rglob("*")) if p.is_file()}
 
 
-MARKER = "dsv4-convert.marker.json"  # marlin-to-source's "this tool wrote it" record (convert/paths.py)
+MARKER = "dsv4-convert.marker.json"  # marlin-to-source's "this tool wrote it" record (runtime/paths.py)
 
 
 def restored_tree(root: Path) -> dict[str, str]:

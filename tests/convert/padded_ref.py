@@ -24,7 +24,7 @@ from ckpt_factory import write_json  # noqa: E402
 from conftest import assert_bytes_equal  # noqa: E402
 from engine_stacks import mxfp4_moe_to_marlin, nvfp4_moe_to_marlin  # noqa: E402
 
-from dsv4_convert.formats.marlin import MarlinTarget  # noqa: E402
+from dsv4_convert.core.target import MarlinTarget  # noqa: E402
 from dsv4_convert.formats.marlin_scales import vllm_rescale_factor  # noqa: E402
 
 __all__ = ["assert_rank_blocks", "gptoss_headers", "load_out", "rank_reference", "write_header_only"]

@@ -15,8 +15,9 @@ from conftest import assert_bytes_equal
 from safetensors import safe_open
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
-from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
 
 CASES = [  # (synth format, command, target, act dtype, extra flags)

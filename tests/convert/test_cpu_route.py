@@ -15,7 +15,7 @@ import sys
 import pytest
 from cli_helpers import run_cli, tree_hashes
 
-from dsv4_convert.cpu_path import TORCH_ROUTE_ENV
+from dsv4_convert.convert.cpu_path import TORCH_ROUTE_ENV
 from dsv4_convert.synth import SYNTH_FORMATS
 
 

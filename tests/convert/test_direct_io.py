@@ -1,4 +1,4 @@
-"""The shard writer's O_DIRECT path (convert/direct_io.py) against its buffered path and against
+"""The shard writer's O_DIRECT path (runtime/direct_io.py) against its buffered path and against
 independent references: safetensors' own `safe_open` reads every tensor back, and the returned hash
 is xxhash's xxh3_128 of the file's bytes. Both paths must write the same bytes for files that end
 on, just before and just after the bounce-buffer and block boundaries.
@@ -34,9 +34,9 @@ import xxhash
 from conftest import assert_bytes_equal
 from safetensors import safe_open
 
-from dsv4_convert import direct_io
+from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec, header_bytes
 from dsv4_convert.core.tensor_io import safetensors_dtype
-from dsv4_convert.safetensors_writer import ShardWriter, TensorSpec, header_bytes
+from dsv4_convert.runtime import direct_io
 
 SMALL = 64 << 10
 REAL = direct_io.BUFFER_BYTES
@@ -172,7 +172,7 @@ cfg = json.loads(sys.argv[1])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 if cfg.get("fsize"):
     resource.setrlimit(resource.RLIMIT_FSIZE, (cfg["fsize"], cfg["fsize"]))
-from dsv4_convert.safetensors_writer import ShardWriter, TensorSpec
+from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec
 n, chunk = cfg["nbytes"], 1 << 20
 before = threading.active_count()
 w = ShardWriter(cfg["path"], [TensorSpec("x", "U8", (n,))], fsync=True)

@@ -14,7 +14,7 @@ from ckpt_factory import make_checkpoint
 from cli_helpers import run_cli, tree_hashes
 from padded_ref import assert_rank_blocks, load_out, rank_reference
 
-from dsv4_convert.formats.marlin import MarlinTarget
+from dsv4_convert.core.target import MarlinTarget
 
 
 @pytest.fixture(scope="module")

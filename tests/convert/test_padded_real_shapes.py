@@ -17,7 +17,7 @@ from cli_helpers import run_cli
 from conftest import assert_bytes_equal
 from padded_ref import assert_rank_blocks, gptoss_headers, load_out, rank_reference
 
-from dsv4_convert.formats.marlin import MarlinTarget
+from dsv4_convert.core.target import MarlinTarget
 
 H = INTER = 2880
 GPTOSS = ("gate_proj", "up_proj", "down_proj")

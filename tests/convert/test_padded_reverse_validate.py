@@ -15,7 +15,7 @@ import pytest
 from ckpt_factory import make_checkpoint
 from cli_helpers import restored_tree, run_cli, tree_hashes
 
-from dsv4_convert.digest import file_digest
+from dsv4_convert.runtime.digest import file_digest
 
 MANIFEST = "dsv4-convert.manifest.json"
 

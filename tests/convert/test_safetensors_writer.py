@@ -11,12 +11,12 @@ import xxhash
 from conftest import assert_bytes_equal
 from safetensors import safe_open
 
-from dsv4_convert import direct_io
+from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec
 from dsv4_convert.core.reader import TensorReader
 from dsv4_convert.core.safetensors_header import read_header
 from dsv4_convert.core.tensor_io import safetensors_dtype
-from dsv4_convert.digest import HASH_ALGORITHM
-from dsv4_convert.safetensors_writer import ShardWriter, TensorSpec
+from dsv4_convert.runtime import direct_io
+from dsv4_convert.runtime.digest import HASH_ALGORITHM
 
 DTYPES = [torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.int32, torch.uint8, torch.int8, torch.bfloat16,
           torch.float16, torch.float32, torch.int64]

@@ -13,8 +13,9 @@ from conftest import assert_bytes_equal
 from safetensors import safe_open
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant, Role
-from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 
 
 def _converted(out, name):

@@ -7,10 +7,11 @@ per-projection codecs on exactly the inputs the engines see. Test reference code
 
 import torch
 
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
 from dsv4_convert.formats.e4m3 import as_e4m3
 from dsv4_convert.formats.e8m0 import as_e8m0_bytes
-from dsv4_convert.formats.marlin import MarlinTarget, _pad_last2, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.formats.marlin import _pad_last2, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
 from dsv4_convert.formats.tiles import padded_dense_nk
 

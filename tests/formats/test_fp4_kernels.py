@@ -1,6 +1,6 @@
 """formats/fp4_kernels.py (numba) against the numpy / torch reference paths it replaces, byte for
 byte, on random bytes: the weight repack (one and several threads), the scale transpose +
-permutation, the byte-presence and table-lookup helpers; and convert/digest.py for both algorithms.
+permutation, the byte-presence and table-lookup helpers; and runtime/digest.py for both algorithms.
 No substitutions: the references are the project's own earlier implementations and hashlib/xxhash."""
 
 import hashlib
@@ -10,7 +10,6 @@ import pytest
 import torch
 import xxhash
 
-from dsv4_convert.digest import file_digest, new_hash
 from dsv4_convert.formats import fp4_kernels
 from dsv4_convert.formats.marlin_scales import (
     _apply_block_perm,
@@ -21,6 +20,7 @@ from dsv4_convert.formats.marlin_scales import (
 )
 from dsv4_convert.formats.marlin_weight import to_marlin_weight
 from dsv4_convert.formats.marlin_words import a16_forward as _a16_forward
+from dsv4_convert.runtime.digest import file_digest, new_hash
 
 
 @pytest.mark.parametrize("e, n, k2", [(1, 64, 8), (3, 128, 64), (2, 256, 1024)])

@@ -8,7 +8,7 @@ from engine_stacks import mxfp4_dense_to_marlin, mxfp4_moe_to_marlin, nvfp4_dens
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from dsv4_convert.formats.marlin import MarlinTarget
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.tiles import padded_moe_intermediate
 
 GOLDEN = sorted((Path(__file__).parent.parent / "golden").glob("*.safetensors"))

@@ -5,7 +5,8 @@ import torch
 from conftest import assert_bytes_equal
 from engine_stacks import nvfp4_dense_to_marlin, nvfp4_moe_to_marlin
 
-from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import marlin_to_nvfp4_global, vllm_rescale_factor
 from dsv4_convert.formats.marlin_weight import from_marlin_weight
 from dsv4_convert.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4

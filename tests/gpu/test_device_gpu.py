@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_torch import from_marlin_weight_t, mxfp4_to_marlin_t, nvfp4_to_marlin_t
 
 MODULE = os.environ.get("DSV4_MARLIN_MODULE", "")

@@ -18,7 +18,7 @@ import pytest
 sys.path.append(str(Path(__file__).parents[1] / "convert"))
 from cli_helpers import run_cli, tree_hashes  # noqa: E402
 
-from dsv4_convert.digest import HASH_ALGORITHM  # noqa: E402
+from dsv4_convert.runtime.digest import HASH_ALGORITHM  # noqa: E402
 from dsv4_convert.synth import write_synthetic_checkpoint  # noqa: E402
 
 ARGS = ("--workers", "1", "-q", "--max-shard-size", "60KB")

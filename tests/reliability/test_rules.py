@@ -5,7 +5,7 @@ that the record's reader itself must refuse) and on a full disk. Real files, rea
 
 Substitutions: a full disk is a small tmpfs (mount(8), as root), skipped where mount is not allowed;
 an attacker's consistent edit is simulated by re-recording the manifest entry with the tool's own
-digest (dsv4_convert.digest), as someone with write access to the checkpoint could."""
+digest (dsv4_convert.runtime.digest), as someone with write access to the checkpoint could."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ sys.path.append(str(Path(__file__).parents[1] / "convert"))
 from cli_helpers import run_cli, tree_hashes  # noqa: E402
 
 from dsv4_convert.core.structure import RULES  # noqa: E402
-from dsv4_convert.digest import file_digest  # noqa: E402
-from dsv4_convert.staging import MANIFEST  # noqa: E402
+from dsv4_convert.runtime.digest import file_digest  # noqa: E402
+from dsv4_convert.runtime.staging import MANIFEST  # noqa: E402
 from dsv4_convert.validate.checks import BY_ID  # noqa: E402
 
 SMALL = ("--layers", "1", "--experts", "4", "--shards", "2")

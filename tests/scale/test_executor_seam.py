@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.core.errors import UsageError
-from dsv4_convert.executors import ExecutorSpec, RunDir, refuse_device
+from dsv4_convert.runtime.executors import ExecutorSpec, refuse_device
+from dsv4_convert.runtime.jobs import RunDir
 
 
 def _in_subprocess(code: str) -> subprocess.CompletedProcess:
@@ -24,7 +25,7 @@ def _in_subprocess(code: str) -> subprocess.CompletedProcess:
 def test_importing_and_converting_locally_never_imports_ray(tmp_path, synth_source):
     src = synth_source("nvfp4-modelopt-dsv4", experts=4)
     code = ("import sys\n"
-            "import dsv4_convert, dsv4_convert.executors, dsv4_convert.pipeline, dsv4_convert.reverse\n"
+            "import dsv4_convert, dsv4_convert.runtime.executors, dsv4_convert.convert.pipeline, dsv4_convert.convert.reverse\n"
             "import dsv4_convert.validate.runner\n"
             "from dsv4_convert.cli.main import main\n"
             "for argv in (['--help'], ['nvfp4-to-marlin', sys.argv[1], sys.argv[2], '-q', '--workers', '2'],\n"

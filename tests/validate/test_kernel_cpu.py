@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from dsv4_convert.core.errors import UsageError
-from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_torch import (
     from_marlin_weight_t,
     mxfp4_to_marlin_t,

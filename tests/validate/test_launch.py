@@ -6,7 +6,7 @@ import pytest
 
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.formats.tiles import IMPOSSIBLE, PAD, moe_rank_tiles
-from dsv4_convert.validate.launch import make_plan, shape_from_checkpoint
+from dsv4_convert.serving.launch import make_plan, shape_from_checkpoint
 
 GIB = 1 << 30
 

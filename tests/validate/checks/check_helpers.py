@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, TensorRef
-from dsv4_convert.formats.marlin import MarlinTarget, mxfp4_to_marlin, nvfp4_to_marlin
+from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
 from dsv4_convert.formats.mxfp4 import quantize_mxfp4
 from dsv4_convert.formats.nvfp4 import quantize_nvfp4

@@ -4,7 +4,8 @@ import pytest
 import torch
 from check_helpers import marlin_of, mxfp4_tensors, nvfp4_tensors, run
 
-from dsv4_convert.formats.marlin import MarlinTarget, marlin_to_nvfp4
+from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.formats.marlin import marlin_to_nvfp4
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
 from dsv4_convert.formats.marlin_weight import to_marlin_weight
 from dsv4_convert.validate.checks import marlin_layout as c

@@ -9,7 +9,7 @@ import click
 from dsv4_convert.cli.report import emit, report_options
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.validate.launch import make_plan, shape_from_checkpoint
+from dsv4_convert.serving.launch import make_plan, shape_from_checkpoint
 
 __all__ = ["plan"]
 

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from dsv4_convert import __version__
 from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import UsageError
-from dsv4_convert.paths import check_replaceable, out_path
+from dsv4_convert.runtime.paths import check_replaceable, out_path
 from dsv4_convert.synth.configs import config_files
 from dsv4_convert.synth.defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
 from dsv4_convert.synth.layouts import DSV4_FORMATS, Dims, build_tensors
@@ -73,7 +73,7 @@ def _split(sizes: list[int], shards: int) -> list[list[int]]:
 
 
 def _check_out(out: Path, force: bool) -> None:
-    # an empty OUT is fine; --force replaces only a directory dsv4-convert wrote (convert/paths.py)
+    # an empty OUT is fine; --force replaces only a directory dsv4-convert wrote (runtime/paths.py)
     check_replaceable(out, force=force, allow_empty=True)
 
 

@@ -8,7 +8,7 @@ import click
 
 from dsv4_convert.cli.options import executor_options
 from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
-from dsv4_convert.reverse import reverse_checkpoint
+from dsv4_convert.convert.reverse import reverse_checkpoint
 
 __all__ = ["marlin_to_source"]
 

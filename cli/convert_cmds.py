@@ -16,16 +16,16 @@ from dsv4_convert.cli.options import (
     use_device,
 )
 from dsv4_convert.cli.report import emit, show_progress
+from dsv4_convert.convert.pipeline import run_conversion
+from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_source
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant
-from dsv4_convert.executors import refuse_device
 from dsv4_convert.formats.padded_layout import layout_record
-from dsv4_convert.formats.target import MarlinTarget
 from dsv4_convert.formats.tiles import PAD
-from dsv4_convert.pipeline import run_conversion
-from dsv4_convert.plan import CONVERT_COMMAND, build_plan, check_source
-from dsv4_convert.staging import Staging
+from dsv4_convert.runtime.executors import refuse_device
+from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
 
@@ -87,7 +87,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         raise UsageError(str(e), error_id="usage.target") from None
     ckpt = open_checkpoint(src)
     check_source(ckpt, quant)
-    if out is not None and not dry_run:  # every path refusal before any work (convert/paths.py)
+    if out is not None and not dry_run:  # every path refusal before any work (runtime/paths.py)
         Staging(Path(out), force=force, resume=resume, source=ckpt.root).check()
     plan = build_plan(ckpt, tgt, max_shard_size=parse_size(max_shard_size),
                       options={"command": CONVERT_COMMAND[quant]}, tp=tp, ep=ep)

@@ -2,7 +2,7 @@
 its hash; everything is fsync'd and the directory renamed to `<out>` only when complete. A lock in the
 staging directory keeps two runs apart; `--resume` keeps shards whose recorded hash still verifies,
 and only when no source file changed (size and mtime_ns of every file, as make and rsync compare).
-The published manifest names its hash algorithm and lists every file written (convert/manifest.py
+The published manifest names its hash algorithm and lists every file written (runtime/manifest.py
 verifies it)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 
 from dsv4_convert.core.errors import InputError, OutputError
-from dsv4_convert.digest import HASH_ALGORITHM, file_digest
-from dsv4_convert.paths import check_aliasing, check_replaceable, is_disk_full, out_path, staging_path
+from dsv4_convert.runtime.digest import HASH_ALGORITHM, file_digest
+from dsv4_convert.runtime.paths import check_aliasing, check_replaceable, is_disk_full, out_path, staging_path
 
 __all__ = ["Staging", "MANIFEST", "PROGRESS", "source_stamp", "write_json_atomic"]
 

@@ -15,7 +15,7 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dsv4_convert.core.errors import DsvError, OutputError, UsageError
-from dsv4_convert.executors import RunDir, one_thread_per_job, pause_hook, task_memory
+from dsv4_convert.runtime.jobs import RunDir, one_thread_per_job, pause_hook, task_memory
 
 __all__ = ["RayExecutor"]
 

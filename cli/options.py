@@ -8,7 +8,7 @@ import re
 import click
 
 from dsv4_convert.cli.report import progress_option, report_options
-from dsv4_convert.executors import EXECUTORS, ExecutorSpec
+from dsv4_convert.runtime.executors import EXECUTORS, ExecutorSpec
 
 __all__ = ["target_options", "run_options", "executor_options", "parse_size", "device_option", "use_device"]
 
@@ -55,7 +55,8 @@ def device_option(fn):
 def use_device(device: str | None, workers: int | None) -> int | None:
     """Check --device and select it for the transforms; the workers to use (1 on a GPU: CUDA does not
     survive the fork of a worker pool, and one process keeps the GPU busy)."""
-    from dsv4_convert.device import resolve_device, set_transform_device
+    from dsv4_convert.convert.cuda_route import set_transform_device
+    from dsv4_convert.runtime.device import resolve_device
     if (device or "cpu").strip().lower() == "cpu":  # the default: no torch needed to say so
         set_transform_device(None)
         return workers

@@ -128,7 +128,7 @@ class DirectSink:
         self._fill = 0
 
     def _wait_for_buffer(self) -> int:
-        """The caller's only wait: counted as write time by convert/profiling.py."""
+        """The caller's only wait: counted as write time by runtime/profiling.py."""
         return self._free.get()
 
     def _wait_for_thread(self) -> None:

@@ -1,9 +1,9 @@
-"""What a conversion targets: the engine's Marlin layout, the activation dtype, W4A8 or not. Kept apart
-from the torch codecs (formats/marlin.py re-exports it) so that planning needs no torch."""
+"""What a conversion targets: the engine's Marlin layout, the activation dtype, W4A8 or not. The codecs
+(formats/) take one as a value and read its fields; they never import the engine table themselves."""
 
 from dataclasses import dataclass
 
-from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, engine_facts
+from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, engine_facts, mxfp4_dtype_problem
 
 __all__ = ["MarlinTarget"]
 
@@ -28,3 +28,8 @@ class MarlinTarget:
     @property
     def engine_version(self) -> str:
         return ENGINES[self.engine].version
+
+    @property
+    def mxfp4_problem(self) -> str | None:
+        """Why MXFP4 experts cannot be served with this target's activations, or None."""
+        return mxfp4_dtype_problem(self.act_dtype)

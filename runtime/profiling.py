@@ -4,7 +4,7 @@ names a directory in DSV4_CONVERT_PROFILE; then every shard job runs under cProf
 leaves `<dir>/driver.json` (wall clock at each phase boundary). `breakdown` sums them into the
 categories of issue 13: read, transform (weights, scales, globals), hash, write, Python, idle.
 
-cProfile sees the job's main thread only. With O_DIRECT (convert/direct_io.py) the hashing and the
+cProfile sees the job's main thread only. With O_DIRECT (runtime/direct_io.py) the hashing and the
 pwrite run in the writer's thread, beside the conversion: "write" is then the time the main thread
 waits for a free bounce buffer or for the last writes (plus the copy into the buffers, under
 "python"), and "hash" is near zero; on the buffered path (DSV4_CONVERT_DIRECT_IO=0) both are the
@@ -40,7 +40,7 @@ _CUMULATIVE = {
                ("formats/fp4_kernels.py", "byte_presence", "convert/cpu_path.py")],
     "globals": [("formats/marlin_scales.py", "nvfp4_global_to_marlin"),
                 ("formats/scale_tables.py", "global_to_marlin", "convert/cpu_path.py")],
-    "write": [("convert/direct_io.py", "_wait_for_buffer"), ("convert/direct_io.py", "_wait_for_thread")],
+    "write": [("runtime/direct_io.py", "_wait_for_buffer"), ("runtime/direct_io.py", "_wait_for_thread")],
 }
 _SELF = {  # category -> builtins whose own time counts there
     "hash": ["of 'xxhash."],

@@ -36,7 +36,7 @@ import click  # noqa: E402
 from dsv4_convert import __version__  # noqa: E402
 from dsv4_convert.cli.report import report_path, write_report  # noqa: E402
 from dsv4_convert.core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
-from dsv4_convert.paths import check_report_file  # noqa: E402
+from dsv4_convert.runtime.paths import check_report_file  # noqa: E402
 
 __all__ = ["cli", "main", "error_object"]
 

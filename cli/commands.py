@@ -10,7 +10,7 @@ ALL = [  # workflow order, as `dsv4-convert --help` lists them
     ("nvfp4-to-marlin", "dsv4_convert.cli.convert_cmds", "nvfp4_to_marlin"),
     ("mxfp4-to-marlin", "dsv4_convert.cli.convert_cmds", "mxfp4_to_marlin"),
     ("validate", "dsv4_convert.cli.validate", "validate"),
-    ("plan", "dsv4_convert.cli.plan", "plan"),
+    ("plan", "dsv4_convert.cli.plan_cmd", "plan"),
     ("marlin-to-source", "dsv4_convert.cli.reverse_cmd", "marlin_to_source"),
     ("synth", "dsv4_convert.cli.synth", "synth"),
     ("doctor", "dsv4_convert.cli.doctor", "doctor"),

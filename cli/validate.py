@@ -9,7 +9,7 @@ import click
 from dsv4_convert.cli.kernel_opts import kernel_options, run_kernel_checks
 from dsv4_convert.cli.options import executor_options
 from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
-from dsv4_convert.executors import refuse_device
+from dsv4_convert.runtime.executors import refuse_device
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.runner import Unreadable
 from dsv4_convert.validate.runner import validate as run_validation

@@ -13,10 +13,10 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line
+from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.formats.padded_layout import read_layout_record
 from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
-from dsv4_convert.validate.checks.structure import model_dims
 
 __all__ = [
     "ACTIVATION_GIB",

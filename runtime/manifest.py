@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4_convert.digest import file_digest, new_hash
+from dsv4_convert.runtime.digest import file_digest, new_hash
 
 __all__ = ["Mismatch", "read_manifest", "verify"]
 

@@ -12,26 +12,18 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import shutil
 import signal
-import sys
-import time
-import uuid
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4_convert.core.errors import OutputError, UsageError
+from dsv4_convert.core.errors import UsageError
+from dsv4_convert.runtime.jobs import RunDir, one_thread_per_job
 
-__all__ = ["ExecutorSpec", "LocalExecutor", "RunDir", "auto_workers", "job_threads", "make_executor",
-           "one_thread_per_job", "refuse_device", "task_memory"]
+__all__ = ["ExecutorSpec", "LocalExecutor", "auto_workers", "make_executor", "refuse_device"]
 
 EXECUTORS = ("local", "ray")
 _BYTES_PER_WORKER = 256 << 20  # below this much work per worker, another process is not worth starting
-_WORKER_BYTES = 768 << 20  # a worker process (torch imported if the torch route runs), plus one copy chunk
-_STREAM_BOUND = 512 << 20  # a job streams: it never holds more than about this much of its shard at once
-_PAUSE_ENV = "DSV4_CONVERT_PAUSE_TASK"  # test hook: the first job to report progress writes its pid there, sleeps
-_RUN_PREFIX = ".run-"
 
 
 @dataclass(frozen=True)
@@ -55,74 +47,8 @@ def auto_workers(workers: int | None, total_bytes: int, jobs: int) -> int:
     return max(1, min(n, jobs))
 
 
-def task_memory(job_bytes: int) -> int:
-    """Memory a Ray task declares for a job of `job_bytes` (a shard's bytes in the plan): the worker
-    process, plus the part of the shard it can hold at once (the conversion streams)."""
-    return _WORKER_BYTES + min(job_bytes, _STREAM_BOUND)
-
-
-# -- the run's scratch directory, and the fence ---------------------------------------------------
-class RunDir:
-    """`<staging>/.run-<token>/`: the only place workers write. A token file in it lets every node
-    prove it sees the same directory, and lets a task refuse to start once its run was fenced."""
-
-    def __init__(self, staging_path: Path):
-        self.token = uuid.uuid4().hex[:16]
-        self.path = Path(staging_path) / f"{_RUN_PREFIX}{self.token}"
-        self.token_file = self.path / "token"
-
-    @staticmethod
-    def fence(staging_path: Path) -> None:
-        """Move every older run's scratch directory out of the staging directory (one atomic rename
-        each: a surviving task's next open fails), then delete it. Call with the staging lock held."""
-        staging_path = Path(staging_path)
-        for old in sorted(staging_path.glob(_RUN_PREFIX + "*")):
-            dead = staging_path.with_name(f"{staging_path.name}.fenced-{old.name[len(_RUN_PREFIX):]}")
-            os.rename(old, dead)
-            shutil.rmtree(dead, ignore_errors=True)  # a file a task still holds open may linger; never in OUT
-
-    def create(self) -> None:
-        self.path.mkdir()
-        self.token_file.write_text(self.token)
-
-    def tmp(self, name: str) -> Path:
-        return self.path / (name + ".tmp")
-
-    def hand_over(self, name: str, size: int, dest: Path, sidecars: tuple[str, ...] = ()) -> None:
-        """Move a finished job's file (`name.tmp`) and its sidecars (`name + suffix`) to `dest`."""
-        tmp = self.tmp(name)
-        if tmp.stat().st_size != size:  # a second writer (a zombie retry) would show here first
-            raise OutputError(f"{name}: the task reported {size} bytes, {tmp} has {tmp.stat().st_size}",
-                              error_id="convert.worker_died", hint="rerun with --resume")
-        for suffix in sidecars:
-            side = self.path / (name + suffix)
-            if side.exists():
-                os.replace(side, Path(dest) / side.name)
-        os.replace(tmp, Path(dest) / tmp.name)
-
-    def remove(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
 # -- local: a process pool ------------------------------------------------------------------------
 _progress_queue = None
-_one_thread = False
-
-
-def one_thread_per_job() -> None:
-    """In a pool worker or a Ray task: the other cores run other jobs, so a job's kernels (and torch,
-    where a job imports it) run on one thread; more would only contend. torch's small ops also only
-    woke OpenMP threads that then spun."""
-    global _one_thread
-    _one_thread = True
-    torch = sys.modules.get("torch")  # never imported for this: the CPU route does not need torch
-    if torch is not None:
-        torch.set_num_threads(1)
-
-
-def job_threads() -> int:
-    """Threads a job's kernels may use: 1 in a worker (one_thread_per_job), else the cores."""
-    return 1 if _one_thread else (os.cpu_count() or 1)
 
 
 def _init_worker(q) -> None:
@@ -194,22 +120,5 @@ def make_executor(spec: ExecutorSpec, workers: int, bar=None, *, max_in_flight: 
     except ImportError:
         raise UsageError("--executor ray needs Ray, which is not installed", error_id="usage.ray_missing",
                          hint="pip install 'dsv4-convert[ray]' (on every node of the cluster)") from None
-    from dsv4_convert.ray_executor import RayExecutor
+    from dsv4_convert.runtime.ray_executor import RayExecutor
     return RayExecutor(spec.address, bar, max_in_flight=max_in_flight)
-
-
-def pause_hook() -> None:
-    """Test hook (DSV4_CONVERT_PAUSE_TASK=FILE): the first job to get here, cluster-wide, writes its pid
-    to FILE and sleeps up to 60 s, so a test can SIGKILL that worker by pid mid-run."""
-    path = os.environ.get(_PAUSE_ENV)
-    if not path:
-        return
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        time.sleep(0.1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from dsv4_convert.device import resolve_device
+from dsv4_convert.runtime.device import resolve_device
 from dsv4_convert.validate.kernel_runner import KernelOptions, run_kernel_checks
 
 __all__ = ["kernel_options", "run_kernel_checks"]
