@@ -149,10 +149,10 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
     freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
     staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root, fence=RunDir.fence)
-    done = staging.open(plan.fingerprint())
     pool = None
     run = RunDir(staging.path)
-    try:
+    try:  # open() inside: a signal that lands in it is still answered (discard() cleans only what open() took)
+        done = staging.open(plan.fingerprint())
         run.create()
         todo = [s for s in plan.shards if s.file not in done]
         total = sum(s.nbytes for s in todo)

@@ -217,9 +217,9 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
                            hint="the converted checkpoint is incomplete or was edited")
     job = _Job(str(ckpt.root), target, block.get("rescale_factors") or {}, lost, converted, ckpt.tensors,
                decoded_by, kept_as, layout[2] if layout else {})
-    staging.open(json.dumps(sorted(shards)))
     run = RunDir(staging.path)
     try:
+        staging.open(json.dumps(sorted(shards)))
         run.create()
         total = sum(ref.nbytes for ref in original.values())
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="restoring", disable=not progress)

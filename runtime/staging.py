@@ -71,6 +71,7 @@ class Staging:
         self.source = Path(source).resolve() if source is not None else None
         self.stamp: dict = {}
         self._lock_fd: int | None = None
+        self._owned = False  # from taking the lock in open() until the publishing rename: discard() may clean up
         self.done: dict[str, dict] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -93,18 +94,24 @@ class Staging:
         existed = self.path.exists()
         if existed:
             self._refuse_foreign()
+        made = False
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
-            self.path.mkdir(exist_ok=True)
+            self.path.mkdir(exist_ok=existed)  # not existed: a directory that appears meanwhile is not ours
+            made = not existed
             self._take_lock()
+            self._owned = True
             if existed:
                 self._adopt(fingerprint)
             self.fingerprint = fingerprint
             self._save_progress()
-        except OSError as e:
+        except BaseException as e:  # a signal too: it can land between the mkdir and the first record
             self._release()
-            if not existed:  # leave nothing behind that a later run would take for an interrupted one
+            if made:  # leave nothing behind that a later run would take for an interrupted one
                 shutil.rmtree(self.path, ignore_errors=True)
+            self._owned = False
+            if not isinstance(e, OSError):
+                raise
             if is_disk_full(e):
                 raise OutputError(f"no space left to start writing {self.path} ({e.strerror})",
                                   error_id="output.disk_full", file=str(self.path),
@@ -220,6 +227,7 @@ class Staging:
             old = self.out.with_name(f"{self.out.name}.replaced-{os.getpid()}")
             os.rename(self.out, old)
         os.rename(self.path, self.out)
+        self._owned = False
         _fsync_dir(self.out.parent)
         if old is not None:
             shutil.rmtree(old)
@@ -227,15 +235,20 @@ class Staging:
     def discard(self, keep_verified: bool = False) -> None:
         """Remove the staging directory (after an error or Ctrl-C): nothing that looks complete remains.
         With keep_verified (Ctrl-C during --resume) the finished, recorded shards stay for the next
-        --resume; only unfinished temporaries go."""
+        --resume; only unfinished temporaries go. A no-op unless this run took the directory in open()
+        (another run's lock, or a directory open() refused, is never removed here)."""
+        if not self._owned:
+            return
         if keep_verified and self._lock_fd is not None and self.path.exists():
             for f in self.path.glob("*.tmp"):
                 f.unlink(missing_ok=True)
             self._release()
+            self._owned = False
             return
         self._release()
         if self.path.exists():
             shutil.rmtree(self.path, ignore_errors=True)
+        self._owned = False
 
     def _release(self, remove_lock_file: bool = False) -> None:
         if self._lock_fd is not None:

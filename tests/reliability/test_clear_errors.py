@@ -113,32 +113,75 @@ def test_json_on_failure_is_one_object_on_stdout(tmp_path):
     assert doc["exit_code"] == proc.returncode == 3 and set(doc["error"]) == {"id", "message", "file", "tensor", "fix"}
 
 
+def _caught(pid: int) -> int:
+    """The signals process `pid` has handlers for (the kernel's SigCgt mask), 0 once it has exited."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return int(line.split()[1], 16)
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+def _wait_for(ready, proc: subprocess.Popen, what: str, limit: float = 120.0) -> bool:
+    """Poll until ready() or the process exits (False). No sleep stands in for readiness: the wait
+    ends on an event the test can observe, however busy the machine is."""
+    deadline = time.monotonic() + limit
+    while proc.poll() is None:
+        if ready():
+            return True
+        assert time.monotonic() < deadline, f"{what} never happened"
+        time.sleep(0.005)
+    return False
+
+
+def _handlers_installed(proc: subprocess.Popen) -> bool:
+    """The CLI installs its SIGTERM handler (with SIGINT's and SIGHUP's) as the first thing it does;
+    Python itself never catches SIGTERM, so this bit is the CLI's readiness signal."""
+    return bool(_caught(proc.pid) & (1 << (signal.SIGTERM - 1)))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_in_the_first_second_is_exit_130_without_a_traceback(tmp_path, sig):
+    """Two moments, each waited for by observing it: the handlers are installed (the imports still
+    run), and the conversion has begun (its staging directory exists)."""
     src = tmp_path / "src"
     write_synthetic_checkpoint(src, format="nvfp4-modelopt-dsv4", layers=1, experts=4)
     before = tree_hashes(src)
-    for delay in (0.4, 1.0):  # before 0.4 s the interpreter itself is starting: no Python code runs yet
-        p = subprocess.Popen([*CLI, "nvfp4-to-marlin", str(src), str(tmp_path / "out"), "-q"],
+    for phase in ("imports", "conversion"):
+        out = tmp_path / phase / "out"
+        out.parent.mkdir()
+        p = subprocess.Popen([*CLI, "nvfp4-to-marlin", str(src), str(out), "-q"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(delay)
+        partial = out.with_name("out.partial")
+        ready = (lambda: _handlers_installed(p)) if phase == "imports" else partial.exists
+        if not _wait_for(ready, p, phase):  # finished first: nothing to interrupt
+            assert p.wait() == 0, p.communicate()[1]
+            continue
         p.send_signal(sig)
         _, err = p.communicate(timeout=120)
-        if p.returncode == 0:  # finished first: nothing to interrupt
+        if p.returncode == 0:  # finished between the observation and the signal
             continue
-        assert p.returncode == 130 and "Traceback" not in err, err
-        assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+        assert p.returncode == 130 and "Traceback" not in err, (phase, err)
+        assert not out.exists() and not partial.exists()
     assert tree_hashes(src) == before
 
 
 def test_a_signal_during_the_imports_still_answers_json(tmp_path):
-    """Interrupted while torch / numba are still being imported: one JSON error object, exit 130."""
-    p = subprocess.Popen([*CLI, "nvfp4-to-marlin", str(tmp_path / "src"), str(tmp_path / "out"), "--json"],
+    """Interrupted while torch / numba are still being imported: one JSON error object, exit 130.
+    The run has a real source, so a signal that lands after the imports is still answered (as
+    convert.interrupted): the test never depends on how fast the imports are."""
+    src = tmp_path / "src"
+    write_synthetic_checkpoint(src, format="nvfp4-modelopt-dsv4", layers=1, experts=4)
+    p = subprocess.Popen([*CLI, "nvfp4-to-marlin", str(src), str(tmp_path / "out"), "--json"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.6)  # the interpreter is up; the command modules (2-5 s of imports) are not
+    assert _wait_for(lambda: _handlers_installed(p), p, "the handlers"), p.communicate()
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=120)
+    if p.returncode == 0:  # the whole conversion beat the signal: nothing was interrupted
+        return
     assert p.returncode == 130 and "Traceback" not in err, err
     doc = json.loads(out)
-    assert doc["exit_code"] == 130 and doc["error"]["id"] == "cli.interrupted"
+    assert doc["exit_code"] == 130 and doc["error"]["id"] in ("cli.interrupted", "convert.interrupted")
     assert set(doc["error"]) == {"id", "message", "file", "tensor", "fix"}
