@@ -17,18 +17,18 @@ build() {
   want="$( (echo "$TORCH $pin"; cat "$LOCKS/$lock") | sha256sum | cut -d' ' -f1)"
   if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
     # the project itself is an editable install, so only re-link it (fast) in case pyproject changed
-    "$venv/bin/pip" install -q -e "$ROOT" --no-deps
+    "$venv/bin/python" -m pip install -q -e "$ROOT" --no-deps
     echo "[build_venvs] $name: up to date"
     return
   fi
   local t0=$SECONDS
   rm -rf "$venv"
   "$PY" -m venv "$venv"
-  "$venv/bin/pip" install -q "$TORCH"                       # CPU build (local wheel)
-  "$venv/bin/pip" install -q --no-deps "$pin"
-  "$venv/bin/pip" install -q --no-deps -r "$LOCKS/$lock"
-  "$venv/bin/pip" install -q --no-deps pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
-  "$venv/bin/pip" install -q -e "$ROOT" --no-deps
+  "$venv/bin/python" -m pip install -q "$TORCH"                       # CPU build (local wheel)
+  "$venv/bin/python" -m pip install -q --no-deps "$pin"
+  "$venv/bin/python" -m pip install -q --no-deps -r "$LOCKS/$lock"
+  "$venv/bin/python" -m pip install -q --no-deps pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1
+  "$venv/bin/python" -m pip install -q -e "$ROOT" --no-deps
   echo "$want" > "$stamp"
   echo "[build_venvs] $name: built in $((SECONDS - t0)) s"
 }
