@@ -13,8 +13,11 @@ DSV4_MARLIN_MODULE=$(ls "$MARLIN_BUILD_DIR"/ninja/vllm_marlin_fp4*.so | head -1)
 export DSV4_MARLIN_MODULE DSV4_GPU_RESULTS="$OUTDIR/gpu_results.jsonl"
 rm -f "$DSV4_GPU_RESULTS"
 if ! python3 -c 'import dsv4_convert' 2>/dev/null; then  # no install on the device: a package view of the tree
-  mkdir -p /tmp/dsv4pkg && rm -rf /tmp/dsv4pkg/dsv4_convert && cp -r convert /tmp/dsv4pkg/dsv4_convert
-  for d in core formats validate serving; do cp -r "$d" "/tmp/dsv4pkg/dsv4_convert/$d"; done
+  rm -rf /tmp/dsv4pkg && python3 - <<'PY'  # pyproject's package-dir is the one home of the folder mapping
+import shutil, tomllib
+for pkg, folder in tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]["package-dir"].items():
+    shutil.copytree(folder, "/tmp/dsv4pkg/" + pkg.replace(".", "/"), dirs_exist_ok=True)
+PY
   export PYTHONPATH=/tmp/dsv4pkg${PYTHONPATH:+:$PYTHONPATH}
 fi
 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu "$@" 2>&1 | tee "$OUTDIR/pytest.log"
