@@ -28,7 +28,9 @@ from dsv4_convert.formats.marlin_words import kernel_threads
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir, job_threads
 from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
-from dsv4_convert.runtime.profiling import mark, profiled_job
+from dsv4_convert.runtime.paths import staging_path
+from dsv4_convert.runtime.profiling import mark, profile_dir, profiled_job
+from dsv4_convert.runtime.side_files import protect
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
@@ -148,6 +150,8 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
     start = time.perf_counter()
     freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
+    protect([ckpt.root, out, staging_path(Path(out))])  # side files (profiles) stay off them
+    profile_dir()  # refused before any work when it points into them
     staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root, fence=RunDir.fence)
     pool = None
     run = RunDir(staging.path)

@@ -25,6 +25,7 @@ from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
+from dsv4_convert.core.small_files import read_small
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
@@ -161,7 +162,7 @@ def _bad_record(path: Path, why: str):
 
 def _record_json(path: Path, kind: type):
     try:
-        obj = json.loads(path.read_bytes())
+        obj = json.loads(read_small(path))
     except (OSError, ValueError, RecursionError) as e:
         _bad_record(path, f"not readable JSON ({e})")
     if not isinstance(obj, kind):

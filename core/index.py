@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import InputError
+from dsv4_convert.core.small_files import read_small_text
 from dsv4_convert.core.tensor_model import TensorRef
 
 __all__ = ["check_index", "listing", "natural_key", "read_json", "read_weight_map"]
@@ -19,7 +20,7 @@ _MAX_LISTED = 5
 
 def read_json(path: Path, *, missing_id: str | None, bad_id: str, what: str) -> dict | None:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_small_text(path)
     except FileNotFoundError:
         if missing_id is None:
             return None

@@ -33,6 +33,7 @@ __all__ = [
     "TensorReader",
     "load_projection",
     "open_checkpoint",
+    "hub_cache_dir",
     "resolve_source",
 ]
 
@@ -62,6 +63,17 @@ def resolve_source(source: str | Path) -> Path:
                          hint="pass an existing checkpoint directory or a repo id such as "
                               "deepseek-ai/DeepSeek-V4-Flash")
     return _snapshot(text)
+
+
+def hub_cache_dir(source: str | Path) -> Path | None:
+    """The local Hugging Face cache folder (blobs and snapshots) of a repo id that names no local
+    path, where it exists: what a side file (--report, --plot) must never be written into."""
+    text = str(source)
+    if Path(text).expanduser().exists() or not _REPO_ID.match(text) or text.startswith((".", "~")):
+        return None
+    from huggingface_hub.constants import HF_HUB_CACHE
+    folder = Path(HF_HUB_CACHE) / ("models--" + text.replace("/", "--"))
+    return folder if folder.is_dir() else None
 
 
 def _snapshot(repo_id: str) -> Path:

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4_convert.core.small_files import read_small
 from dsv4_convert.runtime.digest import file_digest, new_hash
 
 __all__ = ["Mismatch", "read_manifest", "verify"]
@@ -25,7 +26,7 @@ def read_manifest(root: Path, name: str) -> dict | None:
     path = Path(root) / name
     if not path.exists():
         return None
-    obj = json.loads(path.read_text())
+    obj = json.loads(read_small(path))
     if not isinstance(obj, dict) or not isinstance(obj.get("files"), dict) or "hash_algorithm" not in obj:
         raise ValueError("no hash_algorithm/files: written by an older dsv4-convert, or edited")
     try:

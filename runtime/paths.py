@@ -14,8 +14,9 @@ import os
 from pathlib import Path
 
 from dsv4_convert.core.errors import OutputError, UsageError
+from dsv4_convert.core.small_files import read_small
 
-__all__ = ["MARKER", "RECORDS", "out_path", "staging_path", "check_aliasing", "check_replaceable", "check_report_file"]
+__all__ = ["MARKER", "RECORDS", "out_path", "staging_path", "check_aliasing", "check_replaceable"]
 
 MARKER = "dsv4-convert.marker.json"  # marlin-to-source outputs: "dsv4-convert wrote this directory"
 _MANIFEST = "dsv4-convert.manifest.json"  # (staging.MANIFEST; repeated here to avoid an import cycle)
@@ -105,7 +106,7 @@ def _listed(out: Path) -> set[str] | None:
         if not rec.is_file() or rec.is_symlink():
             continue
         try:
-            obj = json.loads(rec.read_text())
+            obj = json.loads(read_small(rec))
         except (OSError, ValueError):
             continue
         if not isinstance(obj, dict):
@@ -120,25 +121,6 @@ def _listed(out: Path) -> set[str] | None:
         if isinstance(producer, dict) and producer.get("name") == "dsv4-convert" and "shards" in obj:
             return set()  # a manifest from before files were listed: recognised, not itemised
     return {"<none>"}
-
-
-def check_report_file(report: str, named: list[str]) -> None:
-    """Before any work: `--report FILE` must be writable (its directory exists) and must not lie inside,
-    or be, a checkpoint path named on the command line (`named`: the command's arguments), since the
-    report would then add to or overwrite the input, or land in OUT as a file the manifest does not list."""
-    path = Path(os.path.abspath(report))
-    if path.is_dir() or not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
-        why = "is a directory" if path.is_dir() else "its directory does not exist or is not writable"
-        raise OutputError(f"cannot write the report {report}: {why}", error_id="report.not_writable", file=report,
-                          hint="choose a --report FILE in an existing, writable directory")
-    for arg in named:
-        given = Path(arg)
-        if not arg or not given.exists() or (given.is_file() and _ident(given) != _ident(path)):
-            continue
-        if _within(path, Path(os.path.abspath(given)).resolve()) or _within(path.resolve(), given.resolve()):
-            raise UsageError(f"--report {report} lies inside {arg}, a path this command reads or writes",
-                             error_id="report.inside_checkpoint", file=report,
-                             hint="write the report outside the checkpoint directories (e.g. next to them)")
 
 
 def check_replaceable(out: Path, *, force: bool, allow_empty: bool = False) -> None:

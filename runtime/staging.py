@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from dsv4_convert.core.errors import InputError, OutputError
+from dsv4_convert.core.small_files import read_small
 from dsv4_convert.runtime.digest import HASH_ALGORITHM, file_digest
 from dsv4_convert.runtime.paths import check_aliasing, check_replaceable, is_disk_full, out_path, staging_path
 
@@ -261,7 +262,7 @@ class Staging:
 
 def _read_json(path: Path) -> dict:
     try:
-        obj = json.loads(path.read_text())
+        obj = json.loads(read_small(path))
     except (OSError, ValueError):
         return {}
     return obj if isinstance(obj, dict) else {}
