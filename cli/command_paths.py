@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from dsv4_convert.runtime.paths import staging_path
-from dsv4_convert.runtime.side_files import guard, protect
+from dsv4_convert.runtime.side_files import guard, protect, reset
 
 __all__ = ["parsed_params", "guard_command_line"]
 
@@ -27,7 +27,8 @@ def parsed_params(group: click.Group, args: list[str]) -> dict:
     if command is None:
         return {}
     try:
-        ctx = command.make_context(name, args[args.index(name) + 1:], resilient_parsing=True)
+        ctx = command.make_context(name, args[args.index(name) + 1:], resilient_parsing=True,
+                                   ignore_unknown_options=True)
     except (click.exceptions.ClickException, click.exceptions.Exit):
         return {}
     return dict(ctx.params)
@@ -36,6 +37,7 @@ def parsed_params(group: click.Group, args: list[str]) -> dict:
 def guard_command_line(params: dict) -> None:
     """Protect every checkpoint named (and OUT's staging directory), then check each side file, before
     any work: a refusal here costs nothing."""
+    reset()
     out = params.get("out")
     protect([*(params.get(p) for p in CHECKPOINT_PARAMS), staging_path(Path(os.path.abspath(out))) if out else None])
     for param, kind in SIDE_FILE_PARAMS.items():

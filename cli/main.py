@@ -141,6 +141,7 @@ def main(argv=None):
         _register(args)  # the heavy imports, under _early_interrupt
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _interrupt)
+        _params.clear()
         _params.update(parsed_params(cli, args))
         if not {"--help", "-h"} & set(args):
             guard_command_line(_params)

@@ -23,7 +23,7 @@ from typing import BinaryIO
 from dsv4_convert.core.errors import OutputError, UsageError
 from dsv4_convert.core.reader import hub_cache_dir
 
-__all__ = ["protect", "guard", "write_side_file", "FLAGS"]
+__all__ = ["protect", "reset", "guard", "write_side_file", "FLAGS"]
 
 FLAGS = {"report": "--report", "plot": "--plot", "profile": "DSV4_CONVERT_PROFILE"}
 _WALK_LIMIT = 100_000  # entries per protected tree; past it only name and ancestor checks apply
@@ -45,6 +45,12 @@ def _add_dir(d: Path) -> None:
         _dirs.add(spelling)
     if (i := _ident(d)) is not None:
         _idents.add(i)
+
+
+def reset() -> None:
+    """Forget the protected set (one process may run several command lines: tests/reliability/cli_batch.py)."""
+    _dirs.clear()
+    _idents.clear()
 
 
 def protect(paths: Iterable[str | os.PathLike | None]) -> None:
