@@ -33,7 +33,7 @@ from dsv4_convert.formats.padded_layout import read_layout_record, unpad_source
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
-from dsv4_convert.runtime.paths import MARKER
+from dsv4_convert.runtime.paths import MARKER, record_name_ok
 from dsv4_convert.runtime.staging import MANIFEST, Staging
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
@@ -145,8 +145,7 @@ def _load_record(root: Path):
     shards = {}  # file -> (the 8-byte length + header bytes, its tensors), parsed once
     for file, text in recorded.items():
         # a name from the record becomes a path under OUT: a plain shard name only, never ../ or a dir
-        if not (isinstance(text, str) and file.endswith(".safetensors") and Path(file).name == file
-                and file not in (".", "..")):
+        if not (isinstance(text, str) and file.endswith(".safetensors") and record_name_ok(file)):
             _bad_record(sdir / "headers.json", f"entry {file!r} is not a shard name -> header text pair")
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw

@@ -9,6 +9,7 @@ list."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -16,11 +17,12 @@ from pathlib import Path
 from dsv4_convert.core.errors import OutputError, UsageError
 from dsv4_convert.core.small_files import read_small
 
-__all__ = ["MARKER", "RECORDS", "out_path", "staging_path", "check_aliasing", "check_replaceable"]
+__all__ = ["LOCK", "MARKER", "RECORDS", "out_path", "staging_path", "check_aliasing", "check_replaceable", "record_name_ok"]
 
 MARKER = "dsv4-convert.marker.json"  # marlin-to-source outputs: "dsv4-convert wrote this directory"
 _MANIFEST = "dsv4-convert.manifest.json"  # (staging.MANIFEST; repeated here to avoid an import cycle)
 _SYNTH = "synth.json"
+LOCK = "dsv4-convert.lock"  # held (flock) by the run writing a staging directory
 RECORDS = (_MANIFEST, MARKER, _SYNTH)
 
 
@@ -99,22 +101,23 @@ def check_aliasing(src: Path, out: Path, *, staging: Path | None = None) -> None
                          error_id="paths.output_inside_input", file=str(out), hint=fix)
 
 
-def _listed(out: Path) -> set[str] | None:
-    """The files our record in `out` says we wrote (itself included), or None if no record is ours."""
+def _listed(out: Path) -> set[str]:
+    """The files our record in `out` says we wrote (itself included); {"<none>"} when no record is ours."""
     for name in RECORDS:
         rec = out / name
         if not rec.is_file() or rec.is_symlink():
             continue
         try:
             obj = json.loads(read_small(rec))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         if not isinstance(obj, dict):
             continue
         if name == _SYNTH:
             if obj.get("generator") != "dsv4-convert synth":
                 continue
-            return None  # synth's record lists only shards: recognised, its other files are its own
+            written = obj.get("written")  # every file synth wrote; a record without it itemises nothing
+            return {name, *(w for w in written if isinstance(w, str))} if isinstance(written, list) else {name}
         producer = obj.get("producer") or {}
         if isinstance(producer, dict) and producer.get("name") == "dsv4-convert" and isinstance(obj.get("files"), dict):
             return set(obj["files"]) | {name}
@@ -145,9 +148,8 @@ def check_replaceable(out: Path, *, force: bool, allow_empty: bool = False) -> N
     if not force:
         raise OutputError(f"output {out} already exists", error_id="output.exists", file=str(out),
                           hint="choose another OUT, or pass --force to replace it (only after a complete run)")
+    _refuse_locked(out)
     listed = _listed(out)
-    if listed is None:
-        return
     if listed == {"<none>"}:
         raise OutputError(f"OUT {out} is not empty and was not written by dsv4-convert (no manifest or marker); "
                           "--force replaces only this tool's outputs", error_id="paths.not_our_output",
@@ -160,8 +162,35 @@ def check_replaceable(out: Path, *, force: bool, allow_empty: bool = False) -> N
                               file=str(out / extra[0]), hint="move those files out of OUT, or choose another OUT")
 
 
+def _refuse_locked(d: Path) -> None:
+    """A directory whose lock a run holds (a live run's OUT.partial) is never replaced, whatever it holds."""
+    try:
+        fd = os.open(d / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return  # no lock file (or not a plain one): nothing holds this directory
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputError(f"another dsv4-convert run holds the lock {d / LOCK}: it is writing {d}",
+                          error_id="output.locked", file=str(d),
+                          hint="wait for it to finish, or stop it; a directory in use is never replaced") from None
+    finally:
+        os.close(fd)
+
+
 def _walk(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir() or p.is_symlink())
+
+
+def record_name_ok(name, *, nested: bool = False) -> bool:
+    """A name read back from one of this tool's records (progress, manifest, marker, the source
+    record) becomes a path under that record's directory, to read, replace or delete: only a name
+    this tool could have written passes. A plain file name; with `nested`, a relative path of plain
+    names. Never absolute, never `.` or `..`, never empty, no NUL or backslash."""
+    if not isinstance(name, str) or not name or "\0" in name or "\\" in name:
+        return False
+    parts = name.split("/")
+    return (nested or len(parts) == 1) and all(part not in ("", ".", "..") for part in parts)
 
 
 def is_disk_full(e: OSError) -> bool:

@@ -254,7 +254,7 @@ def _json(path: Path) -> dict:
     import json
     try:
         return json.loads(read_small(path))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
 
 
