@@ -4,12 +4,9 @@ it will write beside them, which runtime/side_files.py keeps off those checkpoin
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import click
 
-from dsv4_convert.runtime.paths import staging_path
+from dsv4_convert.runtime.paths import out_path, staging_path
 from dsv4_convert.runtime.side_files import guard, protect, reset
 
 __all__ = ["parsed_params", "guard_command_line"]
@@ -39,7 +36,7 @@ def guard_command_line(params: dict) -> None:
     any work: a refusal here costs nothing."""
     reset()
     out = params.get("out")
-    protect([*(params.get(p) for p in CHECKPOINT_PARAMS), staging_path(Path(os.path.abspath(out))) if out else None])
+    protect([*(params.get(p) for p in CHECKPOINT_PARAMS), staging_path(out_path(out)) if out else None])
     for param, kind in SIDE_FILE_PARAMS.items():
         if params.get(param):
             guard(params[param], kind)

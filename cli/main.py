@@ -37,6 +37,7 @@ from dsv4_convert import __version__  # noqa: E402
 from dsv4_convert.cli.command_paths import guard_command_line, parsed_params  # noqa: E402
 from dsv4_convert.cli.report import write_report  # noqa: E402
 from dsv4_convert.core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
+from dsv4_convert.runtime.settings import check_environment  # noqa: E402
 
 __all__ = ["cli", "main", "error_object"]
 
@@ -138,6 +139,7 @@ def _answer(doc: dict, argv: list[str], to_report: bool = True) -> None:
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     try:
+        check_environment()  # before numba's import reads NUMBA_NUM_THREADS
         _register(args)  # the heavy imports, under _early_interrupt
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _interrupt)

@@ -41,6 +41,10 @@ def out_path(out) -> Path:
     p = Path(out).expanduser()
     if p.name in ("", ".", ".."):
         p = p.resolve()
+    if p.name == "":  # "/", "/..": no parent to stage beside, nothing a run may replace
+        raise UsageError(f"OUT {out} is the filesystem root; a checkpoint is written into a new directory",
+                         error_id="paths.out_is_root", file=str(out),
+                         hint="name a new directory, e.g. /models/dsv4-marlin")
     name_max = _name_max(p.parent)
     if len(os.fsencode(p.name)) + len(".partial") > name_max:
         raise UsageError(f"OUT's name is {len(os.fsencode(p.name))} bytes; with the staging suffix "

@@ -11,8 +11,13 @@ from pathlib import Path
 CLI = [sys.executable, "-m", "dsv4_convert.cli"]
 
 
+HOOKS = Path(__file__).resolve().parents[1] / "hooks"  # test-only crash hook (sitecustomize.py there)
+
+
 def run_cli(*args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     e = dict(os.environ, **(env or {}))
+    if "DSV4_CONVERT_KILL_AT" in (env or {}):  # the hook lives in the tests, never in shipped code
+        e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOKS), e.get("PYTHONPATH")]))
     proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=e)
     if check and proc.returncode != 0:
         raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
