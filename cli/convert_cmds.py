@@ -18,6 +18,7 @@ from dsv4_convert.cli.options import (
 from dsv4_convert.cli.report import emit, show_progress
 from dsv4_convert.convert.pipeline import run_conversion
 from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_source
+from dsv4_convert.core.engines import shell_quote
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.target import MarlinTarget
@@ -25,6 +26,7 @@ from dsv4_convert.core.tensor_model import Quant
 from dsv4_convert.formats.padded_layout import layout_record
 from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.runtime.executors import refuse_device
+from dsv4_convert.runtime.paths import out_path
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
@@ -102,11 +104,18 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
             f"({result.bytes_out / 2**30:.2f} GiB, {tgt.layout_tag}) in {result.seconds:.1f} s "
             f"({rate:.0f} MiB/s) -> {result.out}")
-    emit(result.as_dict(), text + f"\nnext: dsv4-convert validate {result.out} --against {src}", **report)
+    emit(result.as_dict(), text + f"\nnext: dsv4-convert validate {shell_quote(str(out_path(result.out)))} --against "
+         f"{shell_quote(_absolute_source(src))}", **report)
     if result.lost_scales and not report["quiet"]:
         click.echo(f"warning: {result.lost_scales} NVFP4 scale bytes are negative or too small for "
                    f"{tgt.layout_tag} and were zeroed/made positive as the engine would; the originals are "
                    "recorded for marlin-to-source. Run validate to see where.", err=True)
+
+
+def _absolute_source(src: str) -> str:
+    """IN as a path that works from any folder (a Hub repo id stays as typed)."""
+    path = Path(src).expanduser()
+    return str(path.resolve()) if path.exists() else str(src)
 
 
 def _plan_summary(plan) -> dict:
