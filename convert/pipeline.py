@@ -169,7 +169,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         run.remove()
         lost = finalize(plan, staging, rescale, step=_step)
         mark("finalize")
-        staging.publish()
+        staging.publish(step=_step)
         mark("publish")
     except BaseException as e:
         if pool:

@@ -17,7 +17,7 @@ from pathlib import Path
 from dsv4_convert.core.errors import OutputError, UsageError
 from dsv4_convert.core.small_files import read_small
 
-__all__ = ["LOCK", "MARKER", "RECORDS", "out_path", "staging_path", "check_aliasing", "check_replaceable", "record_name_ok"]
+__all__ = ["LOCK", "MARKER", "recorded_files", "RECORDS", "out_path", "staging_path", "check_aliasing", "check_replaceable", "record_name_ok"]
 
 MARKER = "dsv4-convert.marker.json"  # marlin-to-source outputs: "dsv4-convert wrote this directory"
 _MANIFEST = "dsv4-convert.manifest.json"  # (staging.MANIFEST; repeated here to avoid an import cycle)
@@ -105,7 +105,7 @@ def check_aliasing(src: Path, out: Path, *, staging: Path | None = None) -> None
                          error_id="paths.output_inside_input", file=str(out), hint=fix)
 
 
-def _listed(out: Path) -> set[str]:
+def recorded_files(out: Path) -> set[str]:
     """The files our record in `out` says we wrote (itself included); {"<none>"} when no record is ours."""
     for name in RECORDS:
         rec = out / name
@@ -153,7 +153,7 @@ def check_replaceable(out: Path, *, force: bool, allow_empty: bool = False) -> N
         raise OutputError(f"output {out} already exists", error_id="output.exists", file=str(out),
                           hint="choose another OUT, or pass --force to replace it (only after a complete run)")
     _refuse_locked(out)
-    listed = _listed(out)
+    listed = recorded_files(out)
     if listed == {"<none>"}:
         raise OutputError(f"OUT {out} is not empty and was not written by dsv4-convert (no manifest or marker); "
                           "--force replaces only this tool's outputs", error_id="paths.not_our_output",

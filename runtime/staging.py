@@ -8,10 +8,12 @@ verifies it)."""
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from dsv4_convert.core.errors import InputError, OutputError
@@ -24,11 +26,13 @@ from dsv4_convert.runtime.paths import (
     is_disk_full,
     out_path,
     record_name_ok,
+    recorded_files,
     staging_path,
 )
 
 __all__ = ["Staging", "MANIFEST", "PROGRESS", "source_stamp", "write_json_atomic"]
 
+REPLACED = ".replaced-"  # publish moves the OUT it replaces into a fresh OUT.replaced-XXXX, then deletes it
 PROGRESS = "dsv4-convert.progress.json"  # staging only: fingerprint + finished shards
 MANIFEST = "dsv4-convert.manifest.json"  # published: written last, lists every file with its hash
 
@@ -81,12 +85,24 @@ class Staging:
         self._lock_fd: int | None = None
         self._owned = False  # from taking the lock in open() until the publishing rename: discard() may clean up
         self.done: dict[str, dict] = {}
+        self.leftovers: list[Path] = []  # holders of an output a killed --force run was replacing
 
     # -- lifecycle -------------------------------------------------------------------------------
     def check(self) -> None:
-        """Every refusal that needs no writing: aliasing with IN, what OUT and OUT.partial are."""
+        """Every refusal that needs no writing: aliasing with IN, what OUT and OUT.partial are, and
+        what a run killed inside publish left beside them."""
         if self.source is not None:
             check_aliasing(self.source, self.out, staging=self.path)
+        self.leftovers = replaced_leftovers(self.out)
+        if self.leftovers and not self.force:
+            first = self.leftovers[0]
+            raise OutputError(f"a run killed while replacing {self.out} left the previous output in {first}"
+                              + ("" if self.out.exists() else f" ({self.out} is missing; {self.path} holds the new "
+                                                                "one, unpublished)"),
+                              error_id="output.replaced_leftover", file=str(first),
+                              hint=f"pass --force to finish replacing it ({first.name} is then deleted), or move "
+                                   f"{first / self.out.name if (first / self.out.name).is_dir() else first} back "
+                                   f"to {self.out} yourself")
         check_replaceable(self.out, force=self.force)
         if self.path.is_symlink() or (os.path.lexists(self.path) and not self.path.is_dir()):
             raise OutputError(f"{self.path} exists and is not a directory this tool made (a file or a symlink)",
@@ -137,6 +153,8 @@ class Staging:
         """OUT.partial is adopted only when it carries this tool's lock and progress record."""
         names = {e.name for e in self.path.iterdir()}
         ours = LOCK in names and (names <= {LOCK} or _read_json(self.path / PROGRESS).get("fingerprint"))
+        # killed inside publish: lock and progress record are gone, our manifest (written last) is there
+        ours = ours or _read_json(self.path / MANIFEST).get("producer", {}).get("name") == "dsv4-convert"
         if not ours:
             raise OutputError(f"{self.path} exists but holds no dsv4-convert lock and progress record; it is not "
                               "an interrupted run of this tool", error_id="paths.partial_not_ours",
@@ -229,7 +247,7 @@ class Staging:
         manifest.setdefault("producer", {"name": "dsv4-convert"})
         write_json_atomic(self.path / name, manifest)
 
-    def publish(self) -> None:
+    def publish(self, step=lambda: None) -> None:
         """fsync everything, then rename `<out>.partial` to `<out>` (replacing `<out>` under --force)."""
         if self.source is not None and self.stamp:
             changed = _first_change(self.stamp, source_stamp(self.source))
@@ -246,15 +264,18 @@ class Staging:
         _fsync_dir(self.path)
         check_replaceable(self.out, force=self.force, allow_empty=True)  # again: it may have changed since
         self._release(remove_lock_file=True)
+        step()  # (the crash tests' step points: each state a kill can leave here is recovered or explained)
         old = None
-        if self.out.exists():
-            old = self.out.with_name(f"{self.out.name}.replaced-{os.getpid()}")
-            os.rename(self.out, old)
+        if self.out.exists():  # a fresh holder each time: a leftover (or pid 1 in a container) never collides
+            old = Path(tempfile.mkdtemp(prefix=f"{self.out.name}{REPLACED}", dir=self.out.parent))
+            os.rename(self.out, old / self.out.name)
+            step()
         os.rename(self.path, self.out)
+        step()
         self._owned = False
         _fsync_dir(self.out.parent)
-        if old is not None:
-            shutil.rmtree(old)
+        for holder in ([old] if old is not None else []) + self.leftovers:  # --force asked to replace them
+            shutil.rmtree(holder)
 
     def discard(self, keep_verified: bool = False) -> None:
         """Remove the staging directory (after an error or Ctrl-C): nothing that looks complete remains.
@@ -281,6 +302,17 @@ class Staging:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def replaced_leftovers(out: Path) -> list[Path]:
+    """`OUT.replaced-*` beside OUT that hold an output of this tool: what a run killed between
+    publish's two renames left (the holder with OUT inside, or, from older versions, OUT renamed)."""
+    found = []
+    for holder in sorted(out.parent.glob(glob.escape(out.name + REPLACED) + "*")):
+        inner = holder / out.name
+        if holder.is_dir() and not holder.is_symlink() and recorded_files(inner if inner.is_dir() else holder) != {"<none>"}:
+            found.append(holder)
+    return found
 
 
 def _read_json(path: Path) -> dict:

@@ -116,3 +116,62 @@ def test_force_onto_a_staging_directory_that_holds_a_copied_synth_record_is_refu
     proc = run_cli("synth", partial, "--layers", "1", "--experts", "4", "--force", "--json", check=False)
     assert proc.returncode == 5 and json.loads(proc.stdout)["error"]["id"] == "paths.unlisted_files", proc.stderr
     assert _staged(partial) == staged
+
+
+def _leftovers(out: Path) -> list[str]:
+    return sorted(p.name for p in out.parent.iterdir() if p.name != out.name and p.name.startswith(out.name))
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_every_kill_inside_finalize_and_publish_is_recovered(src, tmp_path, force):
+    """Kill the run at each step past the last tensor (finalize, then publish's renames), with and
+    without an OUT being replaced; the next run finishes the job, with OUT identical to an
+    uninterrupted run's and nothing left beside it."""
+    reference = tmp_path / "ref" / "out"  # same basename: SERVING.md names OUT
+    run_cli("nvfp4-to-marlin", src, reference, *ARGS)
+    expected = tree_hashes(reference)
+    tensors = json.loads(run_cli("nvfp4-to-marlin", src, "--dry-run", "--json", *ARGS).stdout)["tensors_out"]
+    flag = ("--force",) if force else ("--resume",)
+    states, step = 0, tensors
+    while True:
+        step += 1
+        out = tmp_path / f"k{step}" / "out"
+        if force:
+            run_cli("nvfp4-to-marlin", src, out, *ARGS)  # the OUT a --force run replaces
+        proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, *flag, env={"DSV4_CONVERT_KILL_AT": str(step)},
+                       check=False)
+        if proc.returncode == 0:
+            break
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        states += 1
+        left = _leftovers(out)
+        if any(".replaced-" in name for name in left):  # the kill fell between publish's two renames
+            plain = run_cli("nvfp4-to-marlin", src, out, *ARGS, "--resume", "--json", check=False)
+            doc = json.loads(plain.stdout)
+            assert plain.returncode == 5 and doc["error"]["id"] == "output.replaced_leftover", plain.stderr
+            assert "--force" in doc["error"]["fix"]
+        if out.exists() and not left:  # killed after the last rename: OUT is complete, nothing to recover
+            assert tree_hashes(out) == expected
+            continue
+        done = run_cli("nvfp4-to-marlin", src, out, *ARGS, *flag, check=False)
+        assert done.returncode == 0, (step, left, done.stderr)
+        assert tree_hashes(out) == expected and _leftovers(out) == [], (step, left)
+    assert states >= 6 + force  # finalize's steps, then one (two with an OUT to replace) inside publish
+
+
+def test_a_leftover_replaced_directory_never_breaks_force(src, tmp_path):
+    """An `OUT.replaced-1` left behind (a container's pid 1 was killed in publish) does not collide with
+    the next --force run's holder, and --force removes it once the new OUT is in place."""
+    out = tmp_path / "out"
+    run_cli("nvfp4-to-marlin", src, out, *ARGS)
+    expected = tree_hashes(out)
+    leftover = tmp_path / "out.replaced-1"
+    run_cli("nvfp4-to-marlin", src, leftover / "out", *ARGS)
+    proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, "--force", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert tree_hashes(out) == expected and _leftovers(out) == []
+    foreign = tmp_path / "out.replaced-2"  # not this tool's: never touched, never a reason to refuse
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("user data")
+    run_cli("nvfp4-to-marlin", src, out, *ARGS, "--force")
+    assert (foreign / "mine.txt").read_text() == "user data"
