@@ -67,3 +67,16 @@ def test_out_at_the_filesystem_root_is_a_typed_refusal(src, root):
                  ["marlin-to-source", src, root], ["synth", root], ["synth", root, "--force"]):
         doc = _typed(run_cli(*args, "--json", check=False), 2, "paths.out_is_root")
         assert re.search("filesystem root", doc["error"]["message"])
+
+
+@pytest.mark.parametrize(("address", "said"), [("127.0.0.1:1", "nothing answers"), ("ray://127.0.0.1:1", "nothing answers"),
+                                               ("no-port-here", "not HOST:PORT")])
+def test_an_unusable_ray_address_is_refused_naming_what_was_typed(src, tmp_path, address, said):
+    """Item 12 of the attack: nothing listening took 824 s and named another address. The refusal now
+    comes from a plain TCP connect (a closed local port answers at once); no Ray cluster is started."""
+    out = tmp_path / "out"
+    proc = run_cli("nvfp4-to-marlin", src, out, "--executor", "ray", "--ray-address", address, "--json",
+                   check=False)
+    doc = _typed(proc, 2, "usage.ray_address")
+    assert address in doc["error"]["message"] and said in doc["error"]["message"] and doc["error"]["file"] == address
+    assert not out.exists() and not Path(f"{out}.partial").exists()
