@@ -60,6 +60,12 @@ def read_weight_map(root: Path) -> dict[str, str]:
         raise InputError(f"{path} maps tensors to files outside the checkpoint directory: {listing(unsafe)}",
                          error_id="index.unsafe_path", file=str(path),
                          hint="shard names must be relative paths inside the checkpoint; rebuild the index")
+    nested = sorted({f for f in wm.values() if "/" in f or "\\" in f})
+    if nested:  # the output keeps one folder of shards: a/x and b/x would become one file
+        raise InputError(f"{path} maps tensors to shard files in subfolders: {listing(nested)}",
+                         error_id="index.nested_shard", file=str(path),
+                         hint="put every shard beside the index (a Hugging Face checkpoint keeps them in its root) "
+                              "and name them there")
     return wm
 
 

@@ -34,6 +34,7 @@ __all__ = [
     "load_projection",
     "open_checkpoint",
     "hub_cache_dir",
+    "is_download_metadata",
     "resolve_source",
 ]
 
@@ -41,6 +42,16 @@ SINGLE_FILE = "model.safetensors"
 # What a hub download fetches: configs, weights, index, tokenizer and docs; never other artefacts.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.txt", "*.model", "*.tiktoken", "*.py", "*.jinja"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+# `hf download --local-dir` keeps its own bookkeeping (locks, metadata) in IN/.cache/huggingface/:
+# not part of the checkpoint, never copied, and free to change while a run reads IN
+_DOWNLOAD_METADATA = (".cache", "huggingface")
+
+
+def is_download_metadata(rel: Path) -> bool:
+    """Whether `rel` (relative to the checkpoint root) is the downloader's bookkeeping, not the checkpoint."""
+    return Path(rel).parts[:2] == _DOWNLOAD_METADATA
 
 
 # ------------------------------------------------------------------------------------------------ source
@@ -145,7 +156,7 @@ def open_checkpoint(source: str | Path) -> Checkpoint:
     skip = set(shards) | ({INDEX_FILE} if index_file else set())
     others = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
                     if p.is_file() and p.relative_to(root).as_posix() not in skip
-                    and p.relative_to(root).parts[:2] != (".cache", "huggingface"))
+                    and not is_download_metadata(p.relative_to(root)))
     return Checkpoint(root=root, format=fmt, config=config, hf_quant_config=hf_quant, tensors=tensors,
                       projections=projections, other_files=tuple(others), index_file=index_file,
                       format_reason=reason)

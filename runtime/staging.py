@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from dsv4_convert.core.errors import InputError, OutputError
+from dsv4_convert.core.reader import is_download_metadata
 from dsv4_convert.core.small_files import read_small
 from dsv4_convert.runtime.digest import HASH_ALGORITHM, file_digest
 from dsv4_convert.runtime.paths import (
@@ -56,10 +57,13 @@ def write_json_atomic(path: Path, obj) -> None:
 
 
 def source_stamp(root: Path) -> dict[str, list[int]]:
-    """{relative path: [size, mtime_ns]} of every file of the input: any edit since changes it."""
+    """{relative path: [size, mtime_ns]} of every file of the input (not the downloader's bookkeeping,
+    which is not copied): any edit since changes it."""
     root = Path(root)
     stamp = {}
     for p in sorted(root.rglob("*")):
+        if is_download_metadata(p.relative_to(root)):
+            continue
         try:
             st = p.stat()
         except OSError:
