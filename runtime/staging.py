@@ -1,7 +1,8 @@
 """Atomic output: everything is built in `<out>.partial/`, shard by shard, each shard recorded with
 its hash; everything is fsync'd and the directory renamed to `<out>` only when complete. A lock in the
 staging directory keeps two runs apart; `--resume` keeps shards whose recorded hash still verifies,
-and only when no source file changed (size and mtime_ns of every file, as make and rsync compare).
+and only when no source file changed (size, mtime_ns, ctime_ns and inode of every file: `touch -r` can
+set an mtime back, nobody but the clock sets a ctime, and a file replaced by another has a new inode).
 The published manifest names its hash algorithm and lists every file written (runtime/manifest.py
 verifies it)."""
 
@@ -57,7 +58,7 @@ def write_json_atomic(path: Path, obj) -> None:
 
 
 def source_stamp(root: Path) -> dict[str, list[int]]:
-    """{relative path: [size, mtime_ns]} of every file of the input (not the downloader's bookkeeping,
+    """{relative path: [size, mtime_ns, ctime_ns, inode]} of every file of the input (not the downloader's bookkeeping,
     which is not copied): any edit since changes it."""
     root = Path(root)
     stamp = {}
@@ -69,7 +70,7 @@ def source_stamp(root: Path) -> dict[str, list[int]]:
         except OSError:
             continue
         if not p.is_dir():
-            stamp[p.relative_to(root).as_posix()] = [st.st_size, st.st_mtime_ns]
+            stamp[p.relative_to(root).as_posix()] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     return stamp
 
 
@@ -188,7 +189,7 @@ class Staging:
         if self.resume and not self.force and state and not same:
             self._release()
             changed = _first_change(state.get("sources") or {}, self.stamp) if self.source else None
-            why = (f"the input changed since the interrupted run ({changed}: size or mtime differs)" if changed
+            why = (f"the input changed since the interrupted run ({changed}: its size, mtime, ctime or inode differs)" if changed
                    else "it was staged from a different input or different options")
             raise OutputError(f"cannot resume {self.path}: {why}", error_id="output.resume_mismatch",
                               file=str(self.source / changed) if changed else None,

@@ -16,7 +16,7 @@ HOOKS = Path(__file__).resolve().parents[1] / "hooks"  # test-only crash hook (s
 
 def run_cli(*args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     e = dict(os.environ, **(env or {}))
-    if "DSV4_CONVERT_KILL_AT" in (env or {}):  # the hook lives in the tests, never in shipped code
+    if {"DSV4_CONVERT_KILL_AT", "DSV4_CONVERT_RUN_AT"} & set(env or {}):  # tests/hooks, never shipped code
         e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOKS), e.get("PYTHONPATH")]))
     proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=e)
     if check and proc.returncode != 0:

@@ -10,6 +10,7 @@ which compares the same input stamp as the check at publish."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sys
@@ -67,3 +68,45 @@ def test_the_downloaders_lock_files_may_change_during_a_run(src, tmp_path):
     (src / "generation_config.json").write_text('{"changed": true}')
     proc = run_cli("nvfp4-to-marlin", src, tmp_path / "o2", *ARGS, "--resume", check=False)
     assert proc.returncode == 5 and "output.resume_mismatch" in proc.stderr
+
+
+def _flip_data_byte(shard: Path) -> None:
+    """Change one byte of tensor data in place: same size, same header."""
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 0xFF
+    with open(shard, "r+b") as f:
+        f.write(raw)
+
+
+def test_an_edit_with_size_and_mtime_restored_is_still_refused_by_resume(src, tmp_path):
+    """`touch -r` sets the mtime back; the ctime it cannot: --resume refuses, nothing mixed."""
+    out = tmp_path / "out"
+    proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, env={"DSV4_CONVERT_KILL_AT": "40"}, check=False)
+    assert proc.returncode == -signal.SIGKILL
+    shard = sorted(src.glob("*.safetensors"))[0]
+    st = shard.stat()
+    _flip_data_byte(shard)
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (shard.stat().st_size, shard.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, "--resume", "--json", check=False)
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 5 and doc["error"]["id"] == "output.resume_mismatch", proc.stderr
+    assert shard.name in doc["error"]["message"] and not out.exists()
+
+
+def test_a_shard_replaced_during_the_run_with_size_and_mtime_kept_is_refused(src, tmp_path):
+    """At a known step of the run, another file with the same size and mtime is renamed over a shard
+    (what a sync tool does): nothing is published."""
+    out = tmp_path / "out"
+    shard = sorted(src.glob("*.safetensors"))[-1]
+    twin = tmp_path / "twin"
+    shutil.copy2(shard, twin)
+    _flip_data_byte(twin)
+    st = shard.stat()
+    os.utime(twin, ns=(st.st_atime_ns, st.st_mtime_ns))
+    cmd = f"mv {twin} {shard}"
+    proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, "--json", env={"DSV4_CONVERT_RUN_AT": f"5:{cmd}"}, check=False)
+    assert not twin.exists(), "the hook ran"
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 3 and doc["error"]["id"] == "input.changed_during_run", proc.stderr
+    assert not out.exists() and not Path(f"{out}.partial").exists()
