@@ -104,11 +104,19 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
             f"({result.bytes_out / 2**30:.2f} GiB, {tgt.layout_tag}) in {result.seconds:.1f} s "
             f"({rate:.0f} MiB/s) -> {result.out}")
-    emit(result.as_dict(), text + f"\nnext: dsv4-convert validate {result.out} --against {src}", **report)
+    if ckpt.left_out:  # original/, metal/: folders no engine reads (core/reader.py LEFT_OUT_DIRS)
+        text += f"\nleft out (no engine reads them): {_folders(ckpt.left_out)}"
+    emit({**result.as_dict(), "left_out": list(ckpt.left_out)},
+         text + f"\nnext: dsv4-convert validate {result.out} --against {src}", **report)
     if result.lost_scales and not report["quiet"]:
         click.echo(f"warning: {result.lost_scales} NVFP4 scale bytes are negative or too small for "
                    f"{tgt.layout_tag} and were zeroed/made positive as the engine would; the originals are "
                    "recorded for marlin-to-source. Run validate to see where.", err=True)
+
+
+def _folders(paths) -> str:
+    counts = Counter(p.split("/", 1)[0] for p in paths)
+    return ", ".join(f"{d}/ ({n} file{'s' if n > 1 else ''})" for d, n in sorted(counts.items()))
 
 
 def _plan_summary(plan) -> dict:

@@ -116,6 +116,7 @@ class Checkpoint:
     tensors: dict[str, TensorRef]  # every tensor, in file order
     projections: tuple[Projection, ...]
     other_files: tuple[str, ...] = field(default=())  # non-weight files to copy (configs, tokenizer, ...)
+    left_out: tuple[str, ...] = field(default=())  # files under folders no engine reads (original/, metal/): not copied
     index_file: str | None = None  # "model.safetensors.index.json", or None for a single file
     format_reason: str = ""  # why detect_format chose `format` (inspect shows it)
 
