@@ -44,11 +44,12 @@ def _routable(p: Projection, target) -> bool:
 
 def _rows(reader, ref, p: Projection) -> np.ndarray:
     """The projection's [N, bytes per row] slab of `ref`: the whole tensor, or for stacked sources
-    (gpt-oss) expert `expert_index`'s rows row_start::row_step (gate/up are interleaved)."""
+    (gpt-oss, Llama-4) expert `expert_index`'s rows `p.rows`, after the transpose of a K-major stack."""
     if p.expert_index is None:
         return reader.array(ref).reshape(p.n, -1)
     slab = reader.expert_array(ref, p.expert_index)
-    return np.ascontiguousarray(slab.reshape(-1, slab.size // ref.shape[1])[p.row_start::p.row_step])
+    slab = slab.reshape(ref.shape[1], -1).T if p.k_major else slab.reshape(-1, slab.size // ref.shape[1])
+    return np.ascontiguousarray(slab[p.rows])
 
 
 def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float) -> dict[str, np.ndarray] | None:

@@ -30,7 +30,7 @@ from dsv4_convert.formats.constants import MARLIN_TILE_K
 from dsv4_convert.formats.padded_layout import padded_nk, rank_nk
 from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
 
-__all__ = ["check_structure", "refuse_converted", "check_source", "check_servable", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
+__all__ = ["check_structure", "refuse_converted", "check_source", "check_servable", "kept_input_name", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
            "build_plan", "FORMAT_VERSION",
            "serving_layouts", "layout_tiles"]
 
@@ -115,8 +115,14 @@ def _projection_outputs(p: Projection, fmt: SourceFormat, target: MarlinTarget,
         else:
             out.append(_keep(p, p.global_scale, f"{p.key}.weight_scale_2"))
         if p.input_scale is not None:
-            out.append(_keep(p, p.input_scale, p.input_scale.name))
+            out.append(_keep(p, p.input_scale, kept_input_name(p)))
     return out
+
+
+def kept_input_name(p: Projection) -> str:
+    """Where the converted checkpoint keeps a projection's input scale: under its own name, or for a stacked
+    source (one input scale for all experts of the stack) a copy per projection, `P.input_scale`."""
+    return p.input_scale.name if p.expert_index is None else f"{p.key}.input_scale"
 
 
 def _keep(p: Projection, ref: TensorRef, name: str) -> OutTensor:

@@ -282,9 +282,11 @@ def load_projection(reader: TensorReader, proj: Projection, *, fmt: SourceFormat
     import torch
 
     from dsv4_convert.formats.nvfp4 import global_from_ct
-    if proj.expert_index is not None:  # one expert's slab of a stacked tensor, then its interleaved rows
-        weight = reader.get_expert(proj.weight, proj.expert_index)[proj.row_start::proj.row_step]
-        scale = reader.get_expert(proj.scale, proj.expert_index)[proj.row_start::proj.row_step]
+    if proj.expert_index is not None:  # one expert's slab of a stacked tensor, then its rows
+        weight, scale = (reader.get_expert(ref, proj.expert_index) for ref in (proj.weight, proj.scale))
+        if proj.k_major:  # [K/2, rows] -> [rows, K/2]: the per-expert layout
+            weight, scale = weight.t(), scale.t()
+        weight, scale = weight[proj.rows].contiguous(), scale[proj.rows].contiguous()
         weight = weight.reshape(weight.shape[0], -1)
     else:
         weight = reader.get(proj.weight)

@@ -56,7 +56,7 @@ def declared_group_sizes(c: CheckpointInput) -> list[tuple[str, int]]:
 
 
 def _tensor_group(p) -> int | None:
-    return p.k // p.scale.shape[-1] if p.scale.shape and p.scale.shape[-1] else None
+    return p.k // p.k_blocks if p.k_blocks else None
 
 
 def exclusion_patterns(c: CheckpointInput) -> list[str]:
