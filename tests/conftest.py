@@ -1,4 +1,5 @@
-"""Shared test helpers. Keep this the only conftest.py: tests import `assert_bytes_equal` from it."""
+"""Session-wide fixtures. Helpers (assert_bytes_equal, run_cli, ...) live in tests/helpers/, imported
+as `tests.helpers.<module>`."""
 
 from __future__ import annotations
 
@@ -7,22 +8,10 @@ import stat
 from pathlib import Path
 
 import pytest
-import torch
 
 from dsv4_convert.synth import write_synthetic_checkpoint
 
-
-def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, what: str = "tensor") -> None:
-    """Compare raw bytes (never floats: -0.0 == 0.0 and NaN != NaN both lie); report where they differ."""
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    assert tuple(actual.shape) == tuple(expected.shape), f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    a = actual.contiguous().reshape(-1).view(torch.uint8)
-    b = expected.contiguous().reshape(-1).view(torch.uint8)
-    diff = torch.nonzero(a != b).flatten()
-    if diff.numel():
-        i = diff[0].item()
-        raise AssertionError(f"{what}: {diff.numel()} of {a.numel()} bytes differ; first at byte {i}: "
-                             f"{a[i].item():#04x} != {b[i].item():#04x}")
+pytest.register_assert_rewrite("tests.helpers")  # before any test imports them: their asserts explain themselves
 
 
 def _read_only(root: Path) -> None:

@@ -16,13 +16,13 @@ import time
 import tracemalloc
 
 import pytest
-from fuzz_targets import make_seeds, run_target, strategy
 from hypothesis import HealthCheck, given, settings
 
 from dsv4_convert.core.errors import InputError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.safetensors_header import MAX_HEADER_SIZE, parse_header, read_header
 from dsv4_convert.validate.headers import scan_checkpoint, scan_header
+from tests.helpers.fuzz_targets import make_seeds, run_target, strategy
 
 EXAMPLES = {"header_bytes": 150, "header_json": 150, "index": 100, "configs": 80}
 MAX_RSS_GROWTH = 256 << 20

@@ -25,8 +25,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import CLI, restored_tree, run_cli, tree_hashes  # noqa: E402
+from tests.helpers.cli import CLI, restored_tree, run_cli, tree_hashes
 
 RAY = Path(sys.executable).with_name("ray")
 COMMAND = {"mxfp4": "mxfp4-to-marlin", "nvfp4": "nvfp4-to-marlin"}
