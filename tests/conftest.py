@@ -8,10 +8,16 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from dsv4_convert.synth import write_synthetic_checkpoint
 
 pytest.register_assert_rewrite("tests.helpers")  # before any test imports them: their asserts explain themselves
+
+# Hypothesis' default per-example deadline (200 ms) is a wall-clock assert: on a loaded CI machine it
+# fails good code. Tests that want a hang guard set a generous one of their own.
+settings.register_profile("dsv4", deadline=None)
+settings.load_profile("dsv4")
 
 
 def _read_only(root: Path) -> None:
