@@ -18,9 +18,10 @@ from tqdm import tqdm
 from dsv4_convert import __version__
 from dsv4_convert.convert.cpu_path import convert_on_cpu
 from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
-from dsv4_convert.convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
+from dsv4_convert.convert.publish import finalize
 from dsv4_convert.convert.safetensors_writer import ShardWriter
 from dsv4_convert.core.errors import Interrupted, OutputError
+from dsv4_convert.core.files import LOST_SUFFIX
 from dsv4_convert.core.reader import TensorReader
 from dsv4_convert.core.rescale import stack_rescale_factors
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
@@ -32,7 +33,7 @@ from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
 from dsv4_convert.runtime.profiling import mark, profiled_job
 from dsv4_convert.runtime.staging import Staging
 
-__all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
+__all__ = ["ConvertResult", "run_conversion", "auto_workers"]
 
 _KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: "n" SIGKILLs this process at the n-th step, "n:INT" sends SIGINT
 

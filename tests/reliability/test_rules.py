@@ -21,9 +21,9 @@ import pytest
 sys.path.append(str(Path(__file__).parents[1] / "convert"))
 from cli_helpers import run_cli, tree_hashes  # noqa: E402
 
+from dsv4_convert.core.files import MANIFEST  # noqa: E402
 from dsv4_convert.core.structure import RULES  # noqa: E402
 from dsv4_convert.runtime.digest import file_digest  # noqa: E402
-from dsv4_convert.runtime.staging import MANIFEST  # noqa: E402
 from dsv4_convert.validate.checks import BY_ID  # noqa: E402
 
 SMALL = ("--layers", "1", "--experts", "4", "--shards", "2")

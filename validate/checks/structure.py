@@ -6,10 +6,10 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from dsv4_convert.core import structure as rules
+from dsv4_convert.core.files import INDEX_FILE
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.headers import INDEX_FILE
 from dsv4_convert.validate.inputs import CheckpointInput, Options
 
 __all__ = [
