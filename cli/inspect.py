@@ -8,6 +8,7 @@ import click
 
 from dsv4_convert.cli.report import emit, report_options
 from dsv4_convert.core.detect import declared_group_size
+from dsv4_convert.core.dtypes import FP8_DTYPES
 from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Checkpoint
@@ -16,7 +17,6 @@ from dsv4_convert.core.units import human_size
 __all__ = ["SCHEMA_VERSION", "inspect", "render_table", "summarize"]
 
 SCHEMA_VERSION = 1
-_FP8 = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
 _QUANT_KEYS = ("quant_method", "quant_algo", "moe_quant_algo", "format", "fmt", "scale_fmt",
                "weight_block_size", "group_size", "expert_dtype", "marlin_layout", "target_engine",
                "source_format", "weight_format")
@@ -31,7 +31,7 @@ Examples:
 
 
 def _category(dtype: str) -> str:
-    return "fp8" if dtype in _FP8 else "bf16" if dtype == "BF16" else "other"
+    return "fp8" if dtype in FP8_DTYPES else "bf16" if dtype == "BF16" else "other"
 
 
 def _layer_key(layer: str):
