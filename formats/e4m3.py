@@ -7,10 +7,9 @@ float8_e4m3fn tensor but are not E4M3 values.
 
 import torch
 
-__all__ = ["E4M3_NAN_BITS", "as_e4m3", "e4m3_is_nan", "e4m3_to_float", "half_to_s0e5m3", "s0e5m3_to_half"]
+from dsv4_convert.formats.constants import E4M3_NAN_BITS
 
-E4M3_NAN_BITS = 0x7F  # e4m3fn NaN is S.1111.111 (bytes 0x7F and 0xFF); it has no infinity
-
+__all__ = ["as_e4m3", "e4m3_is_nan", "e4m3_to_float", "half_to_s0e5m3", "s0e5m3_to_half"]
 
 def e4m3_is_nan(b):
     """Mask of the NaN bytes of E4M3 data viewed as uint8 (numpy array or torch tensor)."""
