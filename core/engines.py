@@ -45,7 +45,7 @@ class EngineFacts:
 
 
 ENGINES = {
-    # vllm-L4: vLLM >= 0.20 (MARLIN_FP4.md §9), verified on 0.33.0
+    # vllm-L4: vLLM >= 0.20 (docs/spec/MARLIN_FP4.md §9), verified on 0.33.0
     "vllm": EngineFacts("vllm", "vllm-L4", (0, 20, 0), "0.33.0", True, "--moe-backend marlin",
                         "--gpu-memory-utilization", "vllm serve {path}", "--tensor-parallel-size",
                         "--enable-expert-parallel", "F32"),

@@ -1,6 +1,6 @@
 """Strict safetensors header parser (no torch): 8-byte little-endian length, JSON header, data buffer.
 
-Every rule of the format is checked (spec CHECKPOINT_FORMATS.md §2.1) so that a corrupt or truncated
+Every rule of the format is checked (docs/spec/CHECKPOINT_FORMATS.md §2.1) so that a corrupt or truncated
 shard fails here, naming the file, the tensor and the fix, instead of producing a wrong tensor later:
 known dtypes, shape x element size == byte range, offsets contiguous from 0 (no hole, no overlap),
 the data buffer exactly covered (no trailing bytes) and inside the file, no duplicate keys,

@@ -1,4 +1,4 @@
-"""FP8-E4M3 block scales and Marlin's S0E5M3 re-encoding of them (spec MARLIN_FP4.md §3.3).
+"""FP8-E4M3 block scales and Marlin's S0E5M3 re-encoding of them (docs/spec/MARLIN_FP4.md §3.3).
 
 S0E5M3 byte = bits 14..7 of the fp16 pattern of (scale x 128): a 5-bit exponent and 3 mantissa
 bits with the sign dropped. The kernel rebuilds the half as byte << 7. The bytes are stored in a

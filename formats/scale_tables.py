@@ -1,4 +1,4 @@
-"""The byte-wise rules of Marlin's FP4 scales, on numpy arrays (spec MARLIN_FP4.md §3), without torch:
+"""The byte-wise rules of Marlin's FP4 scales, on numpy arrays (docs/spec/MARLIN_FP4.md §3), without torch:
 the converter's CPU path and the torch API (formats/marlin_scales.py) both use these tables.
 
 Every NVFP4 rule here maps one E4M3 byte to one output byte, so it is evaluated once over all 256
