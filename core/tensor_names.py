@@ -1,4 +1,4 @@
-"""Tensor-name and dtype facts of the expert formats (spec CHECKPOINT_FORMATS.md §3-§7), shared by
+"""Tensor-name and dtype facts of the expert formats (docs/spec/CHECKPOINT_FORMATS.md §3-§7), shared by
 format detection and grouping."""
 
 from __future__ import annotations
