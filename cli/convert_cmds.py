@@ -22,6 +22,7 @@ from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant
+from dsv4_convert.core.units import human_rate, human_size
 from dsv4_convert.formats.padded_layout import layout_record
 from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.runtime.executors import refuse_device
@@ -99,11 +100,10 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         return
     result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force,
                             progress=show_progress(report["quiet"], force_progress), executor=executor)
-    rate = result.bytes_out / max(result.seconds, 1e-9) / 2**20
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
-            f"({result.bytes_out / 2**30:.2f} GiB, {tgt.layout_tag}) in {result.seconds:.1f} s "
-            f"({rate:.0f} MiB/s) -> {result.out}")
+            f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "
+            f"({human_rate(result.bytes_out, result.seconds)}) -> {result.out}")
     if ckpt.left_out:  # original/, metal/: folders no engine reads (core/reader.py LEFT_OUT_DIRS)
         text += f"\nleft out (no engine reads them): {_folders(ckpt.left_out)}"
     emit({**result.as_dict(), "left_out": list(ckpt.left_out)},
@@ -140,7 +140,7 @@ def _plan_text(plan, summary: dict) -> str:
         f"target      {summary['marlin_layout']}, {summary['act_dtype']}{' W4A8' if plan.target.w4a8 else ''}",
         f"projections {', '.join(f'{n} {q}' for q, n in summary['projections'].items())}",
         f"tensors     {summary['tensors_in']} in -> {summary['tensors_out']} out, {len(plan.shards)} shards",
-        f"bytes       {summary['bytes_in'] / 2**30:.3f} GiB in -> {summary['bytes_out'] / 2**30:.3f} GiB out",
+        f"bytes       {human_size(summary['bytes_in'])} in -> {human_size(summary['bytes_out'])} out",
     ]
     if plan.tp_layout is not None:
         tp, ep = plan.tp_layout

@@ -1,5 +1,5 @@
 """Source-format detection (ordered detectors, most specific first); grouping of the expert tensors
-into FP4 Projections is core/grouping.py. Facts: spec CHECKPOINT_FORMATS.md §3-§7 and docs/FORMAT.md.
+into FP4 Projections is core/grouping.py. Facts: docs/spec/CHECKPOINT_FORMATS.md §3-§7 and docs/FORMAT.md.
 
 Only headers and config files are used. Grouping decides each projection's quant from the tensors
 actually present (a ModelOpt DeepSeek-V4 NVFP4 checkpoint keeps its MTP experts in MXFP4), checks

@@ -23,8 +23,8 @@ import torch
 from safetensors.torch import save_file
 
 from dsv4_convert import __version__
-from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import UsageError
+from dsv4_convert.core.files import INDEX_FILE, SYNTH_MANIFEST
 from dsv4_convert.runtime.paths import check_replaceable, out_path
 from dsv4_convert.synth.configs import config_files
 from dsv4_convert.synth.defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
@@ -48,8 +48,7 @@ SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp
 SYNTH_FAMILIES = {"deepseek-v4": ("nvfp4-modelopt-dsv4", "mxfp4-dsv4"), "gpt-oss": ("mxfp4-gptoss",),
                   **{name: spec.formats for name, spec in FAMILY_SPECS.items()}}
 DEFECT_NAMES = tuple(DEFECTS)
-MANIFEST = "synth.json"
-INDEX = INDEX_FILE
+MANIFEST = SYNTH_MANIFEST  # its name outside this package: core.files.SYNTH_MANIFEST
 
 Progress = Callable[[int, int], None]  # (bytes of the tensor just produced, total bytes of the checkpoint)
 
@@ -214,7 +213,7 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
         weight_map = _write_shards(staging, names, sizes, groups, produce, progress)
         files = [shard_name(k, len(groups)) for k in range(len(groups))]
         total = sum(sizes)
-        _write_json(staging / INDEX, {"metadata": {"total_size": total},
+        _write_json(staging / INDEX_FILE, {"metadata": {"total_size": total},
                                       "weight_map": dict(sorted(weight_map.items()))})
         configs = config_files(format, dims)
         if family in FAMILY_SPECS:

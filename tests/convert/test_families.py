@@ -17,8 +17,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_helpers import CLI, restored_tree, run_cli, tree_hashes
-from conftest import assert_bytes_equal
 
 from dsv4_convert.core.detect import detect_format
 from dsv4_convert.core.errors import ContentError
@@ -36,6 +34,8 @@ from dsv4_convert.formats.nvfp4 import quantize_nvfp4
 from dsv4_convert.synth import SYNTH_FAMILIES
 from dsv4_convert.synth.families import FAMILY_SPECS, MTP_FILE
 from dsv4_convert.synth.seeded import expert_matrix
+from tests.helpers.cli import CLI, restored_tree, run_cli, tree_hashes
+from tests.helpers.compare import assert_bytes_equal
 
 # deepseek-v4 and gpt-oss are covered end to end by test_convert_e2e.py; here: the families added with the table
 CASES = [(fam, fmt) for fam in FAMILY_SPECS for fmt in SYNTH_FAMILIES[fam]]

@@ -6,11 +6,12 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from dsv4_convert.core import structure as rules
+from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
+from dsv4_convert.core.files import INDEX_FILE
 from dsv4_convert.core.naming import outside_index_note
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.headers import INDEX_FILE
 from dsv4_convert.validate.inputs import CheckpointInput, Options
 
 __all__ = [
@@ -29,8 +30,6 @@ __all__ = [
     "shard_truncated",
 ]
 
-_SOURCE_WEIGHT = {"U8", "I8"}
-_SCALE_DTYPES = {"nvfp4": {"F8_E4M3", "U8"}, "mxfp4": {"F8_E8M0", "U8", "I8"}}
 
 
 @check(id="structure.shard.header", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -180,12 +179,12 @@ def dtype_shape(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
         if marlin or p.row_step != 1 or p.expert_index is not None:
             continue  # Marlin tensors: marlin.dtype_shape; stacked gpt-oss tensors: checked by the reader
         g = p.group_size
-        if p.weight.dtype not in _SOURCE_WEIGHT or p.weight.shape[-2:] != (p.n, p.k // 2):
-            problems[f"{p.role.value} weight: {p.weight.dtype} {list(p.weight.shape)}, expected U8/I8 "
+        if p.weight.dtype not in WEIGHT_DTYPES or p.weight.shape[-2:] != (p.n, p.k // 2):
+            problems[f"{p.role.value} weight: {p.weight.dtype} {list(p.weight.shape)}, expected {'/'.join(WEIGHT_DTYPES)} "
                      f"[{p.n}, {p.k // 2}]"].append(p)
-        if p.scale.dtype not in _SCALE_DTYPES[p.quant.value] or p.scale.shape[-2:] != (p.n, p.k // g):
+        if p.scale.dtype not in SCALE_DTYPES[p.quant.value] or p.scale.shape[-2:] != (p.n, p.k // g):
             problems[f"{p.role.value} scale: {p.scale.dtype} {list(p.scale.shape)}, expected "
-                     f"{'/'.join(sorted(_SCALE_DTYPES[p.quant.value]))} [{p.n}, {p.k // g}] (group {g})"].append(p)
+                     f"{'/'.join(SCALE_DTYPES[p.quant.value])} [{p.n}, {p.k // g}] (group {g})"].append(p)
         if p.global_scale is not None and p.global_scale.dtype != "F32":
             problems[f"{p.role.value} global: {p.global_scale.dtype}, expected F32"].append(p)
     for text, ps in problems.items():
