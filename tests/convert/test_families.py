@@ -172,6 +172,9 @@ def test_converted_names_give_layer_expert_role_for_the_plugins():
     assert converted_expert("model.language_model.layers.1.mlp.experts.2.down_proj.weight") == ("1", 2, Role.DOWN)
     assert converted_expert("mtp.0.ffn.experts.5.w1.weight") == ("mtp.0", 5, Role.GATE)
     assert converted_expert("model.layers.3.mlp.shared_experts.gate_proj.weight") is None
+    gemma = parse_expert_name("model.language_model.layers.4.experts.9.gate_proj.weight")
+    assert (gemma.scheme.name, gemma.layer, gemma.expert, gemma.role) == ("gemma4", "4", 9, Role.GATE)
+    assert gemma.scheme is family_named("gemma4-moe").source_scheme
     community = parse_expert_name("language_model.model.layers.3.mlp.experts.1.up_proj.weight_packed")
     assert (community.scheme.name, community.layer, community.expert, community.role) == (
         "hf-language-model", "3", 1, Role.UP)
