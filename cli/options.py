@@ -52,17 +52,15 @@ def device_option(fn):
                              "the GPU; disk I/O then bounds the run). No usable GPU: exit 2 before any output.")(fn)
 
 
-def use_device(device: str | None, workers: int | None) -> int | None:
-    """Check --device and select it for the transforms; the workers to use (1 on a GPU: CUDA does not
-    survive the fork of a worker pool, and one process keeps the GPU busy)."""
-    from dsv4_convert.convert.cuda_route import set_transform_device
+def use_device(device: str | None, workers: int | None) -> tuple[str | None, int | None]:
+    """Check --device: (the GPU the transforms run on as "cuda:N", or None for the CPU; the workers to
+    use: 1 on a GPU, since CUDA does not survive the fork of a worker pool and one process keeps the GPU
+    busy)."""
     from dsv4_convert.runtime.device import resolve_device
     if (device or "cpu").strip().lower() == "cpu":  # the default: no torch needed to say so
-        set_transform_device(None)
-        return workers
+        return None, workers
     dev = resolve_device(device)
-    set_transform_device(dev)
-    return workers if dev.type == "cpu" else 1
+    return (None, workers) if dev.type == "cpu" else (str(dev), 1)
 
 
 def executor_options(fn):

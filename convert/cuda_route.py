@@ -1,20 +1,9 @@
 """`--device cuda[:N]`: the converter's transforms on a GPU (formats/marlin_torch.py), byte-identical
-to the CPU routes. The device is chosen once per run by the converter CLI."""
+to the CPU routes. The device travels as a job argument (convert/pipeline.py run_conversion's `device`)."""
 
 from __future__ import annotations
 
-__all__ = ["set_transform_device", "transform_device", "convert_projection_on"]
-
-_TRANSFORM_DEVICE = None  # set by the converter CLI for --device; the transforms run in this process
-
-
-def set_transform_device(dev) -> None:
-    global _TRANSFORM_DEVICE
-    _TRANSFORM_DEVICE = None if dev is None or dev.type == "cpu" else dev
-
-
-def transform_device():
-    return _TRANSFORM_DEVICE
+__all__ = ["convert_projection_on"]
 
 
 def convert_projection_on(dev, p, weight, scale, global_scale, *, target, sf: float = 1.0) -> dict:
