@@ -60,7 +60,7 @@ def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, 
     present = byte_presence(scale.reshape(-1))  # one pass: the NaN and the exactness tests below
     if present[_NAN_BYTES[p.quant]].any():
         return None
-    if p.quant is Quant.NVFP4 and (present & inexact_bytes(target.engine, sf)).any():
+    if p.quant is Quant.NVFP4 and (present & inexact_bytes(clamp=target.clamps_scales, sf=sf)).any():
         return None
     weight = _rows(reader, p.weight, p)
     n, k2 = weight.shape
@@ -68,7 +68,7 @@ def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, 
     if p.quant is Quant.MXFP4:
         parts["weight_scale"] = permute_scales(scale.reshape(1, n, -1))
         return parts
-    parts["weight_scale"] = permute_scales(scale.reshape(1, n, -1), table=s0e5m3_table(target.engine, sf))
+    parts["weight_scale"] = permute_scales(scale.reshape(1, n, -1), table=s0e5m3_table(clamp=target.clamps_scales, sf=sf))
     g = reader.array(p.global_scale).view(np.float32)
     if fmt is SourceFormat.NVFP4_CT:  # a divisor: the ModelOpt multiplier is 1 / max, in float32
         g = np.float32(1.0) / g.max()
@@ -77,6 +77,6 @@ def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, 
     g = np.asarray(g, dtype=np.float32).reshape(())
     if not (np.isfinite(g) and g > 0):
         return None  # the torch route raises the error
-    parts["weight_global_scale"] = global_to_marlin(g, engine=target.engine, act_dtype=target.act_dtype, sf=sf)
+    parts["weight_global_scale"] = global_to_marlin(g, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf)
     parts["weight_scale_2"] = g
     return parts

@@ -16,7 +16,7 @@ def convert_projection_on(dev, p, weight, scale, global_scale, *, target, sf: fl
     if p.quant is Quant.NVFP4:
         q, ms = nvfp4_to_marlin_t(w, s, target=target, sf=sf)
         g = global_scale.float().reshape(())
-        processed = nvfp4_global_to_marlin(g, engine=target.engine, act_dtype=target.act_dtype, sf=sf)
+        processed = nvfp4_global_to_marlin(g, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf)
         return {"weight": q.cpu(), "weight_scale": ms.cpu(), "weight_global_scale": processed, "weight_scale_2": g}
     q, ms = mxfp4_to_marlin_t(w, s, target=target)
     return {"weight": q.cpu(), "weight_scale": ms.cpu()}

@@ -47,7 +47,7 @@ def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor,
     if p.quant is Quant.NVFP4:
         q, s = nvfp4_to_marlin(weight, scale, target=target, sf=sf, threads=threads)
         g = global_scale.float().reshape(())
-        processed = nvfp4_global_to_marlin(g, engine=target.engine, act_dtype=target.act_dtype, sf=sf)
+        processed = nvfp4_global_to_marlin(g, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf)
         return {"weight": q, "weight_scale": s, "weight_global_scale": processed, "weight_scale_2": g}
     q, s = mxfp4_to_marlin(weight, scale, target=target, threads=threads)
     return {"weight": q, "weight_scale": s}
@@ -87,10 +87,10 @@ def _refuse_nan_scales(p: Projection, scale: torch.Tensor) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def _lossy_bytes(engine: str, sf: float) -> np.ndarray:
+def _lossy_bytes(clamp: bool, sf: float) -> np.ndarray:
     """[256] bool: E4M3 bytes that do not survive the round trip through the target's S0E5M3."""
     codes = torch.arange(256, dtype=torch.uint8)
-    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(codes.view(torch.float8_e4m3fn), engine=engine, sf=sf), sf=sf)
+    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(codes.view(torch.float8_e4m3fn), clamp=clamp, sf=sf), sf=sf)
     return (back.view(torch.uint8) != codes).numpy()
 
 
@@ -104,7 +104,7 @@ def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -
     rescaling, incl. negatives; sglang drops signs): (flat indices into the source [N, K/16] scale,
     their original bytes). Empty for normal checkpoints; stored so that the reverse is exact.
     Whether a byte survives the round trip depends on the byte alone: one 256-entry table."""
-    lossy = _lossy_bytes(target.engine, sf)
+    lossy = _lossy_bytes(target.clamps_scales, sf)
     src = scale.contiguous().view(torch.uint8).reshape(-1)
     if not (lossy & _present(src)).any():  # the normal case: no byte of the scale is lossy
         return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.uint8)

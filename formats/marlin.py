@@ -82,7 +82,7 @@ def nvfp4_to_marlin(weight, scale, *, target, sf: float = 1.0, n_pad=None, k_pad
     `threads`: the weight repack's (to_marlin_weight)."""
     weight, scale = nvfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
     qweight = to_marlin_weight(weight, threads=threads)
-    return qweight, nvfp4_scales_to_marlin(scale, engine=target.engine, sf=sf).view(torch.float8_e4m3fn)
+    return qweight, nvfp4_scales_to_marlin(scale, clamp=target.clamps_scales, sf=sf).view(torch.float8_e4m3fn)
 
 
 def marlin_to_nvfp4(qweight, mscale, *, target, n: int, k: int, sf: float = 1.0):
