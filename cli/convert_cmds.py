@@ -18,7 +18,7 @@ from dsv4_convert.cli.options import (
 )
 from dsv4_convert.cli.report import emit, show_progress
 from dsv4_convert.convert.pipeline import run_conversion
-from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_source
+from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_servable, check_source
 from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
@@ -76,7 +76,7 @@ def _layout(tp, ep) -> tuple[int | None, int]:
 
 
 def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
-         report, executor, device=None, tp=None, ep=None):
+         report, executor, device=None, tp=None, ep=None, allow_unservable=False):
     refuse_device(executor, device)
     tp, ep = _layout(tp, ep)
     force_progress = report.pop("force_progress")
@@ -90,6 +90,8 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         raise UsageError(str(e), error_id="usage.target") from None
     ckpt = open_checkpoint(src)
     check_source(ckpt, quant)
+    if not allow_unservable:
+        check_servable(ckpt)
     if out is not None and not dry_run:  # every path refusal before any work (runtime/paths.py)
         Staging(Path(out), force=force, resume=resume, source=ckpt.root).check()
     plan = build_plan(ckpt, tgt, max_shard_size=parse_size(max_shard_size),
@@ -155,13 +157,17 @@ def _command(quant: Quant, name: str, suffix: str, repo: str, doc: str):
     @run_options
     @device_option
     @executor_options
+    @click.option("--allow-unservable", is_flag=True, envvar="DSV4_CONVERT_ALLOW_UNSERVABLE",
+                  help="Convert a model family the serving plugins do not load yet (refused by default, with the "
+                       "reason; docs/FORMAT.md lists the families). The output validates and reverses byte for "
+                       "byte, but will not start in the plugins. Env: DSV4_CONVERT_ALLOW_UNSERVABLE=1.")
     def command(src, out, target, act_dtype, tp, ep, workers, max_shard_size, resume, force, dry_run, as_json,
-                report_file, quiet, force_progress, device, executor, w4a8=False):
+                report_file, quiet, force_progress, device, executor, allow_unservable, w4a8=False):
         if out is None and not dry_run:
             raise click.UsageError("missing argument OUT (only --dry-run can do without it)")
         _run(quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
              {"as_json": as_json, "report_file": report_file, "quiet": quiet, "force_progress": force_progress},
-             executor, device, tp, ep)
+             executor, device, tp, ep, allow_unservable)
     return command
 
 

@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import restored_tree, run_cli, tree_hashes
-from conftest import assert_bytes_equal
 from safetensors import safe_open
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
@@ -20,6 +18,8 @@ from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
+from tests.helpers.cli import restored_tree, run_cli, tree_hashes
+from tests.helpers.compare import assert_bytes_equal
 
 CASES = [  # (synth format, command, target, act dtype, extra flags)
     ("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "sglang", "bfloat16", ()),

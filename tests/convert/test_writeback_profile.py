@@ -11,12 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import xxhash
-from cli_helpers import run_cli, tree_hashes
 
 from dsv4_convert.convert import safetensors_writer
 from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec
 from dsv4_convert.runtime import direct_io
 from dsv4_convert.runtime.profiling import PROFILE_ENV, breakdown
+from tests.helpers.cli import run_cli, tree_hashes
 
 
 def test_writeback_is_started_and_the_bytes_are_unchanged(tmp_path, monkeypatch):
