@@ -13,7 +13,6 @@ from dsv4_convert.convert.safetensors_writer import TensorSpec
 from dsv4_convert.core.engines import FORMAT_VERSION, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.naming import family_of
-from dsv4_convert.core.rescale import rescales
 from dsv4_convert.core.structure import RULES as STRUCTURE_RULES
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.target import MarlinTarget
@@ -34,7 +33,6 @@ __all__ = ["check_structure", "refuse_converted", "check_source", "check_servabl
            "build_plan", "FORMAT_VERSION",
            "serving_layouts", "layout_tiles"]
 
-_GLOBAL_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +103,7 @@ def _projection_outputs(p: Projection, fmt: SourceFormat, target: MarlinTarget,
                              (k // g, n)), projection=p, part="weight_scale", tiles=tiles),
     ]
     if p.quant is Quant.NVFP4:
-        gdt = "F32" if target.engine == "vllm" else _GLOBAL_DTYPE[target.act_dtype]
-        out.append(OutTensor(TensorSpec(f"{p.key}.weight_global_scale", gdt, ()), projection=p,
+        out.append(OutTensor(TensorSpec(f"{p.key}.weight_global_scale", target.global_dtype, ()), projection=p,
                              part="weight_global_scale", tiles=tiles))
         if fmt is SourceFormat.NVFP4_CT:
             out.append(OutTensor(TensorSpec(f"{p.key}.weight_scale_2", "F32", ()), projection=p, part="weight_scale_2",
@@ -277,7 +274,7 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
                 emitted.add(p.key)
                 items.extend((t.file, o) for o in _projection_outputs(p, ckpt.format, target, pads.get(p.container)))
     shards = _mirror_shards(items) if max_shard_size is None else _pack_shards(items, max_shard_size)
-    needs_rescale = rescales(target.engine, target.act_dtype) and any(p.quant is Quant.NVFP4 for p in ckpt.projections)
+    needs_rescale = target.rescales and any(p.quant is Quant.NVFP4 for p in ckpt.projections)
     opts = dict(options or {}, max_shard_size=max_shard_size)
     if tp is not None:  # part of the resume fingerprint: --resume with another --tp/--ep refuses
         opts.update(tp=tp, ep=ep)

@@ -15,6 +15,7 @@ from dsv4_convert.core.engines import (
     READABLE_FORMAT_VERSIONS,
     mxfp4_dtype_problem,
 )
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.checks.tiles import containers
@@ -259,7 +260,7 @@ def marlin_dtype_shape(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
         return
     act = _qc(c).get("act_dtype") or opts.act_dtype
-    want_global = "F32" if opts.engine == "vllm" else {"bfloat16": "BF16", "float16": "F16"}[act]
+    want_global = MarlinTarget(opts.engine, act).global_dtype
     problems = defaultdict(list)
     for p in c.checkpoint.projections:
         g = p.group_size
