@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from dsv4_convert.core.files import MANIFEST
 from dsv4_convert.core.structure import RULES
 from dsv4_convert.runtime.digest import file_digest
-from dsv4_convert.runtime.staging import MANIFEST
 from dsv4_convert.validate.checks import BY_ID
 from tests.helpers.cli import run_cli, tree_hashes
 
