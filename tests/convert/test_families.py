@@ -17,7 +17,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_helpers import CLI, restored_tree, run_cli, tree_hashes
 
 from dsv4_convert.core.detect import detect_format
 from dsv4_convert.core.errors import ContentError
@@ -34,6 +33,7 @@ from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Role, SourceFormat, TensorRef
 from dsv4_convert.synth import SYNTH_FAMILIES
 from dsv4_convert.synth.families import FAMILY_SPECS, MTP_FILE
+from tests.helpers.cli import CLI, restored_tree, run_cli, tree_hashes
 
 # deepseek-v4 and gpt-oss are covered end to end by test_convert_e2e.py; here: the families added with the table
 CASES = [(fam, fmt) for fam in FAMILY_SPECS for fmt in SYNTH_FAMILIES[fam]]
