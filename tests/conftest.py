@@ -12,7 +12,9 @@ from hypothesis import settings
 
 from dsv4_convert.synth import write_synthetic_checkpoint
 
-pytest.register_assert_rewrite("tests.helpers")  # before any test imports them: their asserts explain themselves
+pytest.register_assert_rewrite("tests.helpers")  # before they are imported: their asserts explain themselves
+
+from tests.helpers import cli  # noqa: E402 (after the rewrite hook)
 
 # Substitution: the converter refuses model families the plugins do not serve yet (convert.unservable_family).
 # The generic synthetic formats carry a DeepseekV3ForCausalLM config, so every CLI run here would be refused;
@@ -61,6 +63,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(SLOW):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """run_cli warns when a test not marked slow starts the CLI (its fixtures' setup included)."""
+    cli.UNMARKED_TEST = None if item.get_closest_marker("slow") else item.nodeid
 
 
 def _read_only(root: Path) -> None:
