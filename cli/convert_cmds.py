@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from dsv4_convert.cli.options import (
+    W4A8_ENGINE,
     device_option,
     executor_options,
     parse_size,
@@ -17,12 +18,13 @@ from dsv4_convert.cli.options import (
 )
 from dsv4_convert.cli.report import emit, show_progress
 from dsv4_convert.convert.pipeline import run_conversion
-from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_source
-from dsv4_convert.core.engines import shell_quote
+from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_servable, check_source
+from dsv4_convert.core.engines import ENGINES, shell_quote
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant
+from dsv4_convert.core.units import human_rate, human_size
 from dsv4_convert.formats.padded_layout import layout_record
 from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.runtime.executors import refuse_device
@@ -75,11 +77,11 @@ def _layout(tp, ep) -> tuple[int | None, int]:
 
 
 def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
-         report, executor, device=None, tp=None, ep=None):
+         report, executor, device=None, tp=None, ep=None, allow_unservable=False):
     refuse_device(executor, device)
     tp, ep = _layout(tp, ep)
     force_progress = report.pop("force_progress")
-    workers = use_device(device, workers)  # refuses (exit 2) before anything is read or written
+    device, workers = use_device(device, workers)  # refuses (exit 2) before anything is read or written
     if (resume or force) and dry_run:
         raise UsageError("--dry-run writes nothing; it cannot be combined with --resume/--force",
                          error_id="usage.flags")
@@ -89,6 +91,8 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         raise UsageError(str(e), error_id="usage.target") from None
     ckpt = open_checkpoint(src)
     check_source(ckpt, quant)
+    if not allow_unservable:
+        check_servable(ckpt)
     if out is not None and not dry_run:  # every path refusal before any work (runtime/paths.py)
         Staging(Path(out), force=force, resume=resume, source=ckpt.root).check()
     plan = build_plan(ckpt, tgt, max_shard_size=parse_size(max_shard_size),
@@ -98,13 +102,15 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         emit(summary, _plan_text(plan, summary), **report)
         return
     result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force,
-                            progress=show_progress(report["quiet"], force_progress), executor=executor)
-    rate = result.bytes_out / max(result.seconds, 1e-9) / 2**20
+                            progress=show_progress(report["quiet"], force_progress), executor=executor, device=device)
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
-            f"({result.bytes_out / 2**30:.2f} GiB, {tgt.layout_tag}) in {result.seconds:.1f} s "
-            f"({rate:.0f} MiB/s) -> {result.out}")
-    emit(result.as_dict(), text + f"\nnext: dsv4-convert validate {shell_quote(str(out_path(result.out)))} --against "
+            f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "
+            f"({human_rate(result.bytes_out, result.seconds)}) -> {result.out}")
+    if ckpt.left_out:  # original/, metal/: folders no engine reads (core/reader.py LEFT_OUT_DIRS)
+        text += f"\nleft out (no engine reads them): {_folders(ckpt.left_out)}"
+    emit({**result.as_dict(), "left_out": list(ckpt.left_out)},
+         text + f"\nnext: dsv4-convert validate {shell_quote(str(out_path(result.out)))} --against "
          f"{shell_quote(_absolute_source(src))}", **report)
     if result.lost_scales and not report["quiet"]:
         click.echo(f"warning: {result.lost_scales} NVFP4 scale bytes are negative or too small for "
@@ -116,6 +122,11 @@ def _absolute_source(src: str) -> str:
     """IN as a path that works from any folder (a Hub repo id stays as typed)."""
     path = Path(src).expanduser()
     return str(path.resolve()) if path.exists() else str(src)
+
+
+def _folders(paths) -> str:
+    counts = Counter(p.split("/", 1)[0] for p in paths)
+    return ", ".join(f"{d}/ ({n} file{'s' if n > 1 else ''})" for d, n in sorted(counts.items()))
 
 
 def _plan_summary(plan) -> dict:
@@ -139,7 +150,7 @@ def _plan_text(plan, summary: dict) -> str:
         f"target      {summary['marlin_layout']}, {summary['act_dtype']}{' W4A8' if plan.target.w4a8 else ''}",
         f"projections {', '.join(f'{n} {q}' for q, n in summary['projections'].items())}",
         f"tensors     {summary['tensors_in']} in -> {summary['tensors_out']} out, {len(plan.shards)} shards",
-        f"bytes       {summary['bytes_in'] / 2**30:.3f} GiB in -> {summary['bytes_out'] / 2**30:.3f} GiB out",
+        f"bytes       {human_size(summary['bytes_in'])} in -> {human_size(summary['bytes_out'])} out",
     ]
     if plan.tp_layout is not None:
         tp, ep = plan.tp_layout
@@ -162,13 +173,17 @@ def _command(quant: Quant, name: str, suffix: str, repo: str, doc: str):
     @run_options
     @device_option
     @executor_options
+    @click.option("--allow-unservable", is_flag=True, envvar="DSV4_CONVERT_ALLOW_UNSERVABLE",
+                  help="Convert a model family the serving plugins do not load yet (refused by default, with the "
+                       "reason; docs/FORMAT.md lists the families). The output validates and reverses byte for "
+                       "byte, but will not start in the plugins. Env: DSV4_CONVERT_ALLOW_UNSERVABLE=1.")
     def command(src, out, target, act_dtype, tp, ep, workers, max_shard_size, resume, force, dry_run, as_json,
-                report_file, quiet, force_progress, device, executor, w4a8=False):
+                report_file, quiet, force_progress, device, executor, allow_unservable, w4a8=False):
         if out is None and not dry_run:
             raise click.UsageError("missing argument OUT (only --dry-run can do without it)")
         _run(quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
              {"as_json": as_json, "report_file": report_file, "quiet": quiet, "force_progress": force_progress},
-             executor, device, tp, ep)
+             executor, device, tp, ep, allow_unservable)
     return command
 
 
@@ -180,7 +195,8 @@ when complete. Everything that is not an FP4 expert is copied byte for byte. MXF
 DeepSeek-V4 NVFP4 checkpoint are packed as MXFP4.""")
 
 mxfp4_to_marlin = click.option(
-    "--w4a8", is_flag=True, help="vLLM's W4A8 layout (MXFP4 weights, FP8 activations; needs --target vllm).",
+    "--w4a8", is_flag=True, help=f"{ENGINES[W4A8_ENGINE].display}'s W4A8 layout (MXFP4 weights, FP8 activations; "
+                                 f"needs --target {W4A8_ENGINE}).",
 )(_command(Quant.MXFP4, "mxfp4-to-marlin", "", "deepseek-ai/DeepSeek-V4-Flash", """Repack MXFP4 experts into Marlin tile order.
 
 IN is a DeepSeek-V4 native checkpoint (MXFP4 experts, FP8 elsewhere) or compressed-tensors

@@ -16,13 +16,14 @@ from tqdm import tqdm
 from dsv4_convert import __version__
 from dsv4_convert.convert.cpu_path import convert_on_cpu
 from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
-from dsv4_convert.convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
+from dsv4_convert.convert.publish import finalize
 from dsv4_convert.convert.safetensors_writer import ShardWriter
 from dsv4_convert.core.errors import Interrupted, OutputError
+from dsv4_convert.core.files import LOST_SUFFIX
 from dsv4_convert.core.reader import TensorReader
 from dsv4_convert.core.rescale import stack_rescale_factors
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
-from dsv4_convert.formats.marlin_words import kernel_threads
+from dsv4_convert.core.units import human_size
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir, job_threads
 from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
@@ -31,7 +32,7 @@ from dsv4_convert.runtime.profiling import mark, profile_dir, profiled_job
 from dsv4_convert.runtime.side_files import protect
 from dsv4_convert.runtime.staging import Staging
 
-__all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
+__all__ = ["ConvertResult", "run_conversion", "auto_workers"]
 
 
 @dataclass
@@ -67,14 +68,17 @@ def _report(nbytes: int, callback=None) -> None:
 
 
 def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
-                 metadata: dict, callback=None) -> tuple[str, str, int]:
+                 metadata: dict, device: str | None, callback=None) -> tuple[str, str, int]:
+    """One shard, in a worker. `device`: "cuda:N" for --device cuda, else None (the CPU, the repack on
+    job_threads(): 1 in a pool worker, else the cores)."""
     freeze_imports()
-    with kernel_threads(job_threads()), profiled_job(shard.file):  # 1 in a pool worker, else the cores
-        return _write_shard_job(root, fmt, target, shard, tmp_path, rescale, metadata, callback)
+    with profiled_job(shard.file):
+        return _write_shard_job(root, fmt, target, shard, tmp_path, rescale, metadata, device, callback)
 
 
 def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
-                     metadata: dict, callback=None) -> tuple[str, str, int]:
+                     metadata: dict, device: str | None, callback=None) -> tuple[str, str, int]:
+    threads = job_threads()
     keep_buffers()
     with TensorReader(Path(root)) as reader:
         # no fsync per shard: --resume re-hashes every recorded shard, and publish fsyncs everything
@@ -93,7 +97,7 @@ def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp
                     if current != p.key:  # a projection's outputs are consecutive: convert it once
                         current = p.key
                         parts = _convert(reader, p, fmt, target, rescale.get(f"{p.container}.{p.stack}", 1.0),
-                                         o.tiles, lost, _planned(shard.tensors, i))
+                                         o.tiles, lost, _planned(shard.tensors, i), device, threads)
                     writer.write(o.spec.name, parts[o.part])
                 _report(o.spec.nbytes, callback)
             sha, size = writer.close()
@@ -115,19 +119,19 @@ def _planned(tensors, i: int) -> dict:
 
 
 def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float, tiles, lost: dict,
-             planned: dict) -> dict:
+             planned: dict, device: str | None, threads: int) -> dict:
     """One projection's output parts (buffers of their planned bytes): the numpy route where it
     applies (convert/cpu_path.py), else the torch route, which checks each part's dtype and shape
     against `planned` and adds to `lost` the scale bytes the target cannot represent. torch is
     imported only when the torch route is taken."""
-    parts = convert_on_cpu(reader, p, fmt, target, sf) if tiles is None else None
+    parts = convert_on_cpu(reader, p, fmt, target, sf, threads=threads) if tiles is None and device is None else None
     if parts is not None:
         return parts
     import torch
 
     from dsv4_convert.convert.transform import convert_with_torch
     torch.set_num_threads(1)  # its small ops only wake OpenMP threads that spin (the repack has its own)
-    return convert_with_torch(reader, p, fmt, target, sf, tiles, lost, planned)
+    return convert_with_torch(reader, p, fmt, target, sf, tiles, lost, planned, device=device, threads=threads)
 
 
 def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> dict[str, float]:
@@ -137,7 +141,10 @@ def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> di
 
 # -- parent side ---------------------------------------------------------------------------------
 def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, resume: bool = False,
-                   force: bool = False, progress: bool = True, executor: ExecutorSpec = ExecutorSpec()) -> ConvertResult:
+                   force: bool = False, progress: bool = True, executor: ExecutorSpec = ExecutorSpec(),
+                   device: str | None = None) -> ConvertResult:
+    """Convert `plan` into `out`. `device`: "cuda:N" runs the transforms on that GPU (one local worker:
+    cli/options.py use_device), None on the CPU."""
     start = time.perf_counter()
     freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
@@ -160,7 +167,8 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         mark("rescale")
         meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,
                 "format_version": str(FORMAT_VERSION), "marlin_layout": plan.target.layout_tag}
-        args = [(str(ckpt.root), ckpt.format, plan.target, s, str(run.tmp(s.file)), rescale, meta) for s in todo]
+        args = [(str(ckpt.root), ckpt.format, plan.target, s, str(run.tmp(s.file)), rescale, meta, device)
+                for s in todo]
         pool.map(_write_shard, args, lambda r: _hand_over(run, staging, *r), reports_progress=True,
                  job_bytes=[s.nbytes for s in todo])
         mark("shards")
@@ -198,7 +206,7 @@ def _user_error(e: BaseException, staging_path: Path, plan: ConvertPlan):
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return OutputError(f"no space left while writing {staging_path} ({e.strerror}); the partial output "
                            "was removed", error_id="output.disk_full",
-                           hint=f"free at least {_size(plan.output_bytes)}, or choose another OUT")
+                           hint=f"free at least {human_size(plan.output_bytes)}, or choose another OUT")
     if isinstance(e, OSError):
         return OutputError(f"cannot write the output: {e}", error_id="output.io_error",
                            hint="check the OUT location and permissions")
@@ -219,8 +227,3 @@ def _plan_rescale(plan: ConvertPlan, pool) -> dict[str, float]:
     pool.map(_rescale_for, [(str(plan.checkpoint.root), plan.target.act_dtype, ps) for ps in groups.values()],
              factors.update, job_bytes=[sum(p.scale.nbytes for p in ps) for ps in groups.values()])
     return factors
-
-
-def _size(nbytes: int) -> str:
-    """A size to print: never "0.0 GiB" for a small output."""
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{max(nbytes / 2**20, 0.1):.1f} MiB"

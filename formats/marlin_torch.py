@@ -1,6 +1,6 @@
 """The Marlin FP4 transforms in plain torch ops, so they run on any device (CUDA for `--device cuda`).
 
-Same layout as formats/marlin_weight.py (spec MARLIN_FP4.md §2), written from the index rule
+Same layout as formats/marlin_weight.py (docs/spec/MARLIN_FP4.md §2), written from the index rule
 instead of the bit-swap schedule: with k = 16*kt + 8*kh + 2*kq + k0 and n = 64*c + 16*t + 8*dn + r,
 source code (n, k) lands in int32 word (kt, 128*c + 16*r + 4*kq + t) at nibble 4*k0 + 2*dn + kh.
 So the W4A16 weight is one axis permutation of the unpacked codes plus a nibble pack. W4A8 permutes
@@ -106,7 +106,7 @@ def permute_columns_t(s: torch.Tensor, *, w4a8: bool, inverse: bool = False) -> 
 def nvfp4_to_marlin_t(weight, scale, *, target, sf: float = 1.0, n_pad=None, k_pad=None):
     """formats.marlin.nvfp4_to_marlin on the tensors' device (same bytes)."""
     weight, scale = nvfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
-    table = byte_table(lambda c: nvfp4_scales_to_s0e5m3(c, engine=target.engine, sf=sf), torch.float8_e4m3fn,
+    table = byte_table(lambda c: nvfp4_scales_to_s0e5m3(c, clamp=target.clamps_scales, sf=sf), torch.float8_e4m3fn,
                        weight.device)
     s = table[scale.transpose(-1, -2).contiguous().view(torch.uint8).long()]
     return to_marlin_weight_t(weight), permute_columns_t(s, w4a8=False).view(torch.float8_e4m3fn)

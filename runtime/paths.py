@@ -15,16 +15,10 @@ import os
 from pathlib import Path
 
 from dsv4_convert.core.errors import OutputError, UsageError
+from dsv4_convert.core.files import LOCK, RECORDS, STAGING_SUFFIX, SYNTH_MANIFEST
 from dsv4_convert.core.small_files import read_small
 
-__all__ = ["LOCK", "MARKER", "recorded_files", "RECORDS", "out_path", "staging_path", "check_aliasing", "check_replaceable", "record_name_ok"]
-
-MARKER = "dsv4-convert.marker.json"  # marlin-to-source outputs: "dsv4-convert wrote this directory"
-_MANIFEST = "dsv4-convert.manifest.json"  # (staging.MANIFEST; repeated here to avoid an import cycle)
-_SYNTH = "synth.json"
-LOCK = "dsv4-convert.lock"  # held (flock) by the run writing a staging directory
-RECORDS = (_MANIFEST, MARKER, _SYNTH)
-
+__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "recorded_files", "record_name_ok"]
 
 def out_path(out) -> Path:
     """OUT with its parent resolved and its own name kept: OUT itself must not be a symlink (checked
@@ -46,15 +40,15 @@ def out_path(out) -> Path:
                          error_id="paths.out_is_root", file=str(out),
                          hint="name a new directory, e.g. /models/dsv4-marlin")
     name_max = _name_max(p.parent)
-    if len(os.fsencode(p.name)) + len(".partial") > name_max:
+    if len(os.fsencode(p.name)) + len(STAGING_SUFFIX) > name_max:
         raise UsageError(f"OUT's name is {len(os.fsencode(p.name))} bytes; with the staging suffix "
-                         f"'.partial' it passes this filesystem's limit of {name_max}",
+                         f"'{STAGING_SUFFIX}' it passes this filesystem's limit of {name_max}",
                          error_id="paths.name_too_long", file=str(p)[:200],
-                         hint=f"choose an OUT name of at most {name_max - len('.partial')} bytes")
+                         hint=f"choose an OUT name of at most {name_max - len(STAGING_SUFFIX)} bytes")
     return p.parent.resolve() / p.name
 
 
-def staging_path(out: Path, suffix: str = ".partial") -> Path:
+def staging_path(out: Path, suffix: str = STAGING_SUFFIX) -> Path:
     return out.with_name(out.name + suffix)
 
 
@@ -117,7 +111,7 @@ def recorded_files(out: Path) -> set[str]:
             continue
         if not isinstance(obj, dict):
             continue
-        if name == _SYNTH:
+        if name == SYNTH_MANIFEST:
             if obj.get("generator") != "dsv4-convert synth":
                 continue
             written = obj.get("written")  # every file synth wrote; a record without it itemises nothing

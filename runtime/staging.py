@@ -18,11 +18,11 @@ import tempfile
 from pathlib import Path
 
 from dsv4_convert.core.errors import InputError, OutputError
+from dsv4_convert.core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS, REPLACED
 from dsv4_convert.core.reader import is_download_metadata
 from dsv4_convert.core.small_files import read_small
 from dsv4_convert.runtime.digest import HASH_ALGORITHM, file_digest
 from dsv4_convert.runtime.paths import (
-    LOCK,
     check_aliasing,
     check_replaceable,
     is_disk_full,
@@ -32,12 +32,7 @@ from dsv4_convert.runtime.paths import (
     staging_path,
 )
 
-__all__ = ["Staging", "MANIFEST", "PROGRESS", "source_stamp", "write_json_atomic"]
-
-REPLACED = ".replaced-"  # publish moves the OUT it replaces into a fresh OUT.replaced-XXXX, then deletes it
-PROGRESS = "dsv4-convert.progress.json"  # staging only: fingerprint + finished shards
-MANIFEST = "dsv4-convert.manifest.json"  # published: written last, lists every file with its hash
-
+__all__ = ["Staging", "source_stamp", "write_json_atomic"]
 
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -200,7 +195,7 @@ class Staging:
         if self.fence is not None:
             self.fence(self.path)
         for entry in self.path.iterdir():
-            shard = entry.name.removesuffix(".lost.safetensors")  # a kept shard keeps its lost-scale record
+            shard = entry.name.removesuffix(LOST_SUFFIX)  # a kept shard keeps its lost-scale record
             if entry.name not in (LOCK, PROGRESS) and entry.name not in keep and shard not in keep:
                 _remove(entry)
         algorithm = state.get("hash_algorithm", "sha256")

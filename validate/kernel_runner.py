@@ -99,7 +99,7 @@ class _Layer:
         if nv:
             q, s = nvfp4_to_marlin_t(w, bs, target=self.target, sf=sf)
             _, _, og = self._get(self.reader, owner, self.ckpt.format) if owner is not proj else (w, bs, gs)
-            g = nvfp4_global_to_marlin(og.float().reshape(()).cpu(), engine=self.opts.engine,
+            g = nvfp4_global_to_marlin(og.float().reshape(()).cpu(), fp32_global=self.opts.target().fp32_global,
                                        act_dtype=self.opts.act_dtype, sf=sf).float()
         else:
             q, s = mxfp4_to_marlin_t(w, bs, target=self.target)

@@ -1,4 +1,4 @@
-"""Test-only crash hook, never shipped: on the PYTHONPATH of a converter subprocess (cli_helpers.run_cli
+"""Test-only crash hook, never shipped: on the PYTHONPATH of a converter subprocess (tests/helpers/cli.py (run_cli)
 puts it there when the test sets DSV4_CONVERT_KILL_AT), it makes the run kill itself at a chosen step.
 
     DSV4_CONVERT_KILL_AT=n      SIGKILL at the n-th step (a tensor written, a finalize stage)

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import run_cli  # noqa: E402
-
-from dsv4_convert.synth import write_synthetic_checkpoint  # noqa: E402
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ("cli", "convert", "core", "dsv4_convert", "formats", "runtime", "serving", "synth", "validate")

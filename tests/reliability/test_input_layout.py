@@ -13,15 +13,12 @@ import json
 import os
 import shutil
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import run_cli, tree_hashes  # noqa: E402
-
-from dsv4_convert.synth import write_synthetic_checkpoint  # noqa: E402
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import run_cli, tree_hashes
 
 ARGS = ("--workers", "1", "-q", "--max-shard-size", "60KB")
 INDEX = "model.safetensors.index.json"

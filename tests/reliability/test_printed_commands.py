@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-import sys
-from pathlib import Path
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import CLI  # noqa: E402
-
-from dsv4_convert.synth import write_synthetic_checkpoint  # noqa: E402
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import CLI
 
 
 def _words(line: str) -> list[str]:

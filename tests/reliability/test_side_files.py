@@ -15,15 +15,12 @@ import json
 import os
 import pstats
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import CLI, run_cli, tree_hashes  # noqa: E402
-
-from dsv4_convert.synth import write_synthetic_checkpoint  # noqa: E402
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import CLI, run_cli, tree_hashes
 
 VALIDATE = ("--workers", "1", "--gemm-experts", "1")
 PNG = b"\x89PNG\r\n\x1a\n"

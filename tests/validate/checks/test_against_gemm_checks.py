@@ -8,7 +8,6 @@ of it, and against Marlin tensors of another expert (the wrong weights). No subs
 
 import pytest
 import torch
-from check_helpers import loaded, on_disk, run, synth
 
 from dsv4_convert.formats.marlin import nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
@@ -17,6 +16,7 @@ from dsv4_convert.validate.checks.against import same_as_reference
 from dsv4_convert.validate.checks.gemm import gemm_rel_error
 from dsv4_convert.validate.emulate import GEMM_REL_ERROR_MAX
 from dsv4_convert.validate.inputs import GemmCase, Options
+from tests.helpers.checks import loaded, on_disk, run, synth
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_swapped_nibbles_are_found_and_named(twins):
 def _case(src, marlin_of, opts: Options) -> GemmCase:
     t = opts.target(src.quant)
     q, s = nvfp4_to_marlin(marlin_of.weight, marlin_of.scale, target=t)
-    g = nvfp4_global_to_marlin(marlin_of.global_scale.float().reshape(()), engine=t.engine, act_dtype=t.act_dtype)
+    g = nvfp4_global_to_marlin(marlin_of.global_scale.float().reshape(()), fp32_global=t.fp32_global, act_dtype=t.act_dtype)
     return GemmCase(src, q, s, g, t.engine, t.act_dtype, t.w4a8, 1.0, file=src.file)
 
 

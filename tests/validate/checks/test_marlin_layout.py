@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from check_helpers import marlin_of, mxfp4_tensors, nvfp4_tensors, run
 
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import marlin_to_nvfp4
@@ -11,6 +10,7 @@ from dsv4_convert.formats.marlin_weight import to_marlin_weight
 from dsv4_convert.validate.checks import marlin_layout as c
 from dsv4_convert.validate.diagnose import swap_nibbles
 from dsv4_convert.validate.inputs import ProjectionTensors
+from tests.helpers.checks import marlin_of, mxfp4_tensors, nvfp4_tensors, run
 
 
 def _decoded(m):
@@ -53,7 +53,7 @@ def test_scales_not_permuted():
     src = nvfp4_tensors()
     m = marlin_of(src)
     from dsv4_convert.formats.marlin_scales import nvfp4_scales_to_s0e5m3
-    m.mscale = nvfp4_scales_to_s0e5m3(src.scale.transpose(0, 1), engine="sglang").view(torch.float8_e4m3fn)
+    m.mscale = nvfp4_scales_to_s0e5m3(src.scale.transpose(0, 1), clamp=False).view(torch.float8_e4m3fn)
     (f,) = run(c.layout_scale, _decoded(m))
     assert f.cause.startswith("scales not permuted")
 
@@ -69,7 +69,7 @@ def test_nibbles_swapped():
 def test_wrong_targets_global():
     src = nvfp4_tensors()
     m = marlin_of(src, engine="sglang")
-    m.mglobal = nvfp4_global_to_marlin(src.global_scale, engine="vllm", act_dtype="bfloat16")
+    m.mglobal = nvfp4_global_to_marlin(src.global_scale, fp32_global=True, act_dtype="bfloat16")
     (f,) = run(c.layout_global, _decoded(m))
     assert "wrong target: global processed for vllm/bfloat16" in f.cause and f.tensor.endswith("weight_global_scale")
 
