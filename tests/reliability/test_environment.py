@@ -17,6 +17,8 @@ import pytest
 from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.cli import run_cli
 
+pytestmark = pytest.mark.slow  # every test here starts the CLI
+
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ("cli", "convert", "core", "dsv4_convert", "formats", "runtime", "serving", "synth", "validate")
 

@@ -11,8 +11,12 @@ from __future__ import annotations
 import shlex
 import subprocess
 
+import pytest
+
 from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.cli import CLI
+
+pytestmark = pytest.mark.slow  # every test here starts the CLI
 
 
 def _words(line: str) -> list[str]:

@@ -23,6 +23,8 @@ import pytest
 from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.cli import run_cli, tree_hashes
 
+pytestmark = pytest.mark.slow  # every test here starts the CLI
+
 ARGS = ("--workers", "1", "-q", "--max-shard-size", "60KB")
 PROGRESS = "dsv4-convert.progress.json"
 LOCK = "dsv4-convert.lock"

@@ -22,6 +22,8 @@ import pytest
 from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.cli import CLI, run_cli, tree_hashes
 
+pytestmark = pytest.mark.slow  # every test here starts the CLI
+
 VALIDATE = ("--workers", "1", "--gemm-experts", "1")
 PNG = b"\x89PNG\r\n\x1a\n"
 
