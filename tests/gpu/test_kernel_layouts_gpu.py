@@ -142,8 +142,8 @@ def _front_padded(out: Path, src: Path, expert: int, target: MarlinTarget) -> No
         w[row:row + i_s, :h // 2] = w0[r * i_s:(r + 1) * i_s]
         s[row:row + i_s, :h // 32] = s0[r * i_s:(r + 1) * i_s]
     q, sc = mxfp4_to_marlin(w, s, target=target)
-    stored = load_file(out / p.weight.file)
-    assert q.shape == stored[p.weight.name].shape and sc.shape == stored[p.scale.name].shape
+    assert q.shape == load_file(out / p.weight.file)[p.weight.name].shape
+    assert sc.shape == load_file(out / p.scale.file)[p.scale.name].shape
     edit(out, p.weight.name, lambda old: q.view(old.dtype))
     edit(out, p.scale.name, lambda old: sc.view(old.dtype))
 

@@ -6,7 +6,7 @@ on the CPU device, and the engine's gptq_marlin_repack is replaced by the projec
 (formats/marlin_weight.to_marlin_weight, byte-equal to the engines' repack in tests/golden); the GPU
 suite (tests/gpu/test_kernel_layouts_gpu.py) runs the same paths through vLLM's real kernels. The
 severity policy is tested on KernelCase values (the numbers the kernel would give), since it is a pure
-function of them. Checkpoints are `synth` outputs converted by the real CLI; refusals run the real CLI.
+function of them. Checkpoints are synth's (in process) converted by the real CLI; refusals run the real CLI.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.reader import TensorReader, open_checkpoint
 from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.formats.marlin_weight import to_marlin_weight
+from dsv4_convert.synth import write_synthetic_checkpoint
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks.kernel import KernelCase, kernel_gemm
 from dsv4_convert.validate.inputs import Options
@@ -52,10 +53,11 @@ class CpuRepack:
 
 # (format, target, act dtype, synth sizes, tp, ep): padded layouts small enough for the CPU suite
 PADDED = {
-    "nvfp4-I256-tp8-vllm": ("nvfp4-modelopt-dsv4", "vllm", "bfloat16", ("--intermediate", 256), 8, 1),
-    "mxfp4-I256-tp8-sglang": ("mxfp4-dsv4", "sglang", "bfloat16", ("--intermediate", 256), 8, 1),
-    "mxfp4-I256-tp8-ep2-vllm": ("mxfp4-dsv4", "vllm", "bfloat16", ("--intermediate", 256), 8, 2),
-    "gptoss-H2880-tp2-vllm": ("mxfp4-gptoss", "vllm", "bfloat16", ("--hidden", 2880, "--intermediate", 2880), 2, 1),
+    "nvfp4-I256-tp8-vllm": ("nvfp4-modelopt-dsv4", "vllm", "bfloat16", {"intermediate": 256}, 8, 1),
+    "mxfp4-I256-tp8-sglang": ("mxfp4-dsv4", "sglang", "bfloat16", {"intermediate": 256}, 8, 1),
+    "mxfp4-I256-tp8-ep2-vllm": ("mxfp4-dsv4", "vllm", "bfloat16", {"intermediate": 256}, 8, 2),
+    # gpt-oss-shaped: H and I_shard both padded (320 -> 512, 160 -> 256); H = I = 2880 runs in tests/gpu
+    "gptoss-H320-tp2-vllm": ("mxfp4-gptoss", "vllm", "bfloat16", {"hidden": 320, "intermediate": 320}, 2, 1),
 }
 
 
@@ -64,7 +66,7 @@ def converted(tmp_path_factory):
     root, out = tmp_path_factory.mktemp("padded"), {}
     for case, (fmt, target, act, sizes, tp, ep) in PADDED.items():
         src, dst = root / f"{case}-src", root / f"{case}-out"
-        cli("synth", src, "--format", fmt, "--layers", 1, "--experts", 2, *sizes, "-q")
+        write_synthetic_checkpoint(src, format=fmt, layers=1, experts=2, **sizes)
         cmd = "nvfp4-to-marlin" if fmt.startswith("nvfp4") else "mxfp4-to-marlin"
         cli(cmd, src, dst, "--target", target, "--act-dtype", act, "--tp", tp, "--ep", ep, "-q")
         out[case] = (src, dst)
@@ -167,20 +169,36 @@ def _refused(*args) -> dict:
     return json.loads(proc.stdout)["error"]
 
 
-@pytest.mark.parametrize("fmt,target,sizes,tp", [
-    ("nvfp4-modelopt-dsv4", "sglang", ("--intermediate", 96), 1),  # SGLang never pads a gated NVFP4 MoE
-    ("mxfp4-dsv4", "vllm", ("--intermediate", 96), 8),  # I_shard 12: a quant group would straddle ranks
-])
-def test_a_source_no_engine_padding_serves_is_refused_before_any_work(tmp_path, fmt, target, sizes, tp):
-    cli("synth", tmp_path / "src", "--format", fmt, "--layers", 1, "--experts", 2, *sizes, "-q")
-    err = _refused(tmp_path / "src", "--target", target, "--tp", tp)
+def test_a_source_no_engine_padding_serves_is_refused_before_any_work(tmp_path):
+    """SGLang never pads a gated NVFP4 MoE: I = 96 breaks the tile rule (was a traceback, exit 1)."""
+    write_synthetic_checkpoint(tmp_path / "src", layers=1, experts=2, intermediate=96)
+    err = _refused(tmp_path / "src", "--target", "sglang")
     assert err["id"] == "kernel.shape_unsupported" and err["tensor"] == "layers.0.ffn.experts"
-    assert "plan" in err["fix"]
+    assert "sglang does not pad a gated nvfp4 MoE" in err["message"] and "plan" in err["fix"]
+
+
+@pytest.mark.parametrize("fmt,engine,tp,ep,verdict", [
+    ("nvfp4-modelopt-dsv4", "sglang", 1, 1, "refused"),  # SGLang never pads a gated NVFP4 MoE
+    ("nvfp4-modelopt-dsv4", "vllm", 1, 1, 128),  # vLLM pads I 96 -> 128
+    ("mxfp4-dsv4", "sglang", 1, 1, 128),
+    ("mxfp4-dsv4", "vllm", 8, 1, "refused"),  # I_shard 12: a quant group would straddle two ranks
+    ("mxfp4-dsv4", "vllm", 2, 2, 128),  # EP 2 keeps experts whole: MoE TP 1
+])
+def test_kernel_layouts_pad_as_the_engine_pads_or_refuse(tmp_path, fmt, engine, tp, ep, verdict):
+    ckpt = open_checkpoint(write_synthetic_checkpoint(tmp_path / "src", format=fmt, layers=1, experts=2,
+                                                      intermediate=96))
+    opts = replace(Options(), engine=engine, tp=tp, ep=ep)
+    if verdict == "refused":
+        with pytest.raises(ContentError) as e:
+            kernel_layouts(ckpt, opts)
+        assert e.value.error_id == "kernel.shape_unsupported" and e.value.exit_code == 4
+    else:
+        assert kernel_layouts(ckpt, opts)["layers.0.ffn.experts"].i_pad == verdict
 
 
 def test_a_converted_shape_off_the_tile_rule_is_refused(tmp_path):
     """A Marlin checkpoint whose w2 has K = 96 (not written by this tool): the kernel would read out of bounds."""
-    cli("synth", tmp_path / "src", "--format", "mxfp4-dsv4", "--layers", 1, "--experts", 2, "-q")
+    write_synthetic_checkpoint(tmp_path / "src", format="mxfp4-dsv4", layers=1, experts=2)
     cli("mxfp4-to-marlin", tmp_path / "src", tmp_path / "out", "--target", "vllm", "-q")
     ckpt = open_checkpoint(tmp_path / "out")
     for p in (p for p in ckpt.projections if p.role is Role.DOWN):
@@ -195,16 +213,6 @@ def test_a_converted_shape_off_the_tile_rule_is_refused(tmp_path):
 
 def test_an_against_of_another_shape_is_refused(converted, tmp_path):
     _, out = converted["mxfp4-I256-tp8-sglang"]
-    cli("synth", tmp_path / "other", "--format", "mxfp4-dsv4", "--layers", 1, "--experts", 2, "-q")  # I = 128
+    write_synthetic_checkpoint(tmp_path / "other", format="mxfp4-dsv4", layers=1, experts=2)  # I = 128
     err = _refused(out, "--against", tmp_path / "other")
     assert err["id"] == "kernel.against_shape" and "[128, 256]" in err["message"]
-
-
-def test_kernel_layouts_refuses_without_the_cli(tmp_path):
-    cli("synth", tmp_path / "src", "--format", "nvfp4-modelopt-dsv4", "--layers", 1, "--experts", 2,
-        "--intermediate", 96, "-q")
-    ckpt = open_checkpoint(tmp_path / "src")
-    with pytest.raises(ContentError) as e:
-        kernel_layouts(ckpt, replace(Options(), engine="sglang"))
-    assert e.value.error_id == "kernel.shape_unsupported" and e.value.exit_code == 4
-    assert kernel_layouts(ckpt, replace(Options(), engine="vllm"))["layers.0.ffn.experts"].i_pad == 128
