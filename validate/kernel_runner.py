@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from dsv4_convert.core.engines import engine_facts
+from dsv4_convert.core.errors import DsvError
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from dsv4_convert.core.rescale import stack_key
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
@@ -125,8 +126,11 @@ class _Layer:
         if nv:
             q, s = nvfp4_to_marlin_t(w, bs, target=self.target, sf=sf)
             og = self._get(self.reader, owner, self.ckpt.format)[2] if owner is not proj else gs
-            g = nvfp4_global_to_marlin(og.float().reshape(()).cpu(), engine=self.opts.engine,
-                                       act_dtype=self.opts.act_dtype, sf=sf).float()
+            try:
+                g = nvfp4_global_to_marlin(og.float().reshape(()).cpu(), engine=self.opts.engine,
+                                           act_dtype=self.opts.act_dtype, sf=sf).float()
+            except ValueError:  # NaN, 0 or negative: nvfp4.global.invalid reports it; the expert must not pass
+                g = torch.tensor(float("nan"))
         else:
             q, s = mxfp4_to_marlin_t(w, bs, target=self.target)
             g = og = None
@@ -155,7 +159,11 @@ def _chosen(experts, n, seed, layer):
 def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions = KernelOptions(),
                       progress=None) -> None:
     """Adds kernel.* results, one `report.kernel` row per layer stack, and notes to `report`."""
-    ckpt = open_checkpoint(resolve_source(path))
+    try:
+        ckpt = open_checkpoint(resolve_source(path))
+    except DsvError as e:  # validate's own findings say why (structure.reader); nothing to run
+        report.notes.append(f"kernel checks skipped: the reader refuses the checkpoint ({e.error_id})")
+        return
     opts = resolve_options(opts, ckpt)
     checks = [c for c in ALL_CHECKS if c.scope is Scope.KERNEL]
     if opts.w4a8:
