@@ -4,8 +4,9 @@ must be listed there (as `id` in backticks)."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 # every folder of the package (pyproject's package-dir is the one home of that list)
