@@ -25,4 +25,5 @@ for pkg, folder in tomllib.load(open(f"{root}/pyproject.toml", "rb"))["tool"]["s
 PY
   export PYTHONPATH=/tmp/dsv4pkg${PYTHONPATH:+:$PYTHONPATH}
 fi
-python3 -m pytest -q -p no:cacheprovider -o addopts="" --rootdir "$ROOT" "$ROOT/tests/gpu" "$@" 2>&1 | tee "$OUTDIR/pytest.log"
+# --import-mode=append: the root (tests/ is a package) goes after the package view on sys.path
+python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=append --rootdir "$ROOT" "$ROOT/tests/gpu" "$@" 2>&1 | tee "$OUTDIR/pytest.log"

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_cli import MODULE, needs_kernels, run_cli
-from kernel_cli import edit as _edit
-from kernel_cli import kernel as _kernel
-from kernel_cli import record as _record
-from kernel_cli import status as _status
 from safetensors.torch import load_file
 
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.formats.marlin_scales import unpermute_scale_columns
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
+from tests.helpers.kernel_cli import MODULE, needs_kernels, run_cli
+from tests.helpers.kernel_cli import edit as _edit
+from tests.helpers.kernel_cli import kernel as _kernel
+from tests.helpers.kernel_cli import record as _record
+from tests.helpers.kernel_cli import status as _status
 
 pytestmark = needs_kernels
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from kernel_cli import MODULE, edit, kernel, needs_kernels, record, run_cli, status
 from safetensors.torch import load_file
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
@@ -26,6 +25,7 @@ from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.formats.marlin import mxfp4_to_marlin
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
+from tests.helpers.kernel_cli import MODULE, edit, kernel, needs_kernels, record, run_cli, status
 
 pytestmark = needs_kernels
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -32,14 +31,7 @@ from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.kernel_runner import _Layer
 from dsv4_convert.validate.kernel_shapes import kernel_layouts
 from dsv4_convert.validate.runner import rescale_factors, resolve_options
-
-CLI = [sys.executable, "-m", "dsv4_convert.cli"]
-
-
-def cli(*args, check=True):
-    proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True)
-    assert not check or proc.returncode == 0, proc.stderr
-    return proc
+from tests.helpers.cli import run_cli as cli
 
 
 class CpuRepack:

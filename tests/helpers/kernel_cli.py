@@ -5,26 +5,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from tests.helpers.cli import run_cli
+
 MODULE = os.environ.get("DSV4_MARLIN_MODULE", "")
 needs_kernels = pytest.mark.skipif(not (torch.cuda.is_available() and os.path.isfile(MODULE)),
                                    reason="needs a CUDA GPU and DSV4_MARLIN_MODULE = a built Marlin extension "
                                           "(tests/gpu/run.sh builds vLLM 0.33.0's kernels and sets it)")
 RESULTS = os.environ.get("DSV4_GPU_RESULTS")
-
-
-def run_cli(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "dsv4_convert.cli", *map(str, args)], capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
-    return proc
 
 
 def record(**row):
