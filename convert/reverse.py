@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from dsv4_convert.convert.pipeline import _report
+from dsv4_convert.convert.plan import kept_input_name
 from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.files import (
     CONFIG,
@@ -106,8 +107,9 @@ def _assemble(reader, ref: TensorRef, uses, job: _Job) -> bytes:
     stacked = np.zeros(ref.nbytes, dtype=np.uint8).reshape(ref.shape[0], -1)  # [E, ...] stacks
     for sp, part in uses:
         t = _decode(reader, job.converted[sp.key], job)[part].numpy()
-        rows = stacked[sp.expert_index].reshape(ref.shape[1], -1)
-        rows[sp.row_start::sp.row_step] = t.reshape(t.shape[0], -1)
+        slab = stacked[sp.expert_index]
+        rows = slab.reshape(ref.shape[1], -1).T if sp.k_major else slab.reshape(ref.shape[1], -1)
+        rows[sp.rows] = t.reshape(t.shape[0], -1)  # a K-major stack: written through the transposed view
     return stacked.tobytes()
 
 
@@ -219,6 +221,8 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         decoded_by.setdefault(sp.scale.name, []).append((sp, "scale"))
         if sp.global_scale is not None:
             kept_as[sp.global_scale.name] = f"{sp.key}.{'ct_weight_global_scale' if fmt is SourceFormat.NVFP4_CT else 'weight_scale_2'}"
+        if sp.input_scale is not None:
+            kept_as[sp.input_scale.name] = kept_input_name(sp)
     converted = {p.key: p for p in ckpt.projections}
     missing = sorted({sp.key for uses in decoded_by.values() for sp, _ in uses} - set(converted))
     if missing:

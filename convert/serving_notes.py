@@ -17,9 +17,10 @@ def serving_markdown(plan: ConvertPlan, out_name: str) -> str:
     nvfp4 = any(p.quant is Quant.NVFP4 for p in plan.projections)
     flag = ENGINES[t.engine].moe_backend_flag
     launch = launch_command(t.engine, out_name, tp=tp, ep=ep, act_dtype=t.act_dtype)
-    scales = ("S0E5M3 bytes (x128, a power-of-two rescale per stacked tensor in bf16, values below 2 "
-              "clamped to 0) with an fp32 global" if t.engine == "vllm" else
-              "S0E5M3 bytes (x128, no rescale, no clamp) with the global in the activation dtype")
+    rules = ["x128", "a power-of-two rescale per stacked tensor in bf16" if t.facts.rescale else "no rescale",
+             "values below 2 clamped to 0" if t.clamps_scales else "no clamp"]
+    scales = (f"S0E5M3 bytes ({', '.join(rules)}) with "
+              + ("an fp32 global" if t.fp32_global else "the global in the activation dtype"))
     return f"""# Serving this checkpoint on sm_120 (RTX PRO 6000, RTX 5090)
 
 Converted by dsv4-convert from a `{plan.checkpoint.format.value}` checkpoint. The routed-expert weights

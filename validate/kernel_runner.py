@@ -102,8 +102,8 @@ class _Layer:
         if e is None or not (torch.isfinite(e) and e > 0):
             return None  # nvfp4.global.invalid reports it
         o = self.opts
-        kept = marlin_to_nvfp4_global(nvfp4_global_to_marlin(e, engine=o.engine, act_dtype=o.act_dtype, sf=sf),
-                                      act_dtype=o.act_dtype, sf=sf)
+        kept = marlin_to_nvfp4_global(nvfp4_global_to_marlin(e, fp32_global=self.target.fp32_global,
+                                                             act_dtype=o.act_dtype, sf=sf), act_dtype=o.act_dtype, sf=sf)
         return float(kept / e)
 
     def prepare(self, proj, owner) -> _Prepared:
@@ -127,7 +127,7 @@ class _Layer:
             q, s = nvfp4_to_marlin_t(w, bs, target=self.target, sf=sf)
             og = self._get(self.reader, owner, self.ckpt.format)[2] if owner is not proj else gs
             try:
-                g = nvfp4_global_to_marlin(og.float().reshape(()).cpu(), engine=self.opts.engine,
+                g = nvfp4_global_to_marlin(og.float().reshape(()).cpu(), fp32_global=self.target.fp32_global,
                                            act_dtype=self.opts.act_dtype, sf=sf).float()
             except ValueError:  # NaN, 0 or negative: nvfp4.global.invalid reports it; the expert must not pass
                 g = torch.tensor(float("nan"))

@@ -80,6 +80,7 @@ def _prepared(path: Path, opts: Options, against: Path | None = None) -> dict:
                 for p in ckpt.projections}
 
 
+@pytest.mark.slow  # starts the CLI or writes and converts checkpoints
 @pytest.mark.parametrize("case", sorted(PADDED))
 def test_against_reference_is_the_padded_layout(converted, case):
     """With --against, the reference and the repack input are the source padded per rank: they equal
@@ -91,6 +92,7 @@ def test_against_reference_is_the_padded_layout(converted, case):
         assert torch.equal(a.ref, decoded[key].ref), key
 
 
+@pytest.mark.slow  # starts the CLI or writes and converts checkpoints
 @pytest.mark.parametrize("case", sorted(PADDED))
 def test_source_is_prepared_as_the_converter_writes_that_split(converted, case):
     """An unconverted source at the output's --tp/--ep runs padded as the engine pads it: the prepared
@@ -108,6 +110,7 @@ def test_source_is_prepared_as_the_converter_writes_that_split(converted, case):
         assert got.repack[0] == 0
 
 
+@pytest.mark.slow  # starts the CLI or writes and converts checkpoints
 def test_swapped_rank_blocks_differ_from_the_against_reference_only(converted, tmp_path):
     src, out = converted["mxfp4-I256-tp8-ep2-vllm"]
     broken = tmp_path / "broken"
@@ -161,6 +164,7 @@ def _refused(*args) -> dict:
     return json.loads(proc.stdout)["error"]
 
 
+@pytest.mark.slow  # starts the CLI or writes and converts checkpoints
 def test_a_source_no_engine_padding_serves_is_refused_before_any_work(tmp_path):
     """SGLang never pads a gated NVFP4 MoE: I = 96 breaks the tile rule (was a traceback, exit 1)."""
     write_synthetic_checkpoint(tmp_path / "src", layers=1, experts=2, intermediate=96)
@@ -169,6 +173,7 @@ def test_a_source_no_engine_padding_serves_is_refused_before_any_work(tmp_path):
     assert "sglang does not pad a gated nvfp4 MoE" in err["message"] and "plan" in err["fix"]
 
 
+@pytest.mark.slow  # starts the CLI or writes and converts checkpoints
 @pytest.mark.parametrize("fmt,engine,tp,ep,verdict", [
     ("nvfp4-modelopt-dsv4", "sglang", 1, 1, "refused"),  # SGLang never pads a gated NVFP4 MoE
     ("nvfp4-modelopt-dsv4", "vllm", 1, 1, 128),  # vLLM pads I 96 -> 128
@@ -188,6 +193,7 @@ def test_kernel_layouts_pad_as_the_engine_pads_or_refuse(tmp_path, fmt, engine, 
         assert kernel_layouts(ckpt, opts)["layers.0.ffn.experts"].i_pad == verdict
 
 
+@pytest.mark.slow  # starts the CLI or writes and converts checkpoints
 def test_a_converted_shape_off_the_tile_rule_is_refused(tmp_path):
     """A Marlin checkpoint whose w2 has K = 96 (not written by this tool): the kernel would read out of bounds."""
     write_synthetic_checkpoint(tmp_path / "src", format="mxfp4-dsv4", layers=1, experts=2)
@@ -203,6 +209,7 @@ def test_a_converted_shape_off_the_tile_rule_is_refused(tmp_path):
     assert err["id"] == "kernel.shape_unsupported" and "w2 stack N=256, K=96" in err["message"]
 
 
+@pytest.mark.slow  # starts the CLI or writes and converts checkpoints
 def test_an_against_of_another_shape_is_refused(converted, tmp_path):
     _, out = converted["mxfp4-I256-tp8-sglang"]
     write_synthetic_checkpoint(tmp_path / "other", format="mxfp4-dsv4", layers=1, experts=2)  # I = 128
