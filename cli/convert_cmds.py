@@ -19,7 +19,7 @@ from dsv4_convert.cli.options import (
 from dsv4_convert.cli.report import emit, show_progress
 from dsv4_convert.convert.pipeline import run_conversion
 from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_servable, check_source
-from dsv4_convert.core.engines import ENGINES
+from dsv4_convert.core.engines import ENGINES, shell_quote
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.target import MarlinTarget
@@ -28,6 +28,7 @@ from dsv4_convert.core.units import human_rate, human_size
 from dsv4_convert.formats.padded_layout import layout_record
 from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.runtime.executors import refuse_device
+from dsv4_convert.runtime.paths import out_path
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
@@ -109,11 +110,18 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     if ckpt.left_out:  # original/, metal/: folders no engine reads (core/reader.py LEFT_OUT_DIRS)
         text += f"\nleft out (no engine reads them): {_folders(ckpt.left_out)}"
     emit({**result.as_dict(), "left_out": list(ckpt.left_out)},
-         text + f"\nnext: dsv4-convert validate {result.out} --against {src}", **report)
+         text + f"\nnext: dsv4-convert validate {shell_quote(str(out_path(result.out)))} --against "
+         f"{shell_quote(_absolute_source(src))}", **report)
     if result.lost_scales and not report["quiet"]:
         click.echo(f"warning: {result.lost_scales} NVFP4 scale bytes are negative or too small for "
                    f"{tgt.layout_tag} and were zeroed/made positive as the engine would; the originals are "
                    "recorded for marlin-to-source. Run validate to see where.", err=True)
+
+
+def _absolute_source(src: str) -> str:
+    """IN as a path that works from any folder (a Hub repo id stays as typed)."""
+    path = Path(src).expanduser()
+    return str(path.resolve()) if path.exists() else str(src)
 
 
 def _folders(paths) -> str:

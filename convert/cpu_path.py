@@ -12,8 +12,6 @@ source format (DSV4_CONVERT_TORCH_ROUTE=1 forces the torch route)."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
@@ -22,16 +20,16 @@ from dsv4_convert.formats.constants import E4M3_NAN_BYTES, E8M0_NAN
 from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.marlin_words import a16_forward
 from dsv4_convert.formats.scale_tables import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table
+from dsv4_convert.runtime.settings import TORCH_ROUTE_ENV, env_flag
 
 __all__ = ["TORCH_ROUTE_ENV", "convert_on_cpu"]
 
-TORCH_ROUTE_ENV = "DSV4_CONVERT_TORCH_ROUTE"  # "1": every projection takes the torch route (tests compare)
 _NAN_BYTES = {Quant.NVFP4: list(E4M3_NAN_BYTES), Quant.MXFP4: [E8M0_NAN]}
 
 
 def _routable(p: Projection, target) -> bool:
     """Whether this module converts `p` (else the torch route does)."""
-    if os.environ.get(TORCH_ROUTE_ENV) == "1":
+    if env_flag(TORCH_ROUTE_ENV, False):
         return False
     if target.w4a8 or p.marlin_global is not None:
         return False

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-import os
-import signal
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -29,12 +27,12 @@ from dsv4_convert.core.units import human_size
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir, job_threads
 from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
-from dsv4_convert.runtime.profiling import mark, profiled_job
+from dsv4_convert.runtime.paths import staging_path
+from dsv4_convert.runtime.profiling import mark, profile_dir, profiled_job
+from dsv4_convert.runtime.side_files import protect
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers"]
-
-_KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: "n" SIGKILLs this process at the n-th step, "n:INT" sends SIGINT
 
 
 @dataclass
@@ -56,16 +54,11 @@ class ConvertResult:
         return d
 
 
-# -- crash hook (tests kill the converter at chosen points to prove resume is safe) ------------
-_steps = 0
-
-
+# -- the step points ---------------------------------------------------------------------------
 def _step() -> None:
-    global _steps
-    _steps += 1
-    at, _, sig = os.environ.get(_KILL_ENV, "").partition(":")
-    if at and _steps == int(at):
-        os.kill(os.getpid(), signal.SIGINT if sig == "INT" else signal.SIGKILL)
+    """One unit of work done (a tensor written, a finalize stage). Nothing happens here in a run; the
+    crash tests replace this function (tests/hooks/sitecustomize.py) to kill the run at a chosen step
+    and prove that --resume is safe, so no test switch is read from the environment by shipped code."""
 
 
 # -- worker side ---------------------------------------------------------------------------------
@@ -155,6 +148,8 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
     start = time.perf_counter()
     freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
+    protect([ckpt.root, out, staging_path(Path(out))])  # side files (profiles) stay off them
+    profile_dir()  # refused before any work when it points into them
     staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root, fence=RunDir.fence)
     pool = None
     run = RunDir(staging.path)
@@ -182,7 +177,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         run.remove()
         lost = finalize(plan, staging, rescale, step=_step)
         mark("finalize")
-        staging.publish()
+        staging.publish(step=_step)
         mark("publish")
     except BaseException as e:
         if pool:

@@ -37,6 +37,7 @@ from dsv4_convert.core.files import (
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
+from dsv4_convert.core.small_files import read_small
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
@@ -44,6 +45,7 @@ from dsv4_convert.formats.padded_layout import read_layout_record, unpad_source
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
+from dsv4_convert.runtime.paths import record_name_ok
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
@@ -156,8 +158,7 @@ def _load_record(root: Path):
     shards = {}  # file -> (the 8-byte length + header bytes, its tensors), parsed once
     for file, text in recorded.items():
         # a name from the record becomes a path under OUT: a plain shard name only, never ../ or a dir
-        if not (isinstance(text, str) and file.endswith(".safetensors") and Path(file).name == file
-                and file not in (".", "..")):
+        if not (isinstance(text, str) and file.endswith(".safetensors") and record_name_ok(file)):
             _bad_record(sdir / SOURCE_HEADERS, f"entry {file!r} is not a shard name -> header text pair")
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw
@@ -173,7 +174,7 @@ def _bad_record(path: Path, why: str):
 
 def _record_json(path: Path, kind: type):
     try:
-        obj = json.loads(path.read_bytes())
+        obj = json.loads(read_small(path))
     except (OSError, ValueError, RecursionError) as e:
         _bad_record(path, f"not readable JSON ({e})")
     if not isinstance(obj, kind):

@@ -4,7 +4,7 @@ check that the plugin took over (facts from dsv4_convert.serving.config, which i
 from __future__ import annotations
 
 from dsv4_convert.convert.plan import ConvertPlan
-from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line
+from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
 from dsv4_convert.core.tensor_model import Quant
 
 __all__ = ["serving_markdown"]
@@ -36,7 +36,8 @@ Force it with `{flag}`, so that the engine does not auto-select a backend that f
 1. Install the plugin into the server's environment: `pip install dsv4-convert`. It registers the
    `{QUANT_METHOD}` quantization method through the engine's plugin entry point. Pass no
    `--quantization` flag: the engine reads `quant_method: {QUANT_METHOD}` from config.json.
-2. Start {t.engine} (the layout tag is checked at load; a checkpoint for the other engine is refused):
+2. Start {t.engine} in the folder that holds this checkpoint's folder (elsewhere, give its absolute path;
+   the layout tag is checked at load; a checkpoint for the other engine is refused):
 
        {launch}
 
@@ -48,7 +49,7 @@ Force it with `{flag}`, so that the engine does not auto-select a backend that f
 
 An engine without the plugin refuses this checkpoint (`{QUANT_METHOD}` is unknown to it) instead of
 repacking the packed bytes a second time. To get the original checkpoint back, run
-`dsv4-convert marlin-to-source {out_name} ORIGINAL`.
+`dsv4-convert marlin-to-source {shell_quote(out_name)} ORIGINAL`.
 
 ## What `{t.layout_tag}` means
 NVFP4 block scales are {scales}. MXFP4 scales are permuted E8M0 bytes. The exact layout is in

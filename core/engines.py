@@ -8,9 +8,11 @@ Pure (no engine import). The tile rule and the engines' padding numbers live in 
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass
 
 __all__ = [
+    "shell_quote",
     "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "FORMAT_VERSION", "LAYOUTS", "MXFP4_NEEDS_BF16", "QUANT_METHOD",
     "READABLE_FORMAT_VERSIONS", "EngineFacts", "engine_facts", "launch_command", "mxfp4_dtype_problem",
     "parallel_flags", "registration_log_line", "version_tuple",
@@ -107,6 +109,16 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(nums)
 
 
+def shell_quote(text: str) -> str:
+    """`text` as one shell word to paste: shlex's quoting, or bash's $'...' form when it holds a
+    newline or another control character (which would otherwise break the printed line in two)."""
+    if not any(ord(c) < 32 or ord(c) == 127 for c in text):
+        return shlex.quote(text)
+    body = "".join(c if c.isprintable() and c not in "\\'" else
+                   {"\n": "\\n", "\t": "\\t", "\\": "\\\\", "'": "\\'"}.get(c, f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}") for c in text)
+    return f"$'{body}'"
+
+
 def parallel_flags(engine: str, *, tp: int, ep: int = 1) -> str:
     """The engine's flags for a (TP, EP) split: every command line and message that names one uses these."""
     e = engine_facts(engine)
@@ -115,9 +127,10 @@ def parallel_flags(engine: str, *, tp: int, ep: int = 1) -> str:
 
 def launch_command(engine: str, path: str, *, tp: int, ep: int = 1, act_dtype: str | None = None,
                    memory: float | None = None) -> str:
-    """The server command line for a checkpoint; `plan` and SERVING.md both print this one."""
+    """The server command line for a checkpoint; `plan` and SERVING.md both print this one. The path is
+    shell-quoted: a name with spaces, quotes or a newline stays one argument when pasted."""
     e = engine_facts(engine)
-    parts = [e.serve.format(path=path), parallel_flags(engine, tp=tp, ep=ep), e.moe_backend_flag]
+    parts = [e.serve.format(path=shell_quote(str(path))), parallel_flags(engine, tp=tp, ep=ep), e.moe_backend_flag]
     if memory is not None:
         parts.append(f"{e.memory_flag} {memory:.2f}")
     if act_dtype is not None:

@@ -31,6 +31,8 @@ __all__ = [
     "TensorReader",
     "load_projection",
     "open_checkpoint",
+    "hub_cache_dir",
+    "is_download_metadata",
     "resolve_source",
 ]
 
@@ -41,6 +43,16 @@ HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.txt", "*.model", "*.tiktok
 LEFT_OUT_DIRS = ("original", "metal")
 HUB_IGNORE = [f"{d}/*" for d in LEFT_OUT_DIRS]  # fnmatch: `*` crosses `/`, so this is the whole tree
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+# `hf download --local-dir` keeps its own bookkeeping (locks, metadata) in IN/.cache/huggingface/:
+# not part of the checkpoint, never copied, and free to change while a run reads IN
+_DOWNLOAD_METADATA = (".cache", "huggingface")
+
+
+def is_download_metadata(rel: Path) -> bool:
+    """Whether `rel` (relative to the checkpoint root) is the downloader's bookkeeping, not the checkpoint."""
+    return Path(rel).parts[:2] == _DOWNLOAD_METADATA
 
 
 # ------------------------------------------------------------------------------------------------ source
@@ -63,6 +75,17 @@ def resolve_source(source: str | Path) -> Path:
                          hint="pass an existing checkpoint directory or a repo id such as "
                               "deepseek-ai/DeepSeek-V4-Flash")
     return _snapshot(text)
+
+
+def hub_cache_dir(source: str | Path) -> Path | None:
+    """The local Hugging Face cache folder (blobs and snapshots) of a repo id that names no local
+    path, where it exists: what a side file (--report, --plot) must never be written into."""
+    text = str(source)
+    if Path(text).expanduser().exists() or not _REPO_ID.match(text) or text.startswith((".", "~")):
+        return None
+    from huggingface_hub.constants import HF_HUB_CACHE
+    folder = Path(HF_HUB_CACHE) / ("models--" + text.replace("/", "--"))
+    return folder if folder.is_dir() else None
 
 
 def _snapshot(repo_id: str) -> Path:
@@ -152,7 +175,7 @@ def open_checkpoint(source: str | Path) -> Checkpoint:
     projections = group_projections(fmt, config, tensors)
     skip = set(shards) | ({INDEX_FILE} if index_file else set())
     files = [p.relative_to(root) for p in root.rglob("*") if p.is_file()]
-    files = [f for f in files if f.as_posix() not in skip and f.parts[:2] != (".cache", "huggingface")]
+    files = [f for f in files if f.as_posix() not in skip and not is_download_metadata(f)]
     others = sorted(f.as_posix() for f in files if f.parts[0] not in LEFT_OUT_DIRS)
     left_out = sorted(f.as_posix() for f in files if f.parts[0] in LEFT_OUT_DIRS)
     return Checkpoint(root=root, format=fmt, config=config, hf_quant_config=hf_quant, tensors=tensors,

@@ -24,6 +24,7 @@ from dsv4_convert.core.engines import ACT_DTYPES, ENGINES
 from dsv4_convert.core.errors import DsvError, InputError
 from dsv4_convert.core.reader import TensorReader, open_checkpoint, resolve_source
 from dsv4_convert.core.rescale import stack_key, stack_rescale_factors
+from dsv4_convert.core.small_files import read_small
 from dsv4_convert.core.structure import padded_containers, unreadable_tensors
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.validate.check import Result, Scope
@@ -253,8 +254,8 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool, exe
 def _json(path: Path) -> dict:
     import json
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(read_small(path))
+    except (OSError, ValueError, RecursionError):
         return {}
 
 
