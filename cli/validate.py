@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from dsv4_convert.cli.kernel_opts import kernel_options, run_kernel_checks
+from dsv4_convert.cli.kernel_opts import kernel_options, refuse_unsupported_shapes, run_kernel_checks
 from dsv4_convert.cli.options import ACT_DTYPE_CHOICE, TARGET_CHOICE, TARGET_HELP, W4A8_ENGINE, executor_options
 from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
 from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE
@@ -92,6 +92,8 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
                    w4a8=w4a8,
                    tp=tp, ep=ep, sample=sample, gemm_experts=gemm_experts, seed=seed, engine_requested=target,
                    act_dtype_requested=act_dtype, verify_manifest=not skip_manifest, layout_requested=layout_requested)
+    if kernel:  # a shape the engine's kernel cannot run is refused before any work, GPU or not
+        refuse_unsupported_shapes(path, opts, against)
     kernel_opts = kernel_options(kernel, kernel_experts, kernel_provider, device)
     try:
         report = run_validation(path, opts, against=against, workers=workers or 1,

@@ -44,8 +44,8 @@ SLOW = (
     "tests/convert/test_families.py::test_source_validates_clean",
     "tests/convert/test_families.py::test_converted_output_validates_and_reverses",
     "tests/convert/test_families.py::test_unservable_family_is_refused_with_the_reason",
-    "tests/core/test_reader.py::test_hub_repo_id_from_prefilled_cache_offline",
-    "tests/core/test_reader.py::test_hub_repo_not_cached_offline",
+    "tests/core/test_reader.py::test_hub_",  # each opens a hub cache in a fresh interpreter
+    "tests/core/test_reader.py::test_original_and_metal_are_left_out_and_not_copied",
     "tests/gpu/",
     "tests/reliability/test_fuzz_parsers.py::test_fuzz[",
     "tests/reliability/test_catalogue.py", "tests/reliability/test_clear_errors.py",
