@@ -28,7 +28,7 @@ from dsv4_convert.core.safetensors_header import parse_header
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
-from dsv4_convert.formats.padded_layout import read_layout_record, unpad_source
+from dsv4_convert.formats.padded_layout import decode_rank_blocks, read_layout_record, unpad_source
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
@@ -69,13 +69,19 @@ class _Job:
 def _decode(reader, cp: Projection, job: _Job) -> dict[str, torch.Tensor]:
     src = load_projection(reader, cp)
     sf = job.rescale.get(f"{cp.container}.{cp.stack}", 1.0)
-    if cp.quant is Quant.NVFP4:
-        weight, scale = marlin_to_nvfp4(src.weight, src.scale, target=job.target, n=cp.n, k=cp.k, sf=sf)
-    else:
-        weight, scale = marlin_to_mxfp4(src.weight, src.scale, target=job.target, n=cp.n, k=cp.k)
+
+    def decode(q, s, n, k):
+        if cp.quant is Quant.NVFP4:
+            return marlin_to_nvfp4(q, s, target=job.target, n=n, k=k, sf=sf)
+        return marlin_to_mxfp4(q, s, target=job.target, n=n, k=k)
+
     tiles = job.tiles.get(cp.container)
-    if tiles is not None:  # --tp/--ep output: drop each rank's padding (formats/padded_layout.py)
-        weight, scale, zero = unpad_source(weight, scale, down=cp.role is Role.DOWN, t=tiles)
+    if tiles is None:
+        weight, scale = decode(src.weight, src.scale, cp.n, cp.k)
+    else:  # --tp/--ep output: decode each rank's block, drop its padding (formats/padded_layout.py)
+        down = cp.role is Role.DOWN
+        weight, scale = decode_rank_blocks((src.weight, src.scale), down=down, t=tiles, decode=decode)
+        weight, scale, zero = unpad_source(weight, scale, down=down, t=tiles)
         if not zero:
             raise ContentError(f"{cp.key}: the padding of the TP {tiles.tp} / EP {tiles.ep} layout holds non-zero "
                                "bytes, so the source cannot be rebuilt exactly", error_id="reverse.padding_not_zero",

@@ -17,7 +17,7 @@ from dsv4_convert.core.reader import TensorReader, load_projection
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
-from dsv4_convert.formats.padded_layout import pad_source
+from dsv4_convert.formats.padded_layout import decode_rank_blocks, pad_source
 from dsv4_convert.validate.check import Check, Finding, Result, Scope
 from dsv4_convert.validate.checks import ALL_CHECKS
 from dsv4_convert.validate.inputs import ExpertTensors, GemmCase, MarlinTensors, Options, ProjectionTensors
@@ -77,14 +77,22 @@ class _Worker:
         d = load_projection(self.reader, proj, fmt=self.job.fmt)
         mglobal = self.reader.get(proj.marlin_global) if proj.marlin_global is not None else None
         target = o.target(proj.quant)
-        if proj.quant is Quant.NVFP4:
-            packed, scale = marlin_to_nvfp4(d.weight, d.scale, target=target, n=proj.n, k=proj.k, sf=sf)
-        else:
-            packed, scale = marlin_to_mxfp4(d.weight, d.scale, target=target, n=proj.n, k=proj.k)
-            scale = scale.view(torch.uint8)
+
+        def decode(q, s, n, k):
+            if proj.quant is Quant.NVFP4:
+                return marlin_to_nvfp4(q, s, target=target, n=n, k=k, sf=sf)
+            packed, scale = marlin_to_mxfp4(q, s, target=target, n=n, k=k)
+            return packed, scale.view(torch.uint8)
+
+        tiles = self.job.tiles.get(proj.container)
+        if tiles is None:
+            packed, scale = decode(d.weight, d.scale, proj.n, proj.k)
+        else:  # a --tp/--ep output: each rank's block is its own Marlin tensor (formats/padded_layout.py)
+            packed, scale = decode_rank_blocks((d.weight, d.scale), down=proj.role is Role.DOWN, t=tiles,
+                                               decode=decode)
         decoded = ProjectionTensors(proj, packed, scale, d.global_scale, sf=sf, file=proj.weight.file)
         return MarlinTensors(proj, d.weight, d.scale, mglobal, d.global_scale, o.engine, o.act_dtype,
-                             target.w4a8, sf, decoded=decoded, file=proj.weight.file)
+                             target.w4a8, sf, decoded=decoded, file=proj.weight.file, tiles=tiles)
 
     def run(self, task: _Task) -> _Outcome:
         out = _Outcome()
@@ -150,7 +158,7 @@ class _Worker:
             mglobal = m.mglobal
             if role is Role.UP and Role.GATE in marlins and pt.quant is Quant.NVFP4:
                 mglobal = marlins[Role.GATE].mglobal  # both engines use the gate's global for w13
-            return GemmCase(refs.get(role, pt), m.qweight, m.mscale, mglobal, **common)
+            return GemmCase(refs.get(role, pt), m.qweight, m.mscale, mglobal, tiles=m.tiles, **common)
         target = o.target(pt.quant)
         try:
             if pt.quant is Quant.NVFP4:

@@ -25,6 +25,7 @@ from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role
 from dsv4_convert.formats.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, E8M0_NAN
 from dsv4_convert.formats.e4m3 import e4m3_is_nan
 from dsv4_convert.formats.e8m0 import e8m0_to_float
+from dsv4_convert.formats.tiles import RankTiles
 
 __all__ = [
     "CheckpointInput",
@@ -212,6 +213,7 @@ class MarlinTensors:
     decoded: ProjectionTensors | None = None
     reference: ProjectionTensors | None = None
     file: str | None = None
+    tiles: RankTiles | None = None  # a padded --tp/--ep container: one Marlin block per rank (padded_layout)
 
 
 @dataclass
@@ -229,6 +231,7 @@ class GemmCase:
     rows: int = 16
     seed: int = 0
     file: str | None = None
+    tiles: RankTiles | None = None  # a padded --tp/--ep container: the kernel of rank r sees block r
 
     @cached_property
     def errors(self) -> tuple[float, float]:

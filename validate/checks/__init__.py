@@ -60,6 +60,7 @@ ALL_CHECKS = (
     marlin_layout.layout_weight,
     marlin_layout.layout_scale,
     marlin_layout.layout_global,
+    marlin_layout.padding_zero,
     against.same_as_reference,
     against_tensors.non_expert_tensors_match,
     # sampled experts
