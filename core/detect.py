@@ -91,6 +91,24 @@ def _marlin(config, hfq, tensors) -> str | None:
     return None
 
 
+def _marlin_words(config, hfq, tensors) -> str | None:
+    """Marlin output whatever its config says: an expert weight of I32 words [K/16, 2N] with a
+    weight_scale [K/g, N] of an FP4 scale dtype. No source format stores its codes so."""
+    for name, ref in tensors.items():
+        m = DS_NAME.match(name) or HF_NAME.match(name)
+        if not (m and m.group("suffix") == "weight" and ref.dtype == "I32" and len(ref.shape) == 2):
+            continue
+        scale = tensors.get(f"{m.group('prefix')}.weight_scale")
+        k, n = ref.shape[0] * 16, ref.shape[1] // 2
+        if scale is not None and len(scale.shape) == 2 and scale.shape[1] == n and n and scale.shape[0] and (
+                (scale.dtype == "F8_E4M3" and scale.shape[0] * Quant.NVFP4.group_size == k)
+                or (scale.dtype in E8M0 and scale.shape[0] * Quant.MXFP4.group_size == k)):
+            qm = _qc(config).get("quant_method")
+            return (f"{name} is Marlin words (I32 {list(ref.shape)}, weight_scale {scale.dtype} "
+                    f"{list(scale.shape)}), although config.json quantization_config.quant_method is {qm!r}")
+    return None
+
+
 def _modelopt_dsv4(config, hfq, tensors) -> str | None:
     qc, q = _qc(config), _hfq(hfq)
     in_config = _lower(qc.get("quant_method")) == "fp8" and _upper(qc.get("moe_quant_algo")) == "NVFP4"
@@ -141,6 +159,7 @@ def _dsv4_native(config, hfq, tensors) -> str | None:
 # Explicit and ordered: most specific first. The first detector that returns a reason wins.
 DETECTORS: tuple[tuple[SourceFormat, Callable], ...] = (
     (SourceFormat.MARLIN, _marlin),
+    (SourceFormat.MARLIN, _marlin_words),  # a converted checkpoint whose config was lost or edited
     (SourceFormat.NVFP4_MODELOPT_DSV4, _modelopt_dsv4),
     (SourceFormat.NVFP4_MODELOPT_HF, _modelopt_hf),
     (SourceFormat.NVFP4_CT, _ct("nvfp4-pack-quantized")),

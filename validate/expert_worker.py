@@ -41,6 +41,8 @@ class _Outcome:
     ran: set = field(default_factory=set)
     gemm: list[dict] = field(default_factory=list)
     projections: int = 0
+    skipped: dict = field(default_factory=dict)  # check id -> what it needed and did not have
+    compared: int = 0  # projections compared with an --against reference
 
 
 @dataclass
@@ -63,6 +65,9 @@ class _Worker:
 
     def _run(self, out: _Outcome, chk: Check, arg, quant=None) -> None:
         if not chk.applies_to(quant):
+            return
+        if missing := chk.missing(arg, self.job.opts):
+            out.skipped[chk.id] = missing
             return
         out.ran.add(chk.id)
         for f in chk(arg, self.job.opts):
@@ -110,6 +115,12 @@ class _Worker:
                 else:
                     pt = self._load(self.reader, proj, job.fmt, sf)
                 ref_proj = task.references.get(proj.role)
+                if ref_proj is not None and (why := _reference_problem(proj, ref_proj, job.tiles.get(proj.container))):
+                    out.results.append(Result("against.mismatch", Finding(
+                        proj.weight.name, f"cannot be compared with --against: {why}.", file=proj.weight.file,
+                        layer=proj.layer, expert=proj.expert, cause="shape")))
+                    out.compared += 1  # compared, and found to differ
+                    ref_proj = None
                 if ref_proj is not None and self.against is not None:
                     refs[proj.role] = self._load(self.against, ref_proj, job.against_fmt, sf)
                     if proj.container in job.tiles:  # compare with the source as this layout pads it
@@ -122,6 +133,7 @@ class _Worker:
                 continue
             tensors[proj.role] = pt
             out.projections += 1
+            out.compared += proj.role in refs
             for chk in self.checks[Scope.PROJECTION]:
                 self._run(out, chk, pt, proj.quant)
             if marlin:
@@ -173,6 +185,18 @@ class _Worker:
         except ValueError:
             return None  # shapes off the Marlin tile: structure.tile.tp / structure.k_align report them
         return GemmCase(pt, q, s, mglobal, **common)
+
+
+def _reference_problem(proj: Projection, ref: Projection, tiles) -> str | None:
+    """Why the --against projection `ref` cannot be this projection's source, or None."""
+    want = (proj.n, proj.k)
+    if tiles is not None:  # the source of a padded container has the unpadded sizes
+        real = (tiles.hidden, tiles.moe_tp * tiles.i_shard)
+        want = real if proj.role is Role.DOWN else real[::-1]
+    if (ref.quant, ref.n, ref.k) != (proj.quant, *want):
+        return (f"the reference is {ref.quant.value} [N, K] = [{ref.n}, {ref.k}], this projection's source must be "
+                f"{proj.quant.value} [{want[0]}, {want[1]}]")
+    return None
 
 
 def _padded_reference(ref: ProjectionTensors, proj: Projection, tiles) -> ProjectionTensors:

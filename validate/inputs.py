@@ -29,6 +29,7 @@ from dsv4_convert.formats.tiles import RankTiles
 
 __all__ = [
     "CheckpointInput",
+    "Coverage",
     "ExpertTensors",
     "GemmCase",
     "MarlinTensors",
@@ -91,6 +92,17 @@ class CheckpointInput:
     hf_quant_config: dict | None = None
     reader_error: object | None = None  # the DsvError the reader raised, if any
     against: Checkpoint | None = None  # the --against reference (set once it has been opened)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What a whole run found and checked (the RUN-scope checks read it after every other check)."""
+    found: int  # FP4 expert projections the reader found
+    checked: int  # projections read, decoded and checked
+    experts: int  # experts checked (after --sample)
+    against: bool  # --against given
+    compared: int  # projections compared with their --against counterpart
+    format: str
 
 
 def block_max_code(weight: torch.Tensor, group: int) -> torch.Tensor:

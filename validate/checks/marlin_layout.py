@@ -23,8 +23,13 @@ def _where(m: MarlinTensors) -> dict:
     return dict(file=m.file, layer=m.proj.layer, expert=m.proj.expert)
 
 
+def _has_reference(m: MarlinTensors, opts: Options) -> bool:
+    return m.reference is not None
+
+
 @check(id="marlin.layout.weight", severity=Severity.ERROR, scope=Scope.MARLIN,
-       hint="re-run the conversion from the original source with this version of dsv4-convert")
+       hint="re-run the conversion from the original source with this version of dsv4-convert",
+       needs=(_has_reference, "the decoded codes are compared only with their source projection (--against SRC)"))
 def layout_weight(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
     """Packed codes that do not decode to the source's bytes feed the kernel wrong weights."""
     if m.reference is None or m.decoded is None:
