@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from dsv4_convert.cli.options import FiniteFloat
 from dsv4_convert.cli.report import emit, report_options
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
@@ -30,8 +31,8 @@ cannot be written, 130 interrupted. With --json, one JSON object on every path (
                     "launch command, from headers only." + EXAMPLES)
 @click.argument("path")
 @click.option("--gpus", default=8, show_default=True, type=click.IntRange(min=1), help="GPUs in the server")
-@click.option("--gpu-mem-gib", default=96.0, show_default=True, type=click.FloatRange(min=1),
-              help="memory per GPU (RTX PRO 6000: 96)")
+@click.option("--gpu-mem-gib", default=96.0, show_default=True, type=FiniteFloat(min=1),
+              help="memory per GPU in GiB, at least 1 (RTX PRO 6000: 96)")
 @click.option("--arch", type=click.Choice(["sm_120", "sm_90", "sm_100"]), default="sm_120", show_default=True)
 @click.option("--target", type=click.Choice(["sglang", "vllm"]), default=None, help="engine  [default: sglang]")
 @click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, hidden=True,

@@ -20,8 +20,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from dsv4_convert.convert.lost_record import bad_record, check_lost_record, restore_lost
 from dsv4_convert.convert.pipeline import INDEX, LOST, SOURCE_DIR, _report
-from dsv4_convert.core.errors import ContentError, InputError
+from dsv4_convert.convert.transform import scale_round_trip
+from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
@@ -89,8 +91,7 @@ def _decode(reader, cp: Projection, job: _Job) -> dict[str, torch.Tensor]:
                                hint="the converted checkpoint was edited or not written by dsv4-convert; convert "
                                     "again from the source")
     if cp.quant is Quant.NVFP4:
-        if f"{cp.key}.index" in job.lost:
-            scale.view(torch.uint8).reshape(-1)[job.lost[f"{cp.key}.index"]] = job.lost[f"{cp.key}.bytes"]
+        restore_lost(scale, cp.key, job.lost, scale_round_trip(job.target.engine, sf), Path(job.root) / SOURCE_DIR / LOST)
     return {"weight": weight.view(torch.uint8), "scale": scale.view(torch.uint8)}
 
 
@@ -146,32 +147,26 @@ def _load_record(root: Path):
     try:
         lost = load_file(sdir / LOST) if (sdir / LOST).exists() else {}
     except Exception as e:  # safetensors raises its own error type for a damaged file
-        _bad_record(sdir / LOST, f"not a readable safetensors file ({e})")
+        bad_record(sdir / LOST, f"not a readable safetensors file ({e})")
     shards = {}  # file -> (the 8-byte length + header bytes, its tensors), parsed once
     for file, text in recorded.items():
         # a name from the record becomes a path under OUT: a plain shard name only, never ../ or a dir
         if not (isinstance(text, str) and file.endswith(".safetensors") and Path(file).name == file
                 and file not in (".", "..")):
-            _bad_record(sdir / "headers.json", f"entry {file!r} is not a shard name -> header text pair")
+            bad_record(sdir / "headers.json", f"entry {file!r} is not a shard name -> header text pair")
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw
         shards[file] = (prefix, parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
     return shards, config, lost
 
 
-def _bad_record(path: Path, why: str):
-    # the manifest check catches edits; this guards the reader itself (a record edited with its manifest)
-    raise InputError(f"the source record {path.name} cannot be used: {why}", error_id="reverse.bad_source_record",
-                     file=str(path), hint="convert again from the source; the record is damaged")
-
-
 def _record_json(path: Path, kind: type):
     try:
         obj = json.loads(path.read_bytes())
     except (OSError, ValueError, RecursionError) as e:
-        _bad_record(path, f"not readable JSON ({e})")
+        bad_record(path, f"not readable JSON ({e})")
     if not isinstance(obj, kind):
-        _bad_record(path, f"not a JSON {kind.__name__}")
+        bad_record(path, f"not a JSON {kind.__name__}")
     return obj
 
 
@@ -216,6 +211,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         if sp.global_scale is not None:
             kept_as[sp.global_scale.name] = f"{sp.key}.{'ct_weight_global_scale' if fmt is SourceFormat.NVFP4_CT else 'weight_scale_2'}"
     converted = {p.key: p for p in ckpt.projections}
+    check_lost_record(lost, ckpt.root / SOURCE_DIR / LOST, {k for k, p in converted.items() if p.quant is Quant.NVFP4})
     missing = sorted({sp.key for uses in decoded_by.values() for sp, _ in uses} - set(converted))
     if missing:
         raise ContentError(f"{len(missing)} projections of the source are not in the converted checkpoint, "

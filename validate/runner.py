@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from dsv4_convert.core.errors import DsvError, InputError, UsageError
+from dsv4_convert.core.index import read_json
 from dsv4_convert.core.reader import TensorReader, open_checkpoint, resolve_source
 from dsv4_convert.core.rescale import rescales, stack_key, stack_rescale_factors
 from dsv4_convert.core.structure import padded_containers, unreadable_tensors
@@ -160,7 +161,7 @@ def checkpoint_input(root: Path, opts: Options) -> tuple[CheckpointInput, DsvErr
         reader_error = e
     opts = resolve_options(opts, ckpt)
     cin = CheckpointInput(str(root), opts, ckpt, index, index_error, headers, on_disk,
-                          config=ckpt.config if ckpt else _json(root / "config.json"),
+                          config=ckpt.config if ckpt else _config_if_readable(root),
                           hf_quant_config=ckpt.hf_quant_config if ckpt else None, reader_error=None)
     return cin, reader_error
 
@@ -264,11 +265,12 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool, exe
     return report
 
 
-def _json(path: Path) -> dict:
-    import json
+def _config_if_readable(root: Path) -> dict:
+    """config.json through the reader's one JSON reader; {} when it cannot be read (the reader's own
+    error, e.g. config.not_json, says why)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json(root / "config.json", missing_id=None, bad_id="config.not_json", what="config.json") or {}
+    except InputError:
         return {}
 
 
