@@ -41,7 +41,7 @@ from dsv4_convert.core.safetensors_header import parse_header
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
-from dsv4_convert.formats.padded_layout import decode_rank_blocks, read_layout_record, unpad_source
+from dsv4_convert.formats.padded_layout import decode_rank_blocks, padded_nk, read_layout_record, unpad_source
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
@@ -180,6 +180,26 @@ def _record_json(path: Path, kind: type):
     return obj
 
 
+def _check_shapes(sources: list[Projection], converted: dict, tiles: dict) -> None:
+    """Each converted projection must be its source's [N, K], or the padded [N, K] of the layout that
+    tp_layout records for its container; else the bytes cannot be the source's (a tp_layout removed or
+    edited, a tensor replaced)."""
+    for sp in sources:
+        cp, t = converted[sp.key], tiles.get(converted[sp.key].container)
+        down = cp.role is Role.DOWN
+        real = (sp.n, sp.k) if t is None else ((t.hidden, t.moe_tp * t.i_shard) if down else
+                                               (t.moe_tp * t.i_shard, t.hidden))
+        want = (sp.n, sp.k) if t is None else padded_nk(down, t)
+        if (cp.n, cp.k) != want or (sp.n, sp.k) != real:
+            how = (f"tp_layout records TP {t.tp} / EP {t.ep} padding for {cp.container}: [{want[0]}, {want[1]}]"
+                   if t else f"tp_layout records no padding for {cp.container}")
+            raise ContentError(f"{cp.key} is [N, K] = [{cp.n}, {cp.k}], its source was [{sp.n}, {sp.k}], and {how}",
+                               error_id="reverse.shape_mismatch", tensor=cp.weight.name, file=cp.weight.file,
+                               hint="config.json's quantization_config.tp_layout was removed or edited, or the tensor "
+                                    "replaced: put back the config.json the conversion wrote, or convert again from "
+                                    "the source")
+
+
 def _refuse_unverified(root: Path) -> None:
     """Never rebuild "original" bytes from a converted checkpoint that no longer matches its manifest."""
     mismatches = verify(root, MANIFEST)
@@ -227,6 +247,8 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         raise ContentError(f"{len(missing)} projections of the source are not in the converted checkpoint, "
                            f"e.g. {missing[0]}", error_id="reverse.missing_tensor", tensor=missing[0],
                            hint="the converted checkpoint is incomplete or was edited")
+    _check_shapes([sp for uses in decoded_by.values() for sp, part in uses if part == "weight"], converted,
+                  layout[2] if layout else {})
     job = _Job(str(ckpt.root), target, block.get("rescale_factors") or {}, lost, converted, ckpt.tensors,
                decoded_by, kept_as, layout[2] if layout else {})
     run = RunDir(staging.path)

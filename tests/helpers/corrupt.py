@@ -118,8 +118,8 @@ def shard_of(root: Path, tensor: str) -> Path:
 
 def rerecord_manifest(root: Path, rel: str) -> None:
     """Make the manifest agree with an edited file, as a consistent attacker (or a careless tool) would."""
+    from dsv4_convert.core.files import MANIFEST
     from dsv4_convert.runtime.digest import file_digest
-    from dsv4_convert.runtime.staging import MANIFEST
 
     path = root / MANIFEST
     doc = json.loads(path.read_text())

@@ -2,7 +2,7 @@
 must be zero. W4A16 and W4A8 outputs at MoE-TP 2 validate clean (decoded and `--against`) and reverse
 byte for byte; non-zero padding (codes and scales, in every expert) fails `validate` with
 `marlin.padding` and is refused by `marlin-to-source` with `reverse.padding_not_zero`: the same rule.
-Real checkpoints (tests/convert/ckpt_factory.py), real CLI subprocesses.
+Real checkpoints (tests/helpers/ckpt_factory.py), real CLI subprocesses.
 
 Substitutions: an edit made consistently (the manifest re-recorded with the tool's own digest,
 corrupt.rerecord_manifest) stands for someone with write access to the checkpoint."""
@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-from corrupt import poke_tensor_bytes, rerecord_manifest, shard_of
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from ckpt_factory import make_checkpoint  # noqa: E402
-from cli_helpers import restored_tree, run_cli, tree_hashes  # noqa: E402
+from tests.helpers.ckpt_factory import make_checkpoint
+from tests.helpers.cli import restored_tree, run_cli, tree_hashes
+from tests.helpers.corrupt import poke_tensor_bytes, rerecord_manifest, shard_of
 
 H, I_ = 256, 128  # MoE-TP 2: I_shard 64 -> i_pad 128 (both engines pad MXFP4 I to 128)
 EXPERTS = 2
