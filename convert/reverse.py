@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from dsv4_convert.convert.lost_record import bad_record, check_lost_record, restore_lost
 from dsv4_convert.convert.pipeline import _report
 from dsv4_convert.convert.transform import scale_round_trip
-from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.files import (
     CONFIG,
     HF_QUANT_CONFIG,
@@ -36,6 +36,7 @@ from dsv4_convert.core.files import (
     SOURCE_HEADERS,
 )
 from dsv4_convert.core.grouping import group_projections
+from dsv4_convert.core.index import read_weight_map
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
 from dsv4_convert.core.target import MarlinTarget
@@ -166,8 +167,29 @@ def _load_record(root: Path):
             bad_record(sdir / SOURCE_HEADERS, f"entry {file!r} is not a shard name -> header text pair")
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw
-        shards[file] = (prefix, parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
+        try:
+            shards[file] = (prefix, parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
+        except InputError as e:  # the record's copy of the header, not the shard on disk, is damaged
+            bad_record(sdir / SOURCE_HEADERS, f"entry {file!r}: {e.message} [{e.error_id}]")
+    if not shards:
+        bad_record(sdir / SOURCE_HEADERS, "it lists no shard, so there is nothing to rebuild")
+    _index_agrees(sdir, shards)
     return shards, config, lost
+
+
+def _index_agrees(sdir: Path, shards: dict) -> None:
+    """The recorded index (restored as is) must map every tensor to the shard headers.json rebuilds it in."""
+    if not (sdir / INDEX_FILE).exists():
+        return
+    try:
+        weight_map = read_weight_map(sdir)
+    except InputError as e:
+        bad_record(sdir / INDEX_FILE, f"{e.message} [{e.error_id}]")
+    rebuilt = {name: file for file, (_, refs) in shards.items() for name in refs}
+    if weight_map != rebuilt:
+        odd = sorted(set(weight_map.items()) ^ set(rebuilt.items()))
+        bad_record(sdir / INDEX_FILE, f"it and {SOURCE_HEADERS} place {len(odd)} tensors differently, e.g. "
+                   f"{odd[0][0]!r}")
 
 
 def _record_json(path: Path, kind: type):
@@ -242,7 +264,11 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
             kept_as[sp.global_scale.name] = f"{sp.key}.{'ct_weight_global_scale' if fmt is SourceFormat.NVFP4_CT else 'weight_scale_2'}"
     converted = {p.key: p for p in ckpt.projections}
     check_lost_record(lost, ckpt.root / SOURCE_DIR / LOST, {k for k, p in converted.items() if p.quant is Quant.NVFP4})
-    missing = sorted({sp.key for uses in decoded_by.values() for sp, _ in uses} - set(converted))
+    used = {sp.key for uses in decoded_by.values() for sp, _ in uses}
+    if unused := sorted(set(converted) - used):  # the record lost shards: the rebuild would drop experts
+        bad_record(ckpt.root / SOURCE_DIR / SOURCE_HEADERS, f"it has no source tensors for {len(unused)} converted "
+                   f"projections, e.g. {unused[0]}")
+    missing = sorted(used - set(converted))
     if missing:
         raise ContentError(f"{len(missing)} projections of the source are not in the converted checkpoint, "
                            f"e.g. {missing[0]}", error_id="reverse.missing_tensor", tensor=missing[0],
