@@ -110,10 +110,10 @@ def _has(tensors: Mapping[str, TensorRef], schemes: tuple[Scheme, ...],
 def _marlin(config, hfq, tensors) -> str | None:
     if _qc(config).get("quant_method") == QUANT_METHOD:
         return f"config.json quantization_config.quant_method = {QUANT_METHOD} (dsv4-convert output)"
-    return None
+    return _marlin_words(config, tensors)  # a converted checkpoint whose config was lost or edited
 
 
-def _marlin_words(config, hfq, tensors) -> str | None:
+def _marlin_words(config, tensors) -> str | None:
     """Marlin output whatever its config says: an expert weight of I32 words [K/16, 2N] with a
     weight_scale [K/g, N] of an FP4 scale dtype. No source format stores its codes so."""
     for name, ref in tensors.items():
@@ -194,7 +194,6 @@ def _dsv4_native(config, hfq, tensors) -> str | None:
 # Explicit and ordered: most specific first. The first detector that returns a reason wins.
 DETECTORS: tuple[tuple[SourceFormat, Callable], ...] = (
     (SourceFormat.MARLIN, _marlin),
-    (SourceFormat.MARLIN, _marlin_words),  # a converted checkpoint whose config was lost or edited
     (SourceFormat.NVFP4_MODELOPT_DSV4, _modelopt_dsv4),
     (SourceFormat.NVFP4_MODELOPT_HF, _modelopt_hf),
     (SourceFormat.NVFP4_CT, _ct("nvfp4-pack-quantized")),

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dsv4_convert.core.files import CONFIG, LOST, SOURCE_DIR
+from dsv4_convert.core.files import CONFIG, LOST, SOURCE_DIR, SOURCE_HEADERS
 from tests.helpers.ckpt_factory import make_checkpoint
 from tests.helpers.cli import run_cli
 from tests.helpers.corrupt import INDEX, edit_header, edit_json, rerecord_manifest
@@ -82,6 +82,18 @@ def _set(**parts) -> Callable[[dict], None]:
     return lambda d: d.update({f"{KEY}.{k}": v for k, v in parts.items()})
 
 
+def _record(rel: str, edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    """Edit a JSON file of the source record (dsv4-convert-source/), manifest re-recorded."""
+    def damage(root: Path) -> None:
+        edit_json(root / SOURCE_DIR / rel, edit)
+        rerecord_manifest(root, f"{SOURCE_DIR}/{rel}")
+    return damage
+
+
+def _first_header_not_json(h: dict) -> None:
+    h[sorted(h)[0]] = "{not json"
+
+
 def _experts_not_fp4(root: Path) -> None:
     """Every expert weight's dtype I8 -> F8_E4M3 (same size): FP8 experts, nothing FP4 left to check."""
     index = json.loads((root / INDEX).read_text())["weight_map"]
@@ -105,6 +117,10 @@ DAMAGED: dict[str, tuple[str, Callable[[Path], None] | None]] = {
     "tp-layout-null": ("m_tp2", _qc(lambda q: q.__setitem__("tp_layout", None))),
     "tp-layout-empty": ("m_tp2", _qc(lambda q: q.__setitem__("tp_layout", {}))),
     "tp-layout-no-containers": ("m_tp2", _qc(lambda q: q["tp_layout"].__setitem__("containers", {}))),
+    "headers-empty": ("m", _record(SOURCE_HEADERS, dict.clear)),
+    "headers-entry-not-json": ("m", _record(SOURCE_HEADERS, _first_header_not_json)),
+    "headers-shard-dropped": ("m", _record(SOURCE_HEADERS, lambda h: h.pop(sorted(h)[-1]))),
+    "record-index-entry-dropped": ("m", _record(INDEX, lambda i: i["weight_map"].pop(sorted(i["weight_map"])[0]))),
     "lost-out-of-range": ("nv_lost", _lost(_set(index=torch.tensor([10**9])))),
     "lost-negative-index": ("nv_lost", _lost(_set(index=torch.tensor([-1])))),
     "lost-float-index": ("nv_lost", _lost(_set(index=torch.tensor([0.0])))),
@@ -251,6 +267,12 @@ def test_a_removed_or_emptied_tp_layout(results, case, error_id):
 def test_a_tampered_lost_scales_record_is_refused(results, case):
     err = _error(results[f"{case}/reverse"], 3, "reverse.bad_source_record", LOST_REL)
     assert LOST in err["message"]
+
+
+@pytest.mark.parametrize("case, rel", [("headers-empty", SOURCE_HEADERS), ("headers-entry-not-json", SOURCE_HEADERS),
+                                       ("headers-shard-dropped", INDEX), ("record-index-entry-dropped", INDEX)])
+def test_a_damaged_shard_record_is_refused_not_half_restored(results, case, rel):
+    _error(results[f"{case}/reverse"], 3, "reverse.bad_source_record", f"{SOURCE_DIR}/{rel}")
 
 
 def test_a_deeply_nested_config_is_config_not_json_everywhere(results):
