@@ -88,7 +88,7 @@ def bench_repack(projections, module: str) -> dict:
 
     def repack():
         for w, n, k in on_gpu:
-            repack_source(provider, w, n, k)
+            repack_source(provider, w)
     repack()
     t = min(_sync_time(repack) for _ in range(3))
     nbytes = sum(w.numel() for w, _, _ in on_gpu)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from dsv4_convert.cli.options import (
+    W4A8_ENGINE,
     device_option,
     executor_options,
     parse_size,
@@ -18,6 +19,7 @@ from dsv4_convert.cli.options import (
 from dsv4_convert.cli.report import emit, show_progress
 from dsv4_convert.convert.pipeline import run_conversion
 from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_servable, check_source
+from dsv4_convert.core.engines import ENGINES, shell_quote
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.target import MarlinTarget
@@ -26,6 +28,7 @@ from dsv4_convert.core.units import human_rate, human_size
 from dsv4_convert.formats.padded_layout import layout_record
 from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.runtime.executors import refuse_device
+from dsv4_convert.runtime.paths import out_path
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
@@ -78,7 +81,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     refuse_device(executor, device)
     tp, ep = _layout(tp, ep)
     force_progress = report.pop("force_progress")
-    workers = use_device(device, workers)  # refuses (exit 2) before anything is read or written
+    device, workers = use_device(device, workers)  # refuses (exit 2) before anything is read or written
     if (resume or force) and dry_run:
         raise UsageError("--dry-run writes nothing; it cannot be combined with --resume/--force",
                          error_id="usage.flags")
@@ -99,16 +102,31 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         emit(summary, _plan_text(plan, summary), **report)
         return
     result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force,
-                            progress=show_progress(report["quiet"], force_progress), executor=executor)
+                            progress=show_progress(report["quiet"], force_progress), executor=executor, device=device)
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
             f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "
             f"({human_rate(result.bytes_out, result.seconds)}) -> {result.out}")
-    emit(result.as_dict(), text + f"\nnext: dsv4-convert validate {result.out} --against {src}", **report)
+    if ckpt.left_out:  # original/, metal/: folders no engine reads (core/reader.py LEFT_OUT_DIRS)
+        text += f"\nleft out (no engine reads them): {_folders(ckpt.left_out)}"
+    emit({**result.as_dict(), "left_out": list(ckpt.left_out)},
+         text + f"\nnext: dsv4-convert validate {shell_quote(str(out_path(result.out)))} --against "
+         f"{shell_quote(_absolute_source(src))}", **report)
     if result.lost_scales and not report["quiet"]:
         click.echo(f"warning: {result.lost_scales} NVFP4 scale bytes are negative or too small for "
                    f"{tgt.layout_tag} and were zeroed/made positive as the engine would; the originals are "
                    "recorded for marlin-to-source. Run validate to see where.", err=True)
+
+
+def _absolute_source(src: str) -> str:
+    """IN as a path that works from any folder (a Hub repo id stays as typed)."""
+    path = Path(src).expanduser()
+    return str(path.resolve()) if path.exists() else str(src)
+
+
+def _folders(paths) -> str:
+    counts = Counter(p.split("/", 1)[0] for p in paths)
+    return ", ".join(f"{d}/ ({n} file{'s' if n > 1 else ''})" for d, n in sorted(counts.items()))
 
 
 def _plan_summary(plan) -> dict:
@@ -177,7 +195,8 @@ when complete. Everything that is not an FP4 expert is copied byte for byte. MXF
 DeepSeek-V4 NVFP4 checkpoint are packed as MXFP4.""")
 
 mxfp4_to_marlin = click.option(
-    "--w4a8", is_flag=True, help="vLLM's W4A8 layout (MXFP4 weights, FP8 activations; needs --target vllm).",
+    "--w4a8", is_flag=True, help=f"{ENGINES[W4A8_ENGINE].display}'s W4A8 layout (MXFP4 weights, FP8 activations; "
+                                 f"needs --target {W4A8_ENGINE}).",
 )(_command(Quant.MXFP4, "mxfp4-to-marlin", "", "deepseek-ai/DeepSeek-V4-Flash", """Repack MXFP4 experts into Marlin tile order.
 
 IN is a DeepSeek-V4 native checkpoint (MXFP4 experts, FP8 elsewhere) or compressed-tensors

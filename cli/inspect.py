@@ -107,6 +107,7 @@ def summarize(ckpt: Checkpoint) -> dict:
         if ckpt.hf_quant_config is not None else None,
         "excluded_modules": _excluded(ckpt),
         "other_files": list(ckpt.other_files),
+        "left_out": list(ckpt.left_out),  # under original/, metal/: no engine reads them, never copied
     }
 
 

@@ -6,8 +6,9 @@ import click
 
 from dsv4_convert.runtime.device import resolve_device
 from dsv4_convert.validate.kernel_runner import KernelOptions, run_kernel_checks
+from dsv4_convert.validate.kernel_shapes import refuse_unsupported_shapes
 
-__all__ = ["kernel_options", "run_kernel_checks"]
+__all__ = ["kernel_options", "refuse_unsupported_shapes", "run_kernel_checks"]
 
 
 def kernel_options(kernel: bool, experts: str, provider: str, device: str | None) -> KernelOptions | None:

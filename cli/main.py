@@ -34,9 +34,10 @@ import os  # noqa: E402
 import click  # noqa: E402
 
 from dsv4_convert import __version__  # noqa: E402
-from dsv4_convert.cli.report import report_path, write_report  # noqa: E402
+from dsv4_convert.cli.command_paths import guard_command_line, parsed_params  # noqa: E402
+from dsv4_convert.cli.report import write_report  # noqa: E402
 from dsv4_convert.core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
-from dsv4_convert.runtime.paths import check_report_file  # noqa: E402
+from dsv4_convert.runtime.settings import check_environment  # noqa: E402
 
 __all__ = ["cli", "main", "error_object"]
 
@@ -78,6 +79,7 @@ def _register(args: list[str]):
         cli.add_command(command)
 
 
+_params: dict = {}  # the command's parsed parameters (cli/command_paths.py), for the error path
 _signalled: list[int] = []  # signals received: whatever an interrupted import then raises is the interrupt
 
 
@@ -124,7 +126,7 @@ def _fail(e: DsvError, argv: list[str], exit_code: int | None = None):
 
 def _answer(doc: dict, argv: list[str], to_report: bool = True) -> None:
     """An error object to --report FILE and, with --json, to stdout (one object, always)."""
-    report = report_path(argv)
+    report = _params.get("report_file")
     if report and to_report:
         try:
             write_report(report, doc)
@@ -137,11 +139,14 @@ def _answer(doc: dict, argv: list[str], to_report: bool = True) -> None:
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     try:
+        check_environment()  # before numba's import reads NUMBA_NUM_THREADS
         _register(args)  # the heavy imports, under _early_interrupt
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _interrupt)
-        if (report := report_path(args)) and not {"--help", "-h"} & set(args):
-            check_report_file(report, [a for a in args if a != report and not a.startswith("-")])
+        _params.clear()
+        _params.update(parsed_params(cli, args))
+        if not {"--help", "-h"} & set(args):
+            guard_command_line(_params)
         cli.main(args=args, prog_name="dsv4-convert", standalone_mode=False)
     except DsvError as e:
         if os.environ.get("DSV4_DEBUG"):

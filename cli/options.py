@@ -8,10 +8,10 @@ import re
 import click
 
 from dsv4_convert.cli.report import progress_option, report_options
+from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
 from dsv4_convert.runtime.executors import EXECUTORS, ExecutorSpec
 
-__all__ = ["target_options", "run_options", "executor_options", "parse_size", "device_option", "use_device",
-           "FiniteFloat", "SEED"]
+__all__ = ["ACT_DTYPE_CHOICE", "TARGET_CHOICE", "TARGET_HELP", "W4A8_ENGINE", "target_options", "run_options", "executor_options", "parse_size", "device_option", "use_device", "FiniteFloat", "SEED"]
 
 # a seed torch's generator takes (it raises on anything wider than 64 bits)
 SEED = click.IntRange(-(2**63), 2**64 - 1)
@@ -43,11 +43,19 @@ def parse_size(value: str | int | None) -> int | None:
     return int(float(m.group(1)) * factor)
 
 
+# --target and --act-dtype of every command: the choices and the versions in the help come from the
+# engine-facts table (core/engines.py), never typed here
+TARGET_CHOICE = click.Choice(sorted(ENGINES))
+ACT_DTYPE_CHOICE = click.Choice(ACT_DTYPES)
+TARGET_HELP = ", ".join(f"{name} = {ENGINES[name].describe()}" for name in sorted(ENGINES))
+W4A8_ENGINE = next(name for name, facts in ENGINES.items() if facts.w4a8)  # the one engine with a W4A8 Marlin
+
+
 def target_options(fn):
-    fn = click.option("--act-dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True,
+    fn = click.option("--act-dtype", type=ACT_DTYPE_CHOICE, default=ACT_DTYPES[0], show_default=True,
                       help="Activation dtype the server will run with. NVFP4 bytes depend on it; MXFP4 needs bfloat16.")(fn)
-    fn = click.option("--target", type=click.Choice(["sglang", "vllm"]), default="sglang", show_default=True,
-                      help="Engine layout: sglang = `sglang-L2` (SGLang 0.5.23), vllm = `vllm-L4` (vLLM >= 0.20).")(fn)
+    fn = click.option("--target", type=TARGET_CHOICE, default=DEFAULT_ENGINE, show_default=True,
+                      help=f"Engine layout: {TARGET_HELP}.")(fn)
     return fn
 
 
@@ -71,17 +79,15 @@ def device_option(fn):
                              "the GPU; disk I/O then bounds the run). No usable GPU: exit 2 before any output.")(fn)
 
 
-def use_device(device: str | None, workers: int | None) -> int | None:
-    """Check --device and select it for the transforms; the workers to use (1 on a GPU: CUDA does not
-    survive the fork of a worker pool, and one process keeps the GPU busy)."""
-    from dsv4_convert.convert.cuda_route import set_transform_device
+def use_device(device: str | None, workers: int | None) -> tuple[str | None, int | None]:
+    """Check --device: (the GPU the transforms run on as "cuda:N", or None for the CPU; the workers to
+    use: 1 on a GPU, since CUDA does not survive the fork of a worker pool and one process keeps the GPU
+    busy)."""
     from dsv4_convert.runtime.device import resolve_device
     if (device or "cpu").strip().lower() == "cpu":  # the default: no torch needed to say so
-        set_transform_device(None)
-        return workers
+        return None, workers
     dev = resolve_device(device)
-    set_transform_device(dev)
-    return workers if dev.type == "cpu" else 1
+    return (None, workers) if dev.type == "cpu" else (str(dev), 1)
 
 
 def executor_options(fn):

@@ -6,8 +6,9 @@ import sys
 
 import click
 
-from dsv4_convert.cli.options import FiniteFloat
+from dsv4_convert.cli.options import ACT_DTYPE_CHOICE, TARGET_CHOICE, TARGET_HELP, FiniteFloat
 from dsv4_convert.cli.report import emit, report_options
+from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.serving.launch import make_plan, shape_from_checkpoint
@@ -34,10 +35,10 @@ cannot be written, 130 interrupted. With --json, one JSON object on every path (
 @click.option("--gpu-mem-gib", default=96.0, show_default=True, type=FiniteFloat(min=1),
               help="memory per GPU in GiB, at least 1 (RTX PRO 6000: 96)")
 @click.option("--arch", type=click.Choice(["sm_120", "sm_90", "sm_100"]), default="sm_120", show_default=True)
-@click.option("--target", type=click.Choice(["sglang", "vllm"]), default=None, help="engine  [default: sglang]")
-@click.option("--engine", type=click.Choice(["sglang", "vllm"]), default=None, hidden=True,
+@click.option("--target", type=TARGET_CHOICE, default=None, help=f"engine: {TARGET_HELP}  [default: {DEFAULT_ENGINE}]")
+@click.option("--engine", type=TARGET_CHOICE, default=None, hidden=True,
               help="deprecated spelling of --target (removed in the next release)")
-@click.option("--act-dtype", type=click.Choice(["bfloat16", "float16"]), default="bfloat16", show_default=True)
+@click.option("--act-dtype", type=ACT_DTYPE_CHOICE, default=ACT_DTYPES[0], show_default=True)
 @report_options
 def plan(path, gpus, gpu_mem_gib, arch, target, engine, act_dtype, as_json, report_file, quiet):
     if engine is not None:
@@ -47,6 +48,6 @@ def plan(path, gpus, gpu_mem_gib, arch, target, engine, act_dtype, as_json, repo
         click.echo("warning: --engine is deprecated and will be removed in the next release; use --target", err=True)
     ckpt = open_checkpoint(path)  # unreadable: main() answers exit 2, plan's class as validate's
     result = make_plan(shape_from_checkpoint(ckpt), gpus=gpus, gpu_mem_gib=gpu_mem_gib, arch=arch,
-                       engine=target or engine or "sglang", act_dtype=act_dtype, path=str(path))
+                       engine=target or engine or DEFAULT_ENGINE, act_dtype=act_dtype, path=str(path))
     emit(result.to_json(), result.render_text(), as_json=as_json, report_file=report_file, quiet=False)
     sys.exit(0 if result.chosen is not None else 1)

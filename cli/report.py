@@ -14,9 +14,9 @@ import sys
 
 import click
 
-from dsv4_convert.core.errors import OutputError
+from dsv4_convert.runtime.side_files import write_side_file
 
-__all__ = ["report_options", "progress_option", "show_progress", "emit", "write_report", "report_path"]
+__all__ = ["report_options", "progress_option", "show_progress", "emit", "write_report"]
 
 
 def report_options(fn):
@@ -41,14 +41,10 @@ def show_progress(quiet: bool, force_progress: bool) -> bool:
 
 
 def write_report(path: str, doc: dict) -> None:
-    """Write `doc` to `path` whole, or raise `report.not_writable` (the input and OUT are never touched)."""
-    try:
-        with open(path, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
-    except OSError as e:
-        raise OutputError(f"cannot write the report {path}: {e.strerror or e}", error_id="report.not_writable",
-                          file=path, hint="choose a --report FILE on a writable disk with free space") from None
+    """Write `doc` to `path` whole (runtime/side_files.py: never onto or into an input or OUT, never in
+    place), or raise `report.not_writable` / `report.inside_checkpoint`."""
+    data = (json.dumps(doc, indent=2) + "\n").encode()
+    write_side_file(path, "report", lambda f: f.write(data))
 
 
 def emit(doc: dict, text: str | None, *, as_json: bool, report_file: str | None, quiet: bool) -> None:
@@ -60,13 +56,3 @@ def emit(doc: dict, text: str | None, *, as_json: bool, report_file: str | None,
         click.echo(json.dumps(doc, indent=2))
     if text and not quiet:
         click.echo(text, err=as_json)
-
-
-def report_path(argv: list[str]) -> str | None:
-    """--report FILE as given on the command line (main() writes the error object there too)."""
-    for i, arg in enumerate(argv):
-        if arg == "--report" and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith("--report="):
-            return arg.split("=", 1)[1]
-    return None

@@ -6,9 +6,10 @@ import sys
 
 import click
 
-from dsv4_convert.cli.kernel_opts import kernel_options, run_kernel_checks
-from dsv4_convert.cli.options import SEED, executor_options
+from dsv4_convert.cli.kernel_opts import kernel_options, refuse_unsupported_shapes, run_kernel_checks
+from dsv4_convert.cli.options import ACT_DTYPE_CHOICE, SEED, TARGET_CHOICE, TARGET_HELP, W4A8_ENGINE, executor_options
 from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
+from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE
 from dsv4_convert.runtime.executors import refuse_device
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.runner import Unreadable
@@ -42,10 +43,11 @@ def _fraction(ctx, param, value):
                     "and a GEMM spot check. Full by default (every block of every expert)." + EXAMPLES)
 @click.argument("path")
 @click.option("--against", "against", metavar="SRC", help="reference source checkpoint: compare byte for byte")
-@click.option("--target", type=click.Choice(["sglang", "vllm"]), default=None,
-              help="engine that will serve it [default: sglang, or what a converted checkpoint records]")
-@click.option("--act-dtype", type=click.Choice(["bfloat16", "float16"]), default=None,
-              help="activation dtype [default: bfloat16, or what a converted checkpoint records]")
+@click.option("--target", type=TARGET_CHOICE, default=None,
+              help=f"engine that will serve it: {TARGET_HELP} [default: {DEFAULT_ENGINE}, or what a converted "
+                   "checkpoint records]")
+@click.option("--act-dtype", type=ACT_DTYPE_CHOICE, default=None,
+              help=f"activation dtype [default: {ACT_DTYPES[0]}, or what a converted checkpoint records]")
 @click.option("--w4a8", is_flag=True, help="MXFP4 with FP8 activations (vLLM only)")
 @click.option("--tp", default=None, type=click.IntRange(min=1),
               help="tensor-parallel size [default: 1, or the tp_layout a --tp conversion records]")
@@ -83,12 +85,15 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
     if tp % ep:
         raise click.BadParameter(f"--ep {ep} must divide --tp {tp} (the MoE runs with TP / EP per expert)",
                                  param_hint="--ep")
-    if w4a8 and target not in (None, "vllm"):
-        raise click.BadParameter("W4A8 exists only in vLLM's Marlin; drop --w4a8 or use --target vllm",
-                                 param_hint="--w4a8")
-    opts = Options(engine=target or ("vllm" if w4a8 else "sglang"), act_dtype=act_dtype or "bfloat16", w4a8=w4a8,
+    if w4a8 and target not in (None, W4A8_ENGINE):
+        raise click.BadParameter(f"W4A8 exists only in {W4A8_ENGINE}'s Marlin; drop --w4a8 or use --target "
+                                 f"{W4A8_ENGINE}", param_hint="--w4a8")
+    opts = Options(engine=target or (W4A8_ENGINE if w4a8 else DEFAULT_ENGINE), act_dtype=act_dtype or ACT_DTYPES[0],
+                   w4a8=w4a8,
                    tp=tp, ep=ep, sample=sample, gemm_experts=gemm_experts, seed=seed, engine_requested=target,
                    act_dtype_requested=act_dtype, verify_manifest=not skip_manifest, layout_requested=layout_requested)
+    if kernel:  # a shape the engine's kernel cannot run is refused before any work, GPU or not
+        refuse_unsupported_shapes(path, opts, against)
     kernel_opts = kernel_options(kernel, kernel_experts, kernel_provider, device)
     try:
         report = run_validation(path, opts, against=against, workers=workers or 1,
@@ -97,9 +102,9 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
         raise e.error from None  # main() maps it: exit 2 for validate, its JSON object with --json
     if kernel_opts is not None:
         run_kernel_checks(path, opts, report, against=against, kopts=kernel_opts)
-    emit(report.to_json(strict=strict), report.render_text(strict=strict, quiet=quiet), as_json=as_json,
-         report_file=report_file, quiet=False)  # the findings are validate's result: -q keeps them
-    if plot_file:
+    if plot_file:  # before the report: a plot that fails is then the one error object under --json
         from dsv4_convert.validate.plot import plot_report
         click.echo(plot_report(report, plot_file), err=True)
+    emit(report.to_json(strict=strict), report.render_text(strict=strict, quiet=quiet), as_json=as_json,
+         report_file=report_file, quiet=False)  # the findings are validate's result: -q keeps them
     sys.exit(report.exit_code(strict=strict))

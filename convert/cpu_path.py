@@ -12,27 +12,24 @@ source format (DSV4_CONVERT_TORCH_ROUTE=1 forces the torch route)."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from dsv4_convert.convert.cuda_route import transform_device
 from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
 from dsv4_convert.formats.constants import E4M3_NAN_BYTES, E8M0_NAN
 from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.marlin_words import a16_forward
 from dsv4_convert.formats.scale_tables import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table
+from dsv4_convert.runtime.settings import TORCH_ROUTE_ENV, env_flag
 
 __all__ = ["TORCH_ROUTE_ENV", "convert_on_cpu"]
 
-TORCH_ROUTE_ENV = "DSV4_CONVERT_TORCH_ROUTE"  # "1": every projection takes the torch route (tests compare)
 _NAN_BYTES = {Quant.NVFP4: list(E4M3_NAN_BYTES), Quant.MXFP4: [E8M0_NAN]}
 
 
 def _routable(p: Projection, target) -> bool:
     """Whether this module converts `p` (else the torch route does)."""
-    if os.environ.get(TORCH_ROUTE_ENV) == "1" or transform_device() is not None:  # --device cuda
+    if env_flag(TORCH_ROUTE_ENV, False):
         return False
     if target.w4a8 or p.marlin_global is not None:
         return False
@@ -43,31 +40,34 @@ def _routable(p: Projection, target) -> bool:
 
 def _rows(reader, ref, p: Projection) -> np.ndarray:
     """The projection's [N, bytes per row] slab of `ref`: the whole tensor, or for stacked sources
-    (gpt-oss) expert `expert_index`'s rows row_start::row_step (gate/up are interleaved)."""
+    (gpt-oss, Llama-4) expert `expert_index`'s rows `p.rows`, after the transpose of a K-major stack."""
     if p.expert_index is None:
         return reader.array(ref).reshape(p.n, -1)
     slab = reader.expert_array(ref, p.expert_index)
-    return np.ascontiguousarray(slab.reshape(-1, slab.size // ref.shape[1])[p.row_start::p.row_step])
+    slab = slab.reshape(ref.shape[1], -1).T if p.k_major else slab.reshape(-1, slab.size // ref.shape[1])
+    return np.ascontiguousarray(slab[p.rows])
 
 
-def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float) -> dict[str, np.ndarray] | None:
+def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, *,
+                   threads: int | None = None) -> dict[str, np.ndarray] | None:
     """One projection -> its output parts as numpy arrays (named as plan._projection_outputs names
-    them), or None when the torch route must convert it (see the module docstring)."""
+    them), or None when the torch route must convert it (see the module docstring). The weight repack
+    runs on `threads` threads."""
     if not _routable(p, target):
         return None
     scale = _rows(reader, p.scale, p)
     present = byte_presence(scale.reshape(-1))  # one pass: the NaN and the exactness tests below
     if present[_NAN_BYTES[p.quant]].any():
         return None
-    if p.quant is Quant.NVFP4 and (present & inexact_bytes(target.engine, sf)).any():
+    if p.quant is Quant.NVFP4 and (present & inexact_bytes(clamp=target.clamps_scales, sf=sf)).any():
         return None
     weight = _rows(reader, p.weight, p)
     n, k2 = weight.shape
-    parts = {"weight": a16_forward(weight.reshape(-1), n, k2)}
+    parts = {"weight": a16_forward(weight.reshape(-1), n, k2, threads=threads)}
     if p.quant is Quant.MXFP4:
         parts["weight_scale"] = permute_scales(scale.reshape(1, n, -1))
         return parts
-    parts["weight_scale"] = permute_scales(scale.reshape(1, n, -1), table=s0e5m3_table(target.engine, sf))
+    parts["weight_scale"] = permute_scales(scale.reshape(1, n, -1), table=s0e5m3_table(clamp=target.clamps_scales, sf=sf))
     g = reader.array(p.global_scale).view(np.float32)
     if fmt is SourceFormat.NVFP4_CT:  # a divisor: the ModelOpt multiplier is 1 / max, in float32
         g = np.float32(1.0) / g.max()
@@ -76,6 +76,6 @@ def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float) 
     g = np.asarray(g, dtype=np.float32).reshape(())
     if not (np.isfinite(g) and g > 0):
         return None  # the torch route raises the error
-    parts["weight_global_scale"] = global_to_marlin(g, engine=target.engine, act_dtype=target.act_dtype, sf=sf)
+    parts["weight_global_scale"] = global_to_marlin(g, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf)
     parts["weight_scale_2"] = g
     return parts

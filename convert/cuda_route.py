@@ -1,20 +1,9 @@
 """`--device cuda[:N]`: the converter's transforms on a GPU (formats/marlin_torch.py), byte-identical
-to the CPU routes. The device is chosen once per run by the converter CLI."""
+to the CPU routes. The device travels as a job argument (convert/pipeline.py run_conversion's `device`)."""
 
 from __future__ import annotations
 
-__all__ = ["set_transform_device", "transform_device", "convert_projection_on"]
-
-_TRANSFORM_DEVICE = None  # set by the converter CLI for --device; the transforms run in this process
-
-
-def set_transform_device(dev) -> None:
-    global _TRANSFORM_DEVICE
-    _TRANSFORM_DEVICE = None if dev is None or dev.type == "cpu" else dev
-
-
-def transform_device():
-    return _TRANSFORM_DEVICE
+__all__ = ["convert_projection_on"]
 
 
 def convert_projection_on(dev, p, weight, scale, global_scale, *, target, sf: float = 1.0) -> dict:
@@ -27,7 +16,7 @@ def convert_projection_on(dev, p, weight, scale, global_scale, *, target, sf: fl
     if p.quant is Quant.NVFP4:
         q, ms = nvfp4_to_marlin_t(w, s, target=target, sf=sf)
         g = global_scale.float().reshape(())
-        processed = nvfp4_global_to_marlin(g, engine=target.engine, act_dtype=target.act_dtype, sf=sf)
+        processed = nvfp4_global_to_marlin(g, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf)
         return {"weight": q.cpu(), "weight_scale": ms.cpu(), "weight_global_scale": processed, "weight_scale_2": g}
     q, ms = mxfp4_to_marlin_t(w, s, target=target)
     return {"weight": q.cpu(), "weight_scale": ms.cpu()}

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-import os
-import signal
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -26,16 +24,15 @@ from dsv4_convert.core.reader import TensorReader
 from dsv4_convert.core.rescale import stack_rescale_factors
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
 from dsv4_convert.core.units import human_size
-from dsv4_convert.formats.marlin_words import kernel_threads
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir, job_threads
 from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
-from dsv4_convert.runtime.profiling import mark, profiled_job
+from dsv4_convert.runtime.paths import staging_path
+from dsv4_convert.runtime.profiling import mark, profile_dir, profiled_job
+from dsv4_convert.runtime.side_files import protect
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers"]
-
-_KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: "n" SIGKILLs this process at the n-th step, "n:INT" sends SIGINT
 
 
 @dataclass
@@ -57,16 +54,11 @@ class ConvertResult:
         return d
 
 
-# -- crash hook (tests kill the converter at chosen points to prove resume is safe) ------------
-_steps = 0
-
-
+# -- the step points ---------------------------------------------------------------------------
 def _step() -> None:
-    global _steps
-    _steps += 1
-    at, _, sig = os.environ.get(_KILL_ENV, "").partition(":")
-    if at and _steps == int(at):
-        os.kill(os.getpid(), signal.SIGINT if sig == "INT" else signal.SIGKILL)
+    """One unit of work done (a tensor written, a finalize stage). Nothing happens here in a run; the
+    crash tests replace this function (tests/hooks/sitecustomize.py) to kill the run at a chosen step
+    and prove that --resume is safe, so no test switch is read from the environment by shipped code."""
 
 
 # -- worker side ---------------------------------------------------------------------------------
@@ -76,14 +68,17 @@ def _report(nbytes: int, callback=None) -> None:
 
 
 def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
-                 metadata: dict, callback=None) -> tuple[str, str, int]:
+                 metadata: dict, device: str | None, callback=None) -> tuple[str, str, int]:
+    """One shard, in a worker. `device`: "cuda:N" for --device cuda, else None (the CPU, the repack on
+    job_threads(): 1 in a pool worker, else the cores)."""
     freeze_imports()
-    with kernel_threads(job_threads()), profiled_job(shard.file):  # 1 in a pool worker, else the cores
-        return _write_shard_job(root, fmt, target, shard, tmp_path, rescale, metadata, callback)
+    with profiled_job(shard.file):
+        return _write_shard_job(root, fmt, target, shard, tmp_path, rescale, metadata, device, callback)
 
 
 def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
-                     metadata: dict, callback=None) -> tuple[str, str, int]:
+                     metadata: dict, device: str | None, callback=None) -> tuple[str, str, int]:
+    threads = job_threads()
     keep_buffers()
     with TensorReader(Path(root)) as reader:
         # no fsync per shard: --resume re-hashes every recorded shard, and publish fsyncs everything
@@ -102,7 +97,7 @@ def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp
                     if current != p.key:  # a projection's outputs are consecutive: convert it once
                         current = p.key
                         parts = _convert(reader, p, fmt, target, rescale.get(f"{p.container}.{p.stack}", 1.0),
-                                         o.tiles, lost, _planned(shard.tensors, i))
+                                         o.tiles, lost, _planned(shard.tensors, i), device, threads)
                     writer.write(o.spec.name, parts[o.part])
                 _report(o.spec.nbytes, callback)
             sha, size = writer.close()
@@ -124,19 +119,19 @@ def _planned(tensors, i: int) -> dict:
 
 
 def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float, tiles, lost: dict,
-             planned: dict) -> dict:
+             planned: dict, device: str | None, threads: int) -> dict:
     """One projection's output parts (buffers of their planned bytes): the numpy route where it
     applies (convert/cpu_path.py), else the torch route, which checks each part's dtype and shape
     against `planned` and adds to `lost` the scale bytes the target cannot represent. torch is
     imported only when the torch route is taken."""
-    parts = convert_on_cpu(reader, p, fmt, target, sf) if tiles is None else None
+    parts = convert_on_cpu(reader, p, fmt, target, sf, threads=threads) if tiles is None and device is None else None
     if parts is not None:
         return parts
     import torch
 
     from dsv4_convert.convert.transform import convert_with_torch
     torch.set_num_threads(1)  # its small ops only wake OpenMP threads that spin (the repack has its own)
-    return convert_with_torch(reader, p, fmt, target, sf, tiles, lost, planned)
+    return convert_with_torch(reader, p, fmt, target, sf, tiles, lost, planned, device=device, threads=threads)
 
 
 def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> dict[str, float]:
@@ -146,10 +141,15 @@ def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> di
 
 # -- parent side ---------------------------------------------------------------------------------
 def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, resume: bool = False,
-                   force: bool = False, progress: bool = True, executor: ExecutorSpec = ExecutorSpec()) -> ConvertResult:
+                   force: bool = False, progress: bool = True, executor: ExecutorSpec = ExecutorSpec(),
+                   device: str | None = None) -> ConvertResult:
+    """Convert `plan` into `out`. `device`: "cuda:N" runs the transforms on that GPU (one local worker:
+    cli/options.py use_device), None on the CPU."""
     start = time.perf_counter()
     freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
+    protect([ckpt.root, out, staging_path(Path(out))])  # side files (profiles) stay off them
+    profile_dir()  # refused before any work when it points into them
     staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root, fence=RunDir.fence)
     pool = None
     run = RunDir(staging.path)
@@ -167,7 +167,8 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         mark("rescale")
         meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,
                 "format_version": str(FORMAT_VERSION), "marlin_layout": plan.target.layout_tag}
-        args = [(str(ckpt.root), ckpt.format, plan.target, s, str(run.tmp(s.file)), rescale, meta) for s in todo]
+        args = [(str(ckpt.root), ckpt.format, plan.target, s, str(run.tmp(s.file)), rescale, meta, device)
+                for s in todo]
         pool.map(_write_shard, args, lambda r: _hand_over(run, staging, *r), reports_progress=True,
                  job_bytes=[s.nbytes for s in todo])
         mark("shards")
@@ -176,7 +177,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         run.remove()
         lost = finalize(plan, staging, rescale, step=_step)
         mark("finalize")
-        staging.publish()
+        staging.publish(step=_step)
         mark("publish")
     except BaseException as e:
         if pool:

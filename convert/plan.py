@@ -13,7 +13,6 @@ from dsv4_convert.convert.safetensors_writer import TensorSpec
 from dsv4_convert.core.engines import FORMAT_VERSION, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.naming import family_of
-from dsv4_convert.core.rescale import rescales
 from dsv4_convert.core.structure import RULES as STRUCTURE_RULES
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.target import MarlinTarget
@@ -30,11 +29,10 @@ from dsv4_convert.formats.constants import MARLIN_TILE_K
 from dsv4_convert.formats.padded_layout import padded_nk, rank_nk
 from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
 
-__all__ = ["check_structure", "refuse_converted", "check_source", "check_servable", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
+__all__ = ["check_structure", "refuse_converted", "check_source", "check_servable", "kept_input_name", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
            "build_plan", "FORMAT_VERSION",
            "serving_layouts", "layout_tiles"]
 
-_GLOBAL_DTYPE = {"float16": "F16", "bfloat16": "BF16"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +103,7 @@ def _projection_outputs(p: Projection, fmt: SourceFormat, target: MarlinTarget,
                              (k // g, n)), projection=p, part="weight_scale", tiles=tiles),
     ]
     if p.quant is Quant.NVFP4:
-        gdt = "F32" if target.engine == "vllm" else _GLOBAL_DTYPE[target.act_dtype]
-        out.append(OutTensor(TensorSpec(f"{p.key}.weight_global_scale", gdt, ()), projection=p,
+        out.append(OutTensor(TensorSpec(f"{p.key}.weight_global_scale", target.global_dtype, ()), projection=p,
                              part="weight_global_scale", tiles=tiles))
         if fmt is SourceFormat.NVFP4_CT:
             out.append(OutTensor(TensorSpec(f"{p.key}.weight_scale_2", "F32", ()), projection=p, part="weight_scale_2",
@@ -115,8 +112,14 @@ def _projection_outputs(p: Projection, fmt: SourceFormat, target: MarlinTarget,
         else:
             out.append(_keep(p, p.global_scale, f"{p.key}.weight_scale_2"))
         if p.input_scale is not None:
-            out.append(_keep(p, p.input_scale, p.input_scale.name))
+            out.append(_keep(p, p.input_scale, kept_input_name(p)))
     return out
+
+
+def kept_input_name(p: Projection) -> str:
+    """Where the converted checkpoint keeps a projection's input scale: under its own name, or for a stacked
+    source (one input scale for all experts of the stack) a copy per projection, `P.input_scale`."""
+    return p.input_scale.name if p.expert_index is None else f"{p.key}.input_scale"
 
 
 def _keep(p: Projection, ref: TensorRef, name: str) -> OutTensor:
@@ -271,7 +274,7 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
                 emitted.add(p.key)
                 items.extend((t.file, o) for o in _projection_outputs(p, ckpt.format, target, pads.get(p.container)))
     shards = _mirror_shards(items) if max_shard_size is None else _pack_shards(items, max_shard_size)
-    needs_rescale = rescales(target.engine, target.act_dtype) and any(p.quant is Quant.NVFP4 for p in ckpt.projections)
+    needs_rescale = target.rescales and any(p.quant is Quant.NVFP4 for p in ckpt.projections)
     opts = dict(options or {}, max_shard_size=max_shard_size)
     if tp is not None:  # part of the resume fingerprint: --resume with another --tp/--ep refuses
         opts.update(tp=tp, ep=ep)

@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 
 from dsv4_convert.convert.lost_record import bad_record, check_lost_record, restore_lost
 from dsv4_convert.convert.pipeline import _report
+from dsv4_convert.convert.plan import kept_input_name
 from dsv4_convert.convert.transform import scale_round_trip
 from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.files import (
@@ -39,6 +40,7 @@ from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.index import read_weight_map
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
+from dsv4_convert.core.small_files import read_small
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
@@ -46,6 +48,7 @@ from dsv4_convert.formats.padded_layout import decode_rank_blocks, padded_nk, re
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
+from dsv4_convert.runtime.paths import record_name_ok
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
@@ -102,7 +105,7 @@ def _decode(reader, cp: Projection, job: _Job) -> dict[str, torch.Tensor]:
                                hint="the converted checkpoint was edited or not written by dsv4-convert; convert "
                                     "again from the source")
     if cp.quant is Quant.NVFP4:
-        restore_lost(scale, cp.key, job.lost, scale_round_trip(job.target.engine, sf), Path(job.root) / SOURCE_DIR / LOST)
+        restore_lost(scale, cp.key, job.lost, scale_round_trip(job.target.clamps_scales, sf), Path(job.root) / SOURCE_DIR / LOST)
     return {"weight": weight.view(torch.uint8), "scale": scale.view(torch.uint8)}
 
 
@@ -114,8 +117,9 @@ def _assemble(reader, ref: TensorRef, uses, job: _Job) -> bytes:
     stacked = np.zeros(ref.nbytes, dtype=np.uint8).reshape(ref.shape[0], -1)  # [E, ...] stacks
     for sp, part in uses:
         t = _decode(reader, job.converted[sp.key], job)[part].numpy()
-        rows = stacked[sp.expert_index].reshape(ref.shape[1], -1)
-        rows[sp.row_start::sp.row_step] = t.reshape(t.shape[0], -1)
+        slab = stacked[sp.expert_index]
+        rows = slab.reshape(ref.shape[1], -1).T if sp.k_major else slab.reshape(ref.shape[1], -1)
+        rows[sp.rows] = t.reshape(t.shape[0], -1)  # a K-major stack: written through the transposed view
     return stacked.tobytes()
 
 
@@ -162,8 +166,7 @@ def _load_record(root: Path):
     shards = {}  # file -> (the 8-byte length + header bytes, its tensors), parsed once
     for file, text in recorded.items():
         # a name from the record becomes a path under OUT: a plain shard name only, never ../ or a dir
-        if not (isinstance(text, str) and file.endswith(".safetensors") and Path(file).name == file
-                and file not in (".", "..")):
+        if not (isinstance(text, str) and file.endswith(".safetensors") and record_name_ok(file)):
             bad_record(sdir / SOURCE_HEADERS, f"entry {file!r} is not a shard name -> header text pair")
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw
@@ -194,7 +197,7 @@ def _index_agrees(sdir: Path, shards: dict) -> None:
 
 def _record_json(path: Path, kind: type):
     try:
-        obj = json.loads(path.read_bytes())
+        obj = json.loads(read_small(path))
     except (OSError, ValueError, RecursionError) as e:
         bad_record(path, f"not readable JSON ({e})")
     if not isinstance(obj, kind):
@@ -262,6 +265,8 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         decoded_by.setdefault(sp.scale.name, []).append((sp, "scale"))
         if sp.global_scale is not None:
             kept_as[sp.global_scale.name] = f"{sp.key}.{'ct_weight_global_scale' if fmt is SourceFormat.NVFP4_CT else 'weight_scale_2'}"
+        if sp.input_scale is not None:
+            kept_as[sp.input_scale.name] = kept_input_name(sp)
     converted = {p.key: p for p in ckpt.projections}
     check_lost_record(lost, ckpt.root / SOURCE_DIR / LOST, {k for k, p in converted.items() if p.quant is Quant.NVFP4})
     used = {sp.key for uses in decoded_by.values() for sp, _ in uses}

@@ -4,7 +4,7 @@ check that the plugin took over (facts from dsv4_convert.serving.config, which i
 from __future__ import annotations
 
 from dsv4_convert.convert.plan import ConvertPlan
-from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line
+from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
 from dsv4_convert.core.tensor_model import Quant
 
 __all__ = ["serving_markdown"]
@@ -17,9 +17,10 @@ def serving_markdown(plan: ConvertPlan, out_name: str) -> str:
     nvfp4 = any(p.quant is Quant.NVFP4 for p in plan.projections)
     flag = ENGINES[t.engine].moe_backend_flag
     launch = launch_command(t.engine, out_name, tp=tp, ep=ep, act_dtype=t.act_dtype)
-    scales = ("S0E5M3 bytes (x128, a power-of-two rescale per stacked tensor in bf16, values below 2 "
-              "clamped to 0) with an fp32 global" if t.engine == "vllm" else
-              "S0E5M3 bytes (x128, no rescale, no clamp) with the global in the activation dtype")
+    rules = ["x128", "a power-of-two rescale per stacked tensor in bf16" if t.facts.rescale else "no rescale",
+             "values below 2 clamped to 0" if t.clamps_scales else "no clamp"]
+    scales = (f"S0E5M3 bytes ({', '.join(rules)}) with "
+              + ("an fp32 global" if t.fp32_global else "the global in the activation dtype"))
     return f"""# Serving this checkpoint on sm_120 (RTX PRO 6000, RTX 5090)
 
 Converted by dsv4-convert from a `{plan.checkpoint.format.value}` checkpoint. The routed-expert weights
@@ -35,7 +36,8 @@ Force it with `{flag}`, so that the engine does not auto-select a backend that f
 1. Install the plugin into the server's environment: `pip install dsv4-convert`. It registers the
    `{QUANT_METHOD}` quantization method through the engine's plugin entry point. Pass no
    `--quantization` flag: the engine reads `quant_method: {QUANT_METHOD}` from config.json.
-2. Start {t.engine} (the layout tag is checked at load; a checkpoint for the other engine is refused):
+2. Start {t.engine} in the folder that holds this checkpoint's folder (elsewhere, give its absolute path;
+   the layout tag is checked at load; a checkpoint for the other engine is refused):
 
        {launch}
 
@@ -47,7 +49,7 @@ Force it with `{flag}`, so that the engine does not auto-select a backend that f
 
 An engine without the plugin refuses this checkpoint (`{QUANT_METHOD}` is unknown to it) instead of
 repacking the packed bytes a second time. To get the original checkpoint back, run
-`dsv4-convert marlin-to-source {out_name} ORIGINAL`.
+`dsv4-convert marlin-to-source {shell_quote(out_name)} ORIGINAL`.
 
 ## What `{t.layout_tag}` means
 NVFP4 block scales are {scales}. MXFP4 scales are permuted E8M0 bytes. The exact layout is in

@@ -7,7 +7,7 @@ import functools
 import numpy as np
 import torch
 
-from dsv4_convert.convert.cuda_route import convert_projection_on, transform_device
+from dsv4_convert.convert.cuda_route import convert_projection_on
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.reader import TensorReader, load_projection
 from dsv4_convert.core.target import MarlinTarget
@@ -30,27 +30,31 @@ __all__ = ["convert_projection", "convert_with_torch", "lost_scales", "scale_rou
 
 
 def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
-                       *, target: MarlinTarget, sf: float = 1.0, tiles: RankTiles | None = None) -> dict[str, torch.Tensor]:
+                       *, target: MarlinTarget, sf: float = 1.0, tiles: RankTiles | None = None,
+                       device: str | None = None, threads: int | None = None) -> dict[str, torch.Tensor]:
     """Source tensors (weight u8 [N, K/2], scale [N, K/g], ModelOpt global or None) -> output parts
     named as in plan._projection_outputs: weight, weight_scale, and for NVFP4 weight_global_scale and
     weight_scale_2 (the ModelOpt-convention global, stored for compressed-tensors sources).
-    With `tiles` (a container the engine pads at the --tp/--ep split), the padded per-rank layout."""
+    With `tiles` (a container the engine pads at the --tp/--ep split), the padded per-rank layout.
+    `device` ("cuda:N", from --device): the transforms run there; else on the CPU, the weight repack on
+    `threads` threads."""
     _refuse_nan_scales(p, scale)
     if tiles is not None:
-        return _convert_padded(p, weight, scale, global_scale, target=target, sf=sf, tiles=tiles)
-    if transform_device() is not None:  # --device cuda[:N]: same bytes, computed on the GPU
-        return convert_projection_on(transform_device(), p, weight, scale, global_scale, target=target, sf=sf)
+        return _convert_padded(p, weight, scale, global_scale, target=target, sf=sf, tiles=tiles, device=device,
+                               threads=threads)
+    if device is not None:  # --device cuda[:N]: same bytes, computed on the GPU
+        return convert_projection_on(torch.device(device), p, weight, scale, global_scale, target=target, sf=sf)
     if p.quant is Quant.NVFP4:
-        q, s = nvfp4_to_marlin(weight, scale, target=target, sf=sf)
+        q, s = nvfp4_to_marlin(weight, scale, target=target, sf=sf, threads=threads)
         g = global_scale.float().reshape(())
-        processed = nvfp4_global_to_marlin(g, engine=target.engine, act_dtype=target.act_dtype, sf=sf)
+        processed = nvfp4_global_to_marlin(g, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf)
         return {"weight": q, "weight_scale": s, "weight_global_scale": processed, "weight_scale_2": g}
-    q, s = mxfp4_to_marlin(weight, scale, target=target)
+    q, s = mxfp4_to_marlin(weight, scale, target=target, threads=threads)
     return {"weight": q, "weight_scale": s}
 
 
 def _convert_padded(p: Projection, weight, scale, global_scale, *, target: MarlinTarget, sf: float,
-                    tiles: RankTiles) -> dict[str, torch.Tensor]:
+                    tiles: RankTiles, device: str | None, threads: int | None) -> dict[str, torch.Tensor]:
     """Each MoE-TP rank's source slice, zero-padded in source space to the engine's per-rank sizes
     (what vLLM's torch.zeros parameters hold before the repack), through the same codec as an
     unpadded projection; the rank blocks concatenated in rank order (formats/padded_layout.py).
@@ -61,7 +65,8 @@ def _convert_padded(p: Projection, weight, scale, global_scale, *, target: Marli
     blocks = []
     for w, s in source_rank_blocks(weight, scale, down=down, t=tiles):
         w, s = pad(w.contiguous(), s.contiguous(), target=target, n_pad=n_pad, k_pad=k_pad)
-        blocks.append(convert_projection(p, w.contiguous(), s.contiguous(), global_scale, target=target, sf=sf))
+        blocks.append(convert_projection(p, w.contiguous(), s.contiguous(), global_scale, target=target, sf=sf,
+                                         device=device, threads=threads))
     out = dict(blocks[0])
     for part in ("weight", "weight_scale"):
         out[part] = join_rank_blocks((b[part] for b in blocks), down=down)
@@ -82,16 +87,16 @@ def _refuse_nan_scales(p: Projection, scale: torch.Tensor) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def scale_round_trip(engine: str, sf: float) -> np.ndarray:
+def scale_round_trip(clamp: bool, sf: float) -> np.ndarray:
     """[256] uint8: what each E4M3 block scale byte decodes back to after the target's S0E5M3."""
     codes = torch.arange(256, dtype=torch.uint8)
-    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(codes.view(torch.float8_e4m3fn), engine=engine, sf=sf), sf=sf)
+    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(codes.view(torch.float8_e4m3fn), clamp=clamp, sf=sf), sf=sf)
     return back.view(torch.uint8).numpy()
 
 
-def _lossy_bytes(engine: str, sf: float) -> np.ndarray:
+def _lossy_bytes(clamp: bool, sf: float) -> np.ndarray:
     """[256] bool: E4M3 bytes that do not survive the round trip through the target's S0E5M3."""
-    return scale_round_trip(engine, sf) != np.arange(256, dtype=np.uint8)
+    return scale_round_trip(clamp, sf) != np.arange(256, dtype=np.uint8)
 
 
 def _present(b: torch.Tensor) -> np.ndarray:
@@ -104,7 +109,7 @@ def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -
     rescaling, incl. negatives; sglang drops signs): (flat indices into the source [N, K/16] scale,
     their original bytes). Empty for normal checkpoints; stored so that the reverse is exact.
     Whether a byte survives the round trip depends on the byte alone: one 256-entry table."""
-    lossy = _lossy_bytes(target.engine, sf)
+    lossy = _lossy_bytes(target.clamps_scales, sf)
     src = scale.contiguous().view(torch.uint8).reshape(-1)
     if not (lossy & _present(src)).any():  # the normal case: no byte of the scale is lossy
         return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.uint8)
@@ -113,7 +118,8 @@ def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -
 
 
 def convert_with_torch(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float, tiles,
-                       lost: dict, planned: dict) -> dict[str, np.ndarray]:
+                       lost: dict, planned: dict, *, device: str | None = None,
+                       threads: int | None = None) -> dict[str, np.ndarray]:
     """One projection -> its output parts as byte arrays, each checked against its planned TensorSpec
     (`planned`: part -> spec; parts the plan does not write are left out); adds {key.index, key.bytes}
     of the scale bytes the target loses to `lost`. `tiles`: the padded
@@ -121,7 +127,8 @@ def convert_with_torch(reader: TensorReader, p: Projection, fmt: SourceFormat, t
     convert/cpu_path.py does not take."""
     src = load_projection(reader, p, fmt=fmt)
     try:
-        parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf, tiles=tiles)
+        parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf, tiles=tiles,
+                                   device=device, threads=threads)
     except ValueError as e:  # the codecs refuse values the target cannot encode
         raise ContentError(f"{p.key}: {e}", error_id="convert.bad_values", tensor=p.weight.name, file=p.weight.file,
                            hint="run `dsv4-convert validate` on the input for the full list; fix or re-export "

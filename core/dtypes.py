@@ -4,7 +4,7 @@ the torch names into dtypes for the callers that have torch loaded)."""
 
 from __future__ import annotations
 
-__all__ = ["DTYPE_SIZES", "DTYPES", "FP8_DTYPES", "SCALE_DTYPES", "SUB_BYTE_BITS", "WEIGHT_DTYPES"]
+__all__ = ["ACT_DTYPE_NAMES", "DTYPE_SIZES", "DTYPES", "FP8_DTYPES", "SCALE_DTYPES", "SUB_BYTE_BITS", "WEIGHT_DTYPES"]
 
 # safetensors dtype string -> (bytes per element, torch dtype name)
 DTYPES = {
@@ -17,6 +17,7 @@ DTYPES = {
 }
 DTYPE_SIZES = {name: size for name, (size, _) in DTYPES.items()}
 FP8_DTYPES = frozenset(name for name in DTYPES if name.startswith("F8_"))
+ACT_DTYPE_NAMES = {"bfloat16": "BF16", "float16": "F16"}  # activation dtype (torch name) -> safetensors name
 # Sub-byte dtypes: only ever handled as packed bytes (dsv4-convert never writes them)
 SUB_BYTE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 

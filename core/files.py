@@ -3,7 +3,7 @@ publish, marlin-to-source, validate, synth and the path-safety rules all name fi
 
 __all__ = [
     "CONFIG", "HF_QUANT_CONFIG", "INDEX_FILE", "LOCK", "LOST", "LOST_SUFFIX", "MANIFEST", "MARKER", "PROGRESS",
-    "RECORDS", "SERVING_NOTES", "SINGLE_FILE", "SOURCE_DIR", "SOURCE_HEADERS", "STAGING_SUFFIX", "SYNTH_MANIFEST",
+    "RECORDS", "REPLACED", "SERVING_NOTES", "SINGLE_FILE", "SOURCE_DIR", "SOURCE_HEADERS", "STAGING_SUFFIX", "SYNTH_MANIFEST",
 ]
 
 # A Hugging Face checkpoint's own files (read in the source, rewritten in the output)
@@ -24,6 +24,7 @@ STAGING_SUFFIX = ".partial"
 PROGRESS = "dsv4-convert.progress.json"  # fingerprint + finished shards, for --resume
 LOCK = "dsv4-convert.lock"  # keeps two runs apart
 LOST_SUFFIX = ".lost.safetensors"  # per shard, merged into LOST at the end
+REPLACED = ".replaced-"  # publish moves an OUT it replaces into a fresh `<OUT>.replaced-XXXX`, then deletes it
 
 # Other outputs
 MARKER = "dsv4-convert.marker.json"  # marlin-to-source's "dsv4-convert wrote this directory"

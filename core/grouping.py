@@ -186,13 +186,49 @@ def _group_stacked(tensors: Mapping[str, TensorRef]) -> list[Projection]:
     for base, parts in stacks.items():
         parsed = parsed_of[base]
         if parsed.scheme.orientation == K_MAJOR:
-            ref = parts.get("weight") or next(iter(parts.values()))
-            raise ContentError(
-                f"{ref.name}: {parsed.scheme.name} experts (all experts in one K-major tensor) are recognised but "
-                "not convertible yet", error_id="group.unsupported_layout", tensor=ref.name, file=ref.file,
-                hint="serve this checkpoint unconverted; docs/FORMAT.md lists the families dsv4-convert converts")
-        out.extend(_gptoss_projections(parsed, parts))
+            out.extend(_k_major_projections(parsed, parts))
+        else:
+            out.extend(_gptoss_projections(parsed, parts))
     return out
+
+
+def _k_major_projections(parsed: ExpertName, parts: dict[str, TensorRef]) -> list[Projection]:
+    """ModelOpt's stacked NVFP4 experts (Llama-4): weight U8 [E, K/2, R], scale F8_E4M3 [E, K/16, R] with R = 2I
+    (gate rows then up rows) or H (down); one global and one input scale for the whole stack."""
+    weight, scale = parts.get("weight"), parts.get("scale")
+    if weight is None:
+        s = scale or next(iter(parts.values()))
+        raise ContentError(f"{s.name} has no weight ({parsed.prefix} is missing)", error_id="group.scale_without_weight",
+                           tensor=s.name, file=s.file, hint="the checkpoint is incomplete: re-download or re-export it")
+    if scale is None:
+        raise ContentError(f"{weight.name} has no block scale ({parsed.prefix}_weight_scale is missing)",
+                           error_id="group.missing_scale", tensor=weight.name, file=weight.file,
+                           hint="the checkpoint is incomplete: re-download or re-export it")
+    if weight.dtype not in PACKED or len(weight.shape) != 3:
+        raise _shape_error(weight, ["E", "K/2", "rows"], "stacked K-major NVFP4 experts are U8",
+                           error_id="group.weight_shape")
+    e, k2, rows = weight.shape
+    roles = parsed.scheme.roles[parsed.proj]
+    if scale.dtype != "F8_E4M3":
+        raise ContentError(f"{scale.name} is {scale.dtype}; stacked NVFP4 block scales are F8_E4M3",
+                           error_id="group.bad_scale_dtype", tensor=scale.name, file=scale.file,
+                           hint="re-export the checkpoint")
+    g = Quant.NVFP4.group_size
+    if (2 * k2) % g or list(scale.shape) != [e, 2 * k2 // g, rows] or rows % len(roles):
+        raise _shape_error(scale, [e, 2 * k2 // g, rows], f"weight {weight.name} {list(weight.shape)} -> K={2 * k2}; "
+                           f"the scale is [E, K/{g}, rows] with rows split evenly among {len(roles)} roles",
+                           error_id="group.scale_shape")
+    global_scale = _scalar(parts.get("global_scale"), "global scale")
+    if global_scale is None:
+        raise ContentError(f"{weight.name} is NVFP4 but has no global scale ({parsed.prefix}_weight_scale_2)",
+                           error_id="group.missing_global_scale", tensor=weight.name, file=weight.file,
+                           hint="re-export the checkpoint")
+    input_scale = _scalar(parts.get("input_scale"), "input scale")
+    n = rows // len(roles)
+    return [Projection(key=per_expert_key(parsed.container, ex, role), layer=parsed.layer, expert=ex, role=role,
+                       quant=Quant.NVFP4, n=n, k=2 * k2, weight=weight, scale=scale, global_scale=global_scale,
+                       input_scale=input_scale, expert_index=ex, row_start=i * n, k_major=True)
+            for ex in range(e) for i, role in enumerate(roles)]
 
 
 def _gptoss_projections(parsed: ExpertName, parts: dict[str, TensorRef]) -> list[Projection]:

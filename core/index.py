@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dsv4_convert.core.errors import InputError
 from dsv4_convert.core.files import INDEX_FILE
+from dsv4_convert.core.small_files import read_small_text
 from dsv4_convert.core.tensor_model import TensorRef
 
 __all__ = ["check_index", "listing", "natural_key", "read_json", "read_weight_map"]
@@ -19,7 +20,7 @@ _MAX_LISTED = 5
 
 def read_json(path: Path, *, missing_id: str | None, bad_id: str, what: str) -> dict | None:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_small_text(path)
     except FileNotFoundError:
         if missing_id is None:
             return None
@@ -59,6 +60,12 @@ def read_weight_map(root: Path) -> dict[str, str]:
         raise InputError(f"{path} maps tensors to files outside the checkpoint directory: {listing(unsafe)}",
                          error_id="index.unsafe_path", file=str(path),
                          hint="shard names must be relative paths inside the checkpoint; rebuild the index")
+    nested = sorted({f for f in wm.values() if "/" in f or "\\" in f})
+    if nested:  # the output keeps one folder of shards: a/x and b/x would become one file
+        raise InputError(f"{path} maps tensors to shard files in subfolders: {listing(nested)}",
+                         error_id="index.nested_shard", file=str(path),
+                         hint="put every shard beside the index (a Hugging Face checkpoint keeps them in its root) "
+                              "and name them there")
     return wm
 
 

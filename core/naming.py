@@ -92,6 +92,12 @@ SCHEMES: tuple[Scheme, ...] = (
     # community exports write `language_model.model.layers` (the transformers <4.52 module path).
     _per_expert("hf-language-model", ("model.language_model.layers", "language_model.model.layers"), "mlp.experts",
                 _HF_ROLES, "vLLM 0.33 qwen3_5.py, gemma4.py WeightsMapper orig_to_new_prefix"),
+    # Gemma-4 MoE: vLLM 0.33 gemma4.py builds the experts as `{decoder layer}.experts` (a sibling of the dense
+    # `mlp`, routed by `{decoder layer}.router`) and loads `model.language_model.*` through its hf_to_vllm_mapper,
+    # so per-expert names are `model.language_model.layers.L.experts.E.*_proj` (from the module tree; no
+    # released Gemma-4 NVFP4 tensor list was available to confirm it).
+    _per_expert("gemma4", ("model.language_model.layers",), "experts", _HF_ROLES,
+                "vLLM 0.33 gemma4.py Gemma4DecoderLayer (experts, router), routed_experts.py load_weights"),
     # Mixtral and MiniMax-M2.x: `model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.*` (vLLM 0.33 mixtral.py
     # and minimax_m2.py: ckpt_names=("w1", "w2", "w3"); transformers modeling_mixtral.py MixtralBlockSparseTop2MLP).
     _per_expert("block-sparse-moe", ("model.layers",), "block_sparse_moe.experts", _W_ROLES,
@@ -217,7 +223,7 @@ FAMILIES: tuple[Family, ...] = (
            {"mtp.safetensors": "GLM's MTP layer (SGLang loads it for speculative decoding)"}),
     Family("qwen3.5-moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), "hf-language-model",
            "hf-language-model", False, _NOT_PROVEN, "nvidia/Qwen3.6-35B-A3B-NVFP4, RedHatAI Qwen3.5 NVFP4"),
-    Family("gemma4-moe", ("Gemma4ForConditionalGeneration",), "hf-language-model", "hf-language-model", False,
+    Family("gemma4-moe", ("Gemma4ForConditionalGeneration",), "gemma4", "gemma4", False,
            _NOT_PROVEN, "Gemma-4 MoE NVFP4"),
     Family("minimax-m2", ("MiniMaxM2ForCausalLM",), "block-sparse-moe", "block-sparse-moe", False, _NOT_PROVEN,
            "MiniMax-M2.x NVFP4"),

@@ -31,12 +31,28 @@ __all__ = [
     "TensorReader",
     "load_projection",
     "open_checkpoint",
+    "hub_cache_dir",
+    "is_download_metadata",
     "resolve_source",
 ]
 
 # What a hub download fetches: configs, weights, index, tokenizer and docs; never other artefacts.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.txt", "*.model", "*.tiktoken", "*.py", "*.jinja"]
+# Folders no engine reads: `original/` (the release's own-format copy; vLLM 0.33 downloads with
+# ignore_patterns ["original/**/*"]) and gpt-oss's `metal/` (Apple Metal weights). Never fetched, never copied.
+LEFT_OUT_DIRS = ("original", "metal")
+HUB_IGNORE = [f"{d}/*" for d in LEFT_OUT_DIRS]  # fnmatch: `*` crosses `/`, so this is the whole tree
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+
+
+# `hf download --local-dir` keeps its own bookkeeping (locks, metadata) in IN/.cache/huggingface/:
+# not part of the checkpoint, never copied, and free to change while a run reads IN
+_DOWNLOAD_METADATA = (".cache", "huggingface")
+
+
+def is_download_metadata(rel: Path) -> bool:
+    """Whether `rel` (relative to the checkpoint root) is the downloader's bookkeeping, not the checkpoint."""
+    return Path(rel).parts[:2] == _DOWNLOAD_METADATA
 
 
 # ------------------------------------------------------------------------------------------------ source
@@ -61,6 +77,17 @@ def resolve_source(source: str | Path) -> Path:
     return _snapshot(text)
 
 
+def hub_cache_dir(source: str | Path) -> Path | None:
+    """The local Hugging Face cache folder (blobs and snapshots) of a repo id that names no local
+    path, where it exists: what a side file (--report, --plot) must never be written into."""
+    text = str(source)
+    if Path(text).expanduser().exists() or not _REPO_ID.match(text) or text.startswith((".", "~")):
+        return None
+    from huggingface_hub.constants import HF_HUB_CACHE
+    folder = Path(HF_HUB_CACHE) / ("models--" + text.replace("/", "--"))
+    return folder if folder.is_dir() else None
+
+
 def _snapshot(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
@@ -71,12 +98,18 @@ def _snapshot(repo_id: str) -> Path:
     )
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS)).resolve()
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS, ignore_patterns=HUB_IGNORE)).resolve()
     except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as e:
         raise InputError(f"Hugging Face repo {repo_id} was not found or is not accessible "
                          f"({type(e).__name__})", error_id="hub.repo_not_found", file=repo_id,
                          hint="check the spelling; for gated or private repos run `hf auth login` first") from None
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError as e:
+        # huggingface_hub >= 1.x refuses a cached snapshot that lacks files its cached tree listing names
+        # (IncompleteSnapshotError, with the folder); a snapshot cached by vLLM has no README.md or docs, and
+        # what matters is whether everything the engines read is there
+        partial = getattr(e, "snapshot_path", None)
+        if partial and _has_weights(Path(partial)):
+            return Path(partial).resolve()
         offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no", "off")
         raise InputError(f"there is no directory {repo_id} here, and as a Hugging Face repo id it is not in the "
                          "local cache and cannot be downloaded (" + ("HF_HUB_OFFLINE is set)" if offline
@@ -87,6 +120,19 @@ def _snapshot(repo_id: str) -> Path:
     except (OSError, ValueError) as e:
         raise InputError(f"downloading {repo_id} failed: {e}", error_id="hub.download_failed", file=repo_id,
                          hint="retry, or download it with `hf download` and pass the directory") from None
+
+
+def _has_weights(root: Path) -> bool:
+    """config.json and every shard the index names (or model.safetensors) are there."""
+    if not (root / "config.json").is_file():
+        return False
+    if (root / INDEX_FILE).is_file():
+        try:
+            shards = set(read_weight_map(root).values())
+        except InputError:
+            return False
+        return bool(shards) and all((root / f).is_file() for f in shards)
+    return (root / SINGLE_FILE).is_file()
 
 
 # ------------------------------------------------------------------------------------------- checkpoint
@@ -128,11 +174,13 @@ def open_checkpoint(source: str | Path) -> Checkpoint:
     fmt, reason = detect_format(config, hf_quant, tensors)
     projections = group_projections(fmt, config, tensors)
     skip = set(shards) | ({INDEX_FILE} if index_file else set())
-    others = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
-                    if p.is_file() and p.relative_to(root).as_posix() not in skip
-                    and p.relative_to(root).parts[:2] != (".cache", "huggingface"))
+    files = [p.relative_to(root) for p in root.rglob("*") if p.is_file()]
+    files = [f for f in files if f.as_posix() not in skip and not is_download_metadata(f)]
+    others = sorted(f.as_posix() for f in files if f.parts[0] not in LEFT_OUT_DIRS)
+    left_out = sorted(f.as_posix() for f in files if f.parts[0] in LEFT_OUT_DIRS)
     return Checkpoint(root=root, format=fmt, config=config, hf_quant_config=hf_quant, tensors=tensors,
-                      projections=projections, other_files=tuple(others), index_file=index_file,
+                      projections=projections, other_files=tuple(others), left_out=tuple(left_out),
+                      index_file=index_file,
                       format_reason=reason)
 
 
@@ -254,9 +302,11 @@ def load_projection(reader: TensorReader, proj: Projection, *, fmt: SourceFormat
     import torch
 
     from dsv4_convert.formats.nvfp4 import global_from_ct
-    if proj.expert_index is not None:  # one expert's slab of a stacked tensor, then its interleaved rows
-        weight = reader.get_expert(proj.weight, proj.expert_index)[proj.row_start::proj.row_step]
-        scale = reader.get_expert(proj.scale, proj.expert_index)[proj.row_start::proj.row_step]
+    if proj.expert_index is not None:  # one expert's slab of a stacked tensor, then its rows
+        weight, scale = (reader.get_expert(ref, proj.expert_index) for ref in (proj.weight, proj.scale))
+        if proj.k_major:  # [K/2, rows] -> [rows, K/2]: the per-expert layout
+            weight, scale = weight.t(), scale.t()
+        weight, scale = weight[proj.rows].contiguous(), scale[proj.rows].contiguous()
         weight = weight.reshape(weight.shape[0], -1)
     else:
         weight = reader.get(proj.weight)

@@ -15,12 +15,7 @@ from dsv4_convert.core.tensor_model import Projection, Quant
 from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.scale_tables import rescale_factor
 
-__all__ = ["rescales", "stack_key", "stack_rescale_factors"]
-
-
-def rescales(engine: str, act_dtype: str) -> bool:
-    """Whether the target rescales NVFP4 block scales at all (vLLM with bf16 activations)."""
-    return engine == "vllm" and act_dtype == "bfloat16"
+__all__ = ["stack_key", "stack_rescale_factors"]
 
 
 def stack_key(p: Projection) -> str:

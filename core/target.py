@@ -3,14 +3,22 @@
 
 from dataclasses import dataclass
 
-from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, engine_facts, mxfp4_dtype_problem
+from dsv4_convert.core.dtypes import ACT_DTYPE_NAMES
+from dsv4_convert.core.engines import (
+    ACT_DTYPES,
+    DEFAULT_ENGINE,
+    ENGINES,
+    EngineFacts,
+    engine_facts,
+    mxfp4_dtype_problem,
+)
 
 __all__ = ["MarlinTarget"]
 
 
 @dataclass(frozen=True, slots=True)
 class MarlinTarget:
-    engine: str = "sglang"
+    engine: str = DEFAULT_ENGINE
     act_dtype: str = "bfloat16"
     w4a8: bool = False
 
@@ -20,6 +28,30 @@ class MarlinTarget:
             raise ValueError(f"unknown activation dtype {self.act_dtype!r}; choose one of {ACT_DTYPES}")
         if self.w4a8 and not ENGINES[self.engine].w4a8:
             raise ValueError("W4A8 (fp8 activations) exists only in vLLM's Marlin; use engine='vllm'")
+
+    @property
+    def facts(self) -> EngineFacts:
+        return ENGINES[self.engine]
+
+    @property
+    def clamps_scales(self) -> bool:
+        """NVFP4 block scales the target cannot hold become 0 (else |s|): the codecs' `clamp`."""
+        return ENGINES[self.engine].scale_clamp
+
+    @property
+    def rescales(self) -> bool:
+        """Whether NVFP4 block scales get a per-stack rescale factor (needs a planning pass over them)."""
+        return ENGINES[self.engine].rescale and self.act_dtype == "bfloat16"
+
+    @property
+    def fp32_global(self) -> bool:
+        """The processed NVFP4 global is float32 (else the activation dtype): the codecs' `fp32_global`."""
+        return ENGINES[self.engine].fp32_global
+
+    @property
+    def global_dtype(self) -> str:
+        """safetensors dtype of the processed NVFP4 global this target writes."""
+        return "F32" if self.fp32_global else ACT_DTYPE_NAMES[self.act_dtype]
 
     @property
     def layout_tag(self) -> str:

@@ -59,8 +59,8 @@ class TensorRef:
 class Projection:
     """One FP4 expert projection: weight [N, K/2] codes, block scales [N, K/g], optional globals.
 
-    `key` is the common name prefix (`layers.3.ffn.experts.17.w1`). For stacked sources (gpt-oss)
-    `expert_index` selects along dim 0 and `row_start`/`row_step` pick the interleaved gate/up rows.
+    `key` is the common name prefix (`layers.3.ffn.experts.17.w1`). For stacked sources (gpt-oss, Llama-4)
+    `expert_index` selects along dim 0 and `row_start`/`row_step` pick the gate/up rows (interleaved, or halves).
     For Marlin sources (this tool's output) `weight`/`scale` are the packed tensors and
     `marlin_global` the processed global."""
     key: str
@@ -78,6 +78,18 @@ class Projection:
     expert_index: int | None = None
     row_start: int = 0
     row_step: int = 1
+    k_major: bool = False  # stacked [E, K/2, rows] (Llama-4): the expert's slab is transposed before the rows
+
+    @property
+    def k_blocks(self) -> int | None:
+        """Block scales along K, as the scale tensor stores them (its second-to-last dim when K-major)."""
+        shape = self.scale.shape
+        return (shape[-2] if self.k_major else shape[-1]) if len(shape) >= (2 if self.k_major else 1) else None
+
+    @property
+    def rows(self) -> slice:
+        """Which rows of the expert's slab (after any transpose) are this projection's N rows."""
+        return slice(self.row_start, self.row_start + self.n * self.row_step, self.row_step)
 
     @property
     def group_size(self) -> int:
@@ -109,6 +121,7 @@ class Checkpoint:
     tensors: dict[str, TensorRef]  # every tensor, in file order
     projections: tuple[Projection, ...]
     other_files: tuple[str, ...] = field(default=())  # non-weight files to copy (configs, tokenizer, ...)
+    left_out: tuple[str, ...] = field(default=())  # files under folders no engine reads (original/, metal/): not copied
     index_file: str | None = None  # "model.safetensors.index.json", or None for a single file
     format_reason: str = ""  # why detect_format chose `format` (inspect shows it)
 

@@ -76,12 +76,13 @@ def mxfp4_source_for(weight, scale, *, target, n_pad=None, k_pad=None):
     return _pad_source(weight, as_e8m0_bytes(scale), MXFP4_GROUP, n_pad, k_pad)
 
 
-def nvfp4_to_marlin(weight, scale, *, target, sf: float = 1.0, n_pad=None, k_pad=None):
+def nvfp4_to_marlin(weight, scale, *, target, sf: float = 1.0, n_pad=None, k_pad=None, threads=None):
     """(packed [..., N, K/2], e4m3 [..., N, K/16]) -> (int32 [..., Kp/16, 2Np], S0E5M3 bytes as
-    float8_e4m3fn [..., Kp/16, Np]). `sf` is the vllm rescale factor of the whole stack (1 otherwise)."""
+    float8_e4m3fn [..., Kp/16, Np]). `sf` is the vllm rescale factor of the whole stack (1 otherwise);
+    `threads`: the weight repack's (to_marlin_weight)."""
     weight, scale = nvfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
-    qweight = to_marlin_weight(weight)
-    return qweight, nvfp4_scales_to_marlin(scale, engine=target.engine, sf=sf).view(torch.float8_e4m3fn)
+    qweight = to_marlin_weight(weight, threads=threads)
+    return qweight, nvfp4_scales_to_marlin(scale, clamp=target.clamps_scales, sf=sf).view(torch.float8_e4m3fn)
 
 
 def marlin_to_nvfp4(qweight, mscale, *, target, n: int, k: int, sf: float = 1.0):
@@ -93,10 +94,10 @@ def marlin_to_nvfp4(qweight, mscale, *, target, n: int, k: int, sf: float = 1.0)
     return packed.contiguous(), scale.contiguous()
 
 
-def mxfp4_to_marlin(weight, scale, *, target, n_pad=None, k_pad=None):
+def mxfp4_to_marlin(weight, scale, *, target, n_pad=None, k_pad=None, threads=None):
     """(packed [..., N, K/2], E8M0 [..., N, K/32]) -> (int32 [..., Kp/16, 2Np], float8_e8m0fnu [..., Kp/32, Np])."""
     weight, scale = mxfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
-    qweight = to_marlin_weight(weight, w4a8=target.w4a8)
+    qweight = to_marlin_weight(weight, w4a8=target.w4a8, threads=threads)
     s = mxfp4_scales_to_marlin(scale.transpose(-1, -2), w4a8=target.w4a8)
     return qweight, permute_scale_columns(s, w4a8=target.w4a8).view(torch.float8_e8m0fnu)
 

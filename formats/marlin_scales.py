@@ -57,11 +57,11 @@ def permute_scale_columns(s: torch.Tensor, *, w4a8: bool = False, table: np.ndar
     return torch.from_numpy(out).reshape(*lead, g, n).view(s.dtype)
 
 
-def nvfp4_scales_to_marlin(scale: torch.Tensor, *, engine: str, sf: float = 1.0) -> torch.Tensor:
+def nvfp4_scales_to_marlin(scale: torch.Tensor, *, clamp: bool, sf: float = 1.0) -> torch.Tensor:
     """E4M3 block scales [..., N, G] -> Marlin's S0E5M3 bytes [..., G, N] (uint8): the same bytes as
     permute_scale_columns(nvfp4_scales_to_s0e5m3(scale.transpose(-1, -2))), in one pass."""
     src = as_e4m3(scale).view(torch.uint8)
-    return permute_scale_columns(src.transpose(-1, -2), table=s0e5m3_table(engine, sf))
+    return permute_scale_columns(src.transpose(-1, -2), table=s0e5m3_table(clamp=clamp, sf=sf))
 
 
 def unpermute_scale_columns(s: torch.Tensor, *, w4a8: bool = False) -> torch.Tensor:
@@ -79,14 +79,14 @@ def vllm_rescale_factor(scales: list[torch.Tensor] | torch.Tensor, act_dtype: st
     return rescale_factor(present, act_dtype)
 
 
-def nvfp4_scales_to_s0e5m3(scale: torch.Tensor, *, engine: str, sf: float = 1.0) -> torch.Tensor:
+def nvfp4_scales_to_s0e5m3(scale: torch.Tensor, *, clamp: bool, sf: float = 1.0) -> torch.Tensor:
     """E4M3 block scales -> uint8 S0E5M3 bytes (same shape, no permutation).
 
-    vllm: fp16(s) [* sf] * 128, values below 2 (tiny, zero or negative) become 0.
-    sglang: fp16(s) * 128 with the sign dropped; no rescale, no clamp.
+    fp16(s) [* sf] * 128 with the sign dropped; with `clamp` (vLLM: core/engines.py scale_clamp) values
+    below 2 (tiny, zero or negative) become 0. SGLang: no clamp, and sf is 1 (it has no rescale).
     Each output byte depends on its input byte alone, so the rule is evaluated once over all 256
     bytes and applied as a table lookup (several times faster on a [2048, 256] expert scale)."""
-    table = s0e5m3_table(engine, sf)
+    table = s0e5m3_table(clamp=clamp, sf=sf)
     src = as_e4m3(scale).view(torch.uint8)
     transposed = src.dim() >= 2 and not src.is_contiguous() and src.transpose(-1, -2).is_contiguous()
     base = src.transpose(-1, -2) if transposed else src.contiguous()  # keep a transposed view's layout
@@ -104,9 +104,9 @@ def s0e5m3_to_nvfp4_scales(b: torch.Tensor, *, sf: float = 1.0) -> torch.Tensor:
     return torch.from_numpy(table.numpy()[b.contiguous().view(torch.uint8).numpy()]).view(torch.float8_e4m3fn)
 
 
-def nvfp4_global_to_marlin(g: torch.Tensor, *, engine: str, act_dtype: str, sf: float = 1.0) -> torch.Tensor:
+def nvfp4_global_to_marlin(g: torch.Tensor, *, fp32_global: bool, act_dtype: str, sf: float = 1.0) -> torch.Tensor:
     """ModelOpt global scale(s) -> the processed global the kernel multiplies by: g * 2**(B-7) / sf,
-    in float32 for vllm and in the activation dtype for sglang (which has no sf)."""
+    in float32 with `fp32_global` (vLLM), else in the activation dtype (SGLang, which has no sf)."""
     if act_dtype not in ACT_EXPONENT_BIAS:
         raise ValueError(f"unknown activation dtype {act_dtype!r}; expected one of {sorted(ACT_EXPONENT_BIAS)}")
     bias = ACT_EXPONENT_BIAS[act_dtype]
@@ -115,11 +115,11 @@ def nvfp4_global_to_marlin(g: torch.Tensor, *, engine: str, act_dtype: str, sf: 
         first = torch.nonzero(bad.reshape(-1))[0].item()
         raise ValueError(f"NVFP4 global scales must be finite and > 0; {int(bad.sum())} of {g.numel()} are not "
                          f"(first at flat index {first}: {g.reshape(-1)[first].item()})")
-    if engine == "vllm":
+    if fp32_global:
         return g.float() * (2.0 ** (bias - 7)) / sf
-    if engine == "sglang":
-        return g.to(getattr(torch, act_dtype)) * (2.0 ** (bias - 7))
-    raise ValueError(f"unknown engine {engine!r}; expected 'vllm' or 'sglang'")
+    if sf != 1.0:
+        raise ValueError("a global kept in the activation dtype has no rescale factor (sf must be 1)")
+    return g.to(getattr(torch, act_dtype)) * (2.0 ** (bias - 7))
 
 
 def marlin_to_nvfp4_global(gm: torch.Tensor, *, act_dtype: str, sf: float = 1.0) -> torch.Tensor:

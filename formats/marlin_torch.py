@@ -106,7 +106,7 @@ def permute_columns_t(s: torch.Tensor, *, w4a8: bool, inverse: bool = False) -> 
 def nvfp4_to_marlin_t(weight, scale, *, target, sf: float = 1.0, n_pad=None, k_pad=None):
     """formats.marlin.nvfp4_to_marlin on the tensors' device (same bytes)."""
     weight, scale = nvfp4_source_for(weight, scale, target=target, n_pad=n_pad, k_pad=k_pad)
-    table = byte_table(lambda c: nvfp4_scales_to_s0e5m3(c, engine=target.engine, sf=sf), torch.float8_e4m3fn,
+    table = byte_table(lambda c: nvfp4_scales_to_s0e5m3(c, clamp=target.clamps_scales, sf=sf), torch.float8_e4m3fn,
                        weight.device)
     s = table[scale.transpose(-1, -2).contiguous().view(torch.uint8).long()]
     return to_marlin_weight_t(weight), permute_columns_t(s, w4a8=False).view(torch.float8_e4m3fn)

@@ -10,14 +10,15 @@ import numpy as np
 import torch
 
 from dsv4_convert.formats.constants import MARLIN_TILE_K
-from dsv4_convert.formats.marlin_words import a8_forward, a8_inverse, a16_forward, a16_inverse, kernel_threads
+from dsv4_convert.formats.marlin_words import a8_forward, a8_inverse, a16_forward, a16_inverse
 from dsv4_convert.formats.tiles import check_weight_tiles as check_marlin_weight_shape
 
-__all__ = ["check_marlin_weight_shape", "from_marlin_weight", "kernel_threads", "to_marlin_weight"]
+__all__ = ["check_marlin_weight_shape", "from_marlin_weight", "to_marlin_weight"]
 
 
-def to_marlin_weight(packed: torch.Tensor, *, w4a8: bool = False) -> torch.Tensor:
-    """uint8/int8 packed codes [..., N, K/2] -> int32 [..., K/16, 2N] in Marlin tile order."""
+def to_marlin_weight(packed: torch.Tensor, *, w4a8: bool = False, threads: int | None = None) -> torch.Tensor:
+    """uint8/int8 packed codes [..., N, K/2] -> int32 [..., K/16, 2N] in Marlin tile order, on `threads`
+    threads (None: marlin_words.default_threads())."""
     if packed.dtype not in (torch.uint8, torch.int8):
         raise ValueError(f"packed FP4 weights must be uint8 or int8, got {packed.dtype}")
     if packed.dim() < 2:
@@ -27,11 +28,11 @@ def to_marlin_weight(packed: torch.Tensor, *, w4a8: bool = False) -> torch.Tenso
     if packed.numel() == 0:
         return torch.empty(*lead, 2 * k2 // MARLIN_TILE_K, 2 * n, dtype=torch.int32)
     b = packed.contiguous().view(torch.uint8).numpy().reshape(-1)
-    words = (a8_forward if w4a8 else a16_forward)(b, n, k2)
+    words = a8_forward(b, n, k2) if w4a8 else a16_forward(b, n, k2, threads=threads)
     return torch.from_numpy(words.view(np.int32)).reshape(*lead, 2 * k2 // MARLIN_TILE_K, 2 * n)
 
 
-def from_marlin_weight(qweight: torch.Tensor, *, w4a8: bool = False) -> torch.Tensor:
+def from_marlin_weight(qweight: torch.Tensor, *, w4a8: bool = False, threads: int | None = None) -> torch.Tensor:
     """int32 [..., K/16, 2N] -> uint8 packed codes [..., N, K/2]; the exact inverse of to_marlin_weight."""
     if qweight.dtype != torch.int32:
         raise ValueError(f"Marlin weights must be int32, got {qweight.dtype}")
@@ -43,5 +44,5 @@ def from_marlin_weight(qweight: torch.Tensor, *, w4a8: bool = False) -> torch.Te
     if qweight.numel() == 0:
         return torch.empty(*lead, n, k2, dtype=torch.uint8)
     q = qweight.contiguous().numpy().reshape(-1).view("<u4")
-    b = (a8_inverse if w4a8 else a16_inverse)(q, n, k2)
+    b = a8_inverse(q, n, k2) if w4a8 else a16_inverse(q, n, k2, threads=threads)
     return torch.from_numpy(b).reshape(*lead, n, k2)

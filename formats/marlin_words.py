@@ -16,14 +16,13 @@ n % 64 = 16*t + 8*dn + r (t = 2*t1 + t0). Each step exchanges two address bits:
 after which every word holds two finished output int32 and one word transpose
 (c, t1, q1, q0, r, kt) -> (kt, c, r, q1, q0, t1) puts them in place. All swaps are their own
 inverse, so from_marlin_weight runs the same steps backwards. Rows are processed in blocks of a
-few 64-row tiles so the intermediates stay in L2; with more than one thread (`kernel_threads`, else
-torch's thread count, or the cores) the blocks are shared out to threads (numpy ufuncs and the
+few 64-row tiles so the intermediates stay in L2; with more than one thread (the `threads` argument,
+else torch's thread count, or the cores) the blocks are shared out to threads (numpy ufuncs and the
 kernel release the GIL).
 W4A8 (32x32 tiles) permutes 2-byte units and swaps nibbles inside each int32.
 Leading (expert) dimensions are kept.
 """
 
-import contextlib
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +32,7 @@ import numpy as np
 from dsv4_convert.formats import fp4_kernels
 from dsv4_convert.formats.constants import MARLIN_TILE_N
 
-__all__ = ["a16_forward", "a16_inverse", "a8_forward", "a8_inverse", "kernel_threads"]
+__all__ = ["a16_forward", "a16_inverse", "a8_forward", "a8_inverse", "default_threads"]
 
 _U64 = np.uint64
 _BLOCK_BYTES = 1 << 19  # source bytes per block of 64-row tiles: two such buffers fit a 1 MiB L2
@@ -44,26 +43,13 @@ _T0_SWAP = (_U64(16), _U64(0x0000FFFF_0000FFFF))  # a2 <-> t0 (rows n, n + 16)
 _HALF_SWAP = (_U64(16), _U64(0x00000000_FFFF0000))  # a2 <-> a3
 _TO_OUT = (5, 0, 4, 2, 3, 1)  # block (c, t1, t0, dn, r, kt) -> output (kt, c, r, q1, q0, t1)
 _FROM_OUT = (1, 5, 3, 4, 2, 0)
-_threads: int | None = None  # kernel_threads() inside its block; None: torch's count, or the cores
 
 
-@contextlib.contextmanager
-def kernel_threads(n: int):
-    """Run the repack on `n` threads inside the block, whatever torch's own thread count. The converter
-    sets torch to 1 thread (its many small ops only wake OpenMP threads that then spin: with one
-    worker that doubled the user time) and keeps the repack's own threads."""
-    global _threads
-    before, _threads = _threads, max(1, int(n))
-    try:
-        yield
-    finally:
-        _threads = before
-
-
-def _thread_count() -> int:
-    if _threads is not None:
-        return _threads
-    torch = sys.modules.get("torch")  # torch's thread setting where torch is in use; never imported here
+def default_threads() -> int:
+    """Threads a repack uses when its caller names none: torch's setting where torch is in use, else the
+    cores. The converter names its own (runtime/jobs.py job_threads): it sets torch to 1 thread (its many
+    small ops only wake OpenMP threads that then spin) and keeps the repack's threads."""
+    torch = sys.modules.get("torch")  # never imported here
     return torch.get_num_threads() if torch is not None else (os.cpu_count() or 1)
 
 
@@ -115,11 +101,11 @@ def _a16_blocks(src: np.ndarray, dst: np.ndarray, blocks: list[tuple[int, int]],
             _delta_swap(yb, dst[e, c0:c0 + m], tb, *_NIBBLE_SWAP)
 
 
-def _a16_run(src: np.ndarray, dst: np.ndarray, k2: int, forward: bool) -> None:
+def _a16_run(src: np.ndarray, dst: np.ndarray, k2: int, forward: bool, threads: int | None) -> None:
     n_experts, n_tiles = (src.shape[0], src.shape[1]) if forward else (src.shape[0], src.shape[2])
     tiles = max(1, min(n_tiles, _BLOCK_BYTES // (MARLIN_TILE_N * k2)))
     blocks = [(e, c0) for e in range(n_experts) for c0 in range(0, n_tiles, tiles)]
-    threads = min(_thread_count(), len(blocks))
+    threads = min(threads or default_threads(), len(blocks))
     if threads <= 1:
         _a16_blocks(src, dst, blocks, tiles, forward)
         return
@@ -129,10 +115,10 @@ def _a16_run(src: np.ndarray, dst: np.ndarray, k2: int, forward: bool) -> None:
             job.result()
 
 
-def _threaded_kernel(src: np.ndarray, out: np.ndarray) -> None:
-    """The kernel over ranges of 64-row tiles, on `_thread_count()` threads (it drops the GIL)."""
+def _threaded_kernel(src: np.ndarray, out: np.ndarray, threads: int | None) -> None:
+    """The kernel over ranges of 64-row tiles, on `threads` threads (it drops the GIL)."""
     n_tiles = src.shape[1]
-    threads = min(_thread_count(), n_tiles)
+    threads = min(threads or default_threads(), n_tiles)
     if threads <= 1 or src.nbytes < (8 << 20):
         fp4_kernels.repack_a16(src, out)
         return
@@ -143,22 +129,23 @@ def _threaded_kernel(src: np.ndarray, out: np.ndarray) -> None:
             job.result()
 
 
-def a16_forward(b: np.ndarray, n: int, k2: int, *, compiled: bool = True) -> np.ndarray:
+def a16_forward(b: np.ndarray, n: int, k2: int, *, compiled: bool = True, threads: int | None = None) -> np.ndarray:
     """The compiled kernel (one pass, ~4x the numpy steps on one core) unless compiled=False: the
-    numpy steps, kept as the reference the kernel is tested against."""
+    numpy steps, kept as the reference the kernel is tested against. On `threads` threads (None:
+    default_threads())."""
     src = b.reshape(-1, n // 64, 2, 2, 2, 8, k2).view(_U64)
     out = np.empty((src.shape[0], k2 // 8, n // 64, 8, 2, 2, 2), _U64)
     if compiled:
-        _threaded_kernel(src, out)
+        _threaded_kernel(src, out, threads)
     else:
-        _a16_run(src, out, k2, forward=True)
+        _a16_run(src, out, k2, forward=True, threads=threads)
     return out.reshape(-1).view("<u4")
 
 
-def a16_inverse(q: np.ndarray, n: int, k2: int) -> np.ndarray:
+def a16_inverse(q: np.ndarray, n: int, k2: int, *, threads: int | None = None) -> np.ndarray:
     src = q.view(_U64).reshape(-1, k2 // 8, n // 64, 8, 2, 2, 2)
     out = np.empty((src.shape[0], n // 64, 2, 2, 2, 8, k2 // 8), _U64)
-    _a16_run(src, out, k2, forward=False)
+    _a16_run(src, out, k2, forward=False, threads=threads)
     return out.reshape(-1).view(np.uint8)
 
 

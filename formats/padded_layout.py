@@ -129,13 +129,14 @@ def _rank_view(t: RankTiles, down: bool, group: int, r: int, padded: bool):
 def pad_source(weight: torch.Tensor, scale: torch.Tensor, *, down: bool, t: RankTiles):
     """A source projection (packed [N, K/2], scale bytes [N, K/g]) -> the whole padded source-space
     matrix its padded Marlin tensor decodes to (each rank's block zero-padded, blocks in rank order).
-    The converter encodes each rank's block of it on its own (encode_rank_blocks)."""
+    The converter encodes each rank's block of it on its own (encode_rank_blocks). The result is on the
+    source tensors' device."""
     import torch
 
     g = GROUP_SIZE[t.fmt]
     n, k = padded_nk(down, t)
-    w = torch.zeros(n, k // 2, dtype=torch.uint8)
-    s = torch.zeros(n, k // g, dtype=torch.uint8)
+    w = torch.zeros(n, k // 2, dtype=torch.uint8, device=weight.device)
+    s = torch.zeros(n, k // g, dtype=torch.uint8, device=weight.device)
     wv, sv = weight.view(torch.uint8), scale.view(torch.uint8)
     for r in range(t.moe_tp):
         rows, wc, sc = _rank_view(t, down, g, r, padded=True)

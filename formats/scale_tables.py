@@ -85,30 +85,25 @@ def _half(v) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def _processed(engine: str, sf: float) -> np.ndarray:
-    """float16 value the target stores for each E4M3 byte, before the S0E5M3 truncation."""
+def _processed(clamp: bool, sf: float) -> np.ndarray:
+    """float16 value the target stores for each E4M3 byte, before the S0E5M3 truncation: fp16(s) [* sf]
+    * 128; with `clamp` (core/engines.py EngineFacts.scale_clamp) values below 2 become 0."""
     v = E4M3_VALUES.astype(np.float16)  # exact
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are part of the rule
-        if engine == "vllm":
-            if sf != 1.0:
-                v = (v.astype(np.float32) * np.float32(sf)).astype(np.float16)
-            v = v * _half(S0E5M3_MULTIPLIER)
+        if sf != 1.0:
+            v = (v.astype(np.float32) * np.float32(sf)).astype(np.float16)
+        v = v * _half(S0E5M3_MULTIPLIER)
+        if clamp:
             v = np.where(v < _half(S0E5M3_MIN), _half(0), v)
-        elif engine == "sglang":
-            if sf != 1.0:
-                raise ValueError("the sglang layout has no rescale factor (sf must be 1)")
-            v = v * _half(S0E5M3_MULTIPLIER)
-        else:
-            raise ValueError(f"unknown engine {engine!r}; expected 'vllm' or 'sglang'")
     return v.astype(np.float16)
 
 
 @functools.lru_cache(maxsize=64)
-def s0e5m3_table(engine: str, sf: float = 1.0) -> np.ndarray:
+def s0e5m3_table(*, clamp: bool, sf: float = 1.0) -> np.ndarray:
     """[256] uint8: E4M3 byte -> S0E5M3 byte = bits 14..7 of the processed half (sign dropped; the low
     7 mantissa bits are zero for every x128-scaled E4M3 value). NaN bytes give 0xFF as torch's
     conversion does; they are refused before any conversion. Read-only."""
-    v = _processed(engine, sf)
+    v = _processed(clamp, sf)
     bits = v.view(np.uint16).astype(np.uint32) & 0x7FFF
     out = np.where(np.isnan(v), np.uint8(0xFF), (bits >> 7).astype(np.uint8))  # torch's NaN half is 0x7FFF
     out.setflags(write=False)
@@ -116,14 +111,14 @@ def s0e5m3_table(engine: str, sf: float = 1.0) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=64)
-def inexact_bytes(engine: str, sf: float = 1.0) -> np.ndarray:
+def inexact_bytes(*, clamp: bool, sf: float = 1.0) -> np.ndarray:
     """[256] bool: E4M3 bytes whose S0E5M3 byte is not exactly their value x sf x 128: negatives
     (sign dropped, or clamped to 0), tiny values clamped to 0, values pushed past the half range to
     inf, and NaN. Every other byte comes back exactly from the reverse (byte << 7 as half, / (128 sf),
     an exact value whatever the float -> E4M3 rounding), so a scale tensor holding none of these
     bytes loses nothing; this is the cheap test before the exact lost set (convert/transform.py
     `lost_scales`, which runs the reverse itself). Read-only."""
-    half = s0e5m3_table(engine, sf).astype(np.uint16) << 7
+    half = s0e5m3_table(clamp=clamp, sf=sf).astype(np.uint16) << 7
     back = half.view(np.float16).astype(np.float64)
     value = E4M3_VALUES.astype(np.float64)
     out = ~((np.arange(256) & 0x80 == 0) & (back == value * sf * S0E5M3_MULTIPLIER))
@@ -155,19 +150,19 @@ def _bf16_bits(x: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(x), np.uint16(0x7FC0), rounded)
 
 
-def global_to_marlin(g: np.ndarray, *, engine: str, act_dtype: str, sf: float = 1.0) -> np.ndarray:
+def global_to_marlin(g: np.ndarray, *, fp32_global: bool, act_dtype: str, sf: float = 1.0) -> np.ndarray:
     """Finite, positive float32 ModelOpt global(s) -> the processed global the kernel multiplies by,
-    g * 2**(B-7) / sf: float32 for vllm; for sglang rounded to the activation dtype first and
-    returned as that dtype's bytes (float16, or bfloat16 bit patterns as uint16)."""
+    g * 2**(B-7) / sf: float32 with `fp32_global` (vLLM); else rounded to the activation dtype first
+    and returned as that dtype's bytes (float16, or bfloat16 bit patterns as uint16; SGLang, sf = 1)."""
     if act_dtype not in ACT_EXPONENT_BIAS:
         raise ValueError(f"unknown activation dtype {act_dtype!r}; expected one of {sorted(ACT_EXPONENT_BIAS)}")
     factor = np.float32(2.0 ** (ACT_EXPONENT_BIAS[act_dtype] - 7))
     g = np.asarray(g, dtype=np.float32)
     with np.errstate(over="ignore"):
-        if engine == "vllm":
+        if fp32_global:
             return g * factor / np.float32(sf)
-        if engine != "sglang":
-            raise ValueError(f"unknown engine {engine!r}; expected 'vllm' or 'sglang'")
+        if sf != 1.0:
+            raise ValueError("a global kept in the activation dtype has no rescale factor (sf must be 1)")
         if act_dtype == "float16":
             return g.astype(np.float16) * _half(factor)
         rounded = (_bf16_bits(g).astype(np.uint32) << 16).view(np.float32)

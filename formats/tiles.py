@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from dsv4_convert.formats.constants import MARLIN_TILE_K, MARLIN_TILE_N, MXFP4_GROUP, NVFP4_GROUP, W4A8_TILE
 
 __all__ = [
-    "GROUP_SIZE", "IMPOSSIBLE", "LAYOUT_CANDIDATES", "OK", "PAD", "RankTiles", "check_weight_tiles",
+    "GROUP_SIZE", "IMPOSSIBLE", "LAYOUT_CANDIDATES", "OK", "PAD", "PADDING", "PadRule", "RankTiles", "check_weight_tiles",
     "engine_padding", "kernel_tile_ok", "moe_rank_tiles", "padded_dense_nk", "padded_moe_intermediate",
     "roundup", "working_layouts",
 ]
@@ -63,9 +63,30 @@ def padded_dense_nk(n: int, k: int, group: int) -> tuple[int, int]:
     return min(a, b, key=lambda nk: (nk[0] * nk[1], nk[0] + nk[1]))
 
 
+@dataclass(frozen=True, slots=True)
+class PadRule:
+    """How an engine rounds a rank's MoE sizes up when it creates the expert parameters."""
+    i_multiple: int  # I_shard -> a multiple of this
+    h_multiple: int  # H -> a multiple of this
+    fill: str  # what fills the padding
+    i_multiple_h_unaligned: int | None = None  # I's multiple instead when H % 128 != 0
+
+    def multiples(self, hidden: int) -> tuple[int, int]:
+        unaligned = self.i_multiple_h_unaligned is not None and hidden % 128
+        return (self.i_multiple_h_unaligned if unaligned else self.i_multiple), self.h_multiple
+
+
+# engine -> FP4 format -> its padding (None: never pads): the table of the module docstring, as data.
+# The engine names are core/engines.py's (tests/test_tile_agreement.py checks both tables name the same).
+PADDING = {
+    "vllm": {"nvfp4": PadRule(64, 1, "zeros", i_multiple_h_unaligned=128), "mxfp4": PadRule(128, 256, "zeros")},
+    "sglang": {"nvfp4": None, "mxfp4": PadRule(128, 256, "uninitialised (torch.empty; dsv4-convert writes zeros)")},
+}
+
+
 def padded_moe_intermediate(i: int, h: int) -> int:
     """vLLM NVFP4 MoE (>= 0.24): I -> multiple of 64 if H % 128 == 0, else of 128."""
-    return roundup(i, 64 if h % 128 == 0 else 128)
+    return roundup(i, PADDING["vllm"]["nvfp4"].multiples(h)[0])
 
 
 def engine_padding(fmt: str, engine: str, hidden: int) -> tuple[int, int, str] | None:
@@ -73,11 +94,10 @@ def engine_padding(fmt: str, engine: str, hidden: int) -> tuple[int, int, str] |
     creates the parameters, or None when it never pads (SGLang NVFP4 gated MoE)."""
     if fmt not in GROUP_SIZE:
         raise ValueError(f"unknown FP4 format {fmt!r}; expected one of {sorted(GROUP_SIZE)}")
-    if engine == "vllm":
-        return (64 if hidden % 128 == 0 else 128, 1, "zeros") if fmt == "nvfp4" else (128, 256, "zeros")
-    if engine == "sglang":
-        return None if fmt == "nvfp4" else (128, 256, "uninitialised (torch.empty; dsv4-convert writes zeros)")
-    raise ValueError(f"unknown engine {engine!r}; expected 'vllm' or 'sglang'")
+    if engine not in PADDING:
+        raise ValueError(f"unknown engine {engine!r}; expected one of {sorted(PADDING)}")
+    rule = PADDING[engine][fmt]
+    return None if rule is None else (*rule.multiples(hidden), rule.fill)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,9 +30,10 @@ import os
 import queue
 import threading
 
+from dsv4_convert.runtime.settings import DIRECT_IO_ENV, env_flag
+
 __all__ = ["BLOCK", "BUFFER_BYTES", "BUFFERS", "DIRECT_IO_ENV", "open_direct", "DirectSink"]
 
-DIRECT_IO_ENV = "DSV4_CONVERT_DIRECT_IO"  # "0": always write through the page cache
 BLOCK = 4096  # offset, length and address alignment for O_DIRECT (covers 512- and 4096-byte sectors)
 BUFFER_BYTES = 16 << 20  # per write: 16 MiB wrote ~20% faster than 8 MiB here (more requests in flight)
 BUFFERS = 3  # one being filled, up to two queued or being written: 48 MiB per writer
@@ -42,7 +43,7 @@ _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 def open_direct(path) -> int | None:
     """`path` created (truncated) for writing with O_DIRECT, or None where direct I/O is off or the
     filesystem refuses it (then the caller writes through the page cache)."""
-    if os.environ.get(DIRECT_IO_ENV, "1") == "0" or not hasattr(os, "O_DIRECT"):
+    if not env_flag(DIRECT_IO_ENV, True) or not hasattr(os, "O_DIRECT"):
         return None
     try:
         return os.open(path, _FLAGS | os.O_DIRECT, 0o644)

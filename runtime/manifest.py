@@ -8,7 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4_convert.core.small_files import read_small
 from dsv4_convert.runtime.digest import file_digest, new_hash
+from dsv4_convert.runtime.paths import record_name_ok
 
 __all__ = ["Mismatch", "read_manifest", "verify"]
 
@@ -25,7 +27,7 @@ def read_manifest(root: Path, name: str) -> dict | None:
     path = Path(root) / name
     if not path.exists():
         return None
-    obj = json.loads(path.read_text())
+    obj = json.loads(read_small(path))
     if not isinstance(obj, dict) or not isinstance(obj.get("files"), dict) or "hash_algorithm" not in obj:
         raise ValueError("no hash_algorithm/files: written by an older dsv4-convert, or edited")
     try:
@@ -47,7 +49,7 @@ def verify(root: Path, name: str) -> list[Mismatch] | None:
     out = []
     for rel, rec in sorted(obj["files"].items()):
         f = root / rel
-        if not isinstance(rec, dict) or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        if not isinstance(rec, dict) or not record_name_ok(rel, nested=True):
             out.append(Mismatch(rel, "record", "malformed entry"))
             continue
         if not f.is_file():

@@ -9,14 +9,16 @@ list."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import os
 from pathlib import Path
 
 from dsv4_convert.core.errors import OutputError, UsageError
-from dsv4_convert.core.files import RECORDS, STAGING_SUFFIX, SYNTH_MANIFEST
+from dsv4_convert.core.files import LOCK, RECORDS, STAGING_SUFFIX, SYNTH_MANIFEST
+from dsv4_convert.core.small_files import read_small
 
-__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "check_report_file"]
+__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "recorded_files", "record_name_ok"]
 
 def out_path(out) -> Path:
     """OUT with its parent resolved and its own name kept: OUT itself must not be a symlink (checked
@@ -33,6 +35,10 @@ def out_path(out) -> Path:
     p = Path(out).expanduser()
     if p.name in ("", ".", ".."):
         p = p.resolve()
+    if p.name == "":  # "/", "/..": no parent to stage beside, nothing a run may replace
+        raise UsageError(f"OUT {out} is the filesystem root; a checkpoint is written into a new directory",
+                         error_id="paths.out_is_root", file=str(out),
+                         hint="name a new directory, e.g. /models/dsv4-marlin")
     name_max = _name_max(p.parent)
     if len(os.fsencode(p.name)) + len(STAGING_SUFFIX) > name_max:
         raise UsageError(f"OUT's name is {len(os.fsencode(p.name))} bytes; with the staging suffix "
@@ -93,47 +99,29 @@ def check_aliasing(src: Path, out: Path, *, staging: Path | None = None) -> None
                          error_id="paths.output_inside_input", file=str(out), hint=fix)
 
 
-def _listed(out: Path) -> set[str] | None:
-    """The files our record in `out` says we wrote (itself included), or None if no record is ours."""
+def recorded_files(out: Path) -> set[str]:
+    """The files our record in `out` says we wrote (itself included); {"<none>"} when no record is ours."""
     for name in RECORDS:
         rec = out / name
         if not rec.is_file() or rec.is_symlink():
             continue
         try:
-            obj = json.loads(rec.read_text())
-        except (OSError, ValueError):
+            obj = json.loads(read_small(rec))
+        except (OSError, ValueError, RecursionError):
             continue
         if not isinstance(obj, dict):
             continue
         if name == SYNTH_MANIFEST:
             if obj.get("generator") != "dsv4-convert synth":
                 continue
-            return None  # synth's record lists only shards: recognised, its other files are its own
+            written = obj.get("written")  # every file synth wrote; a record without it itemises nothing
+            return {name, *(w for w in written if isinstance(w, str))} if isinstance(written, list) else {name}
         producer = obj.get("producer") or {}
         if isinstance(producer, dict) and producer.get("name") == "dsv4-convert" and isinstance(obj.get("files"), dict):
             return set(obj["files"]) | {name}
         if isinstance(producer, dict) and producer.get("name") == "dsv4-convert" and "shards" in obj:
             return set()  # a manifest from before files were listed: recognised, not itemised
     return {"<none>"}
-
-
-def check_report_file(report: str, named: list[str]) -> None:
-    """Before any work: `--report FILE` must be writable (its directory exists) and must not lie inside,
-    or be, a checkpoint path named on the command line (`named`: the command's arguments), since the
-    report would then add to or overwrite the input, or land in OUT as a file the manifest does not list."""
-    path = Path(os.path.abspath(report))
-    if path.is_dir() or not path.parent.is_dir() or not os.access(path.parent, os.W_OK):
-        why = "is a directory" if path.is_dir() else "its directory does not exist or is not writable"
-        raise OutputError(f"cannot write the report {report}: {why}", error_id="report.not_writable", file=report,
-                          hint="choose a --report FILE in an existing, writable directory")
-    for arg in named:
-        given = Path(arg)
-        if not arg or not given.exists() or (given.is_file() and _ident(given) != _ident(path)):
-            continue
-        if _within(path, Path(os.path.abspath(given)).resolve()) or _within(path.resolve(), given.resolve()):
-            raise UsageError(f"--report {report} lies inside {arg}, a path this command reads or writes",
-                             error_id="report.inside_checkpoint", file=report,
-                             hint="write the report outside the checkpoint directories (e.g. next to them)")
 
 
 def check_replaceable(out: Path, *, force: bool, allow_empty: bool = False) -> None:
@@ -158,9 +146,8 @@ def check_replaceable(out: Path, *, force: bool, allow_empty: bool = False) -> N
     if not force:
         raise OutputError(f"output {out} already exists", error_id="output.exists", file=str(out),
                           hint="choose another OUT, or pass --force to replace it (only after a complete run)")
-    listed = _listed(out)
-    if listed is None:
-        return
+    _refuse_locked(out)
+    listed = recorded_files(out)
     if listed == {"<none>"}:
         raise OutputError(f"OUT {out} is not empty and was not written by dsv4-convert (no manifest or marker); "
                           "--force replaces only this tool's outputs", error_id="paths.not_our_output",
@@ -173,8 +160,35 @@ def check_replaceable(out: Path, *, force: bool, allow_empty: bool = False) -> N
                               file=str(out / extra[0]), hint="move those files out of OUT, or choose another OUT")
 
 
+def _refuse_locked(d: Path) -> None:
+    """A directory whose lock a run holds (a live run's OUT.partial) is never replaced, whatever it holds."""
+    try:
+        fd = os.open(d / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return  # no lock file (or not a plain one): nothing holds this directory
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise OutputError(f"another dsv4-convert run holds the lock {d / LOCK}: it is writing {d}",
+                          error_id="output.locked", file=str(d),
+                          hint="wait for it to finish, or stop it; a directory in use is never replaced") from None
+    finally:
+        os.close(fd)
+
+
 def _walk(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir() or p.is_symlink())
+
+
+def record_name_ok(name, *, nested: bool = False) -> bool:
+    """A name read back from one of this tool's records (progress, manifest, marker, the source
+    record) becomes a path under that record's directory, to read, replace or delete: only a name
+    this tool could have written passes. A plain file name; with `nested`, a relative path of plain
+    names. Never absolute, never `.` or `..`, never empty, no NUL or backslash."""
+    if not isinstance(name, str) or not name or "\0" in name or "\\" in name:
+        return False
+    parts = name.split("/")
+    return (nested or len(parts) == 1) and all(part not in ("", ".", "..") for part in parts)
 
 
 def is_disk_full(e: OSError) -> bool:

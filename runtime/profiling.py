@@ -15,13 +15,17 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import json
+import marshal
 import os
 import pstats
 import resource
 import time
 from pathlib import Path
 
-__all__ = ["PROFILE_ENV", "profiled_job", "mark", "breakdown"]
+from dsv4_convert.core.errors import OutputError
+from dsv4_convert.runtime.side_files import guard, write_side_file
+
+__all__ = ["PROFILE_ENV", "profile_dir", "profiled_job", "mark", "breakdown"]
 
 PROFILE_ENV = "DSV4_CONVERT_PROFILE"
 _marks: list[tuple[str, float]] = []
@@ -48,15 +52,28 @@ _SELF = {  # category -> builtins whose own time counts there
 }
 
 
-def _dir() -> Path | None:
+def profile_dir() -> Path | None:
+    """The profile directory, guarded like every side file (never inside IN or OUT), created."""
     d = os.environ.get(PROFILE_ENV)
-    return Path(d) if d else None
+    if not d:
+        return None
+    real = guard(d, "profile", directory=True)
+    try:
+        real.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create the profile directory {d}: {e.strerror}", error_id="profile.not_writable",
+                          file=d, hint=f"point {PROFILE_ENV} at a writable directory outside IN and OUT") from None
+    return real
+
+
+def _write(path: Path, data: bytes) -> None:
+    write_side_file(path, "profile", lambda f: f.write(data))
 
 
 @contextlib.contextmanager
 def profiled_job(name: str):
     """Run one shard job under cProfile when profiling is on; a no-op otherwise."""
-    d = _dir()
+    d = profile_dir()
     if d is None:
         yield
         return
@@ -68,21 +85,20 @@ def profiled_job(name: str):
     finally:
         prof.disable()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
-        d.mkdir(parents=True, exist_ok=True)
-        prof.dump_stats(d / f"{name}.prof")
-        (d / f"{name}.json").write_text(json.dumps({
+        prof.create_stats()
+        _write(d / f"{name}.prof", marshal.dumps(prof.stats))  # what pstats.Stats reads (dump_stats' format)
+        _write(d / f"{name}.json", json.dumps({
             "wall": time.perf_counter() - t0, "user": r1.ru_utime - r0.ru_utime, "sys": r1.ru_stime - r0.ru_stime,
-            "pid": os.getpid()}))
+            "pid": os.getpid()}).encode())
 
 
 def mark(phase: str) -> None:
     """Driver side: note the wall clock at the end of `phase`; written out at once (a crash keeps it)."""
-    d = _dir()
+    d = profile_dir()
     if d is None:
         return
     _marks.append((phase, time.perf_counter()))
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "driver.json").write_text(json.dumps(_marks))
+    _write(d / "driver.json", json.dumps(_marks).encode())
 
 
 def breakdown(d: Path) -> dict[str, float]:

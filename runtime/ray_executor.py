@@ -22,6 +22,7 @@ __all__ = ["RayExecutor"]
 MAX_RETRIES = 3  # a job whose worker or node dies is run again, up to this many times
 _FORWARD = ("DSV4_CONVERT_PAUSE_TASK",)  # test hooks the driver hands to the workers
 _PROBE_TIMEOUT_S = 120
+_CONNECT_TIMEOUT_S = 5  # a TCP connect to the head node: an answer comes within milliseconds on a LAN
 _FLUSH_S = 0.25
 
 
@@ -107,6 +108,8 @@ class RayExecutor:
             kwargs.update(include_dashboard=False, _node_ip_address="127.0.0.1")
         elif _is_loopback(address):
             kwargs["_node_ip_address"] = "127.0.0.1"
+        if address not in ("local", "auto"):
+            _refuse_unreachable(address)  # Ray itself retries a dead address for minutes
         try:
             ray.init(address=address, **kwargs)
         except (ConnectionError, RuntimeError, ValueError) as e:
@@ -196,6 +199,23 @@ def _result(ref):
         raise OutputError(f"a Ray task died {MAX_RETRIES + 1} times ({type(e).__name__}); the partial output "
                           "was removed", error_id="convert.worker_died",
                           hint="check the nodes' memory (`ray status`), then rerun") from None
+
+
+def _refuse_unreachable(address: str) -> None:
+    """Fail within seconds, naming the address as given, when nothing answers at HOST:PORT (Ray's own
+    connection attempts retry for many minutes, and then name the address they resolved instead)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"the Ray address {address!r} is not HOST:PORT", error_id="usage.ray_address",
+                         file=address, hint="give the head node's address as printed by `ray start --head`, "
+                                            "e.g. 10.0.0.1:6379")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise UsageError(f"nothing answers at the Ray address {address} ({e.strerror or e})",
+                         error_id="usage.ray_address", file=address,
+                         hint="start the cluster with `ray start --head` (docs/SCALE.md), or check --ray-address / "
+                              "RAY_ADDRESS and the firewall") from None
 
 
 def _is_loopback(address: str) -> bool:

@@ -1,23 +1,36 @@
 """Atomic output: everything is built in `<out>.partial/`, shard by shard, each shard recorded with
 its hash; everything is fsync'd and the directory renamed to `<out>` only when complete. A lock in the
 staging directory keeps two runs apart; `--resume` keeps shards whose recorded hash still verifies,
-and only when no source file changed (size and mtime_ns of every file, as make and rsync compare).
+and only when no source file changed (size, mtime_ns, ctime_ns and inode of every file: `touch -r` can
+set an mtime back, nobody but the clock sets a ctime, and a file replaced by another has a new inode).
 The published manifest names its hash algorithm and lists every file written (runtime/manifest.py
 verifies it)."""
 
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from dsv4_convert.core.errors import InputError, OutputError
-from dsv4_convert.core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS
+from dsv4_convert.core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS, REPLACED
+from dsv4_convert.core.reader import is_download_metadata
+from dsv4_convert.core.small_files import read_small
 from dsv4_convert.runtime.digest import HASH_ALGORITHM, file_digest
-from dsv4_convert.runtime.paths import check_aliasing, check_replaceable, is_disk_full, out_path, staging_path
+from dsv4_convert.runtime.paths import (
+    check_aliasing,
+    check_replaceable,
+    is_disk_full,
+    out_path,
+    record_name_ok,
+    recorded_files,
+    staging_path,
+)
 
 __all__ = ["Staging", "source_stamp", "write_json_atomic"]
 
@@ -40,16 +53,19 @@ def write_json_atomic(path: Path, obj) -> None:
 
 
 def source_stamp(root: Path) -> dict[str, list[int]]:
-    """{relative path: [size, mtime_ns]} of every file of the input: any edit since changes it."""
+    """{relative path: [size, mtime_ns, ctime_ns, inode]} of every file of the input (not the downloader's bookkeeping,
+    which is not copied): any edit since changes it."""
     root = Path(root)
     stamp = {}
     for p in sorted(root.rglob("*")):
+        if is_download_metadata(p.relative_to(root)):
+            continue
         try:
             st = p.stat()
         except OSError:
             continue
         if not p.is_dir():
-            stamp[p.relative_to(root).as_posix()] = [st.st_size, st.st_mtime_ns]
+            stamp[p.relative_to(root).as_posix()] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
     return stamp
 
 
@@ -69,12 +85,24 @@ class Staging:
         self._lock_fd: int | None = None
         self._owned = False  # from taking the lock in open() until the publishing rename: discard() may clean up
         self.done: dict[str, dict] = {}
+        self.leftovers: list[Path] = []  # holders of an output a killed --force run was replacing
 
     # -- lifecycle -------------------------------------------------------------------------------
     def check(self) -> None:
-        """Every refusal that needs no writing: aliasing with IN, what OUT and OUT.partial are."""
+        """Every refusal that needs no writing: aliasing with IN, what OUT and OUT.partial are, and
+        what a run killed inside publish left beside them."""
         if self.source is not None:
             check_aliasing(self.source, self.out, staging=self.path)
+        self.leftovers = replaced_leftovers(self.out)
+        if self.leftovers and not self.force:
+            first = self.leftovers[0]
+            raise OutputError(f"a run killed while replacing {self.out} left the previous output in {first}"
+                              + ("" if self.out.exists() else f" ({self.out} is missing; {self.path} holds the new "
+                                                                "one, unpublished)"),
+                              error_id="output.replaced_leftover", file=str(first),
+                              hint=f"pass --force to finish replacing it ({first.name} is then deleted), or move "
+                                   f"{first / self.out.name if (first / self.out.name).is_dir() else first} back "
+                                   f"to {self.out} yourself")
         check_replaceable(self.out, force=self.force)
         if self.path.is_symlink() or (os.path.lexists(self.path) and not self.path.is_dir()):
             raise OutputError(f"{self.path} exists and is not a directory this tool made (a file or a symlink)",
@@ -125,6 +153,8 @@ class Staging:
         """OUT.partial is adopted only when it carries this tool's lock and progress record."""
         names = {e.name for e in self.path.iterdir()}
         ours = LOCK in names and (names <= {LOCK} or _read_json(self.path / PROGRESS).get("fingerprint"))
+        # killed inside publish: lock and progress record are gone, our manifest (written last) is there
+        ours = ours or _read_json(self.path / MANIFEST).get("producer", {}).get("name") == "dsv4-convert"
         if not ours:
             raise OutputError(f"{self.path} exists but holds no dsv4-convert lock and progress record; it is not "
                               "an interrupted run of this tool", error_id="paths.partial_not_ours",
@@ -154,13 +184,14 @@ class Staging:
         if self.resume and not self.force and state and not same:
             self._release()
             changed = _first_change(state.get("sources") or {}, self.stamp) if self.source else None
-            why = (f"the input changed since the interrupted run ({changed}: size or mtime differs)" if changed
+            why = (f"the input changed since the interrupted run ({changed}: its size, mtime, ctime or inode differs)" if changed
                    else "it was staged from a different input or different options")
             raise OutputError(f"cannot resume {self.path}: {why}", error_id="output.resume_mismatch",
                               file=str(self.source / changed) if changed else None,
                               hint="rerun with the same input and options, or --force to start over "
                                    "(shards made from the old input are never mixed with new ones)")
         keep = state.get("shards", {}) if (self.resume and same) else {}
+        self._refuse_bad_record(keep)
         if self.fence is not None:
             self.fence(self.path)
         for entry in self.path.iterdir():
@@ -179,6 +210,21 @@ class Staging:
                 self.done[name] = {"hash": digest, "size": rec["size"]}
             elif f.exists():
                 f.unlink()
+
+    def _refuse_bad_record(self, keep) -> None:
+        """Each shard the progress record lists becomes a path to verify or delete: only a plain shard
+        name of this tool's making with its hash and size passes; anything else (`../IN/...`, an
+        absolute path, a record edited by hand) refuses the whole directory, which is left alone."""
+        bad = (repr(keep) if not isinstance(keep, dict) else
+               next((repr(n) for n, rec in keep.items() if not (record_name_ok(n) and n.endswith(".safetensors"))
+                     or not isinstance(rec, dict) or type(rec.get("size")) is not int), None))
+        if bad is not None:
+            self._release()
+            raise OutputError(f"the progress record {self.path / PROGRESS} lists {bad[:200]}, which is not a shard "
+                              "this tool writes; the staging directory is not used", error_id="paths.partial_bad_record",
+                              file=str(self.path / PROGRESS),
+                              hint="check that directory and remove it yourself, or choose another OUT; "
+                                   "it is never deleted for you")
 
     def shard_tmp(self, name: str) -> Path:
         return self.path / (name + ".tmp")
@@ -201,7 +247,7 @@ class Staging:
         manifest.setdefault("producer", {"name": "dsv4-convert"})
         write_json_atomic(self.path / name, manifest)
 
-    def publish(self) -> None:
+    def publish(self, step=lambda: None) -> None:
         """fsync everything, then rename `<out>.partial` to `<out>` (replacing `<out>` under --force)."""
         if self.source is not None and self.stamp:
             changed = _first_change(self.stamp, source_stamp(self.source))
@@ -218,15 +264,18 @@ class Staging:
         _fsync_dir(self.path)
         check_replaceable(self.out, force=self.force, allow_empty=True)  # again: it may have changed since
         self._release(remove_lock_file=True)
+        step()  # (the crash tests' step points: each state a kill can leave here is recovered or explained)
         old = None
-        if self.out.exists():
-            old = self.out.with_name(f"{self.out.name}.replaced-{os.getpid()}")
-            os.rename(self.out, old)
+        if self.out.exists():  # a fresh holder each time: a leftover (or pid 1 in a container) never collides
+            old = Path(tempfile.mkdtemp(prefix=f"{self.out.name}{REPLACED}", dir=self.out.parent))
+            os.rename(self.out, old / self.out.name)
+            step()
         os.rename(self.path, self.out)
+        step()
         self._owned = False
         _fsync_dir(self.out.parent)
-        if old is not None:
-            shutil.rmtree(old)
+        for holder in ([old] if old is not None else []) + self.leftovers:  # --force asked to replace them
+            shutil.rmtree(holder)
 
     def discard(self, keep_verified: bool = False) -> None:
         """Remove the staging directory (after an error or Ctrl-C): nothing that looks complete remains.
@@ -255,10 +304,21 @@ class Staging:
             self._lock_fd = None
 
 
+def replaced_leftovers(out: Path) -> list[Path]:
+    """`OUT.replaced-*` beside OUT that hold an output of this tool: what a run killed between
+    publish's two renames left (the holder with OUT inside, or, from older versions, OUT renamed)."""
+    found = []
+    for holder in sorted(out.parent.glob(glob.escape(out.name + REPLACED) + "*")):
+        inner = holder / out.name
+        if holder.is_dir() and not holder.is_symlink() and recorded_files(inner if inner.is_dir() else holder) != {"<none>"}:
+            found.append(holder)
+    return found
+
+
 def _read_json(path: Path) -> dict:
     try:
-        obj = json.loads(path.read_text())
-    except (OSError, ValueError):
+        obj = json.loads(read_small(path))
+    except (OSError, ValueError, RecursionError):
         return {}
     return obj if isinstance(obj, dict) else {}
 

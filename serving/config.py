@@ -17,6 +17,7 @@ from dsv4_convert.core.engines import (
     LAYOUTS,
     QUANT_METHOD,
     READABLE_FORMAT_VERSIONS,
+    parallel_flags,
     registration_log_line,
     version_tuple,
 )
@@ -245,8 +246,7 @@ def check_tp_layout(spec: MarlinFp4Spec, *, tp: int, ep: int) -> None:
         return
     t, e = want
     engine = spec.target_engine
-    serve = (f"--tensor-parallel-size {t}" + (" --enable-expert-parallel" if e > 1 else "")
-             if engine == "vllm" else f"--tp-size {t}" + (f" --ep-size {e}" if e > 1 else ""))
+    serve = parallel_flags(engine, tp=t, ep=e)
     raise PluginConfigError(
         f"this checkpoint was converted padded for {_layout_text(t, e)} (quantization_config.tp_layout): its "
         f"expert tensors hold each of those ranks' padded slices and serve only that split, but {engine} runs "

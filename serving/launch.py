@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
-from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line
+from dsv4_convert.core.engines import DEFAULT_ENGINE, ENGINES, QUANT_METHOD, launch_command, registration_log_line
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.formats.padded_layout import read_layout_record
@@ -169,7 +169,7 @@ def padding_factor(tiles: RankTiles) -> float:
 
 def _mem_flag(engine: str, gpu_mem: float) -> tuple[str, float]:
     flag = ENGINES[engine].memory_flag
-    if engine == "sglang":
+    if not ENGINES[engine].memory_profiled:
         # SGLang's static pool (weights + KV) is this fraction; activations and graphs live in the rest
         frac = (gpu_mem - ACTIVATION_GIB - CUDA_GRAPH_GIB - RUNTIME_GIB) / gpu_mem
         return flag, max(0.5, min(0.92, int(frac * 100) / 100))
@@ -181,17 +181,14 @@ def _mem_flag(engine: str, gpu_mem: float) -> tuple[str, float]:
 def _backend(engine: str, arch: str) -> tuple[str, str]:
     flag = ENGINES[engine].moe_backend_flag
     if arch == "sm_120":
-        default = ("SGLang's DeepSeek-V4 default on sm_120 is flashinfer_mxfp4 (NVFP4: flashinfer_trtllm_routed)"
-                   if engine == "sglang" else "vLLM usually auto-selects Marlin on sm_120, but an SM100 path can "
-                   "still be picked for NVFP4")
-        return flag, f"{default}; the {_SM100_ONLY}, so force Marlin W4A16 on sm_120 (RTX PRO 6000 / RTX 50xx)"
+        return flag, f"{ENGINES[engine].sm120_moe_default}; the {_SM100_ONLY}, so force Marlin W4A16 on sm_120 (RTX PRO 6000 / RTX 50xx)"
     if arch == "sm_90":
         return flag, f"the {_SM100_ONLY}; on sm_90 Marlin is the FP4 MoE path (vLLM may prefer Humming)"
     return flag, ("on SM100 the native FP4 MoE kernels are faster for a source checkpoint; a dsv4-convert "
                   "checkpoint holds Marlin tensors and must still use Marlin")
 
 
-def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "sm_120", engine: str = "sglang",
+def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "sm_120", engine: str = DEFAULT_ENGINE,
               act_dtype: str = "bfloat16", path: str = "PATH") -> LaunchPlan:
     group = GROUP_SIZE[shape.quant]
     mem_flag, mem = _mem_flag(engine, gpu_mem_gib)
@@ -206,7 +203,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
             grow = 1.0 if shape.converted else padding_factor(tiles)
             weights = (shape.expert_bytes * grow + shape.other_bytes) / tp / GIB
             repack = 0.0 if shape.converted else shape.largest_layer_expert_bytes * grow / tp / GIB
-            if engine == "sglang":
+            if not ENGINES[engine].memory_profiled:
                 kv = mem * gpu_mem_gib - weights
             else:
                 kv = mem * gpu_mem_gib - weights - ACTIVATION_GIB - CUDA_GRAPH_GIB
@@ -249,7 +246,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                                                "dsv4-convert checkpoint avoids"))
     reasoning.append(f"{mem_flag} {mem:.2f}: " + (
         "SGLang's static pool (weights + KV) gets this share; activations, CUDA graphs and the runtime need "
-        f"about {ACTIVATION_GIB + CUDA_GRAPH_GIB + RUNTIME_GIB:g} GiB outside it" if engine == "sglang" else
+        f"about {ACTIVATION_GIB + CUDA_GRAPH_GIB + RUNTIME_GIB:g} GiB outside it" if not ENGINES[engine].memory_profiled else
         f"vLLM may use this share; it profiles activations and CUDA graphs inside it, leaving "
         f"{RUNTIME_GIB:g} GiB for the CUDA context outside"))
     reasoning.append(f"MoE backend {backend}: {why}")

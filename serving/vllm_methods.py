@@ -22,6 +22,7 @@ from vllm.model_executor.layers.quantization.utils import marlin_utils
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
+from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.formats.marlin_scales import (
     nvfp4_global_to_marlin,
     nvfp4_scales_to_s0e5m3,
@@ -149,7 +150,7 @@ def rank_rescale(
     sf = vllm_rescale_factor(scales, act_dtype)
     if sf == stored_sf:
         return sf, scale_bytes, 0
-    new = nvfp4_scales_to_s0e5m3(scales, engine="vllm", sf=sf).view(torch.float8_e4m3fn)
+    new = nvfp4_scales_to_s0e5m3(scales, clamp=ENGINES["vllm"].scale_clamp, sf=sf).view(torch.float8_e4m3fn)
     zeros = int((scale_bytes.view(torch.uint8) == 0).sum()) if sf > stored_sf else 0
     return sf, new, zeros
 
@@ -221,7 +222,7 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
                 replace_parameter(layer, f"{stack}_weight_scale", new_bytes)
                 original = getattr(layer, f"{stack}_weight_scale_2").data
                 original = original[:, 0] if original.dim() == 2 else original
-                processed = nvfp4_global_to_marlin(original, engine="vllm", act_dtype=act, sf=sf)
+                processed = nvfp4_global_to_marlin(original, fp32_global=ENGINES["vllm"].fp32_global, act_dtype=act, sf=sf)
                 if zeros:
                     logger.warning(
                         "dsv4-convert: %s %s: %d scale bytes were 0 at conversion; with this rank's "

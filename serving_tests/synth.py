@@ -84,7 +84,7 @@ def converted_experts(
             sf = sfs[f"{CONTAINER}.{'w2' if p == 'w2' else 'w13'}"]
             q, s = nvfp4_to_marlin(src[f"{name}.weight"], src[f"{name}.weight_scale"], target=target, sf=sf)
             gm = nvfp4_global_to_marlin(
-                src[f"{name}.weight_scale_2"], engine=target.engine, act_dtype=target.act_dtype, sf=sf
+                src[f"{name}.weight_scale_2"], fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf
             )
             out[f"{name}.weight"], out[f"{name}.weight_scale"] = q, s
             out[f"{name}.weight_global_scale"] = gm.reshape(())
@@ -271,7 +271,7 @@ def padded_experts(src: dict[str, torch.Tensor], fmt: str, target: MarlinTarget,
             out[f"{name}.weight_scale"] = torch.cat([sc for _, sc in blocks], dim)
             if fmt == "nvfp4":
                 sf = sfs[f"{CONTAINER}.{'w2' if p == 'w2' else 'w13'}"]
-                gm = nvfp4_global_to_marlin(src[f"{name}.weight_scale_2"], engine=target.engine,
+                gm = nvfp4_global_to_marlin(src[f"{name}.weight_scale_2"], fp32_global=target.fp32_global,
                                             act_dtype=target.act_dtype, sf=sf)
                 out[f"{name}.weight_global_scale"] = gm.reshape(())
                 out[f"{name}.weight_scale_2"] = src[f"{name}.weight_scale_2"]

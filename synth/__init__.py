@@ -92,6 +92,10 @@ def _publish(staging: Path, out: Path, force: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _written(staging: Path) -> list[str]:
+    return [p.relative_to(staging).as_posix() for p in staging.rglob("*") if not p.is_dir() or p.is_symlink()]
+
+
 def _write_shards(staging: Path, names: list[str], sizes: list[int], groups: list[list[int]],
                   produce: Callable[[str], torch.Tensor], progress: Progress | None) -> dict[str, str]:
     weight_map, total = {}, sum(sizes)
@@ -232,6 +236,8 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
                      "intermediate": dims.intermediate, "hash_layers": dims.hash_layers, "mtp": dims.mtp,
                      "vocab": dims.vocab},
             "files": files, "tensors": len(names), "total_size": total,
+            # every file synth wrote: a later --force replaces the directory only while it holds no other
+            "written": sorted([*_written(staging), MANIFEST]),
             "defects": [r.as_json() for r in records]})
         _publish(staging, out, force)
     except BaseException:

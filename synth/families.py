@@ -19,6 +19,11 @@ The facts per family, and where they come from:
   nested under `text_config` (vLLM 0.33 qwen3_5.py, qwen3_5_mtp.py).
 - minimax-m2 / mixtral: MiniMaxM2ForCausalLM / MixtralForCausalLM, `model.layers.L.block_sparse_moe.experts.E.
   {w1,w3,w2}`, router `block_sparse_moe.gate` (vLLM 0.33 minimax_m2.py, mixtral.py).
+- llama4: Llama4ForConditionalGeneration, text stack under `language_model.model.layers`, `feed_forward.router`,
+  `feed_forward.shared_expert`, and ModelOpt's stacked experts `feed_forward.experts.{gate_up_proj,down_proj}`
+  K-major with `_weight_scale`, `_weight_scale_2`, `_input_scale` (vLLM 0.33 llama4.py load_moe_expert_weights,
+  mllama4.py _rename_weight_for_modelopt_checkpoint; nvidia/Llama-4-Scout-17B-16E-Instruct-FP4). One global and
+  one input scale per stack is this generator's assumption (not confirmed from a public tensor list).
 Sizes, values and the tokenizer are synthetic; the generator never copies real weights.
 """
 
@@ -33,7 +38,7 @@ from dsv4_convert.formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_
 from dsv4_convert.synth.configs import _ct_config, _modelopt_groups
 from dsv4_convert.synth.experts import Tweaks, encode_layer_experts
 from dsv4_convert.synth.layouts import Dims
-from dsv4_convert.synth.seeded import dense
+from dsv4_convert.synth.seeded import dense, expert_matrix
 
 __all__ = ["FAMILY_SPECS", "FamilySpec", "MTP_FILE", "family_config_files", "family_tensors"]
 
@@ -52,6 +57,9 @@ class FamilySpec:
     mtp: str | None = None         # "file": GLM's mtp.safetensors; "unquantised": Qwen3.5's BF16 mtp.*
     hf_quant_only: bool = False    # ModelOpt deleted quantization_config from config.json (DeepSeek-R1 FP4)
     nested: bool = False           # config under text_config (multimodal wrapper)
+    router: str = "gate"           # the router's module name under the MoE block
+    lm_head: str = "lm_head.weight"
+    stacked: bool = False          # all experts of a layer in K-major stacks (Llama-4 by ModelOpt)
     config: dict = field(default_factory=dict)
 
     @property
@@ -70,6 +78,9 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.family: s for s in (
                mixed=True, mtp="unquantised", nested=True, config={"mtp_num_hidden_layers": 1}),
     FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe"),
     FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
+    FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
+               router="router", lm_head="language_model.lm_head.weight", stacked=True,
+               config={"interleave_moe_layer_step": 1}),
 )}
 
 
@@ -111,18 +122,38 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
         _mlp(out, seed, f"{p}.mlp", h, 2 * d.intermediate, quant, dtype)
         return
     moe = f"{p}.{spec.moe}"
-    out[f"{moe}.gate.weight"] = dense(seed, f"{moe}.gate.weight", (d.experts, h), dtype=dtype)
+    out[f"{moe}.{spec.router}.weight"] = dense(seed, f"{moe}.{spec.router}", (d.experts, h), dtype=dtype)
     if spec.family in ("deepseek-v3", "glm4-moe"):
         out[f"{moe}.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
     if spec.shared is not None:
         # ModelOpt quantises shared experts with the rest; the compressed-tensors recipes ignore them
         _mlp(out, seed, f"{moe}.{spec.shared}", h, d.intermediate, "bf16" if fmt == "nvfp4-ct" else quant, dtype)
-        if spec.shared == "shared_expert":
+        if spec.family == "qwen3.5-moe":
             out[f"{moe}.shared_expert_gate.weight"] = dense(seed, f"{moe}.shared_expert_gate", (1, h), dtype=dtype)
-    if experts_layer:
+    if spec.stacked:
+        out.update(_k_major_stacks(seed, f"{moe}.experts", str(layer), d, dtype))
+    elif experts_layer:
         scheme = family_named(spec.family).source_scheme
         out.update(encode_layer_experts(fmt, seed, str(layer), experts=d.experts, hidden=h, inter=d.intermediate,
                                         tweaks=Tweaks(), dtype=dtype, scheme=scheme))
+
+
+def _k_major_stacks(seed: int, base: str, layer: str, d: Dims, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """ModelOpt's stacked NVFP4 experts: per expert [N, K] quantised as nn.Linear would be, then stored K-major,
+    `gate_up_proj` [E, K/2, 2I] (gate rows, then up rows) and `down_proj` [E, I/2, H]; one global per stack."""
+    h, i = d.hidden, d.intermediate
+    mats = [{r: expert_matrix(seed, layer, e, r, *((h, i) if r == "down" else (i, h)), dtype=dtype)
+             for r in ("gate", "up", "down")} for e in range(d.experts)]
+    out: dict[str, torch.Tensor] = {}
+    for name, roles in (("gate_up_proj", ("gate", "up")), ("down_proj", ("down",))):
+        g = nvfp4_global_for(max(m[r].abs().max().item() for m in mats for r in roles))
+        quantised = [[quantize_nvfp4(m[r], g)[:2] for r in roles] for m in mats]
+        out[f"{base}.{name}"] = torch.stack([torch.cat([w for w, _ in q]).t() for q in quantised]).contiguous()
+        out[f"{base}.{name}_weight_scale"] = torch.stack([torch.cat([s for _, s in q]).t() for q in quantised]
+                                                         ).contiguous()
+        out[f"{base}.{name}_weight_scale_2"] = g.reshape(())
+        out[f"{base}.{name}_input_scale"] = torch.tensor(0.01)
+    return out
 
 
 def family_tensors(family: str, fmt: str, seed: int, d: Dims,
@@ -135,7 +166,7 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
     for i in range(d.layers):
         _layer(out, seed, spec, fmt, i, d, dtype)
     out[f"{root}.norm.weight"] = torch.ones(d.hidden, dtype=dtype)
-    out["lm_head.weight"] = dense(seed, "lm_head", (d.vocab, d.hidden), dtype=dtype)
+    out[spec.lm_head] = dense(seed, "lm_head", (d.vocab, d.hidden), dtype=dtype)
     outside: dict[str, torch.Tensor] = {}
     if spec.mtp == "file":  # GLM: layer num_hidden_layers, quantised like the others, outside the index
         _layer(outside, seed, spec, fmt, d.layers, d, dtype)
@@ -159,14 +190,16 @@ def _arch_config(spec: FamilySpec, d: Dims) -> dict:
     text = {
         "model_type": spec.model_type, "hidden_size": d.hidden, "num_hidden_layers": d.layers,
         "num_attention_heads": d.heads, "num_key_value_heads": 1, "head_dim": d.head_dim,
-        "intermediate_size": d.intermediate if spec.moe == "block_sparse_moe" else 2 * d.intermediate,
+        "intermediate_size": d.intermediate if spec.moe != "mlp" else 2 * d.intermediate,
         "vocab_size": d.vocab, "num_experts_per_tok": d.top_k, "torch_dtype": "bfloat16",
         "tie_word_embeddings": False, **spec.config,
     }
-    if spec.moe != "block_sparse_moe":
+    if spec.moe == "mlp":
         text["moe_intermediate_size"] = d.intermediate
+    if spec.stacked:  # Llama-4: intermediate_size is the experts', intermediate_size_mlp the dense MLPs'
+        text["intermediate_size_mlp"] = 2 * d.intermediate
     experts_key = {"deepseek_v3": "n_routed_experts", "glm4_moe": "n_routed_experts"}.get(
-        spec.model_type, "num_local_experts" if spec.moe == "block_sparse_moe" else "num_experts")
+        spec.model_type, "num_experts" if spec.moe == "mlp" else "num_local_experts")
     text[experts_key] = d.experts
     if spec.dense_layers:
         text["first_k_dense_replace"] = spec.dense_layers
@@ -174,6 +207,7 @@ def _arch_config(spec: FamilySpec, d: Dims) -> dict:
         text["shared_expert_intermediate_size"] = d.intermediate
     config = {"architectures": [family.architectures[0]], "model_type": spec.model_type}
     if spec.nested:
+        text["model_type"] = f"{spec.model_type}_text"
         config.update({"text_config": text, "torch_dtype": "bfloat16", "tie_word_embeddings": False})
     else:
         config.update(text)
@@ -184,8 +218,9 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
     """(config.json quantization_config or None, hf_quant_config.json), as ModelOpt writes them (§4.2-4.3)."""
     producer = {"name": "modelopt", "version": "0.37.0"}
     lp = spec.prefix
-    exclude = ["lm_head", f"{lp}.*.{spec.moe}.gate", "mtp*" if spec.mtp == "unquantised" else None,
-               f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.shared == "shared_expert" else None]
+    exclude = [spec.lm_head.removesuffix(".weight"), f"{lp}.*.{spec.moe}.{spec.router}",
+               "mtp*" if spec.mtp == "unquantised" else None,
+               f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.family == "qwen3.5-moe" else None]
     exclude = [e for e in exclude if e]
     if not spec.mixed:
         exclude.append(f"{lp}.*.self_attn*")
@@ -216,7 +251,7 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
     if fmt == "nvfp4-ct":
         config["quantization_config"] = qc = _ct_config("nvfp4")
         qc["ignore"] += [f"re:.*{spec.shared}\\..*"] if spec.shared else []
-        qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.shared == "shared_expert" else []
+        qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.family == "qwen3.5-moe" else []
         qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
     else:
         qc, hfq = _modelopt(spec, d)

@@ -136,3 +136,12 @@ def test_named_cases_from_the_issue():
     # DSV4 with I=256 at TP 8: 32 per rank; NVFP4 can be padded by vLLM only, MXFP4 by both
     assert reference("nvfp4", "vllm", 4096, 256, 8, 1) == PAD
     assert reference("nvfp4", "sglang", 4096, 256, 8, 1) == IMPOSSIBLE
+
+
+def test_the_padding_table_names_the_engines_of_the_engine_table():
+    """formats/tiles.py keeps the padding numbers (formats imports nothing of the project); its engine
+    names must be core/engines.py's, with a rule (or an explicit None) for every FP4 format."""
+    from dsv4_convert.core.engines import ENGINES
+    from dsv4_convert.formats.tiles import GROUP_SIZE, PADDING
+    assert set(PADDING) == set(ENGINES)
+    assert all(set(rules) == set(GROUP_SIZE) for rules in PADDING.values())

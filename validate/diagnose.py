@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from dsv4_convert.core.engines import ACT_DTYPES, ENGINES
 from dsv4_convert.core.tensor_model import Quant
 from dsv4_convert.formats.constants import MARLIN_TILE_K, MARLIN_TILE_N
 from dsv4_convert.formats.marlin_scales import (
@@ -80,7 +81,8 @@ def expected_marlin_scales(ref_scale: torch.Tensor, quant: Quant, *, engine: str
                            w4a8: bool, permute: bool = True) -> torch.Tensor:
     """Source block scales [N, K/g] -> the uint8 bytes [K/g, N] a correct conversion stores."""
     if quant is Quant.NVFP4:
-        b = nvfp4_scales_to_s0e5m3(ref_scale.view(torch.float8_e4m3fn).transpose(-1, -2), engine=engine, sf=sf)
+        b = nvfp4_scales_to_s0e5m3(ref_scale.view(torch.float8_e4m3fn).transpose(-1, -2),
+                                   clamp=ENGINES[engine].scale_clamp, sf=sf)
         return permute_scale_columns(b) if permute else b
     b = mxfp4_scales_to_marlin(ref_scale.view(torch.uint8).transpose(-1, -2), w4a8=w4a8)
     return permute_scale_columns(b, w4a8=w4a8) if permute else b
@@ -95,7 +97,8 @@ def scale_cause(mscale: torch.Tensor, ref_scale: torch.Tensor, quant: Quant, *, 
         return "scales not processed: the bytes are the raw E4M3 scales (transposed), not S0E5M3"
     if quant is Quant.NVFP4:
         local_sf = vllm_rescale_factor(ref_scale.view(torch.float8_e4m3fn), act_dtype)
-        for eng, f in (("vllm", sf), ("vllm", 1.0), ("vllm", local_sf), ("sglang", 1.0)):
+        tried = [(e, f) for e in ENGINES for f in ((sf, 1.0, local_sf) if ENGINES[e].rescale else (1.0,))]
+        for eng, f in dict.fromkeys(tried):
             if (eng, f) == (engine, sf):
                 continue
             if _same(stored, expected_marlin_scales(ref_scale, quant, engine=eng, sf=f, w4a8=False)):
@@ -110,12 +113,12 @@ def scale_cause(mscale: torch.Tensor, ref_scale: torch.Tensor, quant: Quant, *, 
 def global_cause(stored: torch.Tensor, g: torch.Tensor, *, engine: str, act_dtype: str, sf: float) -> str:
     if stored.dtype == torch.float32 and stored.numel() == 1 and float(stored.reshape(())) == float(g.reshape(-1)[0]):
         return "global not processed: it is the raw weight_scale_2 (missing the 2**(B-7) / sf factor)"
-    for eng in ("vllm", "sglang"):
-        for act in ("bfloat16", "float16"):
-            for f in sorted({sf, 1.0}) if eng == "vllm" else (1.0,):
+    for eng, facts in ENGINES.items():
+        for act in ACT_DTYPES:
+            for f in sorted({sf, 1.0}) if facts.rescale else (1.0,):
                 if (eng, act, f) == (engine, act_dtype, sf):
                     continue
-                cand = nvfp4_global_to_marlin(g.float().reshape(()), engine=eng, act_dtype=act, sf=f)
+                cand = nvfp4_global_to_marlin(g.float().reshape(()), fp32_global=facts.fp32_global, act_dtype=act, sf=f)
                 if cand.dtype == stored.dtype and _same(cand.reshape(-1), stored.reshape(-1)):
                     return (f"wrong target: global processed for {eng}/{act} (rescale {f:g}, {cand.dtype}); "
                             f"the checkpoint says {engine}/{act_dtype}")

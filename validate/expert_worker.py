@@ -177,7 +177,7 @@ class _Worker:
                 q, s = nvfp4_to_marlin(pt.weight, pt.scale, target=target, sf=pt.sf)
                 owner = tensors.get(Role.GATE, pt) if role is Role.UP else pt
                 g = owner.global_scale if owner.global_scale is not None else torch.tensor(1.0)
-                mglobal = nvfp4_global_to_marlin(g.float().reshape(()), engine=o.engine, act_dtype=o.act_dtype,
+                mglobal = nvfp4_global_to_marlin(g.float().reshape(()), fp32_global=target.fp32_global, act_dtype=o.act_dtype,
                                                  sf=pt.sf)
             else:
                 q, s = mxfp4_to_marlin(pt.weight, pt.scale, target=target)

@@ -13,6 +13,7 @@ from pathlib import Path
 from dsv4_convert.core.errors import InputError
 from dsv4_convert.core.files import INDEX_FILE
 from dsv4_convert.core.safetensors_header import read_header
+from dsv4_convert.core.small_files import read_small
 from dsv4_convert.validate.inputs import HeaderInfo
 
 __all__ = ["scan_checkpoint", "scan_header", "scan_index"]
@@ -24,7 +25,7 @@ def scan_index(root: Path) -> tuple[dict | None, str | None]:
     if not path.exists():
         return None, None
     try:
-        index = json.loads(path.read_text())
+        index = json.loads(read_small(path))
     except (OSError, ValueError, RecursionError) as e:
         return None, f"{INDEX_FILE} is not valid JSON: {str(e)[:200]}"
     wm = index.get("weight_map") if isinstance(index, dict) else None

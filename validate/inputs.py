@@ -20,6 +20,7 @@ from functools import cached_property
 import numpy as np
 import torch
 
+from dsv4_convert.core.engines import DEFAULT_ENGINE
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role
 from dsv4_convert.formats.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, E8M0_NAN
@@ -49,7 +50,7 @@ _FP32_MAX = float(np.finfo(np.float32).max)
 class Options:
     """What the checkpoint will be served with (`engine`/`act_dtype`/`w4a8`: for a converted
     checkpoint, what it was converted for) and how much to check."""
-    engine: str = "sglang"
+    engine: str = DEFAULT_ENGINE
     act_dtype: str = "bfloat16"
     w4a8: bool = False
     tp: int = 1

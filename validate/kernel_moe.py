@@ -82,10 +82,9 @@ def rel_errors(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(y).all(dim=2).all(dim=0), rel, torch.full_like(rel, float("inf")))
 
 
-def dequant(quant: str, packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
-            n_pad: int | None = None, k_pad: int | None = None) -> torch.Tensor:
-    """Source FP4 (packed u8 [N, K/2], block scales [N, K/g], ModelOpt global) -> float32 [Np, Kp] on
-    the tensors' device, zero-padded to the engine's padded shape."""
+def dequant(quant: str, packed: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:
+    """Source FP4 (packed u8 [N, K/2], block scales [N, K/g], ModelOpt global) -> float32 [N, K] on the
+    tensors' device. A padded layout is padded before (formats/padded_layout.pad_source)."""
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
     values = table[unpack_nibbles(packed.contiguous().view(torch.uint8)).long()]
     n, k = values.shape
@@ -93,19 +92,16 @@ def dequant(quant: str, packed: torch.Tensor, scale: torch.Tensor, global_scale:
     if quant == "nvfp4":
         s = scale.contiguous().view(torch.float8_e4m3fn).float()
         g = global_scale.float().reshape(()).to(packed.device) if global_scale is not None else 1.0
-        w = (values.reshape(n, -1, group) * s.unsqueeze(-1) * g).reshape(n, k)
-    else:
-        table = e8m0_to_float(torch.arange(256, dtype=torch.uint8)).to(packed.device)
-        w = (values.reshape(n, -1, group) * table[scale.contiguous().view(torch.uint8).long()].unsqueeze(-1))
-        w = w.reshape(n, k)
-    return torch.nn.functional.pad(w, (0, (k_pad or k) - k, 0, (n_pad or n) - n))
+        return (values.reshape(n, -1, group) * s.unsqueeze(-1) * g).reshape(n, k)
+    table = e8m0_to_float(torch.arange(256, dtype=torch.uint8)).to(packed.device)
+    w = values.reshape(n, -1, group) * table[scale.contiguous().view(torch.uint8).long()].unsqueeze(-1)
+    return w.reshape(n, k)
 
 
-def repack_source(provider, packed: torch.Tensor, n_pad: int, k_pad: int) -> torch.Tensor:
-    """The engine's own repack of source bytes [N, K/2], as its weight loading does it: pad to the
-    Marlin shape, view as int32 [N, K/8], transpose to [K/8, N], gptq_marlin_repack(num_bits=4)."""
+def repack_source(provider, packed: torch.Tensor) -> torch.Tensor:
+    """The engine's own repack of source bytes [N, K/2] (already in the engine's padded shape), as its
+    weight loading does it: view as int32 [N, K/8], transpose to [K/8, N], gptq_marlin_repack(num_bits=4)."""
     b = packed.contiguous().view(torch.uint8)
     n, k2 = b.shape
-    b = torch.nn.functional.pad(b, (0, k_pad // 2 - k2, 0, n_pad - n))
-    q = b.contiguous().view(torch.int32).t().contiguous()
-    return provider.repack(q, k_pad, n_pad, 4, False)
+    q = b.view(torch.int32).t().contiguous()
+    return provider.repack(q, k2 * 2, n, 4, False)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from dsv4_convert.core.engines import engine_facts
+from dsv4_convert.core.errors import DsvError
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from dsv4_convert.core.rescale import stack_key
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
@@ -31,11 +32,13 @@ from dsv4_convert.formats.marlin_torch import (
     nvfp4_to_marlin_t,
     permute_columns_t,
 )
+from dsv4_convert.formats.padded_layout import pad_source
 from dsv4_convert.validate.check import Result, Scope
 from dsv4_convert.validate.checks import ALL_CHECKS
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX, KernelCase
 from dsv4_convert.validate.kernel_moe import Stack, dequant, reference_product, rel_errors, repack_source, run_stack
 from dsv4_convert.validate.kernel_provider import select_provider
+from dsv4_convert.validate.kernel_shapes import kernel_layouts
 from dsv4_convert.validate.runner import rescale_factors, resolve_options
 
 __all__ = ["KernelOptions", "run_kernel_checks"]
@@ -59,14 +62,16 @@ class _Prepared:
     g: torch.Tensor | None  # processed global as the kernel gets it (fp32), None for MXFP4
     ref: torch.Tensor
     repack: tuple | None  # (bad words, total, first) when source bytes were at hand
+    engine_global: float | None = None  # the kernel's global / the reference's, where the engine rounds it
 
 
 class _Layer:
-    """Prepares one projection on the device: Marlin tensors, reference, repack comparison."""
+    """Prepares one projection on the device: Marlin tensors, reference, repack comparison. `layouts`:
+    container -> the padded per-rank layout its experts run in (validate/kernel_shapes.py)."""
 
-    def __init__(self, ckpt, reader, refs, rreader, ref_fmt, opts, provider, sf, device):
+    def __init__(self, ckpt, reader, refs, rreader, ref_fmt, opts, provider, sf, device, layouts):
         self.ckpt, self.reader, self.refs, self.rreader, self.ref_fmt = ckpt, reader, refs, rreader, ref_fmt
-        self.opts, self.provider, self.sf, self.dev = opts, provider, sf, device
+        self.opts, self.provider, self.sf, self.dev, self.layouts = opts, provider, sf, device, layouts
         self.target = opts.target()
 
     def _get(self, reader, proj, fmt):
@@ -74,12 +79,32 @@ class _Layer:
         return (d.weight.to(self.dev), d.scale.to(self.dev),
                 d.global_scale.to(self.dev) if d.global_scale is not None else None)
 
+    def _source(self, reader, proj, fmt, layout_of):
+        """Source tensors on the device, in the padded per-rank layout of `layout_of`'s container where
+        it has one (the one home of that layout: formats/padded_layout.py)."""
+        w, bs, gs = self._get(reader, proj, fmt)
+        t = self.layouts.get(layout_of.container)
+        if t is not None:
+            w, bs = pad_source(w, bs, down=proj.role is Role.DOWN, t=t)
+        return w, bs, gs
+
     def _repack(self, q, packed):
-        n_pad, k_pad = q.shape[-1] // 2, q.shape[-2] * 16
-        got = repack_source(self.provider, packed, n_pad, k_pad)
+        got = repack_source(self.provider, packed)
         bad = got.ne(q)
         first = tuple(int(i) for i in bad.nonzero()[0]) if bad.any() else None
         return int(bad.sum()), bad.numel(), first
+
+    def _engine_global(self, exact, sf):
+        """The global the engine keeps for the exact source global, over the exact one: 1.0 for vLLM (fp32),
+        SGLang's rounding to the activation dtype (kernel.gemm's policy on the engine's own rounding).
+        From the source, never from the stored bytes: a stored global that is off is not the engine's."""
+        e = exact.float().reshape(()).cpu() if exact is not None else None
+        if e is None or not (torch.isfinite(e) and e > 0):
+            return None  # nvfp4.global.invalid reports it
+        o = self.opts
+        kept = marlin_to_nvfp4_global(nvfp4_global_to_marlin(e, fp32_global=self.target.fp32_global,
+                                                             act_dtype=o.act_dtype, sf=sf), act_dtype=o.act_dtype, sf=sf)
+        return float(kept / e)
 
     def prepare(self, proj, owner) -> _Prepared:
         """`owner` is the projection whose global the engine uses (the gate for up)."""
@@ -90,21 +115,27 @@ class _Layer:
             g = self.reader.get(owner.marlin_global).float().reshape(()) if nv else None
             ref_proj = self.refs.get(proj.key)
             if ref_proj is not None:
-                w, bs, gs = self._get(self.rreader, ref_proj, self.ref_fmt)
-                ref = dequant(proj.quant.value, w, bs, gs, q.shape[-1] // 2, q.shape[-2] * 16)
-                return _Prepared(q, s, g, ref, self._repack(q, w))
+                w, bs, gs = self._source(self.rreader, ref_proj, self.ref_fmt, proj)
+                ref_owner = self.refs.get(owner.key, ref_proj)
+                og = gs if ref_owner is ref_proj else self._get(self.rreader, ref_owner, self.ref_fmt)[2]
+                return _Prepared(q, s, g, dequant(proj.quant.value, w, bs, gs), self._repack(q, w),
+                                 self._engine_global(og, sf) if nv else None)
             own = self.reader.get(proj.marlin_global).float().reshape(()) if nv else None
             return _Prepared(q, s, g, self._decode(proj, q, s, own, sf), None)
-        w, bs, gs = self._get(self.reader, proj, self.ckpt.format)
+        w, bs, gs = self._source(self.reader, proj, self.ckpt.format, proj)
         if nv:
             q, s = nvfp4_to_marlin_t(w, bs, target=self.target, sf=sf)
-            _, _, og = self._get(self.reader, owner, self.ckpt.format) if owner is not proj else (w, bs, gs)
-            g = nvfp4_global_to_marlin(og.float().reshape(()).cpu(), engine=self.opts.engine,
-                                       act_dtype=self.opts.act_dtype, sf=sf).float()
+            og = self._get(self.reader, owner, self.ckpt.format)[2] if owner is not proj else gs
+            try:
+                g = nvfp4_global_to_marlin(og.float().reshape(()).cpu(), fp32_global=self.target.fp32_global,
+                                           act_dtype=self.opts.act_dtype, sf=sf).float()
+            except ValueError:  # NaN, 0 or negative: nvfp4.global.invalid reports it; the expert must not pass
+                g = torch.tensor(float("nan"))
         else:
             q, s = mxfp4_to_marlin_t(w, bs, target=self.target)
-            g = None
-        return _Prepared(q, s, g, dequant(proj.quant.value, w, bs, gs), self._repack(q, w))
+            g = og = None
+        return _Prepared(q, s, g, dequant(proj.quant.value, w, bs, gs), self._repack(q, w),
+                         self._engine_global(og, sf) if nv else None)
 
     def _decode(self, proj, q, s, mglobal, sf):
         """The Marlin bytes back to what they mean (formats/ inverses), fp32 [Np, Kp]."""
@@ -128,16 +159,22 @@ def _chosen(experts, n, seed, layer):
 def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions = KernelOptions(),
                       progress=None) -> None:
     """Adds kernel.* results, one `report.kernel` row per layer stack, and notes to `report`."""
-    ckpt = open_checkpoint(resolve_source(path))
+    try:
+        ckpt = open_checkpoint(resolve_source(path))
+    except DsvError as e:  # validate's own findings say why (structure.reader); nothing to run
+        report.notes.append(f"kernel checks skipped: the reader refuses the checkpoint ({e.error_id})")
+        return
     opts = resolve_options(opts, ckpt)
     checks = [c for c in ALL_CHECKS if c.scope is Scope.KERNEL]
     if opts.w4a8:
         report.notes.append("kernel checks skipped: W4A8 (fp8 activations) is not in the kernel pre-flight yet")
         return
+    ref_ckpt = open_checkpoint(resolve_source(against)) if against is not None else None
+    layouts = kernel_layouts(ckpt, opts, ref_ckpt)  # refuses what the kernel cannot run, before any launch
     provider = select_provider(kopts.provider, engine_facts(opts.engine).layout_tag)
     dev = torch.device(kopts.device)
     report.notes.append(f"kernel: {provider.name} on {torch.cuda.get_device_name(dev)}")
-    ref_ckpt = open_checkpoint(resolve_source(against)) if against is not None else None
+    report.notes += _layout_notes(ckpt, opts, layouts, ref_ckpt is not None)
     refs = {p.key: p for p in ref_ckpt.projections} if ref_ckpt is not None else {}
     groups = defaultdict(lambda: defaultdict(dict))
     for p in ckpt.projections:
@@ -146,7 +183,8 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
     kind = "--against SRC" if ref_ckpt is not None else ("Marlin bytes decoded" if marlin else "source dequant")
     with TensorReader(ckpt.root) as reader, (TensorReader(ref_ckpt.root) if ref_ckpt else nullcontext()) as rr:
         sf = rescale_factors(ckpt, opts, reader, ckpt.projections)
-        layer_prep = _Layer(ckpt, reader, refs, rr, ref_ckpt.format if ref_ckpt else None, opts, provider, sf, dev)
+        layer_prep = _Layer(ckpt, reader, refs, rr, ref_ckpt.format if ref_ckpt else None, opts, provider, sf, dev,
+                            layouts)
         for layer, experts in groups.items():
             chosen = _chosen(experts, kopts.experts, opts.seed, layer)
             for stack, roles in _STACKS:
@@ -171,16 +209,32 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                     progress(layer, stack, len(case.rel))
 
 
+def _layout_notes(ckpt, opts, layouts, against: bool) -> list[str]:
+    padded = sorted({(t.tp, t.ep, t.i_shard, t.i_pad, t.hidden, t.h_pad) for t in layouts.values() if t is not None})
+    if not padded:
+        return []
+    sizes = "; ".join(f"TP {tp} / EP {ep}: I_shard {i} -> {ip}, H {h} -> {hp}" for tp, ep, i, ip, h, hp in padded)
+    if ckpt.format is not SourceFormat.MARLIN:
+        return [f"kernel: source experts padded per rank as {opts.engine} pads them ({sizes}), as the converter "
+                "writes that split"]
+    if against:
+        return [f"kernel: padded per-rank layout ({sizes}) checked against the source padded the same way"]
+    return [f"kernel: padded per-rank layout ({sizes}) checked without --against: the reference is the bytes' "
+            "own decode, so rank blocks in the wrong order or padding in the wrong place of a rank block are "
+            "not visible here (the kernel computes what the bytes mean); add --against SRC to check the layout"]
+
+
 def _run_stack(prep, experts, members, roles, case, opts, kopts, dev):
     gen = torch.Generator(device=dev).manual_seed(opts.seed)
     act = getattr(torch, opts.act_dtype)
     x = None
     for i in range(0, len(members), kopts.chunk):
         part = members[i:i + kopts.chunk]
-        qs, ss, gs, refs = [], [], [], []
+        qs, ss, gs, refs, kept = [], [], [], [], []
         for e in part:
             owner = experts[e][roles[0]]
             pieces = [prep.prepare(experts[e][r], owner) for r in roles]
+            kept.append(pieces[0].engine_global)
             qs.append(torch.cat([p.q for p in pieces], dim=-1))
             ss.append(torch.cat([p.s.view(torch.uint8) for p in pieces], dim=-1).view(pieces[0].s.dtype))
             gs.append(pieces[0].g)
@@ -199,6 +253,11 @@ def _run_stack(prep, experts, members, roles, case, opts, kopts, dev):
         if x is None:
             x = torch.randn(kopts.rows, stack.reference.shape[-1], generator=gen, device=dev).to(act)
         y = run_stack(prep.provider, stack, x)
-        errs = rel_errors(y, reference_product(stack, x))
-        case.rel.update({e: float(r) for e, r in zip(part, errs.tolist())})
-        del stack, y
+        ref = reference_product(stack, x)
+        case.rel.update({e: float(r) for e, r in zip(part, rel_errors(y, ref).tolist())})
+        if any(k is not None and k != 1.0 for k in kept):  # the engine rounds a global: the error without it
+            ratio = torch.tensor([1.0 if k is None else k for k in kept], device=dev)
+            errs = rel_errors(y, ref * ratio[None, :, None])
+            case.engine_global.update({e: (k, float(r)) for e, k, r in zip(part, kept, errs.tolist())
+                                       if k is not None and k != 1.0})
+        del stack, y, ref

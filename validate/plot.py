@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 
+from dsv4_convert.core.errors import OutputError
 from dsv4_convert.core.index import natural_key
+from dsv4_convert.runtime.side_files import write_side_file
 from dsv4_convert.validate.check import Severity
 
 __all__ = ["plot_report"]
@@ -44,6 +46,11 @@ def plot_report(report, path: str) -> str:
         fig.colorbar(im, ax=ax)
     fig.suptitle(f"dsv4-convert validate {report.path}")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return f"wrote {path}"
+    try:  # PNG whatever the name ends with; written like every side file (runtime/side_files.py)
+        real = write_side_file(path, "plot", lambda f: fig.savefig(f, format="png", dpi=100))
+    except (ValueError, RuntimeError) as e:  # matplotlib's own refusals
+        raise OutputError(f"cannot draw the plot {path}: {e}", error_id="plot.not_writable", file=str(path),
+                          hint="choose a --plot FILE ending in .png") from None
+    finally:
+        plt.close(fig)
+    return f"wrote {real}"

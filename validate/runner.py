@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from dsv4_convert.core.engines import ACT_DTYPES, ENGINES
 from dsv4_convert.core.errors import DsvError, InputError, UsageError
 from dsv4_convert.core.index import read_json
 from dsv4_convert.core.reader import TensorReader, open_checkpoint, resolve_source
-from dsv4_convert.core.rescale import rescales, stack_key, stack_rescale_factors
+from dsv4_convert.core.rescale import stack_key, stack_rescale_factors
 from dsv4_convert.core.structure import padded_containers, unreadable_tensors
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.validate.check import Result, Scope
@@ -54,8 +55,8 @@ def resolve_options(opts: Options, ckpt: Checkpoint | None) -> Options:
     if ckpt is None or ckpt.format is not SourceFormat.MARLIN:
         return opts
     qc = ckpt.config.get("quantization_config") or {}
-    engine = qc.get("target_engine") if qc.get("target_engine") in ("vllm", "sglang") else opts.engine
-    act = qc.get("act_dtype") if qc.get("act_dtype") in ("bfloat16", "float16") else opts.act_dtype
+    engine = qc.get("target_engine") if qc.get("target_engine") in ENGINES else opts.engine
+    act = qc.get("act_dtype") if qc.get("act_dtype") in ACT_DTYPES else opts.act_dtype
     tp, ep = opts.tp, opts.ep
     rec = qc.get("tp_layout")
     if not opts.layout_requested and isinstance(rec, dict) and isinstance(rec.get("tp"), int) \
@@ -112,7 +113,7 @@ def rescale_factors(ckpt: Checkpoint, opts: Options, reader: TensorReader, proje
     if ckpt.format is SourceFormat.MARLIN:
         recorded = (ckpt.config.get("quantization_config") or {}).get("rescale_factors") or {}
         return {k: float(v) for k, v in recorded.items()}
-    if not rescales(opts.engine, opts.act_dtype):
+    if not opts.target().rescales:
         return {}
     return stack_rescale_factors(reader, projections, opts.act_dtype, skip_unreadable=True)
 

@@ -34,10 +34,8 @@ H, I, E = 256, 256, 4
 # split id: (ranks, expert parallel, converted with --tp/--ep, hidden, intermediate). "pad-tp2": H 384 ->
 # 512 and I_shard 96 -> 128, padded by the converter (`--tp 2`) and by vLLM's own path from the source
 # (gpt-oss-20b's H = I = 2880 pads the same way at TP 2: I_shard 1440 -> 1536, H -> 3072)
-SPLITS = {"tp1": (1, False, None, H, I), "tp2": (2, False, None, H, I), "ep2": (2, True, None, H, I)}
-if synth.cli_has_tp():
-    SPLITS["pad-tp2"] = (2, False, (2, 1), 384, 192)
-    SPLITS["pad-ep2"] = (2, True, (2, 2), 384, 192)
+SPLITS = {"tp1": (1, False, None, H, I), "tp2": (2, False, None, H, I), "ep2": (2, True, None, H, I),
+          "pad-tp2": (2, False, (2, 1), 384, 192), "pad-ep2": (2, True, (2, 2), 384, 192)}
 
 
 @pytest.fixture(scope="module", params=list(SPLITS))

@@ -63,7 +63,7 @@ def _expected(src_root: Path, target: MarlinTarget) -> tuple[dict[str, torch.Ten
                 if p.quant is Quant.NVFP4:
                     q, s = nvfp4_to_marlin(d.weight, d.scale, target=target, sf=sf)
                     expected[f"{p.key}.weight_global_scale"] = nvfp4_global_to_marlin(
-                        d.global_scale, engine=target.engine, act_dtype=target.act_dtype, sf=sf)
+                        d.global_scale, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf)
                     if ckpt.format is SourceFormat.NVFP4_CT:
                         expected[f"{p.key}.weight_scale_2"] = d.global_scale
                         expected[f"{p.key}.ct_weight_global_scale"] = reader.get(p.global_scale)

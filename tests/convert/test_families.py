@@ -17,11 +17,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_helpers import CLI, restored_tree, run_cli, tree_hashes
 
 from dsv4_convert.core.detect import detect_format
 from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.naming import (
     FAMILIES,
     converted_expert,
@@ -30,10 +28,14 @@ from dsv4_convert.core.naming import (
     module_prefix,
     parse_expert_name,
 )
-from dsv4_convert.core.reader import open_checkpoint
+from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.tensor_model import Role, SourceFormat, TensorRef
+from dsv4_convert.formats.nvfp4 import quantize_nvfp4
 from dsv4_convert.synth import SYNTH_FAMILIES
 from dsv4_convert.synth.families import FAMILY_SPECS, MTP_FILE
+from dsv4_convert.synth.seeded import expert_matrix
+from tests.helpers.cli import CLI, restored_tree, run_cli, tree_hashes
+from tests.helpers.compare import assert_bytes_equal
 
 # deepseek-v4 and gpt-oss are covered end to end by test_convert_e2e.py; here: the families added with the table
 CASES = [(fam, fmt) for fam in FAMILY_SPECS for fmt in SYNTH_FAMILIES[fam]]
@@ -83,8 +85,8 @@ def test_family_is_recognised_with_its_names(family_source, fam, fmt):
     for p in ckpt.projections:
         parsed = parse_expert_name(p.weight.name)
         assert parsed is not None and parsed.scheme.name == family.scheme, p.weight.name
-        assert p.key.startswith(module_prefix(family, p.layer, converted=False) + ".")
-        assert (parsed.layer, parsed.expert, parsed.role) == (p.layer, p.expert, p.role)
+        assert parsed.layer == p.layer and p.key.startswith(module_prefix(family, p.layer, converted=False) + ".")
+        assert converted_expert(f"{p.key}.weight") == (p.layer, p.expert, p.role)  # what the plugins will read
 
 
 @pytest.mark.parametrize(("fam", "fmt"), CASES, ids=_IDS)
@@ -148,15 +150,21 @@ def test_unknown_expert_names_say_which_part_is_not_understood(name, part):
     assert name in e.value.hint and part in e.value.hint, e.value.hint
 
 
-def test_llama4_stacked_experts_are_recognised_and_refused_clearly():
-    base = "language_model.model.layers.0.feed_forward.experts"
-    tensors = {f"{base}.gate_up_proj": _ref(f"{base}.gate_up_proj", shape=(4, 64, 256)),
-               f"{base}.gate_up_proj_weight_scale": _ref(f"{base}.gate_up_proj_weight_scale", "F8_E4M3", (4, 8, 256))}
-    parsed = parse_expert_name(f"{base}.gate_up_proj_weight_scale")
-    assert (parsed.scheme.name, parsed.layer, parsed.suffix, parsed.role) == ("llama4-stacked", "0", "scale", None)
-    with pytest.raises(ContentError) as e:
-        group_projections(SourceFormat.NVFP4_MODELOPT_HF, {}, tensors)
-    assert e.value.error_id == "group.unsupported_layout" and "K-major" in e.value.message
+def test_llama4_k_major_stacks_read_as_the_per_expert_matrices(family_source):
+    """The reader's transpose and gate | up split of Llama-4's K-major stacks, against an independent reference:
+    each expert's matrix quantised on its own as nn.Linear stores it ([N, K], codes packed along K)."""
+    src = family_source("llama4", "nvfp4-modelopt-hf")
+    ckpt = open_checkpoint(src)
+    assert {p.weight.name.rsplit(".", 1)[-1] for p in ckpt.projections} == {"gate_up_proj", "down_proj"}
+    with TensorReader(src) as reader:
+        for p in ckpt.projections:
+            if p.expert not in (0, _SIZES["experts"] - 1):
+                continue
+            data = load_projection(reader, p)
+            matrix = expert_matrix(0, p.layer, p.expert, p.role.value, p.n, p.k)
+            packed, scale, _ = quantize_nvfp4(matrix, data.global_scale)
+            assert_bytes_equal(data.weight, packed, p.key)
+            assert_bytes_equal(data.scale, scale, f"{p.key} scale")
 
 
 def test_converted_names_give_layer_expert_role_for_the_plugins():
@@ -164,4 +172,10 @@ def test_converted_names_give_layer_expert_role_for_the_plugins():
     assert converted_expert("model.language_model.layers.1.mlp.experts.2.down_proj.weight") == ("1", 2, Role.DOWN)
     assert converted_expert("mtp.0.ffn.experts.5.w1.weight") == ("mtp.0", 5, Role.GATE)
     assert converted_expert("model.layers.3.mlp.shared_experts.gate_proj.weight") is None
+    gemma = parse_expert_name("model.language_model.layers.4.experts.9.gate_proj.weight")
+    assert (gemma.scheme.name, gemma.layer, gemma.expert, gemma.role) == ("gemma4", "4", 9, Role.GATE)
+    assert gemma.scheme is family_named("gemma4-moe").source_scheme
+    community = parse_expert_name("language_model.model.layers.3.mlp.experts.1.up_proj.weight_packed")
+    assert (community.scheme.name, community.layer, community.expert, community.role) == (
+        "hf-language-model", "3", 1, Role.UP)
     assert module_prefix(family_named("llama4"), 5) == "language_model.model.layers.5.feed_forward.experts"

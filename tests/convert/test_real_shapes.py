@@ -61,7 +61,7 @@ def test_dsv4_i256_converts_and_records_the_unpadded_layouts(dsv4_i256, tmp_path
                              {"tp": 8, "ep": 8}]
     serving = (out / "SERVING.md").read_text()
     assert "TP 1 / EP 1, TP 2 / EP 1, TP 2 / EP 2, TP 4 / EP 4, TP 8 / EP 8" in serving
-    assert "--tp 8 --ep 8 --moe-runner-backend marlin" in serving
+    assert "--tp-size 8 --ep-size 8 --moe-runner-backend marlin" in serving
     bad = run_cli("validate", out, "--tp", 8, check=False)
     assert bad.returncode != 0 and "structure.tile.tp" in bad.stdout + bad.stderr
     run_cli("validate", out, "--tp", 8, "--ep", 8)

@@ -10,6 +10,7 @@ import torch
 from dsv4_convert.core.errors import ContentError, InputError, UsageError
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
+from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.ckpt_factory import FORMATS, make_checkpoint, write_json
 
 
@@ -268,6 +269,63 @@ def test_hub_repo_not_cached_offline(tmp_path):
     r = _offline(code, tmp_path / "hf")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "hub.not_cached"
+
+
+def _cache_tree_listing(snap: Path, extra: dict[str, int]) -> None:
+    """huggingface_hub's cached tree listing (trees/<commit>.json, format 1) of the repo: every file of the
+    snapshot plus `extra` (path -> size), files the Hub has but this cache never fetched."""
+    files = {p.relative_to(snap).as_posix(): p.stat().st_size for p in snap.rglob("*") if p.is_file()} | extra
+    trees = snap.parent.parent / "trees"
+    trees.mkdir()
+    write_json(trees / f"{snap.name}.json", {"format_version": 1, "files": {
+        f: {"size": n, "blob_id": f"{i:040x}"} for i, (f, n) in enumerate(sorted(files.items()))}})
+
+
+def test_hub_snapshot_cached_as_vllm_downloads_it_opens_offline(tmp_path):
+    """Issue 20 item 7: vLLM fetches no README.md and no original/**; with the tree listing cached,
+    huggingface_hub calls that snapshot incomplete. Config, index and every shard are there: it opens."""
+    make_checkpoint(tmp_path / "src", "mxfp4-gptoss")
+    snap = _fill_cache(tmp_path / "hf", "openai/tiny-gpt-oss", tmp_path / "src")
+    for doc in snap.glob("*.md"):  # vLLM fetches weights and configs only
+        doc.unlink()
+    _cache_tree_listing(snap, {"README.md": 100, "original/model.safetensors": 1000, "metal/model.bin": 1000})
+    code = ("from dsv4_convert.core.reader import open_checkpoint\n"
+            "c = open_checkpoint('openai/tiny-gpt-oss')\nprint(c.root); print(c.format.value)")
+    r = _offline(code, tmp_path / "hf")
+    assert r.returncode == 0, r.stderr
+    root, fmt = r.stdout.split()
+    assert Path(root) == snap.resolve() and fmt == "mxfp4-gptoss"
+
+
+def test_hub_snapshot_missing_a_shard_is_not_cached(tmp_path):
+    make_checkpoint(tmp_path / "src", "mxfp4-gptoss")
+    snap = _fill_cache(tmp_path / "hf", "openai/tiny-gpt-oss", tmp_path / "src")
+    _cache_tree_listing(snap, {})
+    shard = sorted(snap.glob("*.safetensors"))[0]
+    shard.unlink()
+    code = ("from dsv4_convert.core.errors import InputError\n"
+            "from dsv4_convert.core.reader import open_checkpoint\n"
+            "try:\n    open_checkpoint('openai/tiny-gpt-oss')\n"
+            "except InputError as e:\n    print(e.error_id)\n")
+    r = _offline(code, tmp_path / "hf")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "hub.not_cached"
+
+
+def test_original_and_metal_are_left_out_and_not_copied(tmp_path):
+    src = write_synthetic_checkpoint(tmp_path / "src", format="mxfp4-gptoss", layers=1, experts=2, shards=1)
+    for rel in ("original/model.safetensors", "original/config.json", "metal/model.bin"):
+        (src / rel).parent.mkdir(exist_ok=True)
+        (src / rel).write_bytes(b"not read by any engine")
+    ckpt = open_checkpoint(src)
+    assert ckpt.left_out == ("metal/model.bin", "original/config.json", "original/model.safetensors")
+    assert not any(f.startswith(("original/", "metal/")) for f in ckpt.other_files)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "dsv4_convert.cli", "mxfp4-to-marlin", str(src), str(out), "--json",
+                           "-q"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["left_out"] == list(ckpt.left_out)
+    assert not (out / "original").exists() and not (out / "metal").exists()
 
 
 @pytest.mark.parametrize("shard", ["../outside.safetensors", "/etc/passwd", ""])

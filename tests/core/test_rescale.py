@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dsv4_convert.core.reader import TensorReader, open_checkpoint
-from dsv4_convert.core.rescale import rescales, stack_rescale_factors
+from dsv4_convert.core.rescale import stack_rescale_factors
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
 from dsv4_convert.synth import write_synthetic_checkpoint
 
@@ -44,5 +45,5 @@ def test_factors_per_stack_match_the_codec_on_the_files(tmp_path):
 
 
 def test_only_vllm_with_bf16_rescales():
-    assert rescales("vllm", "bfloat16")
-    assert not rescales("vllm", "float16") and not rescales("sglang", "bfloat16")
+    assert MarlinTarget("vllm", "bfloat16").rescales
+    assert not MarlinTarget("vllm", "float16").rescales and not MarlinTarget("sglang", "bfloat16").rescales

@@ -10,6 +10,7 @@ import pytest
 import torch
 import xxhash
 
+from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.formats import fp4_kernels
 from dsv4_convert.formats.marlin_scales import (
     _apply_block_perm,
@@ -31,15 +32,7 @@ def test_repack_kernel_matches_numpy_steps(e, n, k2):
 
 def test_repack_threads_give_the_same_bytes():
     packed = torch.randint(0, 256, (2, 2048, 1024), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = to_marlin_weight(packed)
-        torch.set_num_threads(2)
-        two = to_marlin_weight(packed)
-    finally:
-        torch.set_num_threads(before)
-    assert torch.equal(one, two)
+    assert torch.equal(to_marlin_weight(packed, threads=1), to_marlin_weight(packed, threads=2))
 
 
 @pytest.mark.parametrize("shape", [(64, 4), (2, 256, 128), (4096, 256)])
@@ -57,11 +50,11 @@ def test_fused_nvfp4_scales_match_the_two_steps(engine, sf, shape):
     applied one after the other (and the strided fallback, for a non-contiguous source)."""
     s = torch.randint(0, 256, shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(6))
     e4m3 = s.view(torch.float8_e4m3fn)
-    ref = _apply_block_perm(nvfp4_scales_to_s0e5m3(e4m3, engine=engine, sf=sf).transpose(-1, -2).contiguous(),
+    ref = _apply_block_perm(nvfp4_scales_to_s0e5m3(e4m3, clamp=ENGINES[engine].scale_clamp, sf=sf).transpose(-1, -2).contiguous(),
                             scale_column_perm(w4a8=False))
-    assert torch.equal(nvfp4_scales_to_marlin(e4m3, engine=engine, sf=sf), ref.view(torch.uint8))
+    assert torch.equal(nvfp4_scales_to_marlin(e4m3, clamp=ENGINES[engine].scale_clamp, sf=sf), ref.view(torch.uint8))
     wide = torch.cat([s, s], dim=-1)[..., : s.shape[-1]].view(torch.float8_e4m3fn)  # strided rows
-    assert torch.equal(nvfp4_scales_to_marlin(wide, engine=engine, sf=sf), ref.view(torch.uint8))
+    assert torch.equal(nvfp4_scales_to_marlin(wide, clamp=ENGINES[engine].scale_clamp, sf=sf), ref.view(torch.uint8))
 
 
 def test_byte_presence_and_lookup():

@@ -85,7 +85,7 @@ def test_vllm_s0e5m3_roundtrip_exact_except_the_clamped(sf):
     # vLLM picks sf so that max(scale) * sf <= 448: only such tensors ever meet a given sf
     src = FINITE_E4M3[_e4m3(FINITE_E4M3).float() * sf <= 448]
     assert vllm_rescale_factor(_e4m3(src), "bfloat16") == sf
-    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(_e4m3(src), engine="vllm", sf=sf), sf=sf)
+    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(_e4m3(src), clamp=True, sf=sf), sf=sf)
     back = back.view(torch.uint8)
     clamped = _e4m3(src).float() * 128 * sf < 2  # +-0, subnormals not lifted by sf, and every negative
     assert torch.equal(back != src, clamped & (src != 0))
@@ -94,14 +94,14 @@ def test_vllm_s0e5m3_roundtrip_exact_except_the_clamped(sf):
 
 
 def test_sglang_s0e5m3_roundtrip_exact_except_the_sign():
-    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(_e4m3(FINITE_E4M3), engine="sglang")).view(torch.uint8)
+    back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(_e4m3(FINITE_E4M3), clamp=False)).view(torch.uint8)
     negative = FINITE_E4M3 >= 0x80  # -0.0 included: its sign is lost too
     assert torch.equal(back != FINITE_E4M3, negative)
     assert_bytes_equal(back[negative], FINITE_E4M3[negative] & 0x7F)
 
 
 def test_s0e5m3_bytes_of_vllm_are_zero_or_at_least_0x80():
-    b = nvfp4_scales_to_s0e5m3(_e4m3(FINITE_E4M3), engine="vllm")
+    b = nvfp4_scales_to_s0e5m3(_e4m3(FINITE_E4M3), clamp=True)
     assert torch.all((b == 0) | (b >= 0x80))
 
 
@@ -116,14 +116,14 @@ def test_rescale_factor():
     assert vllm_rescale_factor(torch.zeros(4).to(torch.float8_e4m3fn), "bfloat16") == 1.0
     assert vllm_rescale_factor(small, "float16") == 1.0
     with pytest.raises(ValueError, match="no rescale factor"):
-        nvfp4_scales_to_s0e5m3(small, engine="sglang", sf=256.0)
+        nvfp4_global_to_marlin(torch.ones(1), fp32_global=False, act_dtype="bfloat16", sf=256.0)
 
 
 @pytest.mark.parametrize("act_dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("sf", [1.0, 2.0, 512.0])
 def test_vllm_global_roundtrip_is_exact(act_dtype, sf):
     g = torch.rand(64, generator=torch.Generator().manual_seed(0)) * 0.1 + 1e-4
-    gm = nvfp4_global_to_marlin(g, engine="vllm", act_dtype=act_dtype, sf=sf)
+    gm = nvfp4_global_to_marlin(g, fp32_global=True, act_dtype=act_dtype, sf=sf)
     assert gm.dtype == torch.float32
     assert_bytes_equal(marlin_to_nvfp4_global(gm, act_dtype=act_dtype, sf=sf), g)
 
@@ -131,7 +131,7 @@ def test_vllm_global_roundtrip_is_exact(act_dtype, sf):
 @pytest.mark.parametrize("act_dtype", ["bfloat16", "float16"])
 def test_sglang_global_is_in_the_activation_dtype(act_dtype):
     g = torch.tensor([0.5, 2.0**-10])
-    gm = nvfp4_global_to_marlin(g, engine="sglang", act_dtype=act_dtype)
+    gm = nvfp4_global_to_marlin(g, fp32_global=False, act_dtype=act_dtype)
     assert gm.dtype == getattr(torch, act_dtype)
     assert_bytes_equal(marlin_to_nvfp4_global(gm, act_dtype=act_dtype), g)  # powers of two survive
 
@@ -139,16 +139,12 @@ def test_sglang_global_is_in_the_activation_dtype(act_dtype):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
 def test_bad_global_raises(bad):
     with pytest.raises(ValueError, match="finite and > 0"):
-        nvfp4_global_to_marlin(torch.tensor([1.0, bad]), engine="vllm", act_dtype="bfloat16")
+        nvfp4_global_to_marlin(torch.tensor([1.0, bad]), fp32_global=True, act_dtype="bfloat16")
 
 
-def test_unknown_engine_or_dtype_raises():
-    with pytest.raises(ValueError, match="unknown engine 'trtllm'"):
-        nvfp4_scales_to_s0e5m3(_e4m3(FINITE_E4M3), engine="trtllm")
-    with pytest.raises(ValueError, match="unknown engine"):
-        nvfp4_global_to_marlin(torch.ones(1), engine="trtllm", act_dtype="bfloat16")
+def test_unknown_dtype_raises():
     with pytest.raises(ValueError, match="unknown activation dtype"):
-        nvfp4_global_to_marlin(torch.ones(1), engine="vllm", act_dtype="float32")
+        nvfp4_global_to_marlin(torch.ones(1), fp32_global=True, act_dtype="float32")
 
 
 def test_mxfp4_scales_roundtrip():

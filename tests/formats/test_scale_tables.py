@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.formats import scale_tables as st
 from dsv4_convert.formats.constants import ACT_EXPONENT_BIAS
 
@@ -43,8 +44,8 @@ def test_e4m3_decode():
 
 @pytest.mark.parametrize("engine, sf", [("sglang", 1.0)] + [("vllm", f) for f in VLLM_FACTORS])
 def test_s0e5m3_table_and_inexact_bytes(engine, sf):
-    assert np.array_equal(st.s0e5m3_table(engine, sf), _torch_s0e5m3(engine, sf))
-    lost, inexact = _torch_lost(engine, sf), st.inexact_bytes(engine, sf)
+    assert np.array_equal(st.s0e5m3_table(clamp=ENGINES[engine].scale_clamp, sf=sf), _torch_s0e5m3(engine, sf))
+    lost, inexact = _torch_lost(engine, sf), st.inexact_bytes(clamp=ENGINES[engine].scale_clamp, sf=sf)
     assert not (lost & ~inexact & ~NAN).any(), "every byte the reverse loses is flagged"
     extra = np.nonzero(inexact & ~lost & ~NAN)[0]
     # the only extra: 448 pushed past the half range; torch saturates inf back to 448 on the way back
@@ -82,6 +83,6 @@ def test_processed_global(engine, act, sf):
     g = (rng.random(4000) * 10.0 ** rng.integers(-44, 12, 4000)).astype(np.float32)
     g = np.concatenate([g, np.float32([1e-45, 1.17e-38, 2.0 ** -126, 1 / 448, 6.0, 448.0, 65504.0, 7e4, 3e38])])
     g = g[g > 0]
-    ours = st.global_to_marlin(g, engine=engine, act_dtype=act, sf=sf)
+    ours = st.global_to_marlin(g, fp32_global=ENGINES[engine].fp32_global, act_dtype=act, sf=sf)
     ref = _torch_global(torch.from_numpy(g), engine, act, sf)
     assert ours.dtype == ref.dtype and ours.tobytes() == ref.tobytes()

@@ -8,48 +8,33 @@ editing the converted safetensors files (each edit is one defect a converter cou
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.formats.marlin_scales import unpermute_scale_columns
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
+from tests.helpers.kernel_cli import MODULE, needs_kernels, run_cli
+from tests.helpers.kernel_cli import edit as _edit
+from tests.helpers.kernel_cli import kernel as _kernel
+from tests.helpers.kernel_cli import record as _record
+from tests.helpers.kernel_cli import status as _status
 
-MODULE = os.environ.get("DSV4_MARLIN_MODULE", "")
-pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() and os.path.isfile(MODULE)),
-                                reason="needs a CUDA GPU and DSV4_MARLIN_MODULE = a built Marlin extension "
-                                       "(tests/gpu/run.sh builds vLLM 0.33.0's kernels and sets it)")
-
-
-def run_cli(*args, check=True):
-    proc = subprocess.run([sys.executable, "-m", "dsv4_convert.cli", *map(str, args)], capture_output=True, text=True)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
-    return proc
+pytestmark = needs_kernels
 
 
 @pytest.fixture(scope="session")
 def module_path():
     return MODULE
 
+
 FORMATS = ("nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-dsv4", "mxfp4-ct", "mxfp4-gptoss")
 CASES = [(f, t, a) for f in FORMATS for t in ("vllm", "sglang") for a in ("bfloat16", "float16")
          if not (f.startswith("mxfp4") and a == "float16")]  # no fp16 MXFP4 Marlin kernel in either engine
-RESULTS = os.environ.get("DSV4_GPU_RESULTS")
-
-
-def _record(**row):
-    if RESULTS:
-        with open(RESULTS, "a") as f:
-            f.write(json.dumps(row) + "\n")
 
 
 @pytest.fixture(scope="session")
@@ -66,20 +51,6 @@ def _convert(src: Path, fmt: str, target: str, act: str, out: Path) -> Path:
     cmd = "nvfp4-to-marlin" if fmt.startswith("nvfp4") else "mxfp4-to-marlin"
     run_cli(cmd, src, out, "--target", target, "--act-dtype", act, "-q")
     return out
-
-
-def _kernel(path, module_path, *extra, check_rc=None):
-    proc = run_cli("validate", path, "--kernel", "--kernel-provider", f"module:{module_path}", "--json",
-                   "--quiet", *extra, check=False)
-    assert proc.returncode in (0, 1) and proc.stdout.startswith("{"), proc.stderr[-3000:]
-    data = json.loads(proc.stdout)
-    if check_rc is not None:
-        assert proc.returncode == check_rc, [f["message"] for f in data["findings"] if f["severity"] == "error"]
-    return data
-
-
-def _status(data, check_id):
-    return next(c["status"] for c in data["checks"] if c["id"] == check_id)
 
 
 @pytest.mark.parametrize("fmt,target,act", CASES)
@@ -102,15 +73,6 @@ def test_kernel_passes_on_converted_output(sources, module_path, tmp_path, fmt, 
 def _tensors(out: Path, expert: int, role: Role):
     p = next(p for p in open_checkpoint(out).projections if p.layer == "0" and p.expert == expert and p.role is role)
     return p
-
-
-def _edit(out: Path, name: str, fn) -> None:
-    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
-    f = out / index[name]
-    tensors = load_file(f)
-    tensors[name] = fn(tensors[name]).contiguous()
-    os.chmod(f, 0o644)
-    save_file(tensors, f, metadata={"format": "pt"})
 
 
 def _swap_nibbles(t):

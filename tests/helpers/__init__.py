@@ -7,6 +7,7 @@ root on sys.path because tests/__init__.py exists, so no test touches sys.path i
 - padded_ref: the independent reference of a padded (--tp/--ep) conversion
 - engine_stacks: the engines' own conversion chains, as the golden cases were made
 - checks: one validate check run on in-memory or on-disk tensors
+- kernel_cli: the GPU suite's skip rule, `validate --kernel` through the built engine extension, edits
 - corrupt, catalogue: the catalogue of corrupted inputs (tests/reliability)
 - fuzz_targets: the parsers under fuzzing (tests/reliability, benchmarks/fuzz_parsers.py)
 - cli_batch: a script that runs many CLI commands in one process

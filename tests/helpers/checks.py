@@ -52,7 +52,7 @@ def marlin_of(src: ProjectionTensors, *, engine="sglang", act_dtype="bfloat16") 
     t = MarlinTarget(engine=engine, act_dtype=act_dtype)
     if src.quant is Quant.NVFP4:
         q, s = nvfp4_to_marlin(src.weight, src.scale, target=t)
-        g = nvfp4_global_to_marlin(src.global_scale, engine=engine, act_dtype=act_dtype)
+        g = nvfp4_global_to_marlin(src.global_scale, fp32_global=t.fp32_global, act_dtype=act_dtype)
     else:
         q, s = mxfp4_to_marlin(src.weight, src.scale, target=t)
         g = None

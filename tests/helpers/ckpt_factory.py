@@ -185,7 +185,7 @@ def make_checkpoint(root: Path, fmt: str, *, layers: int = 2, experts: int = 4, 
                         q, s = nvfp4_to_marlin(packed, scale, target=MarlinTarget())
                         t[f"{key}.weight"], t[f"{key}.weight_scale"] = q, s
                         t[f"{key}.weight_global_scale"] = nvfp4_global_to_marlin(
-                            glob, engine="sglang", act_dtype="bfloat16").to(torch.bfloat16)
+                            glob, fp32_global=False, act_dtype="bfloat16").to(torch.bfloat16)
                         t[f"{key}.weight_scale_2"] = glob
                         t[f"{key}.input_scale"] = inp
                     else:

@@ -6,13 +6,29 @@ import hashlib
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 CLI = [sys.executable, "-m", "dsv4_convert.cli"]
 
+# The node id of the running test when it is not marked slow (set by tests/conftest.py). Starting the CLI
+# makes a test slow, so run_cli warns that it belongs marked: that keeps the fast loop fast as tests are added.
+UNMARKED_TEST: str | None = None
+
+
+class NotMarkedSlow(UserWarning):
+    """A test started the CLI without the slow marker (CONTRIBUTING.md, "Slow tests")."""
+
+
+HOOKS = Path(__file__).resolve().parents[1] / "hooks"  # test-only crash hook (sitecustomize.py there)
+
 
 def run_cli(*args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    if UNMARKED_TEST:
+        warnings.warn(NotMarkedSlow(f"{UNMARKED_TEST} starts the CLI: mark it slow (CONTRIBUTING.md)"), stacklevel=2)
     e = dict(os.environ, **(env or {}))
+    if {"DSV4_CONVERT_KILL_AT", "DSV4_CONVERT_RUN_AT"} & set(env or {}):  # tests/hooks, never shipped code
+        e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOKS), e.get("PYTHONPATH")]))
     proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=e)
     if check and proc.returncode != 0:
         raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")

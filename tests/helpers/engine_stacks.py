@@ -25,7 +25,7 @@ def nvfp4_dense_to_marlin(weight, scale, scale_2, *, target: MarlinTarget) -> di
     n_pad, k_pad = padded_dense_nk(n, k, NVFP4_GROUP)
     sf = vllm_rescale_factor(scale, target.act_dtype) if target.engine == "vllm" else 1.0
     q, s = nvfp4_to_marlin(weight, scale, target=target, sf=sf, n_pad=n_pad, k_pad=k_pad)
-    g = nvfp4_global_to_marlin(scale_2.float().max(), engine=target.engine, act_dtype=target.act_dtype, sf=sf)
+    g = nvfp4_global_to_marlin(scale_2.float().max(), fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf)
     return {"weight": q, "weight_scale": s, "weight_global_scale": g if target.engine == "vllm" else g.reshape(1)}
 
 
@@ -63,9 +63,9 @@ def nvfp4_moe_to_marlin(w13, w13_scale, w13_scale_2, w2, w2_scale, w2_scale_2, *
     g13 = w13_scale_2[:, 0] if w13_scale_2.dim() == 2 else w13_scale_2
     return {
         "w13_weight": q13, "w13_weight_scale": s13,
-        "w13_weight_scale_2": nvfp4_global_to_marlin(g13, engine=target.engine, act_dtype=target.act_dtype, sf=sf13),
+        "w13_weight_scale_2": nvfp4_global_to_marlin(g13, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf13),
         "w2_weight": q2, "w2_weight_scale": s2,
-        "w2_weight_scale_2": nvfp4_global_to_marlin(w2_scale_2, engine=target.engine, act_dtype=target.act_dtype, sf=sf2),
+        "w2_weight_scale_2": nvfp4_global_to_marlin(w2_scale_2, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf2),
     }
 
 

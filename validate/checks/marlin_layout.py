@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import torch
 
+from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
 from dsv4_convert.formats.padded_layout import encode_rank_blocks, padding_masks
@@ -98,7 +99,8 @@ def layout_global(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
     g = m.reference.global_scale if m.reference is not None else m.kept_global
     if g is None:
         return
-    expected = nvfp4_global_to_marlin(g.float().reshape(-1)[0], engine=m.engine, act_dtype=m.act_dtype, sf=m.sf)
+    expected = nvfp4_global_to_marlin(g.float().reshape(-1)[0], fp32_global=ENGINES[m.engine].fp32_global,
+                                      act_dtype=m.act_dtype, sf=m.sf)
     stored = m.mglobal
     same = stored.dtype == expected.dtype and stored.numel() == 1 and torch.equal(
         stored.reshape(1).view(torch.uint8), expected.reshape(1).view(torch.uint8))

@@ -41,7 +41,8 @@ def negative_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     """Marlin has no sign bit for scales: vLLM zeroes negative scales, SGLang silently uses |s|."""
     b = p.scale_np
     mask = (b > _SIGN) & ~e4m3_is_nan(b)
-    effect = ("vLLM zeroes these blocks" if opts.engine == "vllm" else "SGLang serves them as |s| (sign lost)")
+    t = opts.target()
+    effect = f"{t.facts.display} " + ("zeroes these blocks" if t.clamps_scales else "serves them as |s| (sign lost)")
     yield from _finding(p, mask, f"are negative; {effect}")
 
 
@@ -55,7 +56,7 @@ def subnormal_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     if not sub.any():
         return
     used = sub & p.block_nonzero
-    if opts.engine == "vllm":
+    if opts.target().clamps_scales:
         v = p.scale_values.to(torch.float16)
         lifted = ((v.float() * p.sf).to(torch.float16) * S0E5M3_MULTIPLIER >= S0E5M3_MIN).numpy()
         lost = used & ~lifted

@@ -15,6 +15,7 @@ from dsv4_convert.core.engines import (
     READABLE_FORMAT_VERSIONS,
     mxfp4_dtype_problem,
 )
+from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.checks.tiles import containers
@@ -56,7 +57,7 @@ def declared_group_sizes(c: CheckpointInput) -> list[tuple[str, int]]:
 
 
 def _tensor_group(p) -> int | None:
-    return p.k // p.scale.shape[-1] if p.scale.shape and p.scale.shape[-1] else None
+    return p.k // p.k_blocks if p.k_blocks else None
 
 
 def exclusion_patterns(c: CheckpointInput) -> list[str]:
@@ -259,7 +260,7 @@ def marlin_dtype_shape(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
         return
     act = _qc(c).get("act_dtype") or opts.act_dtype
-    want_global = "F32" if opts.engine == "vllm" else {"bfloat16": "BF16", "float16": "F16"}[act]
+    want_global = MarlinTarget(opts.engine, act).global_dtype
     problems = defaultdict(list)
     for p in c.checkpoint.projections:
         g = p.group_size

@@ -53,7 +53,7 @@ def test_swapped_nibbles_are_found_and_named(twins):
 def _case(src, marlin_of, opts: Options) -> GemmCase:
     t = opts.target(src.quant)
     q, s = nvfp4_to_marlin(marlin_of.weight, marlin_of.scale, target=t)
-    g = nvfp4_global_to_marlin(marlin_of.global_scale.float().reshape(()), engine=t.engine, act_dtype=t.act_dtype)
+    g = nvfp4_global_to_marlin(marlin_of.global_scale.float().reshape(()), fp32_global=t.fp32_global, act_dtype=t.act_dtype)
     return GemmCase(src, q, s, g, t.engine, t.act_dtype, t.w4a8, 1.0, file=src.file)
 
 

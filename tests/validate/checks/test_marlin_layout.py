@@ -53,7 +53,7 @@ def test_scales_not_permuted():
     src = nvfp4_tensors()
     m = marlin_of(src)
     from dsv4_convert.formats.marlin_scales import nvfp4_scales_to_s0e5m3
-    m.mscale = nvfp4_scales_to_s0e5m3(src.scale.transpose(0, 1), engine="sglang").view(torch.float8_e4m3fn)
+    m.mscale = nvfp4_scales_to_s0e5m3(src.scale.transpose(0, 1), clamp=False).view(torch.float8_e4m3fn)
     (f,) = run(c.layout_scale, _decoded(m))
     assert f.cause.startswith("scales not permuted")
 
@@ -69,7 +69,7 @@ def test_nibbles_swapped():
 def test_wrong_targets_global():
     src = nvfp4_tensors()
     m = marlin_of(src, engine="sglang")
-    m.mglobal = nvfp4_global_to_marlin(src.global_scale, engine="vllm", act_dtype="bfloat16")
+    m.mglobal = nvfp4_global_to_marlin(src.global_scale, fp32_global=True, act_dtype="bfloat16")
     (f,) = run(c.layout_global, _decoded(m))
     assert "wrong target: global processed for vllm/bfloat16" in f.cause and f.tensor.endswith("weight_global_scale")
 

@@ -1,0 +1,53 @@
+"""The GPU suite's shared pieces: the skip rule, the real CLI in a subprocess, `validate --kernel`
+through the built engine extension, the results file, and editing a converted checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.helpers.cli import run_cli
+
+MODULE = os.environ.get("DSV4_MARLIN_MODULE", "")
+needs_kernels = pytest.mark.skipif(not (torch.cuda.is_available() and os.path.isfile(MODULE)),
+                                   reason="needs a CUDA GPU and DSV4_MARLIN_MODULE = a built Marlin extension "
+                                          "(tests/gpu/run.sh builds vLLM 0.33.0's kernels and sets it)")
+RESULTS = os.environ.get("DSV4_GPU_RESULTS")
+
+
+def record(**row):
+    """One line of measured results for the closing note ($OUT/gpu_results.jsonl)."""
+    if RESULTS:
+        with open(RESULTS, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def kernel(path, module_path, *extra, check_rc=None):
+    """`validate PATH --kernel --json` through module_path: the report (exit 0 or 1 only: never a crash,
+    a traceback or a usage error)."""
+    proc = run_cli("validate", path, "--kernel", "--kernel-provider", f"module:{module_path}", "--json",
+                   "--quiet", *extra, check=False)
+    assert proc.returncode in (0, 1) and proc.stdout.startswith("{"), (proc.returncode, proc.stderr[-3000:])
+    data = json.loads(proc.stdout)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, [f["message"] for f in data["findings"] if f["severity"] == "error"]
+    return data
+
+
+def status(data, check_id):
+    return next(c["status"] for c in data["checks"] if c["id"] == check_id)
+
+
+def edit(out: Path, name: str, fn) -> None:
+    """Replace tensor `name` of a checkpoint by fn(old tensor), in place."""
+    index = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    f = out / index[name]
+    tensors = load_file(f)
+    tensors[name] = fn(tensors[name]).contiguous()
+    os.chmod(f, 0o644)
+    save_file(tensors, f, metadata={"format": "pt"})

@@ -1,0 +1,79 @@
+"""Issue 23 items 5 and 12: what the tool takes from the environment is parsed strictly (a typed
+`env.bad_value` naming the variable, one JSON object, never a traceback, never exit 0), the crash
+test switch is not read by shipped code, and OUT = `/` is a typed refusal for every writing command.
+Real CLI runs in subprocesses.
+
+Substitutions: none (the crash hook itself is exercised by tests/convert/test_convert_faults.py and
+tests/reliability/test_integrity.py through tests/hooks/sitecustomize.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import run_cli
+
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = ("cli", "convert", "core", "dsv4_convert", "formats", "runtime", "serving", "synth", "validate")
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    return write_synthetic_checkpoint(tmp_path_factory.mktemp("env") / "src", format="nvfp4-modelopt-dsv4",
+                                      layers=1, experts=4)
+
+
+def _typed(proc, code: int, error_id: str) -> dict:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (proc.returncode, doc["exit_code"], doc["error"]["id"]) == (code, code, error_id), proc.stderr
+    return doc
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("NUMBA_NUM_THREADS", "0"), ("NUMBA_NUM_THREADS", "abc"), ("NUMBA_NUM_THREADS", "-2"),
+    ("DSV4_CONVERT_DIRECT_IO", "maybe"), ("DSV4_CONVERT_TORCH_ROUTE", "2"),
+])
+def test_a_bad_setting_is_a_usage_error_that_names_it(src, tmp_path, name, value):
+    out = tmp_path / "out"
+    doc = _typed(run_cli("nvfp4-to-marlin", src, out, "--json", env={name: value}, check=False), 2, "env.bad_value")
+    assert doc["error"]["file"] == name and repr(value) in doc["error"]["message"]
+    assert not out.exists() and not Path(f"{out}.partial").exists()
+    _typed(run_cli("validate", src, "--json", env={name: value}, check=False), 2, "env.bad_value")
+
+
+def test_good_settings_still_work(src, tmp_path):
+    env = {"NUMBA_NUM_THREADS": "1", "DSV4_CONVERT_DIRECT_IO": "0", "DSV4_CONVERT_TORCH_ROUTE": "no"}
+    run_cli("nvfp4-to-marlin", src, tmp_path / "out", "-q", "--workers", "1", env=env)
+
+
+def test_shipped_code_reads_no_test_switch():
+    """The crash hook lives in tests/hooks; no shipped module names it."""
+    for folder in SHIPPED:
+        for path in (REPO / folder).rglob("*.py"):
+            assert "DSV4_CONVERT_KILL_AT" not in path.read_text(), path
+
+
+@pytest.mark.parametrize("root", ["/", "/..", "//"])
+def test_out_at_the_filesystem_root_is_a_typed_refusal(src, root):
+    for args in (["nvfp4-to-marlin", src, root], ["nvfp4-to-marlin", src, root, "--force"],
+                 ["marlin-to-source", src, root], ["synth", root], ["synth", root, "--force"]):
+        doc = _typed(run_cli(*args, "--json", check=False), 2, "paths.out_is_root")
+        assert re.search("filesystem root", doc["error"]["message"])
+
+
+@pytest.mark.parametrize(("address", "said"), [("127.0.0.1:1", "nothing answers"), ("ray://127.0.0.1:1", "nothing answers"),
+                                               ("no-port-here", "not HOST:PORT")])
+def test_an_unusable_ray_address_is_refused_naming_what_was_typed(src, tmp_path, address, said):
+    """Item 12 of the attack: nothing listening took 824 s and named another address. The refusal now
+    comes from a plain TCP connect (a closed local port answers at once); no Ray cluster is started."""
+    out = tmp_path / "out"
+    proc = run_cli("nvfp4-to-marlin", src, out, "--executor", "ray", "--ray-address", address, "--json",
+                   check=False)
+    doc = _typed(proc, 2, "usage.ray_address")
+    assert address in doc["error"]["message"] and said in doc["error"]["message"] and doc["error"]["file"] == address
+    assert not out.exists() and not Path(f"{out}.partial").exists()

@@ -1,0 +1,177 @@
+"""Issue 23 items 1, 2, 5 and 13: files written beside the checkpoints (`--report`, `validate --plot`,
+DSV4_CONVERT_PROFILE) never land on or inside an input or OUT, whatever the spelling, and are never
+written in place; the small JSON files are never read from a FIFO or a device. Real synth
+checkpoints, the real CLI in subprocesses; every refusal leaves the inputs byte for byte as they were.
+
+Substitutions: the Hugging Face cache is a folder built here in the hub's own layout (blobs,
+snapshots of symlinks, refs/main) and read with HF_HUB_OFFLINE=1, which is what a machine with a
+downloaded repo and no network sees. A hang would show as the subprocess timeout (a safety net
+only: each case waits for the process's exit, never for a time)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pstats
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import CLI, run_cli, tree_hashes
+
+VALIDATE = ("--workers", "1", "--gemm-experts", "1")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def ck(tmp_path_factory):
+    d = tmp_path_factory.mktemp("side")
+    src = write_synthetic_checkpoint(d / "src", format="nvfp4-modelopt-dsv4", layers=1, experts=4)
+    one = write_synthetic_checkpoint(d / "one", format="nvfp4-modelopt-dsv4", layers=1, experts=4, shards=1)
+    (one / "model.safetensors.index.json").unlink()  # the one-file form: model.safetensors, no index
+    (one / "model-00001-of-00001.safetensors").rename(one / "model.safetensors")
+    marlin = d / "marlin"
+    run_cli("nvfp4-to-marlin", src, marlin, "-q", "--workers", "1")
+    hub = _hub_cache(d / "hf", "org/tiny", one)
+    return {"dir": d, "src": src, "one": one, "marlin": marlin, "hub": hub}
+
+
+def _hub_cache(hf_home: Path, repo: str, files: Path) -> dict:
+    """The hub's cache layout: each file a blob named by its hash, the snapshot a folder of symlinks."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    base = hf_home / "hub" / ("models--" + repo.replace("/", "--"))
+    snap = base / "snapshots" / commit
+    (base / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    for f in sorted(files.iterdir()):
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copyfile(f, base / "blobs" / digest)
+        (snap / f.name).symlink_to(Path("..", "..", "blobs", digest))
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text(commit)
+    env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hf_home / "hub")}
+    return {"repo": repo, "base": base, "snap": snap, "env": env,
+            "blob": (snap / "config.json").resolve()}
+
+
+def _one_object(proc) -> dict:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _refused(args, error_id: str, code: int, *protect: Path, env=None) -> dict:
+    before = {p: tree_hashes(p) if p.is_dir() else p.read_bytes() for p in protect}
+    proc = run_cli(*args, "--json", env=env, check=False)
+    doc = _one_object(proc)
+    assert (proc.returncode, doc["exit_code"], doc["error"]["id"]) == (code, code, error_id), (args, proc.stderr)
+    for p, h in before.items():
+        assert (tree_hashes(p) if p.is_dir() else p.read_bytes()) == h, f"{p} was modified"
+    return doc
+
+
+def test_a_report_never_reaches_an_input_through_any_spelling(ck, tmp_path):
+    src, one, marlin, hub = ck["src"], ck["one"], ck["marlin"], ck["hub"]
+    shard = sorted(src.glob("*.safetensors"))[0]
+    hard = tmp_path / "hard-link-of-a-shard.json"
+    os.link(shard, hard)
+    inside = "report.inside_checkpoint"
+    # the `=` forms, which argv matching missed
+    _refused(["validate", marlin, f"--against={src}", f"--report={src}/config.json", *VALIDATE], inside, 2, src)
+    # IN given as its model.safetensors: the checkpoint is its folder
+    _refused(["inspect", one / "model.safetensors", "--report", one / "config.json"], inside, 2, one)
+    _refused(["nvfp4-to-marlin", one / "model.safetensors", tmp_path / "o", "--report", one / "config.json"],
+             inside, 2, one)
+    assert not (tmp_path / "o").exists()
+    # a Hub repo id and a snapshot of symlinks: the blob, and the snapshot's name for it
+    _refused(["inspect", hub["repo"], "--report", hub["blob"]], inside, 2, hub["base"], env=hub["env"])
+    _refused(["inspect", hub["snap"], "--report", hub["snap"] / "config.json"], inside, 2, hub["base"])
+    _refused(["inspect", hub["snap"], "--report", hub["blob"]], inside, 2, hub["base"])
+    # the error path: click refuses the command line, the report is still guarded
+    _refused(["inspect", hub["repo"], "--report", hub["blob"], "--no-such-flag"], inside, 2, hub["base"],
+             env=hub["env"])
+    # a hard link outside IN to an input shard: same inode, refused (it used to be truncated in place)
+    _refused(["inspect", src, "--report", hard], inside, 2, src, hard)
+    # OUT (or its staging directory) is no place for the report either
+    _refused(["nvfp4-to-marlin", src, tmp_path / "o2", "--report", tmp_path / "o2.partial" / "r.json"],
+             inside, 2, src)
+
+
+def test_a_report_replaces_its_name_and_never_writes_through_it(ck, tmp_path):
+    """A report path that shares its inode with a user's file (outside every input) gets a new file:
+    the other name keeps its bytes."""
+    keep = tmp_path / "keep.txt"
+    keep.write_text("the user's own file\n")
+    report = tmp_path / "r.json"
+    os.link(keep, report)
+    proc = run_cli("inspect", ck["src"], "-q", "--report", report, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert keep.read_text() == "the user's own file\n"
+    assert json.loads(report.read_text())["format"] == "nvfp4-modelopt-dsv4"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt", "r.json"]  # no temporary file left
+
+
+def test_a_report_at_a_fifo_is_refused_without_blocking(ck, tmp_path):
+    fifo = tmp_path / "r.json"
+    os.mkfifo(fifo)
+    doc = _refused(["inspect", ck["src"], "--report", fifo], "report.not_writable", 5, ck["src"])
+    assert "regular file" in doc["error"]["message"]
+
+
+@pytest.mark.parametrize(("name", "make", "error_id"), [
+    ("config.json", "fifo", "config.not_json"),
+    ("config.json", "/dev/zero", "config.not_json"),
+    ("model.safetensors.index.json", "/dev/urandom", "index.not_json"),
+])
+def test_small_files_are_never_read_from_a_fifo_or_a_device(ck, tmp_path, name, make, error_id):
+    src = tmp_path / "src"
+    shutil.copytree(ck["src"], src)
+    (src / name).unlink()
+    if make == "fifo":
+        os.mkfifo(src / name)
+    else:
+        (src / name).symlink_to(make)
+    for command in (["inspect", src], ["nvfp4-to-marlin", src, tmp_path / "out"]):
+        doc = _refused(command, error_id, 3, ck["src"])
+        assert doc["error"]["file"].endswith(name)
+    assert not (tmp_path / "out").exists()
+
+
+def test_validate_plot_follows_the_same_rule(ck, tmp_path):
+    src, marlin = ck["src"], ck["marlin"]
+    shard = sorted(src.glob("*.safetensors"))[0]
+    link = tmp_path / "heat.png"
+    link.symlink_to(shard)
+    inside = "plot.inside_checkpoint"
+    _refused(["validate", marlin, "--plot", marlin / "heat.png", *VALIDATE], inside, 2, marlin)
+    _refused(["validate", marlin, f"--against={src}", f"--plot={link}", *VALIDATE], inside, 2, src, marlin)
+    doc = _refused(["validate", marlin, "--plot", tmp_path / "missing" / "p.png", *VALIDATE], "plot.not_writable",
+                   2, marlin)
+    assert doc["error"]["file"].endswith("p.png")
+    # a name matplotlib would not know how to write: the plot is a PNG whatever the suffix
+    odd = tmp_path / "p.json"
+    proc = run_cli("validate", marlin, "--plot", odd, "--json", *VALIDATE, check=False)
+    assert proc.returncode == 0 and _one_object(proc)["summary"], proc.stderr
+    assert odd.read_bytes().startswith(PNG)
+
+
+def test_the_profile_directory_is_never_inside_an_input(ck, tmp_path):
+    src = ck["src"]
+    out = tmp_path / "out"
+    env = {"DSV4_CONVERT_PROFILE": str(src / "prof")}
+    _refused(["nvfp4-to-marlin", src, out, "--workers", "1"], "profile.inside_checkpoint", 2, src, env=env)
+    assert not out.exists() and not Path(f"{out}.partial").exists()
+    prof = tmp_path / "prof"
+    run_cli("nvfp4-to-marlin", src, out, "-q", "--workers", "1", env={"DSV4_CONVERT_PROFILE": str(prof)})
+    assert json.loads((prof / "driver.json").read_text())[0][0] == "start"
+    stats = sorted(prof.glob("*.prof"))
+    assert stats and pstats.Stats(str(stats[0])).total_calls > 0
+
+
+def test_help_and_version_need_no_guard(tmp_path):
+    """--help with a --report at an input still prints help (nothing is written)."""
+    import subprocess
+    proc = subprocess.run([*CLI, "inspect", "--help", "--report", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0 and "--report FILE" in proc.stdout
