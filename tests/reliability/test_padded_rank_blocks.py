@@ -19,6 +19,8 @@ from tests.helpers.ckpt_factory import make_checkpoint
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 from tests.helpers.corrupt import poke_tensor_bytes, rerecord_manifest, shard_of
 
+pytestmark = pytest.mark.slow  # every test starts the CLI
+
 H, I_ = 256, 128  # MoE-TP 2: I_shard 64 -> i_pad 128 (both engines pad MXFP4 I to 128)
 EXPERTS = 2
 LAYOUTS = {"w4a16-tp2": ("--target", "vllm", "--tp", "2"), "w4a8-tp2": ("--target", "vllm", "--tp", "2", "--w4a8"),

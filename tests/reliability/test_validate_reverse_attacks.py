@@ -27,6 +27,8 @@ from tests.helpers.ckpt_factory import make_checkpoint
 from tests.helpers.cli import run_cli
 from tests.helpers.corrupt import INDEX, edit_header, edit_json, rerecord_manifest
 
+pytestmark = pytest.mark.slow  # every test starts the CLI
+
 BATCH = Path(__file__).parents[1] / "helpers" / "cli_batch.py"
 LOST_REL = f"{SOURCE_DIR}/{LOST}"
 KEY = "layers.0.ffn.experts.1.w3"  # synth's negative-scale defect: the one NVFP4 projection with a lost byte
