@@ -11,7 +11,25 @@ from dsv4_convert.cli.report import progress_option, report_options
 from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
 from dsv4_convert.runtime.executors import EXECUTORS, ExecutorSpec
 
-__all__ = ["ACT_DTYPE_CHOICE", "TARGET_CHOICE", "TARGET_HELP", "W4A8_ENGINE", "target_options", "run_options", "executor_options", "parse_size", "device_option", "use_device"]
+__all__ = ["ACT_DTYPE_CHOICE", "TARGET_CHOICE", "TARGET_HELP", "W4A8_ENGINE", "target_options", "run_options", "executor_options", "parse_size", "device_option", "use_device", "FiniteFloat", "SEED"]
+
+# a seed torch's generator takes (it raises on anything wider than 64 bits)
+SEED = click.IntRange(-(2**63), 2**64 - 1)
+
+
+class FiniteFloat(click.FloatRange):
+    """A float option with a lower bound that refuses nan and inf (click's FloatRange lets nan through:
+    every comparison with nan is false)."""
+
+    name = "finite float"
+
+    def convert(self, value, param, ctx):
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def parse_size(value: str | int | None) -> int | None:

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from dsv4_convert.cli.options import ACT_DTYPE_CHOICE, TARGET_CHOICE, TARGET_HELP
+from dsv4_convert.cli.options import ACT_DTYPE_CHOICE, TARGET_CHOICE, TARGET_HELP, FiniteFloat
 from dsv4_convert.cli.report import emit, report_options
 from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE
 from dsv4_convert.core.errors import UsageError
@@ -32,8 +32,8 @@ cannot be written, 130 interrupted. With --json, one JSON object on every path (
                     "launch command, from headers only." + EXAMPLES)
 @click.argument("path")
 @click.option("--gpus", default=8, show_default=True, type=click.IntRange(min=1), help="GPUs in the server")
-@click.option("--gpu-mem-gib", default=96.0, show_default=True, type=click.FloatRange(min=1),
-              help="memory per GPU (RTX PRO 6000: 96)")
+@click.option("--gpu-mem-gib", default=96.0, show_default=True, type=FiniteFloat(min=1),
+              help="memory per GPU in GiB, at least 1 (RTX PRO 6000: 96)")
 @click.option("--arch", type=click.Choice(["sm_120", "sm_90", "sm_100"]), default="sm_120", show_default=True)
 @click.option("--target", type=TARGET_CHOICE, default=None, help=f"engine: {TARGET_HELP}  [default: {DEFAULT_ENGINE}]")
 @click.option("--engine", type=TARGET_CHOICE, default=None, hidden=True,

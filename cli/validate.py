@@ -7,7 +7,7 @@ import sys
 import click
 
 from dsv4_convert.cli.kernel_opts import kernel_options, refuse_unsupported_shapes, run_kernel_checks
-from dsv4_convert.cli.options import ACT_DTYPE_CHOICE, TARGET_CHOICE, TARGET_HELP, W4A8_ENGINE, executor_options
+from dsv4_convert.cli.options import ACT_DTYPE_CHOICE, SEED, TARGET_CHOICE, TARGET_HELP, W4A8_ENGINE, executor_options
 from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
 from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE
 from dsv4_convert.runtime.executors import refuse_device
@@ -57,7 +57,7 @@ def _fraction(ctx, param, value):
               help="fraction of each layer's experts to check (1 = all)")
 @click.option("--gemm-experts", default=2, show_default=True, type=click.IntRange(min=0),
               help="experts per layer for the GEMM spot check")
-@click.option("--seed", default=0, show_default=True, help="seed for sampling and GEMM activations")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="seed for sampling and GEMM activations")
 @click.option("--workers", default=None, type=click.IntRange(min=1),
               help="worker processes (the checks are light: more than 1 helps only on many cores) [default: 1]")
 @click.option("--kernel", is_flag=True,

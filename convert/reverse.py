@@ -20,8 +20,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from dsv4_convert.convert.lost_record import bad_record, check_lost_record, restore_lost
 from dsv4_convert.convert.pipeline import _report
 from dsv4_convert.convert.plan import kept_input_name
+from dsv4_convert.convert.transform import scale_round_trip
 from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.files import (
     CONFIG,
@@ -35,13 +37,14 @@ from dsv4_convert.core.files import (
     SOURCE_HEADERS,
 )
 from dsv4_convert.core.grouping import group_projections
+from dsv4_convert.core.index import read_weight_map
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
 from dsv4_convert.core.small_files import read_small
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
-from dsv4_convert.formats.padded_layout import read_layout_record, unpad_source
+from dsv4_convert.formats.padded_layout import decode_rank_blocks, padded_nk, read_layout_record, unpad_source
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
@@ -82,13 +85,19 @@ class _Job:
 def _decode(reader, cp: Projection, job: _Job) -> dict[str, torch.Tensor]:
     src = load_projection(reader, cp)
     sf = job.rescale.get(f"{cp.container}.{cp.stack}", 1.0)
-    if cp.quant is Quant.NVFP4:
-        weight, scale = marlin_to_nvfp4(src.weight, src.scale, target=job.target, n=cp.n, k=cp.k, sf=sf)
-    else:
-        weight, scale = marlin_to_mxfp4(src.weight, src.scale, target=job.target, n=cp.n, k=cp.k)
+
+    def decode(q, s, n, k):
+        if cp.quant is Quant.NVFP4:
+            return marlin_to_nvfp4(q, s, target=job.target, n=n, k=k, sf=sf)
+        return marlin_to_mxfp4(q, s, target=job.target, n=n, k=k)
+
     tiles = job.tiles.get(cp.container)
-    if tiles is not None:  # --tp/--ep output: drop each rank's padding (formats/padded_layout.py)
-        weight, scale, zero = unpad_source(weight, scale, down=cp.role is Role.DOWN, t=tiles)
+    if tiles is None:
+        weight, scale = decode(src.weight, src.scale, cp.n, cp.k)
+    else:  # --tp/--ep output: decode each rank's block, drop its padding (formats/padded_layout.py)
+        down = cp.role is Role.DOWN
+        weight, scale = decode_rank_blocks((src.weight, src.scale), down=down, t=tiles, decode=decode)
+        weight, scale, zero = unpad_source(weight, scale, down=down, t=tiles)
         if not zero:
             raise ContentError(f"{cp.key}: the padding of the TP {tiles.tp} / EP {tiles.ep} layout holds non-zero "
                                "bytes, so the source cannot be rebuilt exactly", error_id="reverse.padding_not_zero",
@@ -96,8 +105,7 @@ def _decode(reader, cp: Projection, job: _Job) -> dict[str, torch.Tensor]:
                                hint="the converted checkpoint was edited or not written by dsv4-convert; convert "
                                     "again from the source")
     if cp.quant is Quant.NVFP4:
-        if f"{cp.key}.index" in job.lost:
-            scale.view(torch.uint8).reshape(-1)[job.lost[f"{cp.key}.index"]] = job.lost[f"{cp.key}.bytes"]
+        restore_lost(scale, cp.key, job.lost, scale_round_trip(job.target.clamps_scales, sf), Path(job.root) / SOURCE_DIR / LOST)
     return {"weight": weight.view(torch.uint8), "scale": scale.view(torch.uint8)}
 
 
@@ -154,32 +162,67 @@ def _load_record(root: Path):
     try:
         lost = load_file(sdir / LOST) if (sdir / LOST).exists() else {}
     except Exception as e:  # safetensors raises its own error type for a damaged file
-        _bad_record(sdir / LOST, f"not a readable safetensors file ({e})")
+        bad_record(sdir / LOST, f"not a readable safetensors file ({e})")
     shards = {}  # file -> (the 8-byte length + header bytes, its tensors), parsed once
     for file, text in recorded.items():
         # a name from the record becomes a path under OUT: a plain shard name only, never ../ or a dir
         if not (isinstance(text, str) and file.endswith(".safetensors") and record_name_ok(file)):
-            _bad_record(sdir / SOURCE_HEADERS, f"entry {file!r} is not a shard name -> header text pair")
+            bad_record(sdir / SOURCE_HEADERS, f"entry {file!r} is not a shard name -> header text pair")
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw
-        shards[file] = (prefix, parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
+        try:
+            shards[file] = (prefix, parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
+        except InputError as e:  # the record's copy of the header, not the shard on disk, is damaged
+            bad_record(sdir / SOURCE_HEADERS, f"entry {file!r}: {e.message} [{e.error_id}]")
+    if not shards:
+        bad_record(sdir / SOURCE_HEADERS, "it lists no shard, so there is nothing to rebuild")
+    _index_agrees(sdir, shards)
     return shards, config, lost
 
 
-def _bad_record(path: Path, why: str):
-    # the manifest check catches edits; this guards the reader itself (a record edited with its manifest)
-    raise InputError(f"the source record {path.name} cannot be used: {why}", error_id="reverse.bad_source_record",
-                     file=str(path), hint="convert again from the source; the record is damaged")
+def _index_agrees(sdir: Path, shards: dict) -> None:
+    """The recorded index (restored as is) must map every tensor to the shard headers.json rebuilds it in."""
+    if not (sdir / INDEX_FILE).exists():
+        return
+    try:
+        weight_map = read_weight_map(sdir)
+    except InputError as e:
+        bad_record(sdir / INDEX_FILE, f"{e.message} [{e.error_id}]")
+    rebuilt = {name: file for file, (_, refs) in shards.items() for name in refs}
+    if weight_map != rebuilt:
+        odd = sorted(set(weight_map.items()) ^ set(rebuilt.items()))
+        bad_record(sdir / INDEX_FILE, f"it and {SOURCE_HEADERS} place {len(odd)} tensors differently, e.g. "
+                   f"{odd[0][0]!r}")
 
 
 def _record_json(path: Path, kind: type):
     try:
         obj = json.loads(read_small(path))
     except (OSError, ValueError, RecursionError) as e:
-        _bad_record(path, f"not readable JSON ({e})")
+        bad_record(path, f"not readable JSON ({e})")
     if not isinstance(obj, kind):
-        _bad_record(path, f"not a JSON {kind.__name__}")
+        bad_record(path, f"not a JSON {kind.__name__}")
     return obj
+
+
+def _check_shapes(sources: list[Projection], converted: dict, tiles: dict) -> None:
+    """Each converted projection must be its source's [N, K], or the padded [N, K] of the layout that
+    tp_layout records for its container; else the bytes cannot be the source's (a tp_layout removed or
+    edited, a tensor replaced)."""
+    for sp in sources:
+        cp, t = converted[sp.key], tiles.get(converted[sp.key].container)
+        down = cp.role is Role.DOWN
+        real = (sp.n, sp.k) if t is None else ((t.hidden, t.moe_tp * t.i_shard) if down else
+                                               (t.moe_tp * t.i_shard, t.hidden))
+        want = (sp.n, sp.k) if t is None else padded_nk(down, t)
+        if (cp.n, cp.k) != want or (sp.n, sp.k) != real:
+            how = (f"tp_layout records TP {t.tp} / EP {t.ep} padding for {cp.container}: [{want[0]}, {want[1]}]"
+                   if t else f"tp_layout records no padding for {cp.container}")
+            raise ContentError(f"{cp.key} is [N, K] = [{cp.n}, {cp.k}], its source was [{sp.n}, {sp.k}], and {how}",
+                               error_id="reverse.shape_mismatch", tensor=cp.weight.name, file=cp.weight.file,
+                               hint="config.json's quantization_config.tp_layout was removed or edited, or the tensor "
+                                    "replaced: put back the config.json the conversion wrote, or convert again from "
+                                    "the source")
 
 
 def _refuse_unverified(root: Path) -> None:
@@ -225,11 +268,18 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         if sp.input_scale is not None:
             kept_as[sp.input_scale.name] = kept_input_name(sp)
     converted = {p.key: p for p in ckpt.projections}
-    missing = sorted({sp.key for uses in decoded_by.values() for sp, _ in uses} - set(converted))
+    check_lost_record(lost, ckpt.root / SOURCE_DIR / LOST, {k for k, p in converted.items() if p.quant is Quant.NVFP4})
+    used = {sp.key for uses in decoded_by.values() for sp, _ in uses}
+    if unused := sorted(set(converted) - used):  # the record lost shards: the rebuild would drop experts
+        bad_record(ckpt.root / SOURCE_DIR / SOURCE_HEADERS, f"it has no source tensors for {len(unused)} converted "
+                   f"projections, e.g. {unused[0]}")
+    missing = sorted(used - set(converted))
     if missing:
         raise ContentError(f"{len(missing)} projections of the source are not in the converted checkpoint, "
                            f"e.g. {missing[0]}", error_id="reverse.missing_tensor", tensor=missing[0],
                            hint="the converted checkpoint is incomplete or was edited")
+    _check_shapes([sp for uses in decoded_by.values() for sp, part in uses if part == "weight"], converted,
+                  layout[2] if layout else {})
     job = _Job(str(ckpt.root), target, block.get("rescale_factors") or {}, lost, converted, ckpt.tensors,
                decoded_by, kept_as, layout[2] if layout else {})
     run = RunDir(staging.path)

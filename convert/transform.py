@@ -26,7 +26,7 @@ from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, nvfp4_sca
 from dsv4_convert.formats.padded_layout import join_rank_blocks, rank_nk, source_rank_blocks
 from dsv4_convert.formats.tiles import RankTiles
 
-__all__ = ["convert_projection", "convert_with_torch", "lost_scales"]
+__all__ = ["convert_projection", "convert_with_torch", "lost_scales", "scale_round_trip"]
 
 
 def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
@@ -87,11 +87,16 @@ def _refuse_nan_scales(p: Projection, scale: torch.Tensor) -> None:
 
 
 @functools.lru_cache(maxsize=16)
-def _lossy_bytes(clamp: bool, sf: float) -> np.ndarray:
-    """[256] bool: E4M3 bytes that do not survive the round trip through the target's S0E5M3."""
+def scale_round_trip(clamp: bool, sf: float) -> np.ndarray:
+    """[256] uint8: what each E4M3 block scale byte decodes back to after the target's S0E5M3."""
     codes = torch.arange(256, dtype=torch.uint8)
     back = s0e5m3_to_nvfp4_scales(nvfp4_scales_to_s0e5m3(codes.view(torch.float8_e4m3fn), clamp=clamp, sf=sf), sf=sf)
-    return (back.view(torch.uint8) != codes).numpy()
+    return back.view(torch.uint8).numpy()
+
+
+def _lossy_bytes(clamp: bool, sf: float) -> np.ndarray:
+    """[256] bool: E4M3 bytes that do not survive the round trip through the target's S0E5M3."""
+    return scale_round_trip(clamp, sf) != np.arange(256, dtype=np.uint8)
 
 
 def _present(b: torch.Tensor) -> np.ndarray:

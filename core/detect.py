@@ -110,6 +110,26 @@ def _has(tensors: Mapping[str, TensorRef], schemes: tuple[Scheme, ...],
 def _marlin(config, hfq, tensors) -> str | None:
     if _qc(config).get("quant_method") == QUANT_METHOD:
         return f"config.json quantization_config.quant_method = {QUANT_METHOD} (dsv4-convert output)"
+    return _marlin_words(config, tensors)  # a converted checkpoint whose config was lost or edited
+
+
+def _marlin_words(config, tensors) -> str | None:
+    """Marlin output whatever its config says: an expert weight of I32 words [K/16, 2N] with a
+    weight_scale [K/g, N] of an FP4 scale dtype. No source format stores its codes so."""
+    for name, ref in tensors.items():
+        if ref.dtype != "I32" or len(ref.shape) != 2:
+            continue
+        m = parse_expert_name(name, _PER_EXPERT)  # converted checkpoints always use per-expert names
+        if m is None or m.suffix != "weight":
+            continue
+        scale = tensors.get(f"{m.prefix}.weight_scale")
+        k, n = ref.shape[0] * 16, ref.shape[1] // 2
+        if scale is not None and len(scale.shape) == 2 and scale.shape[1] == n and n and scale.shape[0] and (
+                (scale.dtype == "F8_E4M3" and scale.shape[0] * Quant.NVFP4.group_size == k)
+                or (scale.dtype in E8M0 and scale.shape[0] * Quant.MXFP4.group_size == k)):
+            qm = _qc(config).get("quant_method")
+            return (f"{name} is Marlin words (I32 {list(ref.shape)}, weight_scale {scale.dtype} "
+                    f"{list(scale.shape)}), although config.json quantization_config.quant_method is {qm!r}")
     return None
 
 

@@ -8,6 +8,9 @@ r its padded parameter:
   down (N = H, K = I): rank r packs source columns [r*i_shard, ...) padded to [h_pad, i_pad];
       blocks are concatenated along dim -2 (K): weight [m*i_pad/16, 2*h_pad], scale [m*i_pad/g, h_pad]
 The padding is zeros in source space before the codec (what the engines fill). Pure: no I/O.
+Each rank block is encoded on its own, and decoded on its own (`decode_rank_blocks`): the W4A8 tile
+order is not local along N, so a whole padded W4A8 tensor does not decode as one Marlin tensor.
+`padding_mask` is the one rule "the padding must be zero", for validate and marlin-to-source alike.
 torch is imported by the functions that make tensors: planning uses the geometry alone.
 """
 
@@ -20,8 +23,8 @@ from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tile
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["join_rank_blocks", "layout_record", "pad_source", "padded_nk", "rank_nk", "read_layout_record",
-           "source_rank_blocks", "unpad_source"]
+__all__ = ["decode_rank_blocks", "encode_rank_blocks", "join_rank_blocks", "layout_record", "pad_source",
+           "padded_nk", "padding_masks", "rank_nk", "read_layout_record", "source_rank_blocks", "unpad_source"]
 
 
 def rank_nk(down: bool, t: RankTiles) -> tuple[int, int]:
@@ -57,6 +60,61 @@ def join_rank_blocks(blocks, *, down: bool) -> torch.Tensor:
     return torch.cat(list(blocks), dim=_axis(down))
 
 
+def _source_axis(down: bool) -> int:
+    # source [N, K/2]: gate/up ranks are stacked along N (rows), down ranks side by side along K (columns)
+    return -1 if down else -2
+
+
+def _split(t: torch.Tensor, axis: int, m: int) -> list:
+    if t.shape[axis] % m:
+        raise ValueError(f"a padded tensor {list(t.shape)} does not split into {m} equal rank blocks along "
+                         f"dim {axis}")
+    return list(t.chunk(m, dim=axis))
+
+
+def decode_rank_blocks(marlin: tuple, *, down: bool, t: RankTiles, decode) -> tuple:
+    """Padded Marlin tensors (weight and/or scale) -> `decode(*rank_blocks, n, k)` of each rank's blocks
+    (n, k: rank_nk), each result (a tuple of [n, ...] tensors) joined in source space in rank order: for
+    the codec's inverse, the whole padded source-space matrix that pad_source describes."""
+    import torch
+
+    n, k = rank_nk(down, t)
+    blocks = zip(*(_split(x, _axis(down), t.moe_tp) for x in marlin))
+    parts = [decode(*b, n, k) for b in blocks]
+    return tuple(_cat([p[i] for p in parts], _source_axis(down), torch) for i in range(len(parts[0])))
+
+
+def encode_rank_blocks(source: tuple, *, down: bool, t: RankTiles, encode) -> tuple:
+    """The other direction: whole padded source-space matrices ([N, K/2] codes and/or [N, K/g] scales)
+    -> `encode(*rank_blocks)` of each rank's blocks (a tuple of Marlin tensors), each joined in rank
+    order as the converter writes them."""
+    import torch
+
+    blocks = zip(*(_split(x, _source_axis(down), t.moe_tp) for x in source))
+    parts = [encode(*b) for b in blocks]
+    return tuple(_cat([p[i] for p in parts], _axis(down), torch) for i in range(len(parts[0])))
+
+
+def _cat(blocks: list, axis: int, torch):
+    # through uint8: torch.cat has no CPU kernel for the float8 scale dtypes
+    return torch.cat([b.contiguous().view(torch.uint8) for b in blocks], dim=axis).view(blocks[0].dtype)
+
+
+def padding_masks(*, down: bool, t: RankTiles):
+    """(bool [N, K/2], bool [N, K/g]) over the whole padded source-space matrix (padded_nk): True where
+    the layout pads, for the packed codes and for the block scales. The padding must hold zero bytes:
+    the engines fill zeros, and only then is unpad_source the exact inverse of pad_source."""
+    import torch
+
+    g = GROUP_SIZE[t.fmt]
+    n, k = padded_nk(down, t)
+    w, s = torch.ones(n, k // 2, dtype=torch.bool), torch.ones(n, k // g, dtype=torch.bool)
+    for r in range(t.moe_tp):
+        rows, wc, sc = _rank_view(t, down, g, r, padded=True)
+        w[rows, wc], s[rows, sc] = False, False
+    return w, s
+
+
 def _rank_view(t: RankTiles, down: bool, group: int, r: int, padded: bool):
     """(row slice, weight column slice, scale column slice) of rank r's real block, in the whole
     padded source-space matrix (padded=True) or in the unpadded source (padded=False)."""
@@ -71,8 +129,8 @@ def _rank_view(t: RankTiles, down: bool, group: int, r: int, padded: bool):
 def pad_source(weight: torch.Tensor, scale: torch.Tensor, *, down: bool, t: RankTiles):
     """A source projection (packed [N, K/2], scale bytes [N, K/g]) -> the whole padded source-space
     matrix its padded Marlin tensor decodes to (each rank's block zero-padded, blocks in rank order).
-    Marlin packing is tile-local along N and K, so packing this whole matrix gives the same bytes as
-    packing each rank's block and concatenating. The result is on the source tensors' device."""
+    The converter encodes each rank's block of it on its own (encode_rank_blocks). The result is on the
+    source tensors' device."""
     import torch
 
     g = GROUP_SIZE[t.fmt]
@@ -101,7 +159,8 @@ def unpad_source(weight: torch.Tensor, scale: torch.Tensor, *, down: bool, t: Ra
         rows, wc, sc = _rank_view(t, down, g, r, padded=True)
         srows, swc, ssc = _rank_view(t, down, g, r, padded=False)
         w[srows, swc], s[srows, ssc] = wv[rows, wc], sv[rows, sc]
-    zero = int(wv.sum()) == int(w.sum()) and int(sv.sum()) == int(s.sum())  # bytes are non-negative
+    wpad, spad = padding_masks(down=down, t=t)
+    zero = not ((wv != 0) & wpad).any() and not ((sv != 0) & spad).any()
     return w, s.view(scale.dtype), zero
 
 

@@ -42,7 +42,7 @@ def verify(root: Path, name: str) -> list[Mismatch] | None:
     root = Path(root)
     try:
         obj = read_manifest(root, name)
-    except (OSError, ValueError, RecursionError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: JSON nested too deep
         return [Mismatch(name, "record", f"the record cannot be used: {e}")]
     if obj is None:
         return None

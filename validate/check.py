@@ -33,6 +33,7 @@ class Scope(str, Enum):
     AGAINST = "against"        # (ProjectionTensors, reference ProjectionTensors): source vs --against source
     GEMM = "gemm"              # GemmCase: one sampled projection, Marlin form and source form
     KERNEL = "kernel"          # checks.kernel.KernelCase: one layer stack through the engine's kernel (--kernel)
+    RUN = "run"                # Coverage: what the whole run found, read and compared (after every other check)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +70,18 @@ class Check:
     why: str
     fn: Callable[..., Iterator[Finding]] = field(repr=False)
     quant: str | None = None  # "nvfp4" / "mxfp4": run only on projections of that format
+    # (predicate(input, opts), what it needs): without it the check has nothing to compare, so it is
+    # "not run" (named in the report's notes) rather than a pass that checked nothing
+    needs: tuple[Callable[..., bool], str] | None = None
 
     def applies_to(self, quant) -> bool:
         return self.quant is None or quant is None or self.quant == getattr(quant, "value", quant)
+
+    def missing(self, arg, opts) -> str | None:
+        """What this check needs and `arg`/`opts` lack (it is then not run), or None."""
+        if self.needs is None or self.needs[0](arg, opts):
+            return None
+        return self.needs[1]
 
     def __call__(self, *args, **kwargs) -> Iterator[Finding]:
         return self.fn(*args, **kwargs)
@@ -80,12 +90,12 @@ class Check:
         return finding.severity or self.severity
 
 
-def check(*, id: str, severity: Severity, scope: Scope, hint: str,
-          quant: str | None = None) -> Callable[[Callable], Check]:
+def check(*, id: str, severity: Severity, scope: Scope, hint: str, quant: str | None = None,
+          needs: tuple[Callable[..., bool], str] | None = None) -> Callable[[Callable], Check]:
     """Turn a generator function into a Check; its docstring's first line is the `why`."""
     def wrap(fn: Callable[..., Iterator[Finding]]) -> Check:
         why = (fn.__doc__ or "").strip().split("\n")[0]
         if not why:
             raise TypeError(f"check {id} needs a docstring: one line that says why it matters")
-        return Check(id=id, severity=severity, scope=scope, hint=hint, why=why, fn=fn, quant=quant)
+        return Check(id=id, severity=severity, scope=scope, hint=hint, why=why, fn=fn, quant=quant, needs=needs)
     return wrap

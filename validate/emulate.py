@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.core.tensor_model import Quant
+from dsv4_convert.core.tensor_model import Quant, Role
 from dsv4_convert.formats.constants import ACT_EXPONENT_BIAS, MXFP4_GROUP, NVFP4_GROUP, W4A8_E8M0_OFFSET
 from dsv4_convert.formats.e2m1 import e2m1_to_float, unpack_nibbles
 from dsv4_convert.formats.e4m3 import s0e5m3_to_half
@@ -19,6 +19,7 @@ from dsv4_convert.formats.marlin_scales import unpermute_scale_columns
 from dsv4_convert.formats.marlin_weight import from_marlin_weight
 from dsv4_convert.formats.mxfp4 import dequantize_mxfp4
 from dsv4_convert.formats.nvfp4 import dequantize_nvfp4
+from dsv4_convert.formats.padded_layout import decode_rank_blocks
 
 __all__ = ["GEMM_REL_ERROR_MAX", "gemm_errors", "kernel_scale_values", "marlin_dequantize", "source_dequantize"]
 
@@ -80,8 +81,15 @@ def gemm_errors(case) -> tuple[float, float]:
     gen = torch.Generator().manual_seed(case.seed)
     x = torch.randn(case.rows, k, generator=gen).to(getattr(torch, case.act_dtype)).float()
     w_src = source_dequantize(src)
-    w_m = marlin_dequantize(case.qweight, case.mscale, case.mglobal, quant=src.quant, act_dtype=case.act_dtype,
-                            w4a8=case.w4a8, n=n, k=k)
+    def dequantize(q, s, n, k):
+        return (marlin_dequantize(q, s, case.mglobal, quant=src.quant, act_dtype=case.act_dtype, w4a8=case.w4a8,
+                                  n=n, k=k),)
+
+    if case.tiles is None:
+        (w_m,) = dequantize(case.qweight, case.mscale, n, k)
+    else:  # each rank's kernel sees its own block (formats/padded_layout.py)
+        (w_m,) = decode_rank_blocks((case.qweight, case.mscale), down=src.proj.role is Role.DOWN, t=case.tiles,
+                                    decode=dequantize)
     y_src = (x @ w_src.T).double()
     y_m = (x @ w_m.T).double()
     diff = y_m - y_src

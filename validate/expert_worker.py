@@ -17,7 +17,7 @@ from dsv4_convert.core.reader import TensorReader, load_projection
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
-from dsv4_convert.formats.padded_layout import pad_source
+from dsv4_convert.formats.padded_layout import decode_rank_blocks, pad_source
 from dsv4_convert.validate.check import Check, Finding, Result, Scope
 from dsv4_convert.validate.checks import ALL_CHECKS
 from dsv4_convert.validate.inputs import ExpertTensors, GemmCase, MarlinTensors, Options, ProjectionTensors
@@ -41,6 +41,8 @@ class _Outcome:
     ran: set = field(default_factory=set)
     gemm: list[dict] = field(default_factory=list)
     projections: int = 0
+    skipped: dict = field(default_factory=dict)  # check id -> what it needed and did not have
+    compared: int = 0  # projections compared with an --against reference
 
 
 @dataclass
@@ -64,6 +66,9 @@ class _Worker:
     def _run(self, out: _Outcome, chk: Check, arg, quant=None) -> None:
         if not chk.applies_to(quant):
             return
+        if missing := chk.missing(arg, self.job.opts):
+            out.skipped[chk.id] = missing
+            return
         out.ran.add(chk.id)
         for f in chk(arg, self.job.opts):
             out.results.append(Result(chk.id, f))
@@ -77,14 +82,22 @@ class _Worker:
         d = load_projection(self.reader, proj, fmt=self.job.fmt)
         mglobal = self.reader.get(proj.marlin_global) if proj.marlin_global is not None else None
         target = o.target(proj.quant)
-        if proj.quant is Quant.NVFP4:
-            packed, scale = marlin_to_nvfp4(d.weight, d.scale, target=target, n=proj.n, k=proj.k, sf=sf)
-        else:
-            packed, scale = marlin_to_mxfp4(d.weight, d.scale, target=target, n=proj.n, k=proj.k)
-            scale = scale.view(torch.uint8)
+
+        def decode(q, s, n, k):
+            if proj.quant is Quant.NVFP4:
+                return marlin_to_nvfp4(q, s, target=target, n=n, k=k, sf=sf)
+            packed, scale = marlin_to_mxfp4(q, s, target=target, n=n, k=k)
+            return packed, scale.view(torch.uint8)
+
+        tiles = self.job.tiles.get(proj.container)
+        if tiles is None:
+            packed, scale = decode(d.weight, d.scale, proj.n, proj.k)
+        else:  # a --tp/--ep output: each rank's block is its own Marlin tensor (formats/padded_layout.py)
+            packed, scale = decode_rank_blocks((d.weight, d.scale), down=proj.role is Role.DOWN, t=tiles,
+                                               decode=decode)
         decoded = ProjectionTensors(proj, packed, scale, d.global_scale, sf=sf, file=proj.weight.file)
         return MarlinTensors(proj, d.weight, d.scale, mglobal, d.global_scale, o.engine, o.act_dtype,
-                             target.w4a8, sf, decoded=decoded, file=proj.weight.file)
+                             target.w4a8, sf, decoded=decoded, file=proj.weight.file, tiles=tiles)
 
     def run(self, task: _Task) -> _Outcome:
         out = _Outcome()
@@ -102,6 +115,12 @@ class _Worker:
                 else:
                     pt = self._load(self.reader, proj, job.fmt, sf)
                 ref_proj = task.references.get(proj.role)
+                if ref_proj is not None and (why := _reference_problem(proj, ref_proj, job.tiles.get(proj.container))):
+                    out.results.append(Result("against.mismatch", Finding(
+                        proj.weight.name, f"cannot be compared with --against: {why}.", file=proj.weight.file,
+                        layer=proj.layer, expert=proj.expert, cause="shape")))
+                    out.compared += 1  # compared, and found to differ
+                    ref_proj = None
                 if ref_proj is not None and self.against is not None:
                     refs[proj.role] = self._load(self.against, ref_proj, job.against_fmt, sf)
                     if proj.container in job.tiles:  # compare with the source as this layout pads it
@@ -114,6 +133,7 @@ class _Worker:
                 continue
             tensors[proj.role] = pt
             out.projections += 1
+            out.compared += proj.role in refs
             for chk in self.checks[Scope.PROJECTION]:
                 self._run(out, chk, pt, proj.quant)
             if marlin:
@@ -150,7 +170,7 @@ class _Worker:
             mglobal = m.mglobal
             if role is Role.UP and Role.GATE in marlins and pt.quant is Quant.NVFP4:
                 mglobal = marlins[Role.GATE].mglobal  # both engines use the gate's global for w13
-            return GemmCase(refs.get(role, pt), m.qweight, m.mscale, mglobal, **common)
+            return GemmCase(refs.get(role, pt), m.qweight, m.mscale, mglobal, tiles=m.tiles, **common)
         target = o.target(pt.quant)
         try:
             if pt.quant is Quant.NVFP4:
@@ -165,6 +185,18 @@ class _Worker:
         except ValueError:
             return None  # shapes off the Marlin tile: structure.tile.tp / structure.k_align report them
         return GemmCase(pt, q, s, mglobal, **common)
+
+
+def _reference_problem(proj: Projection, ref: Projection, tiles) -> str | None:
+    """Why the --against projection `ref` cannot be this projection's source, or None."""
+    want = (proj.n, proj.k)
+    if tiles is not None:  # the source of a padded container has the unpadded sizes
+        real = (tiles.hidden, tiles.moe_tp * tiles.i_shard)
+        want = real if proj.role is Role.DOWN else real[::-1]
+    if (ref.quant, ref.n, ref.k) != (proj.quant, *want):
+        return (f"the reference is {ref.quant.value} [N, K] = [{ref.n}, {ref.k}], this projection's source must be "
+                f"{proj.quant.value} [{want[0]}, {want[1]}]")
+    return None
 
 
 def _padded_reference(ref: ProjectionTensors, proj: Projection, tiles) -> ProjectionTensors:

@@ -26,9 +26,11 @@ from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role
 from dsv4_convert.formats.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, E8M0_NAN
 from dsv4_convert.formats.e4m3 import e4m3_is_nan
 from dsv4_convert.formats.e8m0 import e8m0_to_float
+from dsv4_convert.formats.tiles import RankTiles
 
 __all__ = [
     "CheckpointInput",
+    "Coverage",
     "ExpertTensors",
     "GemmCase",
     "MarlinTensors",
@@ -91,6 +93,17 @@ class CheckpointInput:
     hf_quant_config: dict | None = None
     reader_error: object | None = None  # the DsvError the reader raised, if any
     against: Checkpoint | None = None  # the --against reference (set once it has been opened)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """What a whole run found and checked (the RUN-scope checks read it after every other check)."""
+    found: int  # FP4 expert projections the reader found
+    checked: int  # projections read, decoded and checked
+    experts: int  # experts checked (after --sample)
+    against: bool  # --against given
+    compared: int  # projections compared with their --against counterpart
+    format: str
 
 
 def block_max_code(weight: torch.Tensor, group: int) -> torch.Tensor:
@@ -213,6 +226,7 @@ class MarlinTensors:
     decoded: ProjectionTensors | None = None
     reference: ProjectionTensors | None = None
     file: str | None = None
+    tiles: RankTiles | None = None  # a padded --tp/--ep container: one Marlin block per rank (padded_layout)
 
 
 @dataclass
@@ -230,6 +244,7 @@ class GemmCase:
     rows: int = 16
     seed: int = 0
     file: str | None = None
+    tiles: RankTiles | None = None  # a padded --tp/--ep container: the kernel of rank r sees block r
 
     @cached_property
     def errors(self) -> tuple[float, float]:

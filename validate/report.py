@@ -47,12 +47,21 @@ class Report:
     projections: int = 0
     experts: int = 0
     seconds: float = 0.0
+    skipped: dict[str, str] = field(default_factory=dict)  # check id -> what it needed (not run for lack of it)
+    compared: int = 0  # projections compared with the --against reference
 
-    def add(self, results, ran, gemm, projections: int) -> None:
-        self.results += results
-        self.ran |= ran
-        self.gemm += gemm
-        self.projections += projections
+    def add(self, outcome) -> None:
+        """One expert's outcome (validate/expert_worker.py _Outcome)."""
+        self.results += outcome.results
+        self.ran |= outcome.ran
+        self.gemm += outcome.gemm
+        self.projections += outcome.projections
+        self.skipped.update(outcome.skipped)
+        self.compared += outcome.compared
+
+    def not_run_notes(self) -> list[str]:
+        """A check skipped for want of its input is named, never counted as a pass."""
+        return [f"{cid} not run: {why}" for cid, why in sorted(self.skipped.items()) if cid not in self.ran]
 
     def severity(self, r: Result) -> Severity:
         return BY_ID[r.check_id].severity_of(r.finding)

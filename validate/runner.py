@@ -21,17 +21,17 @@ import torch
 from tqdm import tqdm
 
 from dsv4_convert.core.engines import ACT_DTYPES, ENGINES
-from dsv4_convert.core.errors import DsvError, InputError
+from dsv4_convert.core.errors import DsvError, InputError, UsageError
+from dsv4_convert.core.index import read_json
 from dsv4_convert.core.reader import TensorReader, open_checkpoint, resolve_source
 from dsv4_convert.core.rescale import stack_key, stack_rescale_factors
-from dsv4_convert.core.small_files import read_small
 from dsv4_convert.core.structure import padded_containers, unreadable_tensors
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.validate.check import Result, Scope
 from dsv4_convert.validate.checks import ALL_CHECKS
 from dsv4_convert.validate.expert_worker import _Job, _Outcome, _Task, _Worker
 from dsv4_convert.validate.headers import scan_checkpoint
-from dsv4_convert.validate.inputs import CheckpointInput, Options
+from dsv4_convert.validate.inputs import CheckpointInput, Coverage, Options
 from dsv4_convert.validate.report import Report
 
 __all__ = ["Unreadable", "checkpoint_input", "rescale_factors", "resolve_options", "validate"]
@@ -162,7 +162,7 @@ def checkpoint_input(root: Path, opts: Options) -> tuple[CheckpointInput, DsvErr
         reader_error = e
     opts = resolve_options(opts, ckpt)
     cin = CheckpointInput(str(root), opts, ckpt, index, index_error, headers, on_disk,
-                          config=ckpt.config if ckpt else _json(root / "config.json"),
+                          config=ckpt.config if ckpt else _config_if_readable(root),
                           hf_quant_config=ckpt.hf_quant_config if ckpt else None, reader_error=None)
     return cin, reader_error
 
@@ -191,6 +191,9 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool, exe
                     format=ckpt.format.value if ckpt else None, options=opts)
     for chk in ALL_CHECKS:
         if chk.scope is Scope.CHECKPOINT and chk.id != "structure.reader":
+            if missing := chk.missing(cin, opts):
+                report.skipped[chk.id] = missing
+                continue
             report.ran.add(chk.id)
             report.results += [Result(chk.id, f) for f in chk(cin, opts)]
     if reader_error is not None:
@@ -213,6 +216,11 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool, exe
             ref_ckpt = open_checkpoint(resolve_source(against))
         except DsvError as e:
             raise Unreadable(e) from None
+        if ref_ckpt.format is SourceFormat.MARLIN:  # its Marlin words would be read as source codes
+            raise Unreadable(UsageError(
+                f"--against {against} is a converted (Marlin) checkpoint; the reference must be a source",
+                error_id="validate.against_converted", file=str(against),
+                hint="pass the source checkpoint this one was converted from as --against SRC"))
         chk = ALL_CHECKS_BY_ID["against.tensor_mismatch"]  # needs both checkpoints: runs once both are open
         report.results += [Result(chk.id, f) for f in chk(replace(cin, against=ref_ckpt), opts)]
     skip = _truncated_tensors(headers)
@@ -229,7 +237,7 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool, exe
     bar = tqdm(total=len(tasks), unit="expert", desc="validate", disable=not progress, leave=False)
     if executor is not None and executor.name != "local":
         for outcome in _on_cluster(executor, job, tasks, bar):
-            report.add(outcome.results, outcome.ran, outcome.gemm, outcome.projections)
+            report.add(outcome)
     elif workers > 1 and len(tasks) >= _POOL_MIN_TASKS:
         import multiprocessing as mp
         ctx = mp.get_context("forkserver")
@@ -237,25 +245,33 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool, exe
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                  initargs=(job,)) as pool:
             for outcome in pool.map(_run_task, tasks, chunksize=max(1, len(tasks) // (workers * 16))):
-                report.add(outcome.results, outcome.ran, outcome.gemm, outcome.projections)
+                report.add(outcome)
                 bar.update(1)
     else:
         worker = _Worker(job)
         for task in tasks:
             outcome = worker.run(task)
-            report.add(outcome.results, outcome.ran, outcome.gemm, outcome.projections)
+            report.add(outcome)
             bar.update(1)
     bar.close()
     report.experts = len(tasks)
+    coverage = Coverage(len(ckpt.projections), report.projections, report.experts, against is not None,
+                        report.compared, ckpt.format.value)
+    for chk in ALL_CHECKS:
+        if chk.scope is Scope.RUN:
+            report.ran.add(chk.id)
+            report.results += [Result(chk.id, f) for f in chk(coverage, opts)]
+    report.notes += report.not_run_notes()
     report.seconds = time.monotonic() - start
     return report
 
 
-def _json(path: Path) -> dict:
-    import json
+def _config_if_readable(root: Path) -> dict:
+    """config.json through the reader's one JSON reader; {} when it cannot be read (the reader's own
+    error, e.g. config.not_json, says why)."""
     try:
-        return json.loads(read_small(path))
-    except (OSError, ValueError, RecursionError):
+        return read_json(root / "config.json", missing_id=None, bad_id="config.not_json", what="config.json") or {}
+    except InputError:
         return {}
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "edit_json",
     "poke_tensor_bytes",
     "read_shard",
+    "rerecord_manifest",
     "shard_of",
     "write_shard",
 ]
@@ -113,3 +114,15 @@ def edit_json(path: Path, edit: Callable[[dict], None]) -> None:
 def shard_of(root: Path, tensor: str) -> Path:
     """The shard file that the index names for `tensor`."""
     return root / json.loads((root / INDEX).read_text())["weight_map"][tensor]
+
+
+def rerecord_manifest(root: Path, rel: str) -> None:
+    """Make the manifest agree with an edited file, as a consistent attacker (or a careless tool) would."""
+    from dsv4_convert.core.files import MANIFEST
+    from dsv4_convert.runtime.digest import file_digest
+
+    path = root / MANIFEST
+    doc = json.loads(path.read_text())
+    doc["files"][rel] = dict(doc["files"][rel], size=(root / rel).stat().st_size,
+                             hash=file_digest(root / rel, doc["hash_algorithm"]))
+    path.write_text(json.dumps(doc))

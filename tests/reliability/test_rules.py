@@ -17,11 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.core.files import MANIFEST
 from dsv4_convert.core.structure import RULES
-from dsv4_convert.runtime.digest import file_digest
 from dsv4_convert.validate.checks import BY_ID
 from tests.helpers.cli import run_cli, tree_hashes
+from tests.helpers.corrupt import rerecord_manifest
 
 SMALL = ("--layers", "1", "--experts", "4", "--shards", "2")
 HEADERS = "dsv4-convert-source/headers.json"
@@ -70,15 +69,6 @@ def _copy(converted: Path, dst: Path) -> Path:
     return dst
 
 
-def _rerecord(root: Path, rel: str) -> None:
-    """Make the manifest agree with an edited file, as a consistent attacker would."""
-    path = root / MANIFEST
-    doc = json.loads(path.read_text())
-    doc["files"][rel] = dict(doc["files"][rel], size=(root / rel).stat().st_size,
-                             hash=file_digest(root / rel, doc["hash_algorithm"]))
-    path.write_text(json.dumps(doc))
-
-
 def test_truncated_headers_json_is_a_manifest_mismatch(tmp_path, converted):
     ck = _copy(converted, tmp_path / "ck")
     data = (ck / HEADERS).read_bytes()
@@ -104,7 +94,7 @@ def test_the_source_record_reader_refuses_even_when_the_manifest_matches(tmp_pat
     else:
         record[first] = 7
         (ck / HEADERS).write_text(json.dumps(record))
-    _rerecord(ck, HEADERS)
+    rerecord_manifest(ck, HEADERS)
     before = tree_hashes(ck)
     proc = run_cli("marlin-to-source", ck, tmp_path / "out", "-q", check=False)
     _clean(proc, 3, "reverse.bad_source_record")

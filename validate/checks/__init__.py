@@ -3,6 +3,7 @@
 from dsv4_convert.validate.checks import (
     against,
     against_tensors,
+    coverage,
     gemm,
     globals,
     integrity,
@@ -60,6 +61,7 @@ ALL_CHECKS = (
     marlin_layout.layout_weight,
     marlin_layout.layout_scale,
     marlin_layout.layout_global,
+    marlin_layout.padding_zero,
     against.same_as_reference,
     against_tensors.non_expert_tensors_match,
     # sampled experts
@@ -67,6 +69,9 @@ ALL_CHECKS = (
     # the engine's own kernels on this GPU (--kernel)
     kernel.kernel_gemm,
     kernel.kernel_repack,
+    # what the run covered (after everything else)
+    coverage.experts_checked,
+    coverage.against_compared,
 )
 
 BY_ID = {c.id: c for c in ALL_CHECKS}

@@ -15,13 +15,16 @@ from dsv4_convert.validate.inputs import CheckpointInput, Options
 __all__ = ["manifest_verifies"]
 
 
+def _verifying(c: CheckpointInput, opts: Options) -> bool:
+    return opts.verify_manifest
+
+
 @check(id="integrity.manifest", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
        hint="convert again from the source (a changed file is corrupt or was edited); "
-            "--no-verify-manifest skips this check")
+            "--no-verify-manifest skips this check",
+       needs=(_verifying, "--no-verify-manifest"))
 def manifest_verifies(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """A converted file that no longer matches its recorded hash serves, or restores, different bytes."""
-    if not opts.verify_manifest:
-        return
     mismatches = verify(Path(c.root), MANIFEST)
     if mismatches is None:
         if c.checkpoint is not None and c.checkpoint.format is SourceFormat.MARLIN:

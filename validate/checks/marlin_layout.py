@@ -9,21 +9,28 @@ from collections.abc import Iterator
 import torch
 
 from dsv4_convert.core.engines import ENGINES
+from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
+from dsv4_convert.formats.padded_layout import encode_rank_blocks, padding_masks
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.checks._util import count_first
 from dsv4_convert.validate.diagnose import expected_marlin_scales, global_cause, scale_cause, weight_cause
 from dsv4_convert.validate.inputs import MarlinTensors, Options
 
-__all__ = ["layout_global", "layout_scale", "layout_weight"]
+__all__ = ["layout_global", "layout_scale", "layout_weight", "padding_zero"]
 
 
 def _where(m: MarlinTensors) -> dict:
     return dict(file=m.file, layer=m.proj.layer, expert=m.proj.expert)
 
 
+def _has_reference(m: MarlinTensors, opts: Options) -> bool:
+    return m.reference is not None
+
+
 @check(id="marlin.layout.weight", severity=Severity.ERROR, scope=Scope.MARLIN,
-       hint="re-run the conversion from the original source with this version of dsv4-convert")
+       hint="re-run the conversion from the original source with this version of dsv4-convert",
+       needs=(_has_reference, "the decoded codes are compared only with their source projection (--against SRC)"))
 def layout_weight(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
     """Packed codes that do not decode to the source's bytes feed the kernel wrong weights."""
     if m.reference is None or m.decoded is None:
@@ -53,7 +60,14 @@ def layout_scale(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
         return
     quant = m.proj.quant
     stored = m.mscale.contiguous().view(torch.uint8)
-    expected = expected_marlin_scales(ref.scale_bytes, quant, engine=m.engine, sf=m.sf, w4a8=m.w4a8)
+    def encode(s):
+        return (expected_marlin_scales(s, quant, engine=m.engine, sf=m.sf, w4a8=m.w4a8),)
+
+    if m.tiles is None or ref.scale_bytes.shape != (m.proj.n, m.proj.k // quant.group_size):
+        (expected,) = encode(ref.scale_bytes)
+    else:  # a --tp/--ep output: one Marlin block per rank (formats/padded_layout.py)
+        (expected,) = encode_rank_blocks((ref.scale_bytes,), down=m.proj.role is Role.DOWN, t=m.tiles,
+                                         encode=encode)
     what = "the source's scales" if m.reference is not None else "the re-encoding of its own decoded scales"
     if stored.shape != expected.shape:
         yield Finding(m.proj.scale.name, f"shape {list(stored.shape)}, expected {list(expected.shape)} "
@@ -97,3 +111,22 @@ def layout_global(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
                       f"{m.engine}/{m.act_dtype}, rescale {m.sf:g}). Likely cause: {cause}.", cause=cause,
                       **_where(m))
 
+
+
+@check(id="marlin.padding", severity=Severity.ERROR, scope=Scope.MARLIN,
+       hint="convert again from the source; marlin-to-source refuses this checkpoint (reverse.padding_not_zero)")
+def padding_zero(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
+    """The engines zero each rank's padding; codes or scales there are not the source's, and the reverse cannot be exact."""
+    if m.tiles is None or m.decoded is None:
+        return
+    wpad, spad = padding_masks(down=m.proj.role is Role.DOWN, t=m.tiles)
+    w, s = m.decoded.weight.view(torch.uint8), m.decoded.scale_bytes
+    if w.shape != wpad.shape or s.shape != spad.shape:
+        return  # structure.experts.dims reports the shape
+    for what, name, mask in (("code bytes", m.proj.weight.name, (w != 0) & wpad),
+                             ("scale bytes", m.proj.scale.name, (s != 0) & spad)):
+        count, first = count_first(mask)
+        if count:
+            yield Finding(name, f"{count} {what} in the padding of the TP {m.tiles.tp} / EP {m.tiles.ep} layout are "
+                          f"not zero; first at source [{first[0]}, {first[1]}] of the padded matrix.", count=count,
+                          first=first, **_where(m))
