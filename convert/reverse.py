@@ -21,6 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from dsv4_convert.convert.pipeline import INDEX, LOST, SOURCE_DIR, _report
+from dsv4_convert.core.converted_config import read_tp_layout
 from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
@@ -28,7 +29,7 @@ from dsv4_convert.core.safetensors_header import parse_header
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
-from dsv4_convert.formats.padded_layout import read_layout_record, unpad_source
+from dsv4_convert.formats.padded_layout import unpad_source
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
@@ -196,7 +197,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
     try:
         target = MarlinTarget(block["target_engine"], block["act_dtype"], bool(block["w4a8"]))
         fmt = SourceFormat(block["source_format"])
-        layout = read_layout_record(block)
+        layout = read_tp_layout(block)
     except (KeyError, ValueError) as e:
         raise ContentError(f"config.json quantization_config is not a dsv4-convert block ({e})",
                            error_id="reverse.bad_config", file="config.json",
