@@ -3,9 +3,10 @@ plugin hands every non-expert layer to (attention, dense MLP, shared experts). P
 pre-flight; the plugins ask the installed engine itself (serving/vllm_config.py, sglang_methods.py).
 
 Mirrors, per engine version the engine-facts table lists:
-- vLLM 0.33.0: `ModelArchConfigConvertorBase._normalize_quantization_config` (a ModelOpt block gets
-  quant_method modelopt / modelopt_fp4 / modelopt_mixed from quant_algo; names are lower-cased,
-  `compressed_tensors` -> `compressed-tensors`), then `ModelConfig._verify_quantization`'s override walk
+- vLLM 0.33.0: `ModelArchConfigConvertorBase._normalize_quantization_config` (a nested ModelOpt block,
+  hf_quant_config.json's form, gets quant_method modelopt / modelopt_fp4 / modelopt_mixed from quant_algo;
+  a flat config.json block keeps its own; names are lower-cased, `compressed_tensors` ->
+  `compressed-tensors`), then `ModelConfig._verify_quantization`'s override walk
   (`ModelOpt*Config.override_quantization_method`: FP8 -> modelopt, NVFP4 / FP4 -> modelopt_fp4, MXFP8
   -> modelopt_mxfp8, MIXED_PRECISION -> modelopt_mixed; DeepSeek-V4 `fp8` -> deepseek_v4_fp8; gpt-oss
   `mxfp4` -> gpt_oss_mxfp4).
@@ -41,15 +42,23 @@ def _is_modelopt(block: dict) -> bool:
 
 
 def _vllm(block: dict, model_type: str | None) -> str | None:
-    method = str(block.get("quant_method", "")).lower().replace("compressed_tensors", "compressed-tensors")
-    if _is_modelopt(block):
+    method = str(block.get("quant_method", ""))
+    nested = block.get("quantization")
+    legacy = isinstance(nested, dict) and "modelopt_quant_config" in nested
+    producer = block.get("producer") if isinstance(block.get("producer"), dict) else {}
+    if (producer.get("name") == "modelopt" or legacy) and isinstance(nested, dict) and nested.get("quant_algo"):
+        # normalisation reads only the nested (hf_quant_config.json) form; vLLM refuses other algos here
+        method = {"FP8": "modelopt", "FP8_PER_CHANNEL_PER_TOKEN": "modelopt", "FP8_PB_WO": "modelopt",
+                  "NVFP4": "modelopt_fp4", "MIXED_PRECISION": "modelopt_mixed"}.get(_modelopt_algo(block), "?")
+    method = method.lower().replace("compressed_tensors", "compressed-tensors")
+    if method.startswith("modelopt"):  # the ModelOpt override hooks, in vLLM's order
         algo = _modelopt_algo(block) or ""
-        if algo in ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"):
+        if algo == "FP8":
             return "modelopt"
-        if "MXFP8" in algo:
-            return "modelopt_mxfp8"
         if "NVFP4" in algo or "FP4" in algo:
             return "modelopt_fp4"
+        if "MXFP8" in algo:
+            return "modelopt_mxfp8"
         if algo == "MIXED_PRECISION":
             return "modelopt_mixed"
     if method in ("fp8", "deepseek_v4_fp8") and model_type == "deepseek_v4":

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = [REPO / d for d in ("convert", "core", "validate", "serving", "formats")]
+SOURCES = [REPO / d for d in ("convert", "core", "validate", "serving", "formats", "runtime", "synth", "cli")]
 DOC = REPO / "docs" / "ERRORS.md"
 
 _ID = r"[a-z0-9_]+(?:\.[a-z0-9_\-]+)+"
