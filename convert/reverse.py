@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from dsv4_convert.convert.pipeline import INDEX, LOST, SOURCE_DIR, _report
-from dsv4_convert.core.converted_config import read_tp_layout
+from dsv4_convert.core.converted_config import ConvertedQuantConfig, read_tp_layout
 from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
@@ -195,8 +195,9 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
     _refuse_unverified(ckpt.root)
     block = ckpt.config.get("quantization_config") or {}
     try:
-        target = MarlinTarget(block["target_engine"], block["act_dtype"], bool(block["w4a8"]))
-        fmt = SourceFormat(block["source_format"])
+        spec = ConvertedQuantConfig.parse(block)  # the one strict parser (the plugins use it too)
+        target = MarlinTarget(spec.target_engine, spec.act_dtype, spec.w4a8)
+        fmt = SourceFormat(spec.source_format)
         layout = read_tp_layout(block)
     except (KeyError, ValueError) as e:
         raise ContentError(f"config.json quantization_config is not a dsv4-convert block ({e})",
