@@ -32,24 +32,45 @@ def _marlin_runs_here() -> None:
             cls._supports_current_device = staticmethod(lambda: True)
 
 
-def _build_and_load(path: str, *, process: bool) -> dict:
-    from vllm.config import KernelConfig, ModelConfig, VllmConfig, set_current_vllm_config
+def _vllm_config(path: str):
+    from vllm.config import KernelConfig, ModelConfig, VllmConfig
+
+    model_config = ModelConfig(model=path, dtype="bfloat16", skip_tokenizer_init=True, enforce_eager=True)
+    return VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
+
+
+def _source_methods(source: str, model) -> dict:
+    """What vLLM's own config for the source (its whole lookup, from the source's config.json) gives each
+    non-expert module of the same model: the method the engine would build there."""
+    quant = _vllm_config(source).quant_config
+    out = {"__config__": type(quant).__name__}
+    for name, module in model.named_modules():
+        if getattr(module, "quant_method", None) is not None and ".experts" not in name:
+            method = quant.get_quant_method(module, name)
+            out[name] = type(method).__name__ if method is not None else None
+    return out
+
+
+def _build_and_load(path: str, *, source: str | None, process: bool) -> dict:
+    from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    model_config = ModelConfig(model=path, dtype="bfloat16", skip_tokenizer_init=True, enforce_eager=True)
-    vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
-    quant = vllm_config.quant_config
+    vllm_config = _vllm_config(path)
+    model_config, quant = vllm_config.model_config, vllm_config.quant_config
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype):
         model = initialize_model(vllm_config=vllm_config)
         methods = {name: type(m.quant_method).__name__ for name, m in model.named_modules()
                    if getattr(m, "quant_method", None) is not None}
+        engine = _source_methods(source, model) if source else {}
         names = [name for name, _ in _weights(path)]
         loaded = model.load_weights(_weights(path))
         if process:
             process_weights_after_loading(model, model_config, torch.device("cpu"))
     params = {name for name, _ in model.named_parameters()}
     return {
+        "engine_config": engine.pop("__config__", None),
+        "engine_methods": engine,
         "config": type(quant).__name__,
         "inner": type(getattr(quant, "inner", None)).__name__,
         "inner_method": getattr(quant, "inner_method", None),
@@ -61,8 +82,8 @@ def _build_and_load(path: str, *, process: bool) -> dict:
 
 
 def run(rank: int, world: int, *, cases: dict) -> dict:
-    """cases: id -> {"path": checkpoint, "process": run process_weights_after_loading}. A case whose
-    config or load raises reports {"error": "<Type>: <message>"} (the negative controls)."""
+    """cases: id -> {"path": checkpoint, "source": compare with the engine's own config for it, "process":
+    run process_weights_after_loading}. A case whose config or load raises reports {"error": ...}."""
     from vllm.config import ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.plugins import load_general_plugins
@@ -77,7 +98,8 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     out = {}
     for case_id, case in cases.items():
         try:
-            out[case_id] = _build_and_load(case["path"], process=case.get("process", False))
+            out[case_id] = _build_and_load(case["path"], source=case.get("source"),
+                                           process=case.get("process", False))
         except Exception as e:  # noqa: BLE001 - the negative controls report what the engine raised
             out[case_id] = {"error": f"{type(e).__name__}: {e}"}
     return out

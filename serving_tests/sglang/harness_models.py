@@ -1,0 +1,123 @@
+"""Runs inside a spawned gloo rank for test_sglang_families.py (its header lists the substitutions): the
+whole model of a family, built by SGLang from the checkpoint's own config.json (ModelConfig, its
+quantisation lookup, `_initialize_model`), loaded through the model's own `load_weights`, once for the
+source with SGLang's own config and once for the conversion with the plugin."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported: ServerArgs("dummy") stays local
+
+import torch
+from harness_sglang import sglang_cpu
+
+
+def _weights(path: str):
+    from safetensors import safe_open
+
+    for shard in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                yield name, f.get_tensor(name)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _count_placements(model) -> set[int]:
+    """Wrap every parameter's loader (SGLang's model loaders skip a name they cannot place, silently):
+    the storages of the checkpoint tensors that reached a parameter."""
+    from sglang.srt.model_loader.weight_utils import default_weight_loader
+
+    placed: set[int] = set()
+    for _, param in model.named_parameters():
+        loader = getattr(param, "weight_loader", default_weight_loader)
+
+        def counted(p, loaded, *args, _loader=loader, **kwargs):
+            placed.add(_storage(loaded))
+            return _loader(p, loaded, *args, **kwargs)
+
+        # SGLang's newer parameter classes expose weight_loader as a read-only property over _weight_loader
+        setattr(param, "_weight_loader" if hasattr(param, "_weight_loader") else "weight_loader", counted)
+    return placed
+
+
+def _quant_config(path: str):
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import _get_quantization_config
+
+    model_config = ModelConfig(path, dtype="bfloat16")
+    return model_config, _get_quantization_config(model_config, LoadConfig())
+
+
+def _build_and_load(path: str, *, source: str | None, process: bool) -> dict:
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.model_loader.loader import _initialize_model
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+
+    model_config, quant = _quant_config(path)
+    with set_default_torch_dtype(torch.bfloat16):
+        model = _initialize_model(model_config, LoadConfig(), quant)
+    methods = {name: type(m.quant_method).__name__ for name, m in model.named_modules()
+               if getattr(m, "quant_method", None) is not None}
+    engine = _source_methods(source, model) if source else {}
+    placed = _count_placements(model)
+    tensors = list(_weights(path))  # kept alive: their storages are what `placed` records
+    model.load_weights(iter(tensors))
+    if process:
+        for _, module in model.named_modules():
+            if getattr(module, "quant_method", None) is not None:
+                module.quant_method.process_weights_after_loading(module)
+    return {
+        "engine_config": engine.pop("__config__", None),
+        "engine_methods": engine,
+        "config": type(quant).__name__,
+        "inner": type(getattr(quant, "inner", None)).__name__,
+        "inner_method": getattr(quant, "inner_method", None),
+        "methods": methods,
+        "tensors": len(tensors),
+        "not_placed": sorted(name for name, t in tensors if _storage(t) not in placed),
+        "params_after": sorted(n for n, _ in model.named_parameters()),
+    }
+
+
+def _source_methods(source: str, model) -> dict:
+    """What SGLang's own config for the source (its whole lookup, from the source's config.json) gives
+    each non-expert module of the same model: the method the engine would build there."""
+    _, quant = _quant_config(source)
+    out = {"__config__": type(quant).__name__}
+    for name, module in model.named_modules():
+        if getattr(module, "quant_method", None) is not None and ".experts" not in name:
+            method = quant.get_quant_method(module, name)
+            out[name] = type(method).__name__ if method is not None else None
+    return out
+
+
+def run(rank: int, world: int, *, cases: dict) -> dict:
+    """cases: id -> {"path", "source" (compare with the engine's own config for it), "process"}; a case
+    whose config, build or load raises reports {"error"}."""
+    import sglang.srt.layers.rotary_embedding.base as rope
+    from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.runtime_context import get_parallel
+
+    load_plugins()
+    rope._is_cpu = True  # SGLang's non-CUDA rotary path imports vllm._custom_ops; its CPU path does not
+    out = {}
+    with sglang_cpu(world=world, rank=rank, ep=False, dtype=torch.bfloat16):
+        get_parallel().override_permanently(pp_rank=0, attn_tp_rank=rank, attn_dp_rank=0, attn_cp_rank=0,
+                                            moe_dp_rank=0)
+        init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
+                                     distributed_init_method="env://")
+        initialize_model_parallel(backend="gloo")
+        for case_id, case in cases.items():
+            try:
+                out[case_id] = _build_and_load(case["path"], source=case.get("source"),
+                                               process=case.get("process", False))
+            except Exception as e:  # noqa: BLE001 - the negative controls report what the engine raised
+                out[case_id] = {"error": f"{type(e).__name__}: {e}"}
+    return out

@@ -1,0 +1,129 @@
+"""The whole model of each family, on CPU, with the engine's own code (vLLM 0.33.0 in .venv-vllm,
+SGLang 0.5.23 in .venv-sglang; this file runs in both, parametrised by the engine it finds): the engine
+builds the model from the checkpoint's config.json (its model class, its layers, its quantisation
+lookup) and loads it through the model's own `load_weights` (that architecture's weight-name mapping),
+the conversion with the plugin; the engine's own config for the source (built by its whole lookup from
+the source's config.json) names the method it would give each non-expert module of that model. Every
+linear layer kind (attention, dense MLP, shared experts) must get that method,
+the routed experts the plugin's Marlin method, and every tensor of the conversion must reach a
+parameter (vLLM raises on a name it cannot place; SGLang skips it silently, so the SGLang harness
+counts what reaches a parameter's loader).
+
+CPU substitutions (nothing an assertion compares comes from them):
+- vLLM: `VLLM_TARGET_DEVICE=cpu`; `MarlinExperts._supports_current_device` -> True (no MoE backend on
+  CPU; `--moe-backend marlin`, set in KernelConfig, is the documented sm_120 launch).
+- SGLang: the torchvision stand-in, `override_platform(is_sm120=True)`, `--moe-runner-backend marlin`,
+  the dummy Marlin workspace (serving_tests/sglang/test_sglang_plugin.py lists why), the parallel ranks
+  written with `get_parallel().override_permanently`, and the rotary embedding's CPU branch (its
+  non-CUDA branch imports `vllm._custom_ops`, which the SGLang venv does not have; unrelated to
+  quantisation).
+- One spawned gloo rank, a 1-layer model of hidden 256.
+What could not run on CPU: the source's whole model (SGLang's compressed-tensors MoE needs CUDA to be
+built; both engines repack with a CUDA-only op), so the source is compared through the engine's config
+for it, and any forward pass (vLLM has no NVFP4 / Marlin kernel on CPU: "Failed to find a kernel").
+The plugin's `process_weights_after_loading` runs (no repack).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from common import spawn_ranks
+from families import FAMILIES, make_family
+
+
+def _installed(dist: str) -> bool:  # by distribution: serving_tests/vllm would pass for a `vllm` module
+    try:
+        importlib.metadata.version(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+ENGINE = "vllm" if _installed("vllm") else "sglang" if _installed("sglang") else None
+if ENGINE is None:
+    pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+sys.path.insert(0, str(Path(__file__).parent / ENGINE))  # the engine's harness_models
+
+# parameters the engine creates that neither checkpoint holds: vLLM's attention scales, and the
+# ModelOpt-named input scales of a compressed-tensors conversion (it keeps its input global as
+# `input_global_scale`, loaded into a parameter of its own; W4A16 Marlin reads neither)
+ATTN_KV_SCALES = {"k_scale", "v_scale", "q_scale", "prob_scale"}
+NOT_IN_CT = {"w13_input_scale", "w2_input_scale"}
+EXPERTS_METHOD = {"vllm": "PrepackedNvFp4MarlinMoE", "sglang": "PrepackedNvFp4MarlinMoEMethod"}
+BLOCK_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+
+
+def _stale(tmp, conv):
+    """The conversion with the stale block of nvidia/DeepSeek-V3-0324-FP4 recorded as the source's."""
+    out = tmp / "stale-block"
+    shutil.copytree(conv, out)
+    config = json.loads((out / "config.json").read_text())
+    config["quantization_config"]["original_quantization_config"] = dict(BLOCK_FP8)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Every case in one spawned process (the engine import dominates the run time)."""
+    tmp = tmp_path_factory.mktemp("families")
+    cases = {}
+    for family in FAMILIES:
+        src, conv = make_family(tmp, family, ENGINE)
+        cases[f"{family}-plugin"] = {"path": str(conv), "source": str(src), "process": True}
+    _, conv = make_family(tmp, "glm4-moe-modelopt", ENGINE, no_block=True)
+    cases["glm4-moe-modelopt-noblock-plugin"] = {"path": str(conv), "process": True}
+    cases["negative-stale-block"] = {"path": str(_stale(tmp, conv))}
+    return spawn_ranks("harness_models:run", {"cases": cases}, tmp, world=1)[0]
+
+
+def _non_expert(methods: dict) -> dict:
+    return {k: v for k, v in methods.items() if ".experts" not in k}
+
+
+def _unplaced(r: dict, family: str) -> set:
+    """What the load left out, beyond what neither checkpoint holds."""
+    allowed = ATTN_KV_SCALES | (NOT_IN_CT if family.endswith("-ct") else set())
+    return ({n.rsplit(".", 1)[-1] for n in r.get("not_loaded", [])} - allowed) | set(r.get("not_placed", []))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_non_expert_layers_get_the_engines_own_methods(results, family):
+    plug = results[f"{family}-plugin"]
+    assert "error" not in plug, plug
+    assert plug["inner"] == plug["engine_config"], plug  # ModelOpt NVFP4 / compressed-tensors, as the engine
+    assert _non_expert(plug["methods"]) == plug["engine_methods"], plug
+    kinds = {k.rsplit(".", 1)[-1] for k in plug["methods"] if ".layers." in k}
+    assert {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"} <= kinds, kinds  # attention, shared experts
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_routed_experts_get_the_plugin_method_and_every_tensor_a_parameter(results, family):
+    plug = results[f"{family}-plugin"]
+    experts = {k: v for k, v in plug["methods"].items() if ".mlp.experts" in k}
+    assert experts and set(experts.values()) == {EXPERTS_METHOD[ENGINE]}, plug["methods"]
+    assert not _unplaced(plug, family), plug
+    assert not any("ct_weight_global_scale" in n for n in plug["params_after"])  # kept globals dropped
+
+
+def test_no_block_in_config_json_builds_modelopt_fp4_from_hf_quant_config(results):
+    r = results["glm4-moe-modelopt-noblock-plugin"]
+    assert r.get("inner_method") == "modelopt_fp4" and "Fp4Config" in r["inner"], r
+    assert not _unplaced(r, "glm4-moe-modelopt"), r
+
+
+def test_negative_control_a_stale_fp8_block_fails_the_load(results):
+    """The engines follow config.json's block; the plugin follows the recorded one. A block-FP8 block
+    over the BF16 / NVFP4 layers must fail: an error, or layers the checks above see as not loaded."""
+    r = results["negative-stale-block"]
+    assert "error" in r or _unplaced(r, "glm4-moe-modelopt") or r["inner_method"] == "fp8", r
+    if "error" not in r:
+        assert _non_expert(r["methods"]) != results["glm4-moe-modelopt-plugin"]["engine_methods"], r
