@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4_convert.core.tensor_model import DTYPE_SIZES
+from dsv4_convert.core.dtypes import DTYPE_SIZES
 from dsv4_convert.runtime import direct_io
 from dsv4_convert.runtime.digest import new_hash
 

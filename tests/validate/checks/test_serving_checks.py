@@ -7,17 +7,14 @@ in a subprocess. No substitutions.
 """
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from check_helpers import on_disk, run, synth
 
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import serving as s
-
-sys.path.insert(0, str(Path(__file__).parents[2] / "convert"))
-from cli_helpers import run_cli  # noqa: E402
+from tests.helpers.checks import on_disk, run, synth
+from tests.helpers.cli import run_cli
 
 BLOCK_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
 

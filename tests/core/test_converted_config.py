@@ -10,9 +10,9 @@ import json
 import shutil
 
 import pytest
-from cli_helpers import rerecord, run_cli
 
 from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, model_config_problems
+from tests.helpers.cli import rerecord, run_cli
 
 
 @pytest.fixture(scope="module")
