@@ -40,8 +40,12 @@ class EngineFacts:
     ep_flag: str  # {ep} is the expert-parallel size
     global_dtype: str  # dtype of the processed NVFP4 global: "F32" or the activation dtype
     # the engine's own methods (core/inner_methods.py names) the plugin hands the non-expert layers to,
-    # each loaded in serving_tests with the engine's code; any other is refused by validate's pre-flight
+    # each loaded in serving_tests with the engine's code, as (method, model_type or None for any);
+    # any other is refused by validate's pre-flight and doctor
     inner_methods: frozenset = frozenset()
+
+    def serves_inner(self, method: str, model_type: str | None) -> bool:
+        return (method, None) in self.inner_methods or (method, model_type) in self.inner_methods
 
     def padding(self, fmt: str, hidden: int):
         return tiles.engine_padding(fmt, self.name, hidden)
@@ -52,14 +56,16 @@ ENGINES = {
     "vllm": EngineFacts("vllm", "vllm-L4", (0, 20, 0), "0.33.0", True, "--moe-backend marlin",
                         "--gpu-memory-utilization", "vllm serve {path}", "--tensor-parallel-size",
                         "--enable-expert-parallel", "F32",
-                        frozenset({"deepseek_v4_fp8", "gpt_oss_mxfp4", "modelopt_fp4", "modelopt_mixed",
-                                   "compressed-tensors"})),
+                        frozenset({("deepseek_v4_fp8", "deepseek_v4"), ("gpt_oss_mxfp4", "gpt_oss"),
+                                   ("modelopt_fp4", None), ("modelopt_mixed", "deepseek_v4"),
+                                   ("compressed-tensors", None)})),
     # sglang-L2: the NVFP4 Marlin fallback and the DSv4 MXFP4 Marlin method exist only since 0.5.2x;
     # 0.5.23 is the version verified byte for byte
     "sglang": EngineFacts("sglang", "sglang-L2", (0, 5, 23), "0.5.23", False, "--moe-runner-backend marlin",
                           "--mem-fraction-static", "python -m sglang.launch_server --model-path {path}", "--tp",
                           "--ep {ep}", "act",
-                          frozenset({"fp8", "mxfp4", "modelopt_fp4", "modelopt_mixed", "compressed-tensors"})),
+                          frozenset({("fp8", "deepseek_v4"), ("mxfp4", "gpt_oss"), ("modelopt_fp4", None),
+                                     ("modelopt_mixed", "deepseek_v4"), ("compressed-tensors", None)})),
 }
 LAYOUTS = {e.layout_tag: e for e in ENGINES.values()}
 

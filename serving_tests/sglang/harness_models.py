@@ -1,26 +1,17 @@
-"""Runs inside a spawned gloo rank for test_sglang_families.py (its header lists the substitutions): the
+"""Runs inside a spawned gloo rank for serving_tests/test_families.py (its header lists the substitutions): the
 whole model of a family, built by SGLang from the checkpoint's own config.json (ModelConfig, its
-quantisation lookup, `_initialize_model`), loaded through the model's own `load_weights`, once for the
-source with SGLang's own config and once for the conversion with the plugin."""
+quantisation lookup, `_initialize_model`), loaded through the model's own `load_weights` with the plugin;
+SGLang's own config for the source names the method it would give each non-expert module."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported: ServerArgs("dummy") stays local
 
 import torch
+from common import checkpoint_tensors, model_summary, module_methods
 from harness_sglang import sglang_cpu
-
-
-def _weights(path: str):
-    from safetensors import safe_open
-
-    for shard in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
-                yield name, f.get_tensor(name)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -62,39 +53,17 @@ def _build_and_load(path: str, *, source: str | None, process: bool) -> dict:
     model_config, quant = _quant_config(path)
     with set_default_torch_dtype(torch.bfloat16):
         model = _initialize_model(model_config, LoadConfig(), quant)
-    methods = {name: type(m.quant_method).__name__ for name, m in model.named_modules()
-               if getattr(m, "quant_method", None) is not None}
-    engine = _source_methods(source, model) if source else {}
+    methods = module_methods(model)
+    source_quant = _quant_config(source)[1] if source else None
     placed = _count_placements(model)
-    tensors = list(_weights(path))  # kept alive: their storages are what `placed` records
+    tensors = list(checkpoint_tensors(path))  # kept alive: their storages are what `placed` records
     model.load_weights(iter(tensors))
-    if process:
+    if process:  # the plugin's expert methods (no repack); SGLang's own NVFP4 linear processing needs a GPU
         for _, module in model.named_modules():
-            if getattr(module, "quant_method", None) is not None:
+            if type(getattr(module, "quant_method", None)).__name__.startswith("Prepacked"):
                 module.quant_method.process_weights_after_loading(module)
-    return {
-        "engine_config": engine.pop("__config__", None),
-        "engine_methods": engine,
-        "config": type(quant).__name__,
-        "inner": type(getattr(quant, "inner", None)).__name__,
-        "inner_method": getattr(quant, "inner_method", None),
-        "methods": methods,
-        "tensors": len(tensors),
-        "not_placed": sorted(name for name, t in tensors if _storage(t) not in placed),
-        "params_after": sorted(n for n, _ in model.named_parameters()),
-    }
-
-
-def _source_methods(source: str, model) -> dict:
-    """What SGLang's own config for the source (its whole lookup, from the source's config.json) gives
-    each non-expert module of the same model: the method the engine would build there."""
-    _, quant = _quant_config(source)
-    out = {"__config__": type(quant).__name__}
-    for name, module in model.named_modules():
-        if getattr(module, "quant_method", None) is not None and ".experts" not in name:
-            method = quant.get_quant_method(module, name)
-            out[name] = type(method).__name__ if method is not None else None
-    return out
+    return {**model_summary(quant, model, methods, source_quant),
+            "not_placed": sorted(name for name, t in tensors if _storage(t) not in placed)}
 
 
 def run(rank: int, world: int, *, cases: dict) -> dict:
@@ -107,6 +76,8 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
 
     load_plugins()
     rope._is_cpu = True  # SGLang's non-CUDA rotary path imports vllm._custom_ops; its CPU path does not
+    # compressed-tensors scheme selection asks torch.cuda for the GPU generation: the target's, sm_120
+    torch.cuda.get_device_capability = lambda device=None: (12, 0)
     out = {}
     with sglang_cpu(world=world, rank=rank, ep=False, dtype=torch.bfloat16):
         get_parallel().override_permanently(pp_rank=0, attn_tp_rank=rank, attn_dp_rank=0, attn_cp_rank=0,

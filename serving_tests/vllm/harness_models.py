@@ -1,35 +1,30 @@
-"""Runs inside a spawned gloo rank for test_vllm_families.py (its header lists the substitutions): the
+"""Runs inside a spawned gloo rank for serving_tests/test_families.py (its header lists the substitutions): the
 whole model of a family, built by vLLM from the checkpoint's own config.json, loaded through the
-model's own `load_weights` (its weight-name mapping), once for the source with vLLM's own quantisation
-config and once for the conversion with the plugin."""
+model's own `load_weights` (its weight-name mapping) with the plugin; vLLM's own config for the source
+names the method it would give each non-expert module."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
-
-
-def _weights(path: str):
-    from safetensors import safe_open
-
-    for shard in sorted(Path(path).glob("*.safetensors")):
-        with safe_open(str(shard), "pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
-                yield name, f.get_tensor(name)
+from common import checkpoint_tensors, model_summary, module_methods
 
 
 def _marlin_runs_here() -> None:
     """The Marlin experts class refuses a machine without a CUDA sm80+ GPU; the backend is what
-    `--moe-backend marlin` asks for on sm_120."""
+    `--moe-backend marlin` asks for on sm_120. vLLM lists no NVFP4 linear kernel for the CPU platform:
+    its own emulation kernel is listed, so NVFP4 linear layers can be created (never run here)."""
+    from vllm.model_executor.kernels.linear import _POSSIBLE_NVFP4_KERNELS, EmulationNvFp4LinearKernel
     from vllm.model_executor.layers.fused_moe.experts import marlin_moe
+    from vllm.platforms import current_platform
 
     for cls in vars(marlin_moe).values():
         if isinstance(cls, type) and "_supports_current_device" in vars(cls):
             cls._supports_current_device = staticmethod(lambda: True)
+    _POSSIBLE_NVFP4_KERNELS.setdefault(current_platform._enum, []).append(EmulationNvFp4LinearKernel)
 
 
 def _vllm_config(path: str):
@@ -37,18 +32,6 @@ def _vllm_config(path: str):
 
     model_config = ModelConfig(model=path, dtype="bfloat16", skip_tokenizer_init=True, enforce_eager=True)
     return VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
-
-
-def _source_methods(source: str, model) -> dict:
-    """What vLLM's own config for the source (its whole lookup, from the source's config.json) gives each
-    non-expert module of the same model: the method the engine would build there."""
-    quant = _vllm_config(source).quant_config
-    out = {"__config__": type(quant).__name__}
-    for name, module in model.named_modules():
-        if getattr(module, "quant_method", None) is not None and ".experts" not in name:
-            method = quant.get_quant_method(module, name)
-            out[name] = type(method).__name__ if method is not None else None
-    return out
 
 
 def _build_and_load(path: str, *, source: str | None, process: bool) -> dict:
@@ -60,25 +43,17 @@ def _build_and_load(path: str, *, source: str | None, process: bool) -> dict:
     model_config, quant = vllm_config.model_config, vllm_config.quant_config
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype):
         model = initialize_model(vllm_config=vllm_config)
-        methods = {name: type(m.quant_method).__name__ for name, m in model.named_modules()
-                   if getattr(m, "quant_method", None) is not None}
-        engine = _source_methods(source, model) if source else {}
-        names = [name for name, _ in _weights(path)]
-        loaded = model.load_weights(_weights(path))
+        methods = module_methods(model)
+        source_quant = _vllm_config(source).quant_config if source else None
+        loaded = model.load_weights(checkpoint_tensors(path))
+        params = {name for name, _ in model.named_parameters()}  # before processing derives new ones
         if process:
             process_weights_after_loading(model, model_config, torch.device("cpu"))
-    params = {name for name, _ in model.named_parameters()}
-    return {
-        "engine_config": engine.pop("__config__", None),
-        "engine_methods": engine,
-        "config": type(quant).__name__,
-        "inner": type(getattr(quant, "inner", None)).__name__,
-        "inner_method": getattr(quant, "inner_method", None),
-        "methods": methods,
-        "tensors": len(names),
-        "not_loaded": sorted(params - set(loaded)),
-        "params_after": sorted(params) if not process else sorted(n for n, _ in model.named_parameters()),
-    }
+        summary = model_summary(quant, model, methods, source_quant)  # the source's config asks inside it
+    return {**summary, "not_loaded": sorted(params - set(loaded)),
+            # parameters whose tensor the source does not have either (module and name, e.g. `q_norm.weight`)
+            "absent_from_source": sorted(n for n in params - set(loaded) if source and not any(
+                t.endswith("." + ".".join(n.split(".")[-2:])) for t, _ in checkpoint_tensors(source)))}
 
 
 def run(rank: int, world: int, *, cases: dict) -> dict:

@@ -58,6 +58,10 @@ def stale_quant_block(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
                       "so FP4 layers would be built as FP8 (or the reverse).", file="config.json")
 
 
+def _proven(engine) -> str:
+    return ", ".join(sorted(f"{m} ({t or 'any model'})" for m, t in engine.inner_methods))
+
+
 def _quantised_linears(c: CheckpointInput) -> list[str]:
     return [t.name for t in c.checkpoint.passthrough
             if t.name.endswith(".weight") and len(t.shape) == 2 and t.dtype in _QUANTISED]
@@ -85,10 +89,10 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
                           "but the source recorded no quantisation block: the engine would build 16-bit layers "
                           "for them.", count=len(quantised))
         return
-    if method not in engine.inner_methods:
-        yield Finding("config.json", f"{engine.name} resolves the source's block to {method!r}; the plugin "
-                      f"hands non-expert layers only to {sorted(engine.inner_methods)} (each proven with "
-                      f"{engine.name}'s code), so this checkpoint is not known to load.", file="config.json")
+    if not engine.serves_inner(method, spec.source_model_type):
+        yield Finding("config.json", f"{engine.name} resolves the source's block ({spec.source_model_type}) to "
+                      f"{method!r}; the plugin hands non-expert layers only to {_proven(engine)} (each proven "
+                      f"with {engine.name}'s code), so this checkpoint is not known to load.", file="config.json")
     fp4 = [n for n in quantised if next(t for t in c.checkpoint.passthrough if t.name == n).dtype == "U8"]
     if fp4 and method not in FP4_METHODS:
         yield Finding(fp4[0], f"{len(fp4)} non-expert linear weights are packed FP4, but {engine.name} builds "
