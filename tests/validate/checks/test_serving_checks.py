@@ -54,7 +54,7 @@ def test_stale_block_reported_on_the_source_and_on_the_output(stale):
 def test_pre_flight_refuses_the_method_the_stale_block_resolves_to(stale):
     (f,) = run(s.inner_method_resolves, on_disk(stale[1]))
     assert s.inner_method_resolves.severity_of(f) is Severity.ERROR
-    assert "vllm resolves the source's block to 'fp8'" in f.message
+    assert "vllm resolves the source's block (deepseek_v3) to 'fp8'" in f.message
 
 
 def test_no_block_in_config_json_resolves_from_hf_quant_config(tmp_path):
