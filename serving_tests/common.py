@@ -123,3 +123,15 @@ def model_summary(quant, model: torch.nn.Module, methods: dict, source_quant) ->
         "methods": methods,
         "params_after": sorted(n for n, _ in model.named_parameters()),
     }
+
+
+def run_model_cases(cases: dict, build) -> dict:
+    """{case id: build(path, source=..., process=...)}, or {"error": "<Type>: <message>"} for a case whose
+    config, build or load raised (what the engine would print at launch: the negative controls)."""
+    out = {}
+    for case_id, case in cases.items():
+        try:
+            out[case_id] = build(case["path"], source=case.get("source"), process=case.get("process", False))
+        except Exception as e:  # noqa: BLE001 - the negative controls report what the engine raised
+            out[case_id] = {"error": f"{type(e).__name__}: {e}"}
+    return out

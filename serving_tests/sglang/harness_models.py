@@ -10,7 +10,7 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported: ServerArgs("dummy") stays local
 
 import torch
-from common import checkpoint_tensors, model_summary, module_methods
+from common import checkpoint_tensors, model_summary, module_methods, run_model_cases
 from harness_sglang import sglang_cpu
 
 
@@ -78,17 +78,10 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     rope._is_cpu = True  # SGLang's non-CUDA rotary path imports vllm._custom_ops; its CPU path does not
     # compressed-tensors scheme selection asks torch.cuda for the GPU generation: the target's, sm_120
     torch.cuda.get_device_capability = lambda device=None: (12, 0)
-    out = {}
     with sglang_cpu(world=world, rank=rank, ep=False, dtype=torch.bfloat16):
         get_parallel().override_permanently(pp_rank=0, attn_tp_rank=rank, attn_dp_rank=0, attn_cp_rank=0,
                                             moe_dp_rank=0)
         init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method="env://")
         initialize_model_parallel(backend="gloo")
-        for case_id, case in cases.items():
-            try:
-                out[case_id] = _build_and_load(case["path"], source=case.get("source"),
-                                               process=case.get("process", False))
-            except Exception as e:  # noqa: BLE001 - the negative controls report what the engine raised
-                out[case_id] = {"error": f"{type(e).__name__}: {e}"}
-    return out
+        return run_model_cases(cases, _build_and_load)

@@ -10,7 +10,7 @@ import os
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
-from common import checkpoint_tensors, model_summary, module_methods
+from common import checkpoint_tensors, model_summary, module_methods, run_model_cases
 
 
 def _marlin_runs_here() -> None:
@@ -70,11 +70,4 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
         init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method="env://")
         initialize_model_parallel(tensor_model_parallel_size=world)
-    out = {}
-    for case_id, case in cases.items():
-        try:
-            out[case_id] = _build_and_load(case["path"], source=case.get("source"),
-                                           process=case.get("process", False))
-        except Exception as e:  # noqa: BLE001 - the negative controls report what the engine raised
-            out[case_id] = {"error": f"{type(e).__name__}: {e}"}
-    return out
+    return run_model_cases(cases, _build_and_load)
