@@ -135,3 +135,16 @@ def run_model_cases(cases: dict, build) -> dict:
         except Exception as e:  # noqa: BLE001 - the negative controls report what the engine raised
             out[case_id] = {"error": f"{type(e).__name__}: {e}"}
     return out
+
+
+def installed_engine() -> str | None:
+    """The engine of this venv, by distribution (serving_tests/vllm would pass for a `vllm` module)."""
+    import importlib.metadata
+
+    for dist in ("vllm", "sglang"):
+        try:
+            importlib.metadata.version(dist)
+            return dist
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None

@@ -11,6 +11,6 @@ serving_tests/build_venvs.sh sglang vllm
 
 rc=0
 # the pure config tests need no engine; run them once, in the SGLang venv
-.venv-sglang/bin/python -m pytest -q -p no:cacheprovider serving_tests/test_config.py serving_tests/test_families.py serving_tests/sglang || rc=1
-VLLM_TARGET_DEVICE=cpu .venv-vllm/bin/python -m pytest -q -p no:cacheprovider serving_tests/test_families.py serving_tests/vllm || rc=1
+.venv-sglang/bin/python -m pytest -q -p no:cacheprovider serving_tests/test_config.py serving_tests/test_plugin_config.py serving_tests/test_families.py serving_tests/sglang || rc=1
+VLLM_TARGET_DEVICE=cpu .venv-vllm/bin/python -m pytest -q -p no:cacheprovider serving_tests/test_plugin_config.py serving_tests/test_families.py serving_tests/vllm || rc=1
 exit "$rc"

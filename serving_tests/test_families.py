@@ -31,7 +31,6 @@ The plugin's `process_weights_after_loading` runs (no repack).
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import shutil
@@ -39,19 +38,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from common import spawn_ranks
+from common import installed_engine, spawn_ranks
 from families import CASES, make_family
 
-
-def _installed(dist: str) -> bool:  # by distribution: serving_tests/vllm would pass for a `vllm` module
-    try:
-        importlib.metadata.version(dist)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-ENGINE = "vllm" if _installed("vllm") else "sglang" if _installed("sglang") else None
+ENGINE = installed_engine()
 if ENGINE is None:
     pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
