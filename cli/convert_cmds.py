@@ -19,13 +19,13 @@ from dsv4_convert.cli.options import (
 from dsv4_convert.cli.report import emit, show_progress
 from dsv4_convert.convert.pipeline import run_conversion
 from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_servable, check_source
+from dsv4_convert.core.converted_config import TpLayout
 from dsv4_convert.core.engines import ENGINES, shell_quote
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant
 from dsv4_convert.core.units import human_rate, human_size
-from dsv4_convert.formats.padded_layout import layout_record
 from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.runtime.executors import refuse_device
 from dsv4_convert.runtime.paths import out_path
@@ -140,7 +140,7 @@ def _plan_summary(plan) -> dict:
         "bytes_in": sum(t.nbytes for t in ckpt.tensors.values()), "bytes_out": plan.output_bytes,
         "rescale_pass": plan.needs_rescale,
         "layouts": [{"tp": t, "ep": e} for t, e in plan.layouts],
-        **({} if plan.tp_layout is None else {"tp_layout": layout_record(*plan.tp_layout, plan.rank_tiles)}),
+        **({} if plan.tp_layout is None else {"tp_layout": TpLayout.from_tiles(*plan.tp_layout, plan.rank_tiles).as_dict()}),
     }
 
 

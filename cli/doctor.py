@@ -4,7 +4,9 @@ Reports the GPUs, torch and CUDA, each engine installed (vLLM, SGLang, sgl_kerne
 layout the checkpoint was converted for and the versions the plugin was verified with, whether the
 engines' Marlin extensions carry machine code (SASS) for this GPU or only PTX (vLLM #40923: PTX-only
 Marlin MoE kernels gave silently wrong output on sm_120), and the MoE backend flag to force.
-Imports no engine: versions come from package metadata, code from the libraries' fatbinaries.
+Imports no engine: versions come from package metadata, code from the libraries' fatbinaries; for a
+converted checkpoint, each installed engine is asked (in a subprocess, serving/probe.py) to build its
+quantisation config from the checkpoint, without loading weights.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import click
 
 from dsv4_convert.cli.report import emit, report_options
-from dsv4_convert.core.engines import LAYOUTS, version_tuple
+from dsv4_convert.core.engines import ENGINES, LAYOUTS, version_tuple
 from dsv4_convert.core.fatbin import FatbinError, read_cuda_code
 from dsv4_convert.validate.kernel_provider import MODULE_ENV
 
@@ -148,6 +150,45 @@ def _checkpoint(d: Doctor, path: str) -> None:
     if not served:
         want = " or ".join(LAYOUTS[t].name for t in engines) or "an engine"
         d.findings.append(f"{path} needs {want}, which is not installed here")
+    if ckpt.format is SourceFormat.MARLIN:
+        for engine in served:
+            _ask_engine(d, path, engine, qc)
+
+
+def _ask_engine(d: Doctor, path: str, engine: str, qc: dict) -> None:
+    """The installed engine builds the plugin's config from config.json, and inside it its own config for
+    the non-expert layers (serving/probe.py, in a subprocess: doctor imports no engine). It must succeed
+    and agree with validate's pre-flight (marlin.serving_methods)."""
+    import json
+    import subprocess
+
+    from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
+    from dsv4_convert.core.inner_methods import engine_inner_method
+
+    proc = subprocess.run([sys.executable, "-m", "dsv4_convert.serving.probe", path, engine],
+                          capture_output=True, text=True)
+    try:
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        answer = {"engine": engine, "error": (proc.stderr.strip().splitlines() or ["no answer"])[-1]}
+    d.checkpoint.setdefault("engine_probe", []).append(answer)
+    if "error" in answer:
+        d.findings.append(f"{engine} cannot build this checkpoint's quantisation config: {answer['error']}")
+        return
+    try:
+        spec = ConvertedQuantConfig.parse(qc)
+    except ConvertedConfigError:
+        return  # the engine accepted what validate refuses: validate reports it
+    predicted = engine_inner_method(engine, serving_block(spec), spec.source_model_type)
+    facts = ENGINES[engine]
+    if answer["inner_method"] is not None and not facts.serves_inner(answer["inner_method"], spec.source_model_type):
+        d.findings.append(f"{engine} serves the non-expert layers of this {spec.source_model_type} checkpoint with "
+                          f"{answer['inner_method']!r}, which the plugin was not proven with: the launch would fail "
+                          "or load garbage (`dsv4-convert validate` names the cause: marlin.serving_methods)")
+    elif answer["inner_method"] != predicted:
+        d.findings.append(f"{engine} {answer['version']} resolves the source's block to {answer['inner_method']!r}; "
+                          f"validate's pre-flight expects {predicted!r} (this version's engine facts): serving is "
+                          "not proven for this engine version")
 
 
 def _render(d: Doctor) -> str:
@@ -164,6 +205,9 @@ def _render(d: Doctor) -> str:
         c = d.checkpoint
         lines.append(f"checkpoint  {c['path']}: {c['format']}" + (f", layout {c['layout']}, {c['act_dtype']}"
                                                                   if c.get("layout") else ""))
+        for a in c.get("engine_probe", []):
+            lines.append(f"  {a['engine']} builds: " + (a["error"] if "error" in a else
+                                                       f"{a['config']} with {a['inner']} ({a['inner_method']})"))
     for r in d.recommended:
         lines.append(f"flag        {r}")
     lines.append("")

@@ -6,10 +6,10 @@ import json
 
 from dsv4_convert import __version__
 from dsv4_convert.convert.plan import ConvertPlan
-from dsv4_convert.core.engines import FORMAT_VERSION, QUANT_METHOD
+from dsv4_convert.core.converted_config import ConvertedQuantConfig, TpLayout
+from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.index import natural_key
 from dsv4_convert.core.tensor_model import Quant
-from dsv4_convert.formats.padded_layout import layout_record
 
 __all__ = ["QUANT_METHOD", "marlin_quant_config", "rewrite_config", "rewrite_hf_quant_config"]
 
@@ -24,30 +24,25 @@ def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: d
     experts = {p.container: p.quant.value for p in projections}
     main = plan.checkpoint.routed_quant or Quant.NVFP4
     t = plan.target
-    # --tp/--ep: the one split written for, and each container's per-rank sizes (docs/FORMAT.md)
-    tp_layout = {} if plan.tp_layout is None else {"tp_layout": layout_record(
-        *plan.tp_layout, dict(sorted(plan.rank_tiles.items(), key=lambda kv: natural_key(kv[0]))))}
-    return {
-        "quant_method": QUANT_METHOD,
-        "format_version": FORMAT_VERSION,
-        "producer": {"name": "dsv4-convert", "version": __version__},
-        "marlin_layout": t.layout_tag,
-        "target_engine": t.engine,
-        "target_engine_version": t.engine_version,
-        "act_dtype": t.act_dtype,
-        "w4a8": t.w4a8,
-        "source_format": plan.checkpoint.format.value,
-        "weight_format": main.value,
-        "group_size": main.group_size,
+    by_name = lambda kv: natural_key(kv[0])  # noqa: E731 - the sort key of every map in the block
+    block = ConvertedQuantConfig(
+        marlin_layout=t.layout_tag, target_engine=t.engine, target_engine_version=t.engine_version,
+        act_dtype=t.act_dtype, w4a8=t.w4a8, source_format=plan.checkpoint.format.value,
+        model_type=plan.checkpoint.config.get("model_type") if isinstance(plan.checkpoint.config.get("model_type"), str)
+        else None,
+        weight_format=main.value, group_size=main.group_size,
         # the (TP, EP) splits whose per-rank shapes the engine does not pad: the plugin slices them (format 2)
-        "layouts": [{"tp": tp, "ep": ep} for tp, ep in plan.layouts],
-        **tp_layout,
-        "experts": dict(sorted(experts.items(), key=lambda kv: natural_key(kv[0]))),
-        "packed_modules": sorted({_pattern(p.key) for p in projections}),
-        "rescale_factors": dict(sorted(rescale_factors.items(), key=lambda kv: natural_key(kv[0]))),
-        "original_quantization_config": original,
-        "original_hf_quant_config": original_hf,
-    }
+        layouts=tuple(plan.layouts),
+        # --tp/--ep: the one split written for, and each container's per-rank sizes (docs/FORMAT.md)
+        tp_layout=None if plan.tp_layout is None else TpLayout.from_tiles(
+            *plan.tp_layout, dict(sorted(plan.rank_tiles.items(), key=by_name))),
+        experts=dict(sorted(experts.items(), key=by_name)),
+        packed_modules=tuple(sorted({_pattern(p.key) for p in projections})),
+        rescale_factors=dict(sorted(rescale_factors.items(), key=by_name)),
+        original_quantization_config=original, original_hf_quant_config=original_hf,
+        producer={"name": "dsv4-convert", "version": __version__},
+    )
+    return block.as_dict()
 
 
 def rewrite_config(config: dict, block: dict) -> str:

@@ -24,6 +24,7 @@ from dsv4_convert.convert.lost_record import bad_record, check_lost_record, rest
 from dsv4_convert.convert.pipeline import _report
 from dsv4_convert.convert.plan import kept_input_name
 from dsv4_convert.convert.transform import scale_round_trip
+from dsv4_convert.core.converted_config import ConvertedQuantConfig, read_tp_layout
 from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.files import (
     CONFIG,
@@ -44,7 +45,7 @@ from dsv4_convert.core.small_files import read_small
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
-from dsv4_convert.formats.padded_layout import decode_rank_blocks, padded_nk, read_layout_record, unpad_source
+from dsv4_convert.formats.padded_layout import decode_rank_blocks, padded_nk, unpad_source
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
@@ -250,9 +251,10 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
     _refuse_unverified(ckpt.root)
     block = ckpt.config.get("quantization_config") or {}
     try:
-        target = MarlinTarget(block["target_engine"], block["act_dtype"], bool(block["w4a8"]))
-        fmt = SourceFormat(block["source_format"])
-        layout = read_layout_record(block)
+        spec = ConvertedQuantConfig.parse(block)  # the one strict parser (the plugins use it too)
+        target = MarlinTarget(spec.target_engine, spec.act_dtype, spec.w4a8)
+        fmt = SourceFormat(spec.source_format)
+        layout = read_tp_layout(block)
     except (KeyError, ValueError) as e:
         raise ContentError(f"config.json quantization_config is not a dsv4-convert block ({e})",
                            error_id="reverse.bad_config", file=CONFIG,

@@ -51,6 +51,13 @@ class EngineFacts:
     tp_flag: str  # {tp} is the tensor-parallel size
     ep_flag: str  # {ep} is the expert-parallel size
     sm120_moe_default: str  # which MoE path the engine picks on sm_120 by itself (why the flag is needed)
+    # the engine's own methods (core/inner_methods.py names) the plugin hands the non-expert layers to,
+    # each loaded in serving_tests with the engine's code, as (method, model_type or None for any);
+    # any other is refused by validate's pre-flight and doctor
+    inner_methods: frozenset = frozenset()
+
+    def serves_inner(self, method: str, model_type: str | None) -> bool:
+        return (method, None) in self.inner_methods or (method, model_type) in self.inner_methods
 
     @property
     def fp32_global(self) -> bool:
@@ -71,7 +78,10 @@ ENGINES = {
         memory_profiled=True, serve="vllm serve {path}", tp_flag="--tensor-parallel-size {tp}",
         ep_flag="--enable-expert-parallel",  # EP then spans the TP ranks
         sm120_moe_default="vLLM usually auto-selects Marlin on sm_120, but an SM100 path can still be picked "
-                          "for NVFP4"),
+                          "for NVFP4",
+        inner_methods=frozenset({("deepseek_v4_fp8", "deepseek_v4"), ("gpt_oss_mxfp4", "gpt_oss"),
+                                 ("modelopt_fp4", None), ("modelopt_mixed", "deepseek_v4"),
+                                 ("compressed-tensors", None)})),
     # sglang-L2: the NVFP4 Marlin fallback and the DSv4 MXFP4 Marlin method exist only since 0.5.2x;
     # 0.5.23 is the version verified byte for byte. --tp-size / --ep-size are server_args' own names
     # (0.5.23, sglang/srt/arg_groups/fields/parallel.py); a bare --tp only works as an argparse abbreviation.
@@ -81,7 +91,9 @@ ENGINES = {
         memory_profiled=False, serve="python -m sglang.launch_server --model-path {path}", tp_flag="--tp-size {tp}",
         ep_flag="--ep-size {ep}",
         sm120_moe_default="SGLang's DeepSeek-V4 default on sm_120 is flashinfer_mxfp4 (NVFP4: "
-                          "flashinfer_trtllm_routed)"),
+                          "flashinfer_trtllm_routed)",
+        inner_methods=frozenset({("fp8", "deepseek_v4"), ("mxfp4", "gpt_oss"), ("modelopt_fp4", None),
+                                 ("modelopt_mixed", "deepseek_v4"), ("compressed-tensors", None)})),
 }
 LAYOUTS = {e.layout_tag: e for e in ENGINES.values()}
 

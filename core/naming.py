@@ -211,11 +211,11 @@ FAMILIES: tuple[Family, ...] = (
     Family("deepseek-v4", ("DeepseekV4ForCausalLM",), "deepseek", "deepseek", True,
            examples="deepseek-ai/DeepSeek-V4-Flash, nvidia/DeepSeek-V4-Flash-NVFP4"),
     Family("gpt-oss", ("GptOssForCausalLM",), "gpt-oss", "hf-mlp", True, examples="openai/gpt-oss-20b, -120b"),
-    Family("qwen3-moe", ("Qwen3MoeForCausalLM",), "hf-mlp", "hf-mlp", False, _NOT_PROVEN,
+    Family("qwen3-moe", ("Qwen3MoeForCausalLM",), "hf-mlp", "hf-mlp", True, "",
            "nvidia/Qwen3-30B-A3B-NVFP4, nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4, RedHatAI/Qwen3-30B-A3B-NVFP4"),
     Family("deepseek-v3", ("DeepseekV3ForCausalLM", "KimiK2ForCausalLM"), "hf-mlp", "hf-mlp", False, _NOT_PROVEN,
            "nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-V3-0324-FP4, Kimi-K2 NVFP4"),
-    Family("glm4-moe", ("Glm4MoeForCausalLM",), "hf-mlp", "hf-mlp", False, _NOT_PROVEN,
+    Family("glm4-moe", ("Glm4MoeForCausalLM",), "hf-mlp", "hf-mlp", True, "",
            "GLM-4.5 / 4.6 / 4.7 NVFP4 (MTP layer in mtp.safetensors)",
            # GLM-4.6 / 4.7 FP4 releases keep the MTP layer in mtp.safetensors, outside the index; SGLang 0.5.23
            # adds it for Glm4MoeForCausalLM with num_nextn_predict_layers > 0 (model_loader/weight_utils.py

@@ -13,8 +13,8 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from dsv4_convert.core.converted_config import read_tp_layout
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Role, SourceFormat
-from dsv4_convert.formats.padded_layout import read_layout_record
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
            "experts_incomplete", "model_dims", "unreadable_tensors"]
@@ -80,7 +80,7 @@ def padded_containers(ckpt: Checkpoint) -> dict:
     if ckpt.format is not SourceFormat.MARLIN:
         return {}
     try:
-        layout = read_layout_record(ckpt.config.get("quantization_config") or {})
+        layout = read_tp_layout(ckpt.config.get("quantization_config") or {})
     except ValueError:
         return {}
     return layout[2] if layout else {}

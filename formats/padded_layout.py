@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
+from dsv4_convert.formats.tiles import GROUP_SIZE, RankTiles
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["decode_rank_blocks", "encode_rank_blocks", "join_rank_blocks", "layout_record", "pad_source",
-           "padded_nk", "padding_masks", "rank_nk", "read_layout_record", "source_rank_blocks", "unpad_source"]
+__all__ = ["decode_rank_blocks", "encode_rank_blocks", "join_rank_blocks", "pad_source", "padded_nk",
+           "padding_masks", "rank_nk", "source_rank_blocks", "unpad_source"]
 
 
 def rank_nk(down: bool, t: RankTiles) -> tuple[int, int]:
@@ -162,35 +162,3 @@ def unpad_source(weight: torch.Tensor, scale: torch.Tensor, *, down: bool, t: Ra
     wpad, spad = padding_masks(down=down, t=t)
     zero = not ((wv != 0) & wpad).any() and not ((sv != 0) & spad).any()
     return w, s.view(scale.dtype), zero
-
-
-def layout_record(tp: int, ep: int, tiles: dict[str, RankTiles]) -> dict:
-    """quantization_config.tp_layout for a `--tp/--ep` conversion."""
-    return {"tp": tp, "ep": ep, "containers": {c: {
-        "hidden": v.hidden, "intermediate": v.intermediate, "i_shard": v.i_shard, "i_pad": v.i_pad,
-        "h_pad": v.h_pad, "status": v.status} for c, v in tiles.items()}}
-
-
-def read_layout_record(block: dict) -> tuple[int, int, dict[str, RankTiles]] | None:
-    """(tp, ep, container -> RankTiles of the padded containers) from a quantization_config, or None
-    without `tp_layout`. Each verdict is recomputed with the one tile rule from the recorded sizes and
-    must match the record; ValueError (with the reason) when the record is not one this tool writes."""
-    rec = block.get("tp_layout")
-    if rec is None:
-        return None
-    try:
-        tp, ep = int(rec["tp"]), int(rec["ep"])
-        engine, experts = block["target_engine"], block.get("experts") or {}
-        out = {}
-        for name, c in rec["containers"].items():
-            v = moe_rank_tiles(experts[name], engine, hidden=int(c["hidden"]), intermediate=int(c["intermediate"]),
-                               tp=tp, ep=ep)
-            got = (c["status"], c["i_shard"], c["i_pad"], c["h_pad"])
-            if got != (v.status, v.i_shard, v.i_pad, v.h_pad):
-                raise ValueError(f"tp_layout.containers[{name!r}] records {got}, the tile rule gives "
-                                 f"{(v.status, v.i_shard, v.i_pad, v.h_pad)}")
-            if v.status == PAD:
-                out[name] = v
-    except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"tp_layout is not a dsv4-convert layout record ({type(e).__name__}: {e})") from None
-    return tp, ep, out

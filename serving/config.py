@@ -8,20 +8,18 @@ an experts module from the engine's layer prefix, and refusing per-rank shapes t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
+from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig
 from dsv4_convert.core.engines import (
-    ACT_DTYPES,
     ENGINES,
     FORMAT_VERSION,
     LAYOUTS,
     QUANT_METHOD,
-    READABLE_FORMAT_VERSIONS,
     parallel_flags,
     registration_log_line,
     version_tuple,
 )
-from dsv4_convert.formats.tiles import GROUP_SIZE, OK, PAD, moe_rank_tiles, working_layouts
+from dsv4_convert.formats.tiles import OK, PAD, moe_rank_tiles, working_layouts
 
 __all__ = [
     "FORMAT_VERSION",
@@ -39,118 +37,20 @@ __all__ = [
     "working_tp_sizes",
 ]
 
-FORMATS = tuple(GROUP_SIZE)
-
 
 class PluginConfigError(ValueError):
     """The checkpoint's quantization_config cannot be served by this engine; the message says why."""
 
 
-@dataclass(frozen=True, slots=True)
-class MarlinFp4Spec:
-    marlin_layout: str
-    target_engine: str
-    act_dtype: str
-    w4a8: bool
-    weight_format: str
-    group_size: int
-    experts: dict[str, str]
-    rescale_factors: dict[str, float]
-    original_quantization_config: dict | None
-    format_version: int = FORMAT_VERSION
-    target_engine_version: str | None = None
-    tp_layout: dict | None = None  # the `--tp/--ep` record (docs/FORMAT.md), None when layout-agnostic
-    raw: dict = field(default_factory=dict, repr=False, compare=False)
-
-    def format_of(self, container: str) -> str:
-        return self.experts[container]
-
-    @property
-    def padded(self) -> bool:
-        """True when some experts container was written padded for the one recorded (TP, EP)."""
-        return self.tp_layout is not None and any(
-            c["status"] == PAD for c in self.tp_layout["containers"].values())
+MarlinFp4Spec = ConvertedQuantConfig  # the plugins' name for the parsed block
 
 
-_LAYOUT_KEYS = ("hidden", "intermediate", "i_shard", "i_pad", "h_pad")
-
-
-def _tp_layout_problems(tl, experts) -> list[str]:
-    if not isinstance(tl, dict):
-        return ["tp_layout must be an object {tp, ep, containers}"]
-    out = [f"tp_layout.{k} must be a positive integer" for k in ("tp", "ep")
-           if not (isinstance(tl.get(k), int) and tl[k] >= 1)]
-    containers = tl.get("containers")
-    if not isinstance(containers, dict):
-        return [*out, "tp_layout.containers must map each experts container to its padded sizes"]
-    for name, c in containers.items():
-        if name not in experts:
-            out.append(f"tp_layout.containers[{name!r}] is not listed in experts")
-        elif not isinstance(c, dict) or c.get("status") not in (OK, PAD) or not all(
-                isinstance(c.get(k), int) and c[k] > 0 for k in _LAYOUT_KEYS):
-            out.append(f"tp_layout.containers[{name!r}] needs status ok|pad and positive integer "
-                       f"{', '.join(_LAYOUT_KEYS)}")
-    return out
-
-
-def parse_quant_config(cfg: dict) -> MarlinFp4Spec:
-    """Validate the whole block at once and list every problem in one error."""
-    if not isinstance(cfg, dict):
-        raise PluginConfigError(f"quantization_config must be a JSON object, got {type(cfg).__name__}")
-    problems = []
-    if cfg.get("quant_method") != QUANT_METHOD:
-        problems.append(f"quant_method is {cfg.get('quant_method')!r}, expected {QUANT_METHOD!r}")
-    version = cfg.get("format_version")
-    if version not in READABLE_FORMAT_VERSIONS:
-        problems.append(
-            f"format_version is {version!r}; this plugin reads format_version "
-            f"{' or '.join(map(str, READABLE_FORMAT_VERSIONS))} "
-            "(upgrade dsv4-convert in the server environment)"
-        )
-    layout = cfg.get("marlin_layout")
-    if layout is None:
-        problems.append("marlin_layout is missing (every dsv4-convert checkpoint records it; re-convert)")
-    elif layout not in LAYOUTS:
-        problems.append(f"marlin_layout {layout!r} is unknown; known tags: {sorted(LAYOUTS)}")
-    act = cfg.get("act_dtype")
-    if act not in ACT_DTYPES:
-        problems.append(f"act_dtype is {act!r}, expected one of {ACT_DTYPES}")
-    experts = cfg.get("experts")
-    if not isinstance(experts, dict) or not experts:
-        problems.append("experts must map each experts module to 'nvfp4' or 'mxfp4'")
-        experts = {}
-    for name, fmt in experts.items():
-        if fmt not in FORMATS:
-            problems.append(f"experts[{name!r}] is {fmt!r}, expected one of {FORMATS}")
-    rescale = cfg.get("rescale_factors", {})
-    if not isinstance(rescale, dict):
-        problems.append("rescale_factors must be an object")
-        rescale = {}
-    original = cfg.get("original_quantization_config")
-    if original is not None and not (isinstance(original, dict) and "quant_method" in original):
-        problems.append(
-            "original_quantization_config must be the source's block (with its quant_method) or null"
-        )
-    tp_layout = cfg.get("tp_layout")
-    if tp_layout is not None:
-        problems += _tp_layout_problems(tp_layout, experts)
-    if problems:
-        raise PluginConfigError("dsv4-convert checkpoint config refused:\n  - " + "\n  - ".join(problems))
-    return MarlinFp4Spec(
-        marlin_layout=layout,
-        target_engine=cfg.get("target_engine", LAYOUTS[layout].name),
-        act_dtype=act,
-        w4a8=bool(cfg.get("w4a8", False)),
-        weight_format=cfg.get("weight_format", next(iter(experts.values()))),
-        group_size=int(cfg.get("group_size", GROUP_SIZE["nvfp4"])),
-        experts=dict(experts),
-        rescale_factors={k: float(v) for k, v in rescale.items()},
-        original_quantization_config=original,
-        format_version=version,
-        target_engine_version=cfg.get("target_engine_version"),
-        tp_layout=tp_layout,
-        raw=dict(cfg),
-    )
+def parse_quant_config(cfg: dict) -> ConvertedQuantConfig:
+    """The one parser (core/converted_config.py), every problem with its error id in one PluginConfigError."""
+    try:
+        return ConvertedQuantConfig.parse(cfg)
+    except ConvertedConfigError as e:
+        raise PluginConfigError(f"dsv4-convert checkpoint config refused: {e.message}") from None
 
 
 def check_layout(
@@ -241,7 +141,7 @@ def check_tp_layout(spec: MarlinFp4Spec, *, tp: int, ep: int) -> None:
     block holds that rank's padded slice. `tp` is the engine's whole TP (MoE TP x EP)."""
     if not spec.padded:
         return
-    want = spec.tp_layout["tp"], spec.tp_layout["ep"]
+    want = spec.tp_layout.tp, spec.tp_layout.ep
     if (tp, ep) == want:
         return
     t, e = want
@@ -262,17 +162,16 @@ def rank_param_sizes(spec: MarlinFp4Spec, container: str, engine: str, *, hidden
     need no padding (check_rank_shape) and the sizes are the unpadded ones."""
     fmt = spec.format_of(container)
     check_tp_layout(spec, tp=moe_tp * ep, ep=ep)
-    rec = (spec.tp_layout or {}).get("containers", {}).get(container) if spec.padded else None
-    if rec is None or rec["status"] == OK:
+    rec = spec.tp_layout.containers.get(container) if spec.padded else None
+    if rec is None or rec.status == OK:
         check_rank_shape(fmt, engine, intermediate=i_shard * moe_tp, hidden=hidden, tp_size=moe_tp, ep_size=ep)
         return hidden, i_shard
-    v = moe_rank_tiles(fmt, engine, hidden=rec["hidden"], intermediate=rec["intermediate"],
-                       tp=moe_tp * ep, ep=ep)
-    got = (rec["hidden"], rec["i_shard"], rec["h_pad"], rec["i_pad"])
+    v = moe_rank_tiles(fmt, engine, hidden=rec.hidden, intermediate=rec.intermediate, tp=moe_tp * ep, ep=ep)
+    got = (rec.hidden, rec.i_shard, rec.h_pad, rec.i_pad)
     if (hidden, i_shard) != got[:2] or (v.status, v.hidden, v.i_shard, v.h_pad, v.i_pad) != (PAD, *got):
         raise PluginConfigError(
-            f"{container}: tp_layout records H={rec['hidden']} I_shard={rec['i_shard']} padded to "
-            f"H={rec['h_pad']} I={rec['i_pad']}, but the model has H={hidden} I_shard={i_shard} and {engine} "
+            f"{container}: tp_layout records H={rec.hidden} I_shard={rec.i_shard} padded to "
+            f"H={rec.h_pad} I={rec.i_pad}, but the model has H={hidden} I_shard={i_shard} and {engine} "
             f"pads it to H={v.h_pad} I={v.i_pad} ({v.status}). Re-convert with this dsv4-convert version."
         )
     return v.h_pad, v.i_pad

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+from dsv4_convert.core.converted_config import read_tp_layout
 from dsv4_convert.core.engines import DEFAULT_ENGINE, ENGINES, QUANT_METHOD, launch_command, registration_log_line
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
-from dsv4_convert.formats.padded_layout import read_layout_record
 from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 
 __all__ = [
@@ -75,7 +75,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
     layout = None
     if ckpt.format is SourceFormat.MARLIN:
         try:
-            rec = read_layout_record(qc)
+            rec = read_tp_layout(qc)
         except ValueError:
             rec = None  # validate's structure.tile.tp reports it
         if rec is not None:

@@ -9,6 +9,7 @@ the repack; `apply` is inherited unchanged.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from functools import partial
@@ -20,10 +21,15 @@ from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE, FusedMoeWeigh
 from sglang.srt.layers.quantization import get_quantization_config, marlin_utils
 from sglang.srt.layers.quantization.base_config import QuantizationConfig
 from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8MoEMethod
-from sglang.srt.layers.quantization.modelopt_quant import ModelOptFp4Config, ModelOptNvFp4FusedMoEMethod
+from sglang.srt.layers.quantization.modelopt_quant import (
+    ModelOptFp4Config,
+    ModelOptFp8Config,
+    ModelOptNvFp4FusedMoEMethod,
+)
 from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
 from sglang.srt.utils import set_weight_attrs
 
+from dsv4_convert.core.converted_config import serving_block
 from dsv4_convert.formats.tiles import GROUP_SIZE
 from dsv4_convert.serving.config import (
     QUANT_METHOD,
@@ -34,13 +40,19 @@ from dsv4_convert.serving.config import (
     rank_param_sizes,
 )
 from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader
+from dsv4_convert.serving.plugin_config import (
+    TORCH_DTYPES,
+    MarlinFp4ConfigMixin,
+    drop_kept_globals,
+    register_kept_globals,
+)
 
-__all__ = ["PrepackedMxfp4MarlinMoEMethod", "PrepackedNvFp4MarlinMoEMethod", "SglangMarlinFp4Config"]
+__all__ = ["PrepackedMxfp4MarlinMoEMethod", "PrepackedNvFp4MarlinMoEMethod", "SglangMarlinFp4Config",
+           "sglang_inner_method"]
 
 _register = partial(register_param, set_weight_attrs=set_weight_attrs)
 logger = logging.getLogger("dsv4_convert.serving")
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _GROUP = FusedMoeWeightScaleSupported.GROUP.value
 _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
 
@@ -220,6 +232,7 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         ):
             p = _register(layer, name, torch.ones(shape, dtype=torch.float32), tensor_attrs, loader)
             p._sglang_require_global_experts = True
+        register_kept_globals(layer, _register, self.spec, e, tensor_attrs, loader)
 
     def process_weights_after_loading(self, layer) -> None:
         # SGLang keeps only the gate's global for w13 (as in its own Marlin branch) and stores the
@@ -236,44 +249,36 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
             layer.w2_weight_global_scale.data.clone(), requires_grad=False
         )
         del layer.w13_weight_global_scale, layer.w2_weight_global_scale
+        drop_kept_globals(layer)
         layer.workspace = marlin_utils.marlin_make_workspace(layer.w13_weight.device, 4)
 
 
-class SglangMarlinFp4Config(QuantizationConfig):
+class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
     """quant_method `marlin_fp4` for SGLang: our experts, the engine's own method for everything else."""
 
-    def __init__(self, spec, inner: QuantizationConfig | None):
+    def __init__(self, spec, inner: QuantizationConfig | None, inner_method: str | None = None):
         super().__init__()
         self.spec = spec
         self.inner = inner
+        self.inner_method = inner_method  # the name SGLang resolved the source's block to
         self.packed_modules_mapping = getattr(inner, "packed_modules_mapping", {}) or {}
 
     @classmethod
     def from_config(cls, config: dict) -> SglangMarlinFp4Config:
         spec = parse_quant_config(config)
         check_layout(spec, engine="sglang", engine_version=sglang.__version__)
-        inner = None
-        original = spec.original_quantization_config
-        if original is not None:
-            inner = get_quantization_config(original["quant_method"]).from_config(original)
-            if isinstance(inner, Fp8Config):
-                # what SGLang's model loader sets for a DSv4 checkpoint with FP4 experts
-                inner.is_fp4_experts = True
-        return cls(spec, inner)
-
-    def get_name(self) -> str:
-        return QUANT_METHOD
-
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return [_DTYPES[self.spec.act_dtype]]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return 80
-
-    @staticmethod
-    def get_config_filenames() -> list[str]:
-        return []
+        block = serving_block(spec)
+        if block is None:
+            return cls(spec, None)
+        from_file = spec.original_quantization_config is None  # only hf_quant_config.json had one
+        name, resolved = sglang_inner_method(block, from_file=from_file)
+        # what SGLang's get_quant_config adds before from_config (it passes both to ours too)
+        resolved.update({k: config[k] for k in ("packed_modules_mapping", "hf_config") if k in config})
+        inner = _inner_class(name, resolved, from_file).from_config(resolved)
+        if isinstance(inner, Fp8Config):
+            # what SGLang's model loader sets for a DSv4 checkpoint with FP4 experts
+            inner.is_fp4_experts = True
+        return cls(spec, inner, name)
 
     def get_scaled_act_names(self) -> list[str]:
         return self.inner.get_scaled_act_names() if self.inner is not None else []
@@ -298,8 +303,43 @@ class SglangMarlinFp4Config(QuantizationConfig):
                 nvfp4 = ModelOptFp4Config(
                     is_checkpoint_nvfp4_serialized=True, group_size=GROUP_SIZE["nvfp4"], exclude_modules=[]
                 )
-                return PrepackedNvFp4MarlinMoEMethod(nvfp4, _DTYPES[self.spec.act_dtype], spec=self.spec,
+                return PrepackedNvFp4MarlinMoEMethod(nvfp4, TORCH_DTYPES[self.spec.act_dtype], spec=self.spec,
                                                      container=container)
         if self.inner is None:
             return None
         return self.inner.get_quant_method(layer, prefix)
+
+
+def sglang_inner_method(block: dict, *, from_file: bool) -> tuple[str, dict]:
+    """(method name, the block as SGLang hands it to from_config): SGLang's own lookup on the source's
+    block (ModelConfig._parse_quant_hf_config and _verify_quantization's override walk). `from_file`:
+    the block is hf_quant_config.json's, which SGLang reads only when config.json has none."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.layers.quantization import QUANTIZATION_METHODS
+
+    resolved = copy.deepcopy(block)
+    if from_file:
+        method_cfg = ModelConfig._parse_modelopt_quant_config(None, resolved) or {}
+    else:
+        if resolved.get("quant_method", "modelopt") == "modelopt":
+            resolved.update(ModelConfig._parse_modelopt_quant_config(None, {"quantization": resolved}) or {})
+        method_cfg = resolved
+    name = str(method_cfg.get("quant_method", "")).lower()
+    for method in QUANTIZATION_METHODS.values():
+        override = method.override_quantization_method(method_cfg, None)
+        if override:
+            name = override
+            break
+    return name, resolved
+
+
+def _inner_class(name: str, resolved: dict, from_file: bool):
+    """The class SGLang's get_quant_config builds: from hf_quant_config.json, ModelOpt FP8 / FP4 by
+    quant_algo (model_loader/weight_utils.py); otherwise the resolved method's class."""
+    if from_file and name.startswith("modelopt"):
+        algo = str((resolved.get("quantization") or resolved).get("quant_algo") or "")
+        if algo == "FP8" or name == "modelopt_fp8":
+            return ModelOptFp8Config
+        if "FP4" in algo:
+            return ModelOptFp4Config
+    return get_quantization_config(name)

@@ -1,13 +1,17 @@
 """quant_method `marlin_fp4` for vLLM (imported only by vllm_plugin.register()).
 
-`VllmMarlinFp4Config` serves every non-expert layer with vLLM's own config built from the
-checkpoint's `original_quantization_config` (DeepSeek-V4: `DeepseekV4FP8Config`), and the FP4
-routed / MTP experts with the methods of vllm_methods.py and vllm_gpt_oss.py.
+`VllmMarlinFp4Config` serves every non-expert layer with the config vLLM itself builds for the source's
+own quantisation block (config.json's, or hf_quant_config.json's when config.json had none), resolved
+by vLLM's own lookup: ModelOpt NVFP4 -> `modelopt_fp4`, MIXED_PRECISION -> `modelopt_mixed`,
+compressed-tensors, DeepSeek-V4 `fp8` -> `deepseek_v4_fp8`. The FP4 routed / MTP experts get the
+methods of vllm_methods.py and vllm_gpt_oss.py.
 """
 
 from __future__ import annotations
 
-import torch
+import copy
+from types import SimpleNamespace
+
 import vllm
 from vllm.model_executor.layers.fused_moe import RoutedExperts
 from vllm.model_executor.layers.quantization import get_quantization_config
@@ -15,29 +19,29 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 from vllm.model_executor.models.gpt_oss import GptOssRoutedExperts
 
+from dsv4_convert.core.converted_config import serving_block
 from dsv4_convert.formats.tiles import GROUP_SIZE
 from dsv4_convert.serving.config import (
-    QUANT_METHOD,
     PluginConfigError,
     check_layout,
     expert_container,
     parse_quant_config,
 )
+from dsv4_convert.serving.plugin_config import MarlinFp4ConfigMixin
 from dsv4_convert.serving.vllm_gpt_oss import PrepackedGptOssMxfp4MarlinMoE
 from dsv4_convert.serving.vllm_methods import PrepackedMxfp4MarlinMoE, PrepackedNvFp4MarlinMoE
 
-__all__ = ["VllmMarlinFp4Config"]
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+__all__ = ["VllmMarlinFp4Config", "vllm_inner_method"]
 
 
-class VllmMarlinFp4Config(QuantizationConfig):
+class VllmMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
     """quant_method `marlin_fp4` for vLLM: our experts, vLLM's own config for everything else."""
 
-    def __init__(self, spec, inner: QuantizationConfig | None):
+    def __init__(self, spec, inner: QuantizationConfig | None, inner_method: str | None = None):
         super().__init__()
         self.spec = spec
         self.inner = inner
+        self.inner_method = inner_method  # the name vLLM resolved the source's block to
         self.packed_modules_mapping = (
             getattr(inner, "packed_modules_mapping", {}) if inner is not None else {}
         )
@@ -46,25 +50,13 @@ class VllmMarlinFp4Config(QuantizationConfig):
     def from_config(cls, config: dict) -> VllmMarlinFp4Config:
         spec = parse_quant_config(config)
         check_layout(spec, engine="vllm", engine_version=vllm.__version__)
-        original = spec.original_quantization_config
-        inner = None
-        if original is not None:
-            inner = get_quantization_config(_inner_method(original)).from_config(original)
-        return cls(spec, inner)
-
-    def get_name(self):
-        return QUANT_METHOD
-
-    def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return [_DTYPES[self.spec.act_dtype]]
-
-    @classmethod
-    def get_min_capability(cls) -> int:
-        return 80
-
-    @staticmethod
-    def get_config_filenames() -> list[str]:
-        return []
+        block = serving_block(spec)
+        if block is None:
+            return cls(spec, None)
+        name, resolved = vllm_inner_method(block, _hf_config() or SimpleNamespace(model_type=spec.source_model_type))
+        if name == "modelopt_mixed" and "quantized_layers" not in resolved and spec.original_hf_quant_config:
+            resolved = copy.deepcopy(spec.original_hf_quant_config)  # vLLM reads hf_quant_config.json then
+        return cls(spec, get_quantization_config(name).from_config(resolved), name)
 
     def apply_vllm_mapper(self, hf_to_vllm_mapper):
         if self.inner is not None:
@@ -93,10 +85,11 @@ class VllmMarlinFp4Config(QuantizationConfig):
 
 def _hf_config():
     try:
-        from vllm.config import get_current_vllm_config
+        from vllm.config import get_current_vllm_config_or_none
 
-        return get_current_vllm_config().model_config.hf_config
-    except Exception:  # noqa: BLE001 - no current vllm config yet: decide without hf_config
+        current = get_current_vllm_config_or_none()
+        return getattr(getattr(current, "model_config", None), "hf_config", None)
+    except Exception:  # noqa: BLE001 - no current vllm config yet: decide from the recorded model_type
         return None
 
 
@@ -104,15 +97,21 @@ def _num_hidden_layers():
     return getattr(_hf_config(), "num_hidden_layers", None)
 
 
-def _inner_method(original: dict) -> str:
-    """The vLLM method name for the original block, as vLLM itself resolves it (DeepSeek-V4 `fp8`
-    becomes `deepseek_v4_fp8` through that config's override hook)."""
-    from vllm.models.deepseek_v4 import DeepseekV4FP8Config
+def vllm_inner_method(block: dict, hf_config) -> tuple[str, dict]:
+    """(method name, the block as vLLM hands it to that method's from_config): vLLM's own lookup, run on
+    the source's block: `_normalize_quantization_config` (ModelOpt quant_algo -> quant_method), then
+    `ModelConfig._verify_quantization`'s ordered walk over every method's override hook. Both are
+    called on stand-ins that hold only the attributes they read."""
+    from vllm.config.model import ModelConfig
+    from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
 
-    hf = _hf_config()
-    if getattr(hf, "model_type", "deepseek_v4") == "deepseek_v4" and original.get("quant_method") in (
-        "fp8",
-        "deepseek_v4_fp8",
-    ):
-        return "deepseek_v4_fp8"
-    return DeepseekV4FP8Config.override_quantization_method(original, None, hf) or original["quant_method"]
+    normalized = ModelArchConfigConvertorBase._normalize_quantization_config(
+        None, SimpleNamespace(quantization_config=copy.deepcopy(block)))
+    probe = SimpleNamespace(quantization=None, hf_config=hf_config, allow_deprecated_quantization=True,
+                            model_arch_config=SimpleNamespace(quantization_config=normalized))
+    ModelConfig._verify_quantization(probe)
+    if probe.quantization == "compressed-tensors" and "config_groups" in normalized:
+        heads = getattr(hf_config, "num_attention_heads", None)  # what get_quant_config adds
+        normalized["total_num_heads"] = heads
+        normalized["total_num_kv_heads"] = getattr(hf_config, "num_key_value_heads", None) or heads
+    return probe.quantization, normalized

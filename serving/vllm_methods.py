@@ -36,13 +36,13 @@ from dsv4_convert.serving.config import (
     rank_param_sizes,
 )
 from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader, w4a8_w13_final
+from dsv4_convert.serving.plugin_config import TORCH_DTYPES, drop_kept_globals, register_kept_globals
 
 __all__ = ["PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "rank_rescale"]
 
 _register = partial(register_param, set_weight_attrs=set_weight_attrs)
 logger = logging.getLogger("dsv4_convert.serving")
 
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 _GROUP = FusedMoeWeightScaleSupported.GROUP.value
 _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
 _MARLIN_HINT = "start vLLM with --moe-backend marlin"
@@ -176,7 +176,7 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
         params_dtype,
         **extra_weight_attrs,
     ):
-        if params_dtype != _DTYPES[self.spec.act_dtype]:
+        if params_dtype != TORCH_DTYPES[self.spec.act_dtype]:
             raise PluginConfigError(
                 f"this NVFP4 checkpoint was converted for {self.spec.act_dtype} activations "
                 f"but vLLM runs {params_dtype}; use --dtype {self.spec.act_dtype} or re-convert"
@@ -204,6 +204,7 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
         n_in = global_experts if self.use_global_sf else e
         _register(layer, "w13_input_scale", torch.ones(n_in, 2), t, loader)
         _register(layer, "w2_input_scale", torch.ones(n_in), t, loader)
+        register_kept_globals(layer, _register, self.spec, e, t, loader)
 
     def process_weights_after_loading(self, layer) -> None:
         act = self.spec.act_dtype
@@ -235,4 +236,5 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
                     )
             replace_parameter(layer, f"{stack}_weight_scale_2", processed.float().contiguous())
             delattr(layer, gname)
+        drop_kept_globals(layer)
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors

@@ -83,3 +83,68 @@ def split_params(tp_cases: list[dict], ep_cases: list[dict], experts: int) -> li
     """(case id, experts each rank holds) for TP=2 and EP=2 cases, refusal cases left out."""
     return [(c["id"], n) for cases, n in ((tp_cases, experts), (ep_cases, experts // 2))
             for c in cases if not c["id"].startswith("refuse")]
+
+
+# --- whole-model family runs (serving_tests/test_families.py), shared by both engines' harness_models --
+
+
+def checkpoint_tensors(path: str):
+    """(name, tensor) of every .safetensors file of a checkpoint, in file order."""
+    from safetensors import safe_open
+
+    for shard in sorted(Path(path).glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not iterable
+                yield name, f.get_tensor(name)
+
+
+def module_methods(model: torch.nn.Module, quant=None) -> dict:
+    """{module: its quant method class}; with `quant` (the engine's own config for the source), what that
+    config gives each non-expert module of this model instead (None: the layer keeps its default)."""
+    out = {}
+    for name, module in model.named_modules():
+        method = getattr(module, "quant_method", None)
+        if method is None or (quant is not None and ".experts" in name):
+            continue
+        if quant is not None:
+            method = quant.get_quant_method(module, name)
+        out[name] = None if method is None else type(method).__name__
+    return out
+
+
+def model_summary(quant, model: torch.nn.Module, methods: dict, source_quant) -> dict:
+    """The fields both harnesses report for a model built with the plugin's config `quant`."""
+    return {
+        "engine_config": None if source_quant is None else type(source_quant).__name__,
+        "engine_methods": {} if source_quant is None else module_methods(model, source_quant),
+        "config": type(quant).__name__,
+        "inner": type(getattr(quant, "inner", None)).__name__,
+        "inner_method": getattr(quant, "inner_method", None),
+        "methods": methods,
+        "params_after": sorted(n for n, _ in model.named_parameters()),
+    }
+
+
+def run_model_cases(cases: dict, build) -> dict:
+    """{case id: build(path, source=..., process=...)}, or {"error": "<Type>: <message>"} for a case whose
+    config, build or load raised (what the engine would print at launch: the negative controls)."""
+    out = {}
+    for case_id, case in cases.items():
+        try:
+            out[case_id] = build(case["path"], source=case.get("source"), process=case.get("process", False))
+        except Exception as e:  # noqa: BLE001 - the negative controls report what the engine raised
+            out[case_id] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
+def installed_engine() -> str | None:
+    """The engine of this venv, by distribution (serving_tests/vllm would pass for a `vllm` module)."""
+    import importlib.metadata
+
+    for dist in ("vllm", "sglang"):
+        try:
+            importlib.metadata.version(dist)
+            return dist
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None

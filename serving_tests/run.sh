@@ -16,10 +16,11 @@ PYTEST=(-m pytest -q -p no:cacheprovider -o addopts=-ra)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 # the pure config tests need no engine; run them once, in the SGLang venv
-.venv-sglang/bin/python "${PYTEST[@]}" serving_tests/test_config.py serving_tests/sglang \
-  >"$logs/sglang" 2>&1 &
+.venv-sglang/bin/python "${PYTEST[@]}" serving_tests/test_config.py serving_tests/test_plugin_config.py \
+  serving_tests/test_families.py serving_tests/sglang >"$logs/sglang" 2>&1 &
 sglang=$!
-VLLM_TARGET_DEVICE=cpu .venv-vllm/bin/python "${PYTEST[@]}" serving_tests/vllm >"$logs/vllm" 2>&1 &
+VLLM_TARGET_DEVICE=cpu .venv-vllm/bin/python "${PYTEST[@]}" serving_tests/test_plugin_config.py \
+  serving_tests/test_families.py serving_tests/vllm >"$logs/vllm" 2>&1 &
 vllm=$!
 
 rc=0

@@ -107,6 +107,7 @@ def quant_config(
         "act_dtype": target.act_dtype,
         "w4a8": target.w4a8,
         "source_format": f"{fmt}-synthetic",
+        "model_type": "deepseek_v4",  # what the converter records from config.json (the engines key on it)
         "weight_format": fmt,
         "group_size": GROUP_SIZE[fmt],
         "layouts": [{"tp": tp, "ep": ep} for tp, ep in LAYOUT_CANDIDATES],

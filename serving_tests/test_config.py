@@ -124,15 +124,22 @@ def test_padded_layout_refuses_another_split(moe_tp, ep, runs):
 
 def test_padded_layout_record_must_match_the_tile_rule():
     spec = _padded_spec()
-    bad = {**spec.tp_layout["containers"][synth.CONTAINER], "i_pad": 192}
-    spec = parse_quant_config({**spec.raw, "tp_layout": {**spec.tp_layout, "containers": {synth.CONTAINER: bad}}})
-    with pytest.raises(PluginConfigError, match="records H=256 I_shard=96 padded to H=256 I=192"):
-        rank_param_sizes(spec, synth.CONTAINER, "vllm", hidden=256, i_shard=96, moe_tp=2)
+    bad = {**spec.tp_layout.containers[synth.CONTAINER].as_dict(), "i_pad": 192}
+    with pytest.raises(PluginConfigError, match=r"\[converted_config.tp_layout\].*the tile rule gives"):
+        parse_quant_config({**spec.as_dict(), "tp_layout": {**spec.tp_layout.as_dict(),
+                                                             "containers": {synth.CONTAINER: bad}}})
+
+
+def test_padded_layout_record_must_match_the_model():
+    spec = _padded_spec()
+    with pytest.raises(PluginConfigError, match="records H=256 I_shard=96 padded to H=256 I=128, but the model has "
+                                                "H=256 I_shard=112"):
+        rank_param_sizes(spec, synth.CONTAINER, "vllm", hidden=256, i_shard=112, moe_tp=2)
 
 
 def test_all_ok_tp_layout_is_layout_agnostic():
     spec = _padded_spec(inter=256)  # I_shard 128 at TP 2: no padding, bytes are the layout-agnostic ones
-    assert spec.tp_layout["containers"][synth.CONTAINER]["status"] == "ok" and not spec.padded
+    assert spec.tp_layout.containers[synth.CONTAINER].status == "ok" and not spec.padded
     for moe_tp in (1, 2):
         assert rank_param_sizes(spec, synth.CONTAINER, "vllm", hidden=256, i_shard=256 // moe_tp,
                                 moe_tp=moe_tp) == (256, 256 // moe_tp)

@@ -23,14 +23,10 @@ CPU substitutions (nothing an assertion compares comes from any of them):
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 from common import spawn_ranks, split_params
 
 import synth
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.serving.config import PluginConfigError, registration_log_line
 
 sglang = pytest.importorskip("sglang")
 
@@ -200,58 +196,4 @@ def test_padded_layout_refused_at_another_split(results):
         assert "--tp-size 2" in msg and "`--tp 2 --ep 2`" in msg
 
 
-# --- discovery and config, in this process --------------------------------------------------------
-
-
-def test_engine_plugin_loader_calls_register_once(monkeypatch, caplog):
-    import sglang.srt.plugins as sgl_plugins
-    from sglang.srt.layers.quantization import get_quantization_config
-
-    import dsv4_convert.serving.sglang_plugin as plugin
-
-    calls = []
-    real = plugin.register
-    monkeypatch.setattr(plugin, "register", lambda: calls.append(1) or real())
-    monkeypatch.setattr(sgl_plugins, "_plugins_loaded", False)
-    with caplog.at_level(logging.INFO, logger="dsv4_convert.serving"):
-        sgl_plugins.load_plugins()
-        sgl_plugins.load_plugins()
-    assert len(calls) == 1
-    cls = get_quantization_config("marlin_fp4")
-    assert cls.__name__ == "SglangMarlinFp4Config" and cls.get_name(cls) == "marlin_fp4"
-    assert registration_log_line("sglang", sglang.__version__) in caplog.text
-    assert real() is True and get_quantization_config("marlin_fp4") is cls  # idempotent
-
-
-def test_config_builds_inner_fp8_method_from_original():
-    from sglang.srt.layers.quantization.fp8 import Fp8Config
-
-    from dsv4_convert.serving.sglang_plugin import register
-
-    register()
-    from sglang.srt.layers.quantization import get_quantization_config
-
-    qc = synth.quant_config("mxfp4", MarlinTarget(engine="sglang"))
-    cfg = get_quantization_config("marlin_fp4").from_config(qc)
-    assert isinstance(cfg.inner, Fp8Config) and cfg.inner.weight_block_size == [128, 128]
-
-
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        ({"marlin_layout": "vllm-L4"}, "converted for vllm"),
-        ({"marlin_layout": None}, "marlin_layout is missing"),
-        ({"marlin_layout": "sglang-L9"}, "unknown"),
-    ],
-)
-def test_config_refuses_wrong_or_missing_layout(change, message):
-    from dsv4_convert.serving.sglang_plugin import register
-
-    register()
-    from sglang.srt.layers.quantization import get_quantization_config
-
-    qc = {**synth.quant_config("nvfp4", MarlinTarget(engine="sglang")), **change}
-    if change.get("marlin_layout") is None:
-        del qc["marlin_layout"]
-    with pytest.raises(PluginConfigError, match=message):
-        get_quantization_config("marlin_fp4").from_config(qc)
+# the discovery and config tests both engines share: serving_tests/test_plugin_config.py

@@ -21,7 +21,6 @@ CPU substitutions (nothing an assertion compares comes from any of them):
 
 from __future__ import annotations
 
-import logging
 import os
 
 import pytest
@@ -32,8 +31,6 @@ vllm = pytest.importorskip("vllm")
 from common import spawn_ranks, split_params
 
 import synth
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.serving.config import PluginConfigError, registration_log_line
 
 H, I, E = 256, 256, 4
 
@@ -230,57 +227,4 @@ def test_w4a8_mismatch_with_the_kernel_refused(results, case_id, message):
         assert re.search(message, res[case_id]["refused"]), res[case_id]
 
 
-# --- discovery and config, in this process --------------------------------------------------------
-
-
-def test_engine_plugin_loader_calls_register_once(monkeypatch, caplog):
-    import vllm.plugins as vplugins
-    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
-
-    import dsv4_convert.serving.vllm_plugin as plugin
-
-    calls = []
-    real = plugin.register
-    monkeypatch.setattr(plugin, "register", lambda: calls.append(1) or real())
-    monkeypatch.setattr(vplugins, "plugins_loaded", False)
-    with caplog.at_level(logging.INFO, logger="dsv4_convert.serving"):
-        vplugins.load_general_plugins()
-        vplugins.load_general_plugins()
-    assert len(calls) == 1
-    cls = get_quantization_config("marlin_fp4")
-    assert cls.__name__ == "VllmMarlinFp4Config"
-    assert registration_log_line("vllm", vllm.__version__) in caplog.text
-    assert real() is True and QUANTIZATION_METHODS.count("marlin_fp4") == 1  # idempotent
-
-
-def test_config_builds_inner_dsv4_fp8_config():
-    from vllm.model_executor.layers.quantization import get_quantization_config
-    from vllm.models.deepseek_v4 import DeepseekV4FP8Config
-
-    from dsv4_convert.serving.vllm_plugin import register
-
-    register()
-    cfg = get_quantization_config("marlin_fp4").from_config(
-        synth.quant_config("mxfp4", MarlinTarget(engine="vllm"))
-    )
-    assert isinstance(cfg.inner, DeepseekV4FP8Config)
-
-
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        ({"marlin_layout": "sglang-L2"}, "converted for sglang"),
-        ({"marlin_layout": None}, "marlin_layout is missing"),
-    ],
-)
-def test_config_refuses_wrong_or_missing_layout(change, message):
-    from vllm.model_executor.layers.quantization import get_quantization_config
-
-    from dsv4_convert.serving.vllm_plugin import register
-
-    register()
-    qc = {**synth.quant_config("nvfp4", MarlinTarget(engine="vllm")), **change}
-    if change["marlin_layout"] is None:
-        del qc["marlin_layout"]
-    with pytest.raises(PluginConfigError, match=message):
-        get_quantization_config("marlin_fp4").from_config(qc)
+# the discovery and config tests both engines share: serving_tests/test_plugin_config.py

@@ -127,8 +127,9 @@ def test_unservable_family_is_refused_with_the_reason(family_source, tmp_path):
 
 
 def test_servable_families_are_the_ones_the_plugins_load():
-    # serving_tests/ loads DeepSeek-V4 (MXFP4 and NVFP4) and gpt-oss through both plugins; nothing else yet
-    assert {f.name for f in FAMILIES if f.servable} == {"deepseek-v4", "gpt-oss"}
+    # serving_tests/ loads DeepSeek-V4 (MXFP4 and NVFP4) and gpt-oss through both plugins, and the whole
+    # Qwen3-MoE and GLM-4.5 models (ModelOpt NVFP4, compressed-tensors NVFP4: serving_tests/test_families.py)
+    assert {f.name for f in FAMILIES if f.servable} == {"deepseek-v4", "gpt-oss", "qwen3-moe", "glm4-moe"}
     assert all(f.refusal for f in FAMILIES if not f.servable)
 
 

@@ -227,9 +227,12 @@ def make_checkpoint(root: Path, fmt: str, *, layers: int = 2, experts: int = 4, 
     elif fmt == "marlin":
         config["quantization_config"] = {"quant_method": "marlin_fp4", "format_version": 1,
                                          "marlin_layout": "sglang-L2", "target_engine": "sglang",
+                                         "act_dtype": "bfloat16", "w4a8": False,
                                          "source_format": "nvfp4-modelopt-dsv4", "weight_format": "nvfp4",
-                                         "group_size": 16, "original_quantization_config":
-                                             config["quantization_config"]}
+                                         "group_size": 16, "experts": {
+                                             f"{layer}.ffn.experts": "mxfp4" if layer.startswith("mtp.") else
+                                             "nvfp4" for layer in layer_names},
+                                         "original_quantization_config": config["quantization_config"]}
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     write_json(root / "config.json", config)

@@ -49,3 +49,16 @@ def restored_tree(root: Path) -> dict[str, str]:
     assert MARKER in hashes, "marlin-to-source marks its output"
     del hashes[MARKER]
     return hashes
+
+
+def rerecord(root: Path, rel: str) -> None:
+    """Make OUT's manifest agree with an edited file, as a consistent attacker would."""
+    import json
+
+    from dsv4_convert.runtime.digest import file_digest
+    from dsv4_convert.runtime.staging import MANIFEST
+
+    doc = json.loads((root / MANIFEST).read_text())
+    doc["files"][rel] = dict(doc["files"][rel], size=(root / rel).stat().st_size,
+                             hash=file_digest(root / rel, doc["hash_algorithm"]))
+    (root / MANIFEST).write_text(json.dumps(doc))

@@ -13,6 +13,7 @@ from dsv4_convert.validate.checks import (
     numerics,
     nvfp4_scales,
     quant_config,
+    serving,
     structure,
     tiles,
 )
@@ -42,6 +43,8 @@ ALL_CHECKS = (
     quant_config.mxfp4_act_dtype,
     quant_config.marlin_config,
     quant_config.marlin_dtype_shape,
+    serving.stale_quant_block,
+    serving.inner_method_resolves,
     # numerics, per projection / per expert
     nvfp4_scales.nan_scales,
     nvfp4_scales.negative_scales,

@@ -8,13 +8,13 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 
-from dsv4_convert.core.engines import (
-    ENGINES,
-    FORMAT_VERSION,
-    QUANT_METHOD,
-    READABLE_FORMAT_VERSIONS,
-    mxfp4_dtype_problem,
+from dsv4_convert.core.converted_config import (
+    EXPERTS_MAP,
+    ConvertedConfigError,
+    ConvertedQuantConfig,
+    model_config_problems,
 )
+from dsv4_convert.core.engines import mxfp4_dtype_problem
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
@@ -180,8 +180,12 @@ def experts_method(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     for name, info in containers(c).items():
         actual = info["quant"]
         if fmt is SourceFormat.MARLIN:
-            declared = (qc.get("experts") or {}).get(name)
-            if declared is not None and declared != actual:
+            declared = (qc.get("experts") or {}).get(name) if isinstance(qc.get("experts"), dict) else None
+            if declared is None:
+                yield Finding(name, f"[{EXPERTS_MAP}] holds Marlin-packed {actual} experts, but "
+                              "quantization_config.experts does not list it: the plugins would serve it with the "
+                              "engine's own method, which misreads Marlin tensors.", layer=info["layer"])
+            elif declared != actual:
                 yield Finding(name, f"quantization_config.experts says {declared}, the tensors are {actual}.",
                               layer=info["layer"])
             continue
@@ -236,14 +240,15 @@ def marlin_config(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
         return
     qc = _qc(c)
-    if qc.get("quant_method") != QUANT_METHOD or qc.get("format_version") not in READABLE_FORMAT_VERSIONS:
-        yield Finding("config.json", f"quantization_config has quant_method={qc.get('quant_method')!r}, "
-                      f"format_version={qc.get('format_version')!r}; expected {QUANT_METHOD!r}, "
-                      f"{' or '.join(map(str, READABLE_FORMAT_VERSIONS))} (written now: {FORMAT_VERSION}).")
+    try:  # the one parser the plugins use: what it refuses, the engine refuses at launch
+        ConvertedQuantConfig.parse(qc)
+    except ConvertedConfigError as e:
+        for p in e.problems:
+            yield Finding("config.json", f"[{p.error_id}] {p.text}.", file="config.json")
+    for p in model_config_problems(c.config):
+        yield Finding("config.json", f"[{p.error_id}] {p.text}: the checks that need it would be skipped.",
+                      file="config.json")
     engine, tag = qc.get("target_engine"), qc.get("marlin_layout")
-    if engine not in ENGINES or tag != ENGINES[engine].layout_tag:
-        yield Finding("config.json", f"target_engine={engine!r} with marlin_layout={tag!r}; expected one of "
-                      f"{ {e: f.layout_tag for e, f in ENGINES.items()} }.")
     if opts.engine_requested and engine and opts.engine_requested != engine:
         yield Finding("config.json", f"converted for target {engine} ({tag}), but you asked to validate for "
                       f"{opts.engine_requested}: the {opts.engine_requested} engine would misread its scales/globals.")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from dsv4_convert.core.converted_config import read_tp_layout
 from dsv4_convert.core.tensor_model import SourceFormat, moe_layers
-from dsv4_convert.formats.padded_layout import read_layout_record
 from dsv4_convert.formats.tiles import moe_rank_tiles
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.checks.structure import model_dims
@@ -32,7 +32,7 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     padded = {}
     if marlin:  # a --tp/--ep output serves the one split it records (the plugin refuses any other)
         try:
-            layout = read_layout_record(c.config.get("quantization_config") or {})
+            layout = read_tp_layout(c.config.get("quantization_config") or {})
         except ValueError as e:
             yield Finding("config.json", f"quantization_config.tp_layout cannot be used: {e}.")
             return

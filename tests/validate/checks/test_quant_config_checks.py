@@ -111,7 +111,8 @@ def test_converted_checkpoint_with_a_layout_tag_of_another_engine(tmp_path, marl
                  lambda o: o["quantization_config"].update(marlin_layout="vllm-L4"))
     (f,) = run(q.marlin_config, on_disk(root))
     assert q.marlin_config.severity_of(f) is Severity.ERROR
-    assert f.tensor == "config.json" and "target_engine='sglang' with marlin_layout='vllm-L4'" in f.message
+    assert f.tensor == "config.json" and "[converted_config.layout] target_engine 'sglang' with marlin_layout " \
+        "'vllm-L4', which is vllm's" in f.message
 
 
 def test_converted_checkpoint_validated_for_another_target(marlin):
@@ -127,3 +128,37 @@ def test_converted_global_of_the_wrong_dtype(marlin):
     first = next(p for p in cin.checkpoint.projections if p.quant.value == "nvfp4")
     assert q.marlin_dtype_shape.severity_of(f) is Severity.ERROR
     assert f.tensor == first.key and "weight_global_scale BF16 [], expected F32 []" in f.message
+
+
+# --- the converted block through the one parser (core/converted_config.py), issue 23 items 8 and 15 ----
+
+
+@pytest.mark.parametrize("edit, error_id, text", [
+    (lambda qc: qc.update(tp_layout={"tp": "2", "ep": 1, "containers": {}}), "converted_config.tp_layout",
+     "tp_layout.tp must be a positive integer, got '2'"),
+    (lambda qc: qc.update(w4a8=True), "converted_config.layout", "has no W4A8 Marlin layout"),
+    (lambda qc: qc.update(w4a8=1), "converted_config.bad_value", "w4a8 must be true or false, got 1"),
+    (lambda qc: qc.update(format_version=True), "converted_config.not_ours", "format_version is True"),
+], ids=["tp-as-string", "w4a8-sglang", "w4a8-int", "version-bool"])
+def test_converted_block_of_the_wrong_type_is_refused(tmp_path, marlin, edit, error_id, text):
+    root = _edit(marlin, tmp_path / "ckpt", "config.json", lambda o: edit(o["quantization_config"]))
+    (f,) = run(q.marlin_config, on_disk(root))
+    assert q.marlin_config.severity_of(f) is Severity.ERROR and f"[{error_id}]" in f.message and text in f.message
+
+
+def test_model_dimension_of_the_wrong_type_is_refused(tmp_path, marlin):
+    root = _edit(marlin, tmp_path / "ckpt", "config.json", lambda o: o.update(n_routed_experts=True))
+    (f,) = run(q.marlin_config, on_disk(root))
+    assert "[converted_config.bad_value] config.json n_routed_experts is True, expected a positive integer" \
+        in f.message
+
+
+def test_container_missing_from_the_experts_map(tmp_path, marlin):
+    def drop_one(o):
+        experts = o["quantization_config"]["experts"]
+        experts.pop(sorted(experts)[0])
+
+    root = _edit(marlin, tmp_path / "ckpt", "config.json", drop_one)
+    findings = run(q.experts_method, on_disk(root))
+    assert findings and all("[converted_config.experts_map]" in f.message for f in findings)
+    assert "quantization_config.experts does not list it" in findings[0].message

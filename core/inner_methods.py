@@ -1,0 +1,94 @@
+"""Which quantisation method each engine builds for a source's own quantisation block: the method the
+plugin hands every non-expert layer to (attention, dense MLP, shared experts). Pure, for validate's
+pre-flight; the plugins ask the installed engine itself (serving/vllm_config.py, sglang_methods.py).
+
+Mirrors, per engine version the engine-facts table lists:
+- vLLM 0.33.0: `ModelArchConfigConvertorBase._normalize_quantization_config` (a nested ModelOpt block,
+  hf_quant_config.json's form, gets quant_method modelopt / modelopt_fp4 / modelopt_mixed from quant_algo;
+  a flat config.json block keeps its own; names are lower-cased, `compressed_tensors` ->
+  `compressed-tensors`), then `ModelConfig._verify_quantization`'s override walk
+  (`ModelOpt*Config.override_quantization_method`: FP8 -> modelopt, NVFP4 / FP4 -> modelopt_fp4, MXFP8
+  -> modelopt_mxfp8, MIXED_PRECISION -> modelopt_mixed; DeepSeek-V4 `fp8` -> deepseek_v4_fp8; gpt-oss
+  `mxfp4` -> gpt_oss_mxfp4).
+- SGLang 0.5.23: `ModelConfig._parse_quant_hf_config` / `_parse_modelopt_quant_config` (a block without
+  quant_method or with `modelopt`: MIXED_PRECISION with NVFP4 layers -> modelopt_mixed, otherwise
+  w4afp8; FP4 / NVFP4 -> modelopt_fp4; FP8 -> modelopt_fp8; MXFP8 -> mxfp8).
+Both read config.json's block, and hf_quant_config.json only when config.json has none
+(core/converted_config.py serving_block).
+"""
+
+from __future__ import annotations
+
+__all__ = ["FP4_METHODS", "FP8_METHODS", "engine_inner_method"]
+
+# methods whose linear layers hold NVFP4 (packed uint8) weights, and those whose hold FP8 weights
+FP4_METHODS = frozenset({"modelopt_fp4", "modelopt_mixed", "compressed-tensors"})
+FP8_METHODS = frozenset({"fp8", "modelopt", "modelopt_fp8", "deepseek_v4_fp8", "modelopt_mixed",
+                         "compressed-tensors", "w4afp8"})
+
+
+def _modelopt_algo(block: dict) -> str | None:
+    """quant_algo of a ModelOpt block (config.json's flat one or hf_quant_config.json's nested one)."""
+    inner = block.get("quantization")
+    src = inner if isinstance(inner, dict) else block
+    algo = src.get("quant_algo")
+    return str(algo).upper() if algo is not None else None
+
+
+def _is_modelopt(block: dict) -> bool:
+    producer = block.get("producer")
+    return (isinstance(producer, dict) and producer.get("name") == "modelopt") or \
+        str(block.get("quant_method", "")).lower().startswith("modelopt")
+
+
+def _vllm(block: dict, model_type: str | None) -> str | None:
+    method = str(block.get("quant_method", ""))
+    nested = block.get("quantization")
+    legacy = isinstance(nested, dict) and "modelopt_quant_config" in nested
+    producer = block.get("producer") if isinstance(block.get("producer"), dict) else {}
+    if (producer.get("name") == "modelopt" or legacy) and isinstance(nested, dict) and nested.get("quant_algo"):
+        # normalisation reads only the nested (hf_quant_config.json) form; vLLM refuses other algos here
+        method = {"FP8": "modelopt", "FP8_PER_CHANNEL_PER_TOKEN": "modelopt", "FP8_PB_WO": "modelopt",
+                  "NVFP4": "modelopt_fp4", "MIXED_PRECISION": "modelopt_mixed"}.get(_modelopt_algo(block), "?")
+    method = method.lower().replace("compressed_tensors", "compressed-tensors")
+    if method.startswith("modelopt"):  # the ModelOpt override hooks, in vLLM's order
+        algo = _modelopt_algo(block) or ""
+        if algo == "FP8":
+            return "modelopt"
+        if "NVFP4" in algo or "FP4" in algo:
+            return "modelopt_fp4"
+        if "MXFP8" in algo:
+            return "modelopt_mxfp8"
+        if algo == "MIXED_PRECISION":
+            return "modelopt_mixed"
+    if method in ("fp8", "deepseek_v4_fp8") and model_type == "deepseek_v4":
+        return "deepseek_v4_fp8"
+    if method in ("mxfp4", "gpt_oss_mxfp4") and model_type == "gpt_oss":
+        return "gpt_oss_mxfp4"
+    return method or None
+
+
+def _sglang(block: dict) -> str | None:
+    method = block.get("quant_method")
+    if method is None or method == "modelopt" or "quantization" in block:
+        algo = _modelopt_algo(block) or ""
+        inner = block.get("quantization") if isinstance(block.get("quantization"), dict) else block
+        if algo == "MIXED_PRECISION":
+            layers = inner.get("quantized_layers") or {}
+            nvfp4 = any(str(v.get("quant_algo", "")).upper() in ("NVFP4", "W4A16_NVFP4")
+                        for v in layers.values() if isinstance(v, dict))
+            return "modelopt_mixed" if nvfp4 else "w4afp8"
+        if "FP4" in algo:
+            return "modelopt_fp4"
+        if algo == "FP8":
+            return "modelopt_fp8"
+        if algo == "MXFP8":
+            return "mxfp8"
+    return str(method).lower() if method else None
+
+
+def engine_inner_method(engine: str, block: dict | None, model_type: str | None) -> str | None:
+    """The method name `engine` resolves `block` to (None: no block, the layers stay unquantised)."""
+    if not isinstance(block, dict):
+        return None
+    return _vllm(block, model_type) if engine == "vllm" else _sglang(block)

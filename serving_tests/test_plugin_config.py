@@ -1,0 +1,88 @@
+"""Both plugins, in this process, where the engines agree (runs in each engine venv, parametrised by the
+engine it finds): the engine's own plugin loader registers `marlin_fp4` once and logs it; the config
+parser refuses a layout tag of the other engine, a missing or unknown one; and the config for the
+non-expert layers is the one the engine builds for DeepSeek-V4's own block. No substitutions (the SGLang
+import needs the torchvision stand-in of serving_tests/stubs, on the path by conftest.py)."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+
+import pytest
+from common import installed_engine
+
+import synth
+from dsv4_convert.core.engines import ENGINES
+from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.serving.config import PluginConfigError, registration_log_line
+
+ENGINE = installed_engine()
+if ENGINE is None:
+    pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+OTHER = next(e for e in ENGINES if e != ENGINE)
+
+# engine -> (plugin loader module, its "already loaded" flag, loader function, our config class,
+#            the engine's own class for DeepSeek-V4's FP8 block and where it lives)
+LOADERS = {
+    "vllm": ("vllm.plugins", "plugins_loaded", "load_general_plugins", "VllmMarlinFp4Config",
+             "vllm.models.deepseek_v4", "DeepseekV4FP8Config"),
+    "sglang": ("sglang.srt.plugins", "_plugins_loaded", "load_plugins", "SglangMarlinFp4Config",
+               "sglang.srt.layers.quantization.fp8", "Fp8Config"),
+}
+
+
+def _plugin():
+    return importlib.import_module(f"dsv4_convert.serving.{ENGINE}_plugin")
+
+
+def _config_class():
+    _plugin().register()
+    if ENGINE == "vllm":
+        from vllm.model_executor.layers.quantization import get_quantization_config
+    else:
+        from sglang.srt.layers.quantization import get_quantization_config
+    return get_quantization_config("marlin_fp4")
+
+
+def test_engine_plugin_loader_calls_register_once(monkeypatch, caplog):
+    module_name, flag, load, cls_name, *_ = LOADERS[ENGINE]
+    loader = importlib.import_module(module_name)
+    plugin = _plugin()
+    calls = []
+    real = plugin.register
+    monkeypatch.setattr(plugin, "register", lambda: calls.append(1) or real())
+    monkeypatch.setattr(loader, flag, False)
+    with caplog.at_level(logging.INFO, logger="dsv4_convert.serving"):
+        getattr(loader, load)()
+        getattr(loader, load)()
+    assert len(calls) == 1
+    cls = _config_class()
+    assert cls.__name__ == cls_name and cls.get_name(cls) == "marlin_fp4"
+    version = importlib.import_module(ENGINE).__version__
+    assert registration_log_line(ENGINE, version) in caplog.text
+    assert real() is True and _config_class() is cls  # idempotent
+
+
+def test_config_builds_the_engines_own_config_for_dsv4_fp8():
+    *_, module_name, inner_name = LOADERS[ENGINE]
+    cfg = _config_class().from_config(synth.quant_config("mxfp4", MarlinTarget(engine=ENGINE)))
+    assert type(cfg.inner) is getattr(importlib.import_module(module_name), inner_name)
+    assert cfg.inner_method == {"vllm": "deepseek_v4_fp8", "sglang": "fp8"}[ENGINE]
+
+
+@pytest.mark.parametrize("tag, message", [
+    (ENGINES[OTHER].layout_tag, f"converted for {OTHER}"),
+    (None, "marlin_layout is missing"),
+    (f"{ENGINE}-L9", "unknown"),
+])
+def test_config_refuses_wrong_or_missing_layout(tag, message):
+    qc = {**synth.quant_config("nvfp4", MarlinTarget(engine=ENGINE)), "marlin_layout": tag}
+    if tag is None:
+        del qc["marlin_layout"]
+    else:
+        qc.pop("target_engine")  # the tag alone decides: a block naming the other engine is converted for it
+    with pytest.raises(PluginConfigError, match=message):
+        _config_class().from_config(qc)

@@ -1,0 +1,68 @@
+"""core/converted_config.py, the one schema of a converted checkpoint's quantization_config: what the
+writer builds parses back to the same object, and the one parser refuses values of the wrong type for
+all its users (here: the parser itself and `marlin-to-source` in a subprocess; validate in
+tests/validate/checks/test_quant_config_checks.py, the plugins in serving_tests/test_config.py).
+
+Checkpoints: `dsv4-convert synth` + `nvfp4-to-marlin --tp 2` by the real CLI. No substitutions.
+"""
+
+import json
+import shutil
+
+import pytest
+
+from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, model_config_problems
+from tests.helpers.cli import rerecord, run_cli
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("cc")
+    run_cli("synth", tmp / "src", "--format", "nvfp4-modelopt-hf", "--layers", "1", "--experts", "4",
+            "--hidden", "256", "--intermediate", "192", "-q")
+    run_cli("nvfp4-to-marlin", tmp / "src", tmp / "out", "--target", "vllm", "--tp", "2", "-q")
+    return tmp / "out"
+
+
+def _block(root):
+    return json.loads((root / "config.json").read_text())["quantization_config"]
+
+
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+def test_written_block_round_trips(converted):
+    block = _block(converted)
+    spec = ConvertedQuantConfig.parse(block)
+    assert spec.as_dict() == block and spec.tp_layout.tp == 2 and spec.model_type == "deepseek_v3"
+
+
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+@pytest.mark.parametrize("change, error_id", [
+    ({"tp_layout": {"tp": "2", "ep": 1, "containers": {}}}, "converted_config.tp_layout"),
+    ({"w4a8": True, "marlin_layout": "sglang-L2", "target_engine": "sglang"}, "converted_config.layout"),
+    ({"group_size": True}, "converted_config.bad_value"),
+    ({"rescale_factors": {"model.layers.9.mlp.experts.w13": 1.0}}, "converted_config.experts_map"),
+    ({"quant_method": "modelopt"}, "converted_config.not_ours"),
+])
+def test_wrong_types_refused_with_their_id(converted, change, error_id):
+    with pytest.raises(ConvertedConfigError) as e:
+        ConvertedQuantConfig.parse({**_block(converted), **change})
+    assert e.value.error_id == error_id and f"[{error_id}]" in e.value.message
+
+
+def test_model_dimension_of_the_wrong_type():
+    (p,) = model_config_problems({"n_routed_experts": True, "hidden_size": 256})
+    assert p.error_id == "converted_config.bad_value" and "n_routed_experts is True" in p.text
+
+
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+def test_marlin_to_source_refuses_a_tp_given_as_a_string(converted, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(converted, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config["quantization_config"]["tp_layout"]["tp"] = "2"
+    (bad / "config.json").write_text(json.dumps(config, indent=2))
+    rerecord(bad, "config.json")
+    proc = run_cli("marlin-to-source", bad, tmp_path / "back", "--json", check=False)
+    err = json.loads(proc.stdout)["error"]
+    assert proc.returncode == 4 and err["id"] == "reverse.bad_config"
+    assert "[converted_config.tp_layout] tp_layout.tp must be a positive integer, got '2'" in err["message"]

@@ -1,0 +1,73 @@
+"""validate/checks/serving.py on real checkpoints: a stale config.json block (nvidia/DeepSeek-V3-0324-FP4
+keeps block FP8 beside an NVFP4 hf_quant_config.json) on the source and on its conversion, and the
+pre-flight of the method the target engine builds for the non-expert layers.
+
+Checkpoints: `dsv4_convert.synth` nvfp4-modelopt-hf with one config edit each, converted by the real CLI
+in a subprocess. No substitutions.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dsv4_convert.validate.check import Severity
+from dsv4_convert.validate.checks import serving as s
+from tests.helpers.checks import on_disk, run, synth
+from tests.helpers.cli import run_cli
+
+pytestmark = pytest.mark.slow  # every test converts (or uses a conversion) through the real CLI
+
+BLOCK_FP8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": [128, 128]}
+
+
+def _edit_config(root: Path, edit) -> None:
+    config = json.loads((root / "config.json").read_text())
+    edit(config)
+    (root / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def stale(tmp_path_factory):
+    """(source, its vLLM conversion): config.json keeps the block-FP8 block of the model before export."""
+    tmp = tmp_path_factory.mktemp("stale")
+    src, _ = synth(tmp / "src", format="nvfp4-modelopt-hf")
+    _edit_config(src, lambda c: c.update(quantization_config=dict(BLOCK_FP8)))
+    run_cli("nvfp4-to-marlin", src, tmp / "out", "--target", "vllm", "-q")
+    return src, tmp / "out"
+
+
+def test_clean_source_and_conversion_pass(tmp_path):
+    src, _ = synth(tmp_path / "src", format="nvfp4-modelopt-hf")
+    run_cli("nvfp4-to-marlin", src, tmp_path / "out", "--target", "sglang", "-q")
+    for root in (src, tmp_path / "out"):
+        cin = on_disk(root)
+        assert run(s.stale_quant_block, cin) == [] and run(s.inner_method_resolves, cin) == []
+
+
+def test_stale_block_reported_on_the_source_and_on_the_output(stale):
+    for root, where in zip(stale, ("config.json quantization_config", "original_quantization_config")):
+        (f,) = run(s.stale_quant_block, on_disk(root))
+        assert s.stale_quant_block.severity_of(f) is Severity.ERROR
+        assert where in f.message and "says FP8 (quant_method 'fp8')" in f.message
+        assert "hf_quant_config.json says quant_algo NVFP4" in f.message
+
+
+def test_pre_flight_refuses_the_method_the_stale_block_resolves_to(stale):
+    (f,) = run(s.inner_method_resolves, on_disk(stale[1]))
+    assert s.inner_method_resolves.severity_of(f) is Severity.ERROR
+    assert "vllm resolves the source's block (deepseek_v3) to 'fp8'" in f.message
+
+
+def test_no_block_in_config_json_resolves_from_hf_quant_config(tmp_path):
+    """The first nvidia/DeepSeek-R1-FP4 export: only hf_quant_config.json. The output records it, and the
+    pre-flight finds the engine's method from it (modelopt_fp4) instead of none."""
+    src, _ = synth(tmp_path / "src", format="nvfp4-modelopt-hf")
+    _edit_config(src, lambda c: c.pop("quantization_config"))
+    run_cli("nvfp4-to-marlin", src, tmp_path / "out", "--target", "vllm", "-q")
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert qc["original_quantization_config"] is None and qc["original_hf_quant_config"]["quantization"][
+        "quant_algo"] == "NVFP4"
+    assert run(s.inner_method_resolves, on_disk(tmp_path / "out")) == []
+    proc = run_cli("validate", tmp_path / "out", "--json", check=False)
+    assert proc.returncode == 0, proc.stdout
