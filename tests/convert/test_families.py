@@ -64,10 +64,13 @@ def converted(family_source, tmp_path_factory):
     return make
 
 
-def _validate(*args) -> dict:
+def _validate(*args, allowed: frozenset = frozenset()) -> dict:
+    """validate's JSON report; it must pass, or fail only by error findings of the `allowed` checks."""
     proc = run_cli("validate", *args, "--json", check=False)
     report = json.loads(proc.stdout)
-    assert proc.returncode == 0, f"validate {args} exited {proc.returncode}: {proc.stdout[-3000:]}"
+    errors = {f["check"] for f in report["findings"] if f["severity"] == "error"}
+    ok = proc.returncode == 0 or (proc.returncode == 1 and errors and errors <= allowed)
+    assert ok, f"validate {args} exited {proc.returncode}: {proc.stdout[-3000:]}"
     return report
 
 
@@ -103,8 +106,10 @@ def test_converted_output_validates_and_reverses(converted, family_source, tmp_p
     reversed_target = _REVERSED[fam, fmt]
     validated_target = "vllm" if reversed_target == "sglang" else "sglang"
     out = converted(fam, fmt, validated_target)
-    _validate(out, "--against", src)
     family = family_named(fam)
+    # a family the plugins do not serve (converted here with --allow-unservable) may fail the serving
+    # pre-flight alone (Qwen3.5's MIXED_PRECISION block: a method not proven for it); its bytes must pass
+    _validate(out, "--against", src, allowed=frozenset() if family.servable else frozenset({"marlin.serving_methods"}))
     names = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     experts = [n for n in names if n.endswith(".weight") and converted_expert(n)]
     assert experts and all(parse_expert_name(n).scheme is family.converted_scheme for n in experts)
