@@ -35,7 +35,9 @@ def target_options(fn):
 def run_options(fn):
     for opt in reversed([
         click.option("--workers", type=click.IntRange(1), default=None, show_default="number of cores",
-                     help="Processes converting shards in parallel (small inputs run in one process)."),
+                     help="Processes converting in parallel (threads with --device cuda); with more workers than "
+                          "shards, each shard is split into pieces written side by side. Small inputs run in one "
+                          "process."),
         click.option("--max-shard-size", default=None, metavar="SIZE",
                      help="Re-shard the output (e.g. 5GB). Default: keep the input's shards."),
         click.option("--resume", is_flag=True, help="Continue an interrupted run; finished shards whose hash verifies are kept."),
@@ -48,21 +50,27 @@ def run_options(fn):
 
 def device_option(fn):
     return click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda[:N]",
-                        help="Where the repack runs. cuda gives the same bytes at GPU speed (one process drives "
-                             "the GPU; disk I/O then bounds the run). No usable GPU: exit 2 before any output.")(fn)
+                        help="Where the weight repack runs. cuda: on every visible GPU (cuda:N: that one), driven "
+                             "by --workers threads of one process; the same bytes as cpu. No usable GPU: exit 2 "
+                             "before any output.")(fn)
 
 
 def use_device(device: str | None, workers: int | None) -> int | None:
-    """Check --device and select it for the transforms; the workers to use (1 on a GPU: CUDA does not
-    survive the fork of a worker pool, and one process keeps the GPU busy)."""
-    from dsv4_convert.convert.cuda_route import set_transform_device
+    """Check --device and select its GPUs for the transforms (each job thread takes one in turn); the
+    workers to use. The CUDA contexts are created in the background meanwhile."""
+    from dsv4_convert.convert.cuda_route import set_transform_device, warm_up
     from dsv4_convert.runtime.device import resolve_device
-    if (device or "cpu").strip().lower() == "cpu":  # the default: no torch needed to say so
+    spec = (device or "cpu").strip().lower()
+    if spec == "cpu":  # the default: no torch needed to say so
         set_transform_device(None)
         return workers
     dev = resolve_device(device)
+    if spec == "cuda":  # no index: every visible GPU
+        import torch
+        dev = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
     set_transform_device(dev)
-    return workers if dev.type == "cpu" else 1
+    warm_up()
+    return workers
 
 
 def executor_options(fn):

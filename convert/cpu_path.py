@@ -5,10 +5,11 @@ and a plain NVFP4 / MXFP4 projection needs none of it: read the bytes, repack th
 (formats/marlin_words.py), transpose + permute + re-encode the scales and process the global
 (formats/scale_tables.py), write. This module does exactly that and answers None for everything
 else, which then takes the torch route (convert/transform.py) with the same result: padded --tp
-layouts, W4A8, --device cuda, globals not stored as float32, and the rare projections whose scales
-hold NaN (the torch route raises the error) or a byte the target cannot hold exactly (it records the
-lost bytes for the reverse). Both routes give the same bytes: the CLI tests run the two on every
-source format (DSV4_CONVERT_TORCH_ROUTE=1 forces the torch route)."""
+layouts, W4A8, globals not stored as float32, and the rare projections whose scales hold NaN (the
+torch route raises the error) or a byte the target cannot hold exactly (it records the lost bytes for
+the reverse). Both routes give the same bytes: the CLI tests run the two on every source format
+(DSV4_CONVERT_TORCH_ROUTE=1 forces the torch route). With --device cuda this route still reads,
+checks and converts the scales and globals, and the weight repack runs on the GPU (convert/cuda_route.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import os
 
 import numpy as np
 
-from dsv4_convert.convert.cuda_route import transform_device
+from dsv4_convert.convert.cuda_route import transform_device, weight_words_on_device
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
 from dsv4_convert.formats.constants import E8M0_NAN
 from dsv4_convert.formats.fp4_kernels import byte_presence
@@ -33,7 +34,7 @@ _NAN_BYTES = {Quant.NVFP4: [0x7F, 0xFF], Quant.MXFP4: [E8M0_NAN]}
 
 def _routable(p: Projection, target) -> bool:
     """Whether this module converts `p` (else the torch route does)."""
-    if os.environ.get(TORCH_ROUTE_ENV) == "1" or transform_device() is not None:  # --device cuda
+    if os.environ.get(TORCH_ROUTE_ENV) == "1":
         return False
     if target.w4a8 or p.marlin_global is not None:
         return False
@@ -64,7 +65,8 @@ def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float) 
         return None
     weight = _rows(reader, p.weight, p)
     n, k2 = weight.shape
-    parts = {"weight": a16_forward(weight.reshape(-1), n, k2)}
+    on_gpu = transform_device() is not None  # --device cuda: the repack there, the same words
+    parts = {"weight": weight_words_on_device(weight, n, k2) if on_gpu else a16_forward(weight.reshape(-1), n, k2)}
     if p.quant is Quant.MXFP4:
         parts["weight_scale"] = permute_scales(scale.reshape(1, n, -1))
         return parts

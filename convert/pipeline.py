@@ -17,7 +17,9 @@ from tqdm import tqdm
 
 from dsv4_convert import __version__
 from dsv4_convert.convert.cpu_path import convert_on_cpu
-from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
+from dsv4_convert.convert.cuda_route import transform_device
+from dsv4_convert.convert.pieces import Piece, piece_sidecar, seal, split_shards
+from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan
 from dsv4_convert.convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
 from dsv4_convert.convert.safetensors_writer import ShardWriter
 from dsv4_convert.core.errors import Interrupted, OutputError
@@ -33,6 +35,7 @@ from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
 
+THREADS_ENV = "DSV4_CONVERT_THREADS"  # "1": the CPU route's jobs in threads too (tests, benchmarks)
 _KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: "n" SIGKILLs this process at the n-th step, "n:INT" sends SIGINT
 
 
@@ -73,23 +76,28 @@ def _report(nbytes: int, callback=None) -> None:
         callback(nbytes)
 
 
-def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
-                 metadata: dict, callback=None) -> tuple[str, str, int]:
+def _write_piece(root: str, fmt: SourceFormat, target, piece: Piece, tmp_path: str, rescale: dict,
+                 metadata: dict, callback=None) -> tuple[str, str | None, int]:
     freeze_imports()
-    with kernel_threads(job_threads()), profiled_job(shard.file):  # 1 in a pool worker, else the cores
-        return _write_shard_job(root, fmt, target, shard, tmp_path, rescale, metadata, callback)
+    with kernel_threads(job_threads()), profiled_job(piece.name):  # 1 in a pool worker, else the cores
+        return _write_piece_job(root, fmt, target, piece, tmp_path, rescale, metadata, callback)
 
 
-def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
-                     metadata: dict, callback=None) -> tuple[str, str, int]:
+def _write_piece_job(root: str, fmt: SourceFormat, target, piece: Piece, tmp_path: str, rescale: dict,
+                     metadata: dict, callback=None) -> tuple[str, str | None, int]:
+    """Write `piece` of its shard into tmp_path: (file, hash, size) for a whole shard, (file, None,
+    bytes) for a piece of one (hashed by pieces.seal once its shard is complete)."""
     keep_buffers()
+    shard = piece.shard
     with TensorReader(Path(root)) as reader:
         # no fsync per shard: --resume re-hashes every recorded shard, and publish fsyncs everything
         # once before the rename, so the disk writes overlap with the conversion of later shards
-        writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata, fsync=False)
+        writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata, fsync=False,
+                             part=None if piece.whole else (piece.start, piece.stop))
         try:
             current, parts, lost = None, {}, {}
-            for i, o in enumerate(shard.tensors):
+            for i in range(piece.start, piece.stop):
+                o = shard.tensors[i]
                 _step()
                 if o.source is not None:
                     writer.begin(o.spec.name)
@@ -109,7 +117,8 @@ def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp
             raise
     if lost:
         from safetensors.torch import save_file
-        save_file(lost, tmp_path.removesuffix(".tmp") + LOST_SUFFIX)
+        save_file(lost, piece_sidecar(tmp_path, piece, LOST_SUFFIX) if not piece.whole
+                  else tmp_path.removesuffix(".tmp") + LOST_SUFFIX)
     return shard.file, sha, size
 
 
@@ -158,16 +167,17 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         total = sum(s.nbytes for s in todo)
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting",
                    disable=not progress, dynamic_ncols=True)
-        pool = make_executor(executor, auto_workers(workers, total, len(todo)), bar, max_in_flight=workers)
+        pieces = split_shards(todo, auto_workers(workers, total, None)) if executor.name == "local" else \
+            split_shards(todo, 1)  # a Ray task writes a whole shard (its node may not share the file's pages)
+        pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers,
+                             threads=transform_device() is not None or os.environ.get(THREADS_ENV) == "1")
         mark("start")
         pool.check_paths(run, [ckpt.root / f for f in sorted({t.file for t in ckpt.tensors.values()})])
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
         mark("rescale")
         meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,
                 "format_version": str(FORMAT_VERSION), "marlin_layout": plan.target.layout_tag}
-        args = [(str(ckpt.root), ckpt.format, plan.target, s, str(run.tmp(s.file)), rescale, meta) for s in todo]
-        pool.map(_write_shard, args, lambda r: _hand_over(run, staging, *r), reports_progress=True,
-                 job_bytes=[s.nbytes for s in todo])
+        _write_pieces(pool, pieces, run, staging, [str(ckpt.root), ckpt.format, plan.target], rescale, meta)
         mark("shards")
         bar.close()
         pool.shutdown()
@@ -208,6 +218,27 @@ def _user_error(e: BaseException, staging_path: Path, plan: ConvertPlan):
         return OutputError(f"cannot write the output: {e}", error_id="output.io_error",
                            hint="check the OUT location and permissions")
     return None
+
+
+def _write_pieces(pool, pieces: list[Piece], run: RunDir, staging: Staging, source: list, rescale: dict,
+                  meta: dict) -> None:
+    """Every piece through the pool; a whole shard is handed over as its job ends, a shard written
+    in pieces once all of them are in and it is sealed (hashed, sidecars merged)."""
+    split: dict[str, list[Piece]] = {}
+    for pc in pieces:
+        if not pc.whole:
+            split.setdefault(pc.shard.file, []).append(pc)
+
+    def done(file: str, sha: str | None, size: int) -> None:
+        if sha is not None:
+            _hand_over(run, staging, file, sha, size)
+
+    args = [(*source, pc, str(run.tmp(pc.shard.file)), rescale, meta) for pc in pieces]
+    pool.map(_write_piece, args, lambda r: done(*r), reports_progress=True, job_bytes=[pc.nbytes for pc in pieces])
+    if split:  # hashing reads back from the page cache: one job per shard, in parallel
+        pool.map(seal, [(str(run.tmp(f)), f, pcs, LOST_SUFFIX) for f, pcs in split.items()],
+                 lambda r: _hand_over(run, staging, *r), job_bytes=[sum(pc.nbytes for pc in pcs)
+                                                                   for pcs in split.values()])
 
 
 def _hand_over(run: RunDir, staging: Staging, file: str, sha: str, size: int) -> None:

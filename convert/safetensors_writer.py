@@ -82,25 +82,29 @@ def header_bytes(specs: list[TensorSpec], metadata: dict[str, str] | None = None
 
 
 class _BufferedSink:
-    """Through the page cache: write straight from the caller's buffer (no copy in user space), hash,
-    and start writeback every `_KICK` bytes."""
+    """Through the page cache: write straight from the caller's buffer (no copy in user space), hash
+    (unless `hasher` is None), and start writeback every `_KICK` bytes. `offset`: where the first byte
+    goes; `shared`: other jobs write other parts of the file (then it is never truncated)."""
 
-    def __init__(self, path: Path, hasher):
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    def __init__(self, path: Path, hasher, offset: int = 0, *, shared: bool = False):
+        trunc = 0 if shared else os.O_TRUNC
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | trunc | os.O_CLOEXEC, 0o644)
         self._hash = hasher
+        self._offset = offset
         self.direct = False
         self.size = 0
-        self._kicked = 0  # bytes [0, _kicked) have had their writeback started
+        self._kicked = 0  # bytes [offset, offset + _kicked) have had their writeback started
 
     def write(self, data) -> None:
         mv = memoryview(data).cast("B")
-        self._hash.update(mv)
+        if self._hash is not None:
+            self._hash.update(mv)
         n, total = 0, len(mv)
         while n < total:
-            n += os.write(self._fd, mv[n:])
+            n += os.pwrite(self._fd, mv[n:], self._offset + self.size + n)
         self.size += total
         if _start_writeback is not None and self.size - self._kicked >= _KICK:
-            _start_writeback(self._fd, self._kicked, self.size - self._kicked, _SYNC_FILE_RANGE_WRITE)
+            _start_writeback(self._fd, self._offset + self._kicked, self.size - self._kicked, _SYNC_FILE_RANGE_WRITE)
             self._kicked = self.size  # a failure here is harmless: the fsync later writes what is left
 
     def finish(self, *, fsync: bool) -> None:
@@ -117,28 +121,41 @@ class _BufferedSink:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             if kick and _start_writeback is not None and self.size > self._kicked:  # the tail, too
-                _start_writeback(fd, self._kicked, self.size - self._kicked, _SYNC_FILE_RANGE_WRITE)
+                _start_writeback(fd, self._offset + self._kicked, self.size - self._kicked, _SYNC_FILE_RANGE_WRITE)
             os.close(fd)
 
 
 class ShardWriter:
     """Write one shard: `write(name, data)` in header order, then `close()` (flush + fsync).
     Every write is checked against the plan, so a shard can never silently disagree with its header.
-    `direct_io` says whether the bytes went to disk with O_DIRECT (else through the page cache)."""
+    `direct_io` says whether the bytes went to disk with O_DIRECT (else through the page cache).
+
+    `part=(start, stop)`: write only tensors specs[start:stop], at their place in the file, beside
+    writers of the shard's other parts (several jobs per shard; the header goes with part 0). A part
+    goes through the page cache (O_DIRECT needs block-aligned ranges, and parts meet at any byte),
+    and is not hashed: `close()` returns (None, bytes written); the whole file is hashed once every
+    part is written (convert/pieces.py)."""
 
     def __init__(self, path: Path, specs: list[TensorSpec], metadata: dict[str, str] | None = None, *,
-                 fsync: bool = True):
+                 fsync: bool = True, part: tuple[int, int] | None = None):
         self.path = Path(path)
-        self._specs = list(specs)
-        self._next = 0
-        self._hash = new_hash()
-        header = header_bytes(self._specs, metadata)  # checks every spec before a file is created
-        fd = direct_io.open_direct(self.path)
-        self._sink = direct_io.DirectSink(fd, self._hash) if fd is not None else _BufferedSink(self.path, self._hash)
+        header = header_bytes(list(specs), metadata)  # checks every spec before a file is created
+        start, stop = part or (0, len(specs))
+        self._whole = (start, stop) == (0, len(specs))
+        self._specs = list(specs)[:stop]
+        self._next = start
+        self._hash = new_hash() if self._whole else None
+        fd = direct_io.open_direct(self.path) if self._whole else None
+        if fd is not None:
+            self._sink = direct_io.DirectSink(fd, self._hash)
+        else:
+            offset = 0 if start == 0 else len(header) + sum(s.nbytes for s in self._specs[:start])
+            self._sink = _BufferedSink(self.path, self._hash, offset, shared=not self._whole)
         self._pending = 0  # bytes still owed to the current tensor
         self._fsync = fsync
         try:
-            self._sink.write(header)
+            if start == 0:
+                self._sink.write(header)
         except BaseException:
             self._sink.abort()
             raise
@@ -174,14 +191,15 @@ class ShardWriter:
             raise RuntimeError(f"{name}: {memoryview(data).nbytes} bytes, header says {expected}")
         self.feed(data)
 
-    def close(self) -> tuple[str, int]:
-        """Finish the file (flush, and fsync unless disabled); returns (hash hex, size). Raises if a
-        planned tensor is missing, or the error of a write that failed (errno kept)."""
+    def close(self) -> tuple[str | None, int]:
+        """Finish the file (flush, and fsync unless disabled); returns (hash hex, size), or for a part
+        (None, bytes written). Raises if a planned tensor is missing, or the error of a write that
+        failed (errno kept)."""
         if self._pending or self._next != len(self._specs):
             missing = [s.name for s in self._specs[self._next:]]
             raise RuntimeError(f"{self.path.name}: tensors never written: {missing[:5]}")
         self._sink.finish(fsync=self._fsync)
-        return self._hash.hexdigest(), self._sink.size
+        return (self._hash.hexdigest() if self._hash is not None else None), self._sink.size
 
     def abort(self) -> None:
         """Close without finishing (the file stays partial); stops the writer thread."""
