@@ -26,6 +26,7 @@ Leading (expert) dimensions are kept.
 import contextlib
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -44,7 +45,7 @@ _T0_SWAP = (_U64(16), _U64(0x0000FFFF_0000FFFF))  # a2 <-> t0 (rows n, n + 16)
 _HALF_SWAP = (_U64(16), _U64(0x00000000_FFFF0000))  # a2 <-> a3
 _TO_OUT = (5, 0, 4, 2, 3, 1)  # block (c, t1, t0, dn, r, kt) -> output (kt, c, r, q1, q0, t1)
 _FROM_OUT = (1, 5, 3, 4, 2, 0)
-_threads: int | None = None  # kernel_threads() inside its block; None: torch's count, or the cores
+_local = threading.local()  # .threads: kernel_threads() inside its block, per thread (jobs may run in threads)
 
 
 @contextlib.contextmanager
@@ -52,17 +53,18 @@ def kernel_threads(n: int):
     """Run the repack on `n` threads inside the block, whatever torch's own thread count. The converter
     sets torch to 1 thread (its many small ops only wake OpenMP threads that then spin: with one
     worker that doubled the user time) and keeps the repack's own threads."""
-    global _threads
-    before, _threads = _threads, max(1, int(n))
+    before = getattr(_local, "threads", None)
+    _local.threads = max(1, int(n))
     try:
         yield
     finally:
-        _threads = before
+        _local.threads = before
 
 
 def _thread_count() -> int:
-    if _threads is not None:
-        return _threads
+    threads = getattr(_local, "threads", None)
+    if threads is not None:
+        return threads
     torch = sys.modules.get("torch")  # torch's thread setting where torch is in use; never imported here
     return torch.get_num_threads() if torch is not None else (os.cpu_count() or 1)
 

@@ -120,6 +120,7 @@ class ThreadExecutor(LocalExecutor):
     def __init__(self, workers: int, bar=None):
         super().__init__(1, bar)  # no process pool
         self.workers = workers
+        one_thread_per_job()  # one core per job, as in a pool worker: set here, before any job thread runs
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="dsv4-job")
         self._lock = threading.Lock()
 
