@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import threading
 
-__all__ = ["set_transform_device", "transform_device", "convert_projection_on", "weight_words_on_device",
+__all__ = ["set_transform_device", "on_gpu", "transform_device", "convert_projection_on", "weight_words_on_device",
            "warm_up"]
 
 _DEVICES: list = []  # set by the converter CLI for --device; empty: the transforms run on the CPU
@@ -30,6 +30,11 @@ def set_transform_device(dev) -> None:
     _DEVICES = [d for d in devs if d is not None and d.type != "cpu"]
     _turn = itertools.count()
     _local.__dict__.clear()
+
+
+def on_gpu() -> bool:
+    """Whether --device chose GPUs for this run (without assigning this thread one)."""
+    return bool(_DEVICES)
 
 
 def transform_device():

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from dsv4_convert import __version__
 from dsv4_convert.convert.cpu_path import convert_on_cpu
-from dsv4_convert.convert.cuda_route import transform_device
+from dsv4_convert.convert.cuda_route import on_gpu
 from dsv4_convert.convert.pieces import Piece, piece_sidecar, seal, split_shards
 from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan
 from dsv4_convert.convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
@@ -170,7 +170,7 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         pieces = split_shards(todo, auto_workers(workers, total, None)) if executor.name == "local" else \
             split_shards(todo, 1)  # a Ray task writes a whole shard (its node may not share the file's pages)
         pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers,
-                             threads=transform_device() is not None or os.environ.get(THREADS_ENV) == "1")
+                             threads=on_gpu() or os.environ.get(THREADS_ENV) == "1")
         mark("start")
         pool.check_paths(run, [ckpt.root / f for f in sorted({t.file for t in ckpt.tensors.values()})])
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}

@@ -8,7 +8,8 @@ cProfile sees the job's main thread only. With O_DIRECT (runtime/direct_io.py) t
 pwrite run in the writer's thread, beside the conversion: "write" is then the time the main thread
 waits for a free bounce buffer or for the last writes (plus the copy into the buffers, under
 "python"), and "hash" is near zero; on the buffered path (DSV4_CONVERT_DIRECT_IO=0) both are the
-main thread's own calls, as before."""
+main thread's own calls, as before. Where the jobs run in threads of one process (--device cuda),
+a job's user and sys seconds are the process's over the job's time, so they overlap across jobs."""
 
 from __future__ import annotations
 
@@ -21,9 +22,10 @@ import resource
 import time
 from pathlib import Path
 
-__all__ = ["PROFILE_ENV", "profiled_job", "mark", "breakdown"]
+__all__ = ["PROFILE_ENV", "MARKS_ENV", "profiled_job", "mark", "breakdown"]
 
 PROFILE_ENV = "DSV4_CONVERT_PROFILE"
+MARKS_ENV = "DSV4_CONVERT_MARKS"  # a directory: the driver's phase marks only (no cProfile; the benchmark's start-up)
 _marks: list[tuple[str, float]] = []
 
 # category -> functions whose cumulative time counts there (file suffix, function name); disjoint call trees
@@ -77,7 +79,7 @@ def profiled_job(name: str):
 
 def mark(phase: str) -> None:
     """Driver side: note the wall clock at the end of `phase`; written out at once (a crash keeps it)."""
-    d = _dir()
+    d = _dir() or (Path(os.environ[MARKS_ENV]) if os.environ.get(MARKS_ENV) else None)
     if d is None:
         return
     _marks.append((phase, time.perf_counter()))
