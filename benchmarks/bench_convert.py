@@ -1,6 +1,7 @@
 """The converter's speed on this machine: one real-size DeepSeek-V4-Flash MoE layer (`synth --real-size`:
 256 experts, H 4096, I 2048; 3.6 GB NVFP4, 3.4 GB MXFP4) converted by every route (the CPU route in
-worker processes; `--device cuda` where a GPU is visible) at several --workers, against a plain copy
+worker processes; `--device cuda` where a GPU is visible; on request the CPU route in threads and
+`--executor ray` on a one-node cluster) at several --workers, against a plain copy
 of the same bytes (`cp -r` + `sync`) in the same run, alternating, so the disk and the load are the
 same for both. The numbers in docs/PERFORMANCE.md come from this script.
 
@@ -44,6 +45,7 @@ ROUTES = {  # name -> (extra CLI arguments, extra environment)
     "cpu": ([], {}),
     "cuda": (["--device", "cuda"], {}),
     "cpu-threads": ([], {"DSV4_CONVERT_THREADS": "1"}),  # the CPU route in --device cuda's thread executor
+    "ray": (["--executor", "ray"], {"RAY_USAGE_STATS_ENABLED": "0"}),  # a one-node cluster started by the run
 }
 CLI = [sys.executable, "-m", "dsv4_convert.cli"]
 
