@@ -24,12 +24,24 @@ from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.marlin_words import a16_forward
 from dsv4_convert.formats.scale_tables import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table
 
-__all__ = ["TORCH_ROUTE_ENV", "convert_on_cpu"]
+__all__ = ["TORCH_ROUTE_ENV", "convert_on_cpu", "load_kernels"]
 
 TORCH_ROUTE_ENV = "DSV4_CONVERT_TORCH_ROUTE"  # "1": every projection takes the torch route (tests compare)
 _WEIGHT_DTYPES = ("U8", "I8")
 _SCALE_DTYPES = {Quant.NVFP4: ("F8_E4M3", "U8", "I8"), Quant.MXFP4: ("F8_E8M0", "U8", "I8")}
 _NAN_BYTES = {Quant.NVFP4: [0x7F, 0xFF], Quant.MXFP4: [E8M0_NAN]}
+
+
+def load_kernels() -> None:
+    """Load the compiled kernels this route calls, through the calls it makes, on tiny inputs (the
+    same argument types, so the same compiled versions). The first load in a process also sets
+    numba's runtime up, about 1 s: a parent pays it once before it forks its workers, instead of
+    every worker paying it (16 workers spent 16 CPU seconds on it on the 16-core machine)."""
+    scale = np.zeros((1, 64, 2), np.uint8)
+    byte_presence(scale.reshape(-1))
+    permute_scales(scale)
+    permute_scales(scale, table=s0e5m3_table("sglang", 1.0))
+    a16_forward(np.zeros(64 * 16, np.uint8), 64, 16)
 
 
 def _routable(p: Projection, target) -> bool:

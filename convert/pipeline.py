@@ -16,7 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dsv4_convert import __version__
-from dsv4_convert.convert.cpu_path import convert_on_cpu
+from dsv4_convert.convert.cpu_path import convert_on_cpu, load_kernels
 from dsv4_convert.convert.cuda_route import on_gpu
 from dsv4_convert.convert.pieces import Piece, piece_sidecar, seal, split_shards
 from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan
@@ -169,6 +169,8 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
                    disable=not progress, dynamic_ncols=True)
         pieces = split_shards(todo, auto_workers(workers, total, None)) if executor.name == "local" else \
             split_shards(todo, 1)  # a Ray task writes a whole shard (its node may not share the file's pages)
+        if len(pieces) > 1 and executor.name == "local":
+            load_kernels()  # once here, inherited by every forked worker (or shared by the threads)
         pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers,
                              threads=on_gpu() or os.environ.get(THREADS_ENV) == "1")
         mark("start")

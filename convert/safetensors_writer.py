@@ -18,10 +18,14 @@ before a shard counts as done or the output is renamed into place."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from dsv4_convert.core.tensor_model import DTYPE_SIZES
 from dsv4_convert.runtime import direct_io
@@ -125,6 +129,61 @@ class _BufferedSink:
             os.close(fd)
 
 
+class _MappedSink:
+    """One part of a shard that other jobs write beside it: the part's range is allocated first
+    (posix_fallocate: a full disk is ENOSPC here, never a SIGBUS later), then each write is copied
+    into a shared mapping of just its bytes. Why not pwrite: Linux serialises buffered writes to one
+    file on its inode lock, so 16 jobs writing the 4 shards of a layer ran 4 at a time (measured on
+    the 16-core machine: 16 workers slower than 4). Page faults on a mapping take no such lock."""
+
+    def __init__(self, fd: int, offset: int):
+        self._fd, self._offset = fd, offset
+        self.direct = False
+        self.size = 0
+
+    @classmethod
+    def open(cls, path: Path, offset: int, length: int):
+        """The sink, or None where the filesystem cannot allocate ahead (then pwrite it is)."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if length:
+                os.posix_fallocate(fd, offset, length)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                return None
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, offset)
+
+    def write(self, data) -> None:
+        src = np.frombuffer(memoryview(data).cast("B"), np.uint8)
+        if not src.size:
+            return
+        start = self._offset + self.size
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # one fault-in, not one fault per page
+        with mmap.mmap(self._fd, start - base + src.size, flags=flags, offset=base) as mm:
+            dst = np.frombuffer(mm, np.uint8)
+            dst[start - base:] = src  # numpy copies without the GIL (jobs may be threads)
+            del dst  # the mapping cannot close while a view of it exists
+        self.size += src.size
+
+    def finish(self, *, fsync: bool) -> None:
+        try:
+            if fsync:
+                os.fsync(self._fd)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+
 class ShardWriter:
     """Write one shard: `write(name, data)` in header order, then `close()` (flush + fsync).
     Every write is checked against the plan, so a shard can never silently disagree with its header.
@@ -132,8 +191,9 @@ class ShardWriter:
 
     `part=(start, stop)`: write only tensors specs[start:stop], at their place in the file, beside
     writers of the shard's other parts (several jobs per shard; the header goes with part 0). A part
-    goes through the page cache (O_DIRECT needs block-aligned ranges, and parts meet at any byte),
-    and is not hashed: `close()` returns (None, bytes written); the whole file is hashed once every
+    goes through the page cache (O_DIRECT needs block-aligned ranges, and parts meet at any byte):
+    through a shared mapping of its range where the filesystem allocates ahead, else pwrite. It is
+    not hashed: `close()` returns (None, bytes written); the whole file is hashed once every
     part is written (convert/pieces.py)."""
 
     def __init__(self, path: Path, specs: list[TensorSpec], metadata: dict[str, str] | None = None, *,
@@ -146,10 +206,14 @@ class ShardWriter:
         self._next = start
         self._hash = new_hash() if self._whole else None
         fd = direct_io.open_direct(self.path) if self._whole else None
+        offset = 0 if start == 0 else len(header) + sum(s.nbytes for s in self._specs[:start])
+        length = sum(s.nbytes for s in self._specs[start:]) + (len(header) if start == 0 else 0)
+        mapped = None if self._whole else _MappedSink.open(self.path, offset, length)
         if fd is not None:
             self._sink = direct_io.DirectSink(fd, self._hash)
+        elif mapped is not None:
+            self._sink = mapped
         else:
-            offset = 0 if start == 0 else len(header) + sum(s.nbytes for s in self._specs[:start])
             self._sink = _BufferedSink(self.path, self._hash, offset, shared=not self._whole)
         self._pending = 0  # bytes still owed to the current tensor
         self._fsync = fsync
