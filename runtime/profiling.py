@@ -64,14 +64,19 @@ def profiled_job(name: str):
         return
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     prof = cProfile.Profile()  # wall clock (a CPU-time timer is a system call per event: it distorted more)
-    prof.enable()
+    try:
+        prof.enable()
+    except ValueError:  # Python >= 3.12: one profiler per process, and a job thread beside holds it
+        prof = None
     try:
         yield
     finally:
-        prof.disable()
+        if prof is not None:
+            prof.disable()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
         d.mkdir(parents=True, exist_ok=True)
-        prof.dump_stats(d / f"{name}.prof")
+        if prof is not None:
+            prof.dump_stats(d / f"{name}.prof")
         (d / f"{name}.json").write_text(json.dumps({
             "wall": time.perf_counter() - t0, "user": r1.ru_utime - r0.ru_utime, "sys": r1.ru_stime - r0.ru_stime,
             "pid": os.getpid()}))
@@ -97,7 +102,8 @@ def breakdown(d: Path) -> dict[str, float]:
         if js.name == "driver.json":
             continue
         job = json.loads(js.read_text())
-        stats = pstats.Stats(str(js.with_suffix(".prof"))).stats  # {(file, line, func): (cc, nc, tt, ct, callers)}
+        prof = js.with_suffix(".prof")  # absent for a job whose thread could not profile (see profiled_job)
+        stats = pstats.Stats(str(prof)).stats if prof.exists() else {}  # {(file, line, func): (cc, nc, tt, ct, callers)}
         total = sum(v[2] for v in stats.values())
         used = 0.0
         for cat, entries in _CUMULATIVE.items():
