@@ -36,6 +36,7 @@ __all__ = ["header_bytes", "ShardWriter", "TensorSpec"]
 _ALIGN = 8
 _KICK = 32 << 20  # start writeback of every this many bytes written
 _SYNC_FILE_RANGE_WRITE = 2
+_WINDOW = 64 << 20  # bytes of a shard part mapped at once (_MappedSink)
 
 
 def _sync_file_range():
@@ -131,15 +132,18 @@ class _BufferedSink:
 
 class _MappedSink:
     """One part of a shard that other jobs write beside it: the part's range is allocated first
-    (posix_fallocate: a full disk is ENOSPC here, never a SIGBUS later), then each write is copied
-    into a shared mapping of just its bytes. Why not pwrite: Linux serialises buffered writes to one
-    file on its inode lock, so 16 jobs writing the 4 shards of a layer ran 4 at a time (measured on
-    the 16-core machine: 16 workers slower than 4). Page faults on a mapping take no such lock."""
+    (posix_fallocate: a full disk is ENOSPC here, never a SIGBUS later), then the writes are copied
+    into a shared mapping of the range, `_WINDOW` bytes at a time. Why not pwrite: Linux serialises
+    buffered writes to one file on its inode lock. Why a window: one mapping per write (thousands
+    per layer) made every job of a process wait on the process's one memory-map lock and interrupt
+    the other cores for each unmap; one window per 64 MiB keeps that rare and the mapped pages (RSS)
+    bounded."""
 
-    def __init__(self, fd: int, offset: int):
-        self._fd, self._offset = fd, offset
+    def __init__(self, fd: int, offset: int, length: int):
+        self._fd, self._offset, self._end = fd, offset, offset + length
         self.direct = False
         self.size = 0
+        self._mm, self._view, self._base = None, None, 0  # the window: file bytes [_base, _base + len(_view))
 
     @classmethod
     def open(cls, path: Path, offset: int, length: int):
@@ -156,29 +160,42 @@ class _MappedSink:
         except BaseException:
             os.close(fd)
             raise
-        return cls(fd, offset)
+        return cls(fd, offset, length)
 
     def write(self, data) -> None:
         src = np.frombuffer(memoryview(data).cast("B"), np.uint8)
         if not src.size:
             return
         start = self._offset + self.size
-        base = start - start % mmap.ALLOCATIONGRANULARITY
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # one fault-in, not one fault per page
-        with mmap.mmap(self._fd, start - base + src.size, flags=flags, offset=base) as mm:
-            dst = np.frombuffer(mm, np.uint8)
-            dst[start - base:] = src  # numpy copies without the GIL (jobs may be threads)
-            del dst  # the mapping cannot close while a view of it exists
+        if self._view is None or start + src.size > self._base + self._view.size:
+            self._map(start, src.size)
+        self._view[start - self._base:start - self._base + src.size] = src  # numpy copies without the GIL
         self.size += src.size
+
+    def _map(self, start: int, need: int) -> None:
+        self._unmap()
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        length = min(max(start - base + need, _WINDOW), self._end - base)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # one fault-in, not one fault per page
+        self._mm = mmap.mmap(self._fd, length, flags=flags, offset=base)
+        self._view, self._base = np.frombuffer(self._mm, np.uint8), base
+
+    def _unmap(self) -> None:
+        if self._mm is not None:
+            self._view = None  # the mapping cannot close while a view of it exists
+            self._mm.close()
+            self._mm = None
 
     def finish(self, *, fsync: bool) -> None:
         try:
+            self._unmap()
             if fsync:
                 os.fsync(self._fd)
         finally:
             self.abort()
 
     def abort(self) -> None:
+        self._unmap()
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
