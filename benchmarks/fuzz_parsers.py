@@ -1,8 +1,8 @@
 """Long fuzz profile of the header parsers and open_checkpoint (the targets of
-tests/reliability/fuzz_targets.py; the CI profile is tests/reliability/test_fuzz_parsers.py).
+tests/helpers/fuzz_targets.py; the CI profile is tests/reliability/test_fuzz_parsers.py).
 
-    nice python benchmarks/fuzz_parsers.py                    # 100000 examples, split over the targets
-    python benchmarks/fuzz_parsers.py --examples 2000 --seed 1
+    nice python -m benchmarks.fuzz_parsers                 # 100000 examples, split over the targets
+    python -m benchmarks.fuzz_parsers --examples 2000 --seed 1
 
 Prints, per target and in total: examples run, failures (must be 0), seconds, and the peak RSS growth.
 Exits 1 when any target fails (each failure is printed with its shrunk input).
@@ -20,10 +20,8 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, given, seed, settings
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "reliability"))
-from fuzz_targets import TARGETS, make_seeds, run_target, strategy
-
 from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.fuzz_targets import TARGETS, make_seeds, run_target, strategy
 
 # share of the examples per target (the header targets are cheap, open_checkpoint reads two shards)
 WEIGHTS = {"header_bytes": 0.35, "header_json": 0.35, "index": 0.15, "configs": 0.15}

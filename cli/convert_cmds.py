@@ -17,11 +17,12 @@ from dsv4_convert.cli.options import (
 )
 from dsv4_convert.cli.report import emit, show_progress
 from dsv4_convert.convert.pipeline import run_conversion
-from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_source
+from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_servable, check_source
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant
+from dsv4_convert.core.units import human_rate, human_size
 from dsv4_convert.formats.padded_layout import layout_record
 from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.runtime.executors import refuse_device
@@ -73,7 +74,7 @@ def _layout(tp, ep) -> tuple[int | None, int]:
 
 
 def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
-         report, executor, device=None, tp=None, ep=None):
+         report, executor, device=None, tp=None, ep=None, allow_unservable=False):
     refuse_device(executor, device)
     tp, ep = _layout(tp, ep)
     force_progress = report.pop("force_progress")
@@ -87,6 +88,8 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         raise UsageError(str(e), error_id="usage.target") from None
     ckpt = open_checkpoint(src)
     check_source(ckpt, quant)
+    if not allow_unservable:
+        check_servable(ckpt)
     if out is not None and not dry_run:  # every path refusal before any work (runtime/paths.py)
         Staging(Path(out), force=force, resume=resume, source=ckpt.root).check()
     plan = build_plan(ckpt, tgt, max_shard_size=parse_size(max_shard_size),
@@ -97,11 +100,10 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         return
     result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force,
                             progress=show_progress(report["quiet"], force_progress), executor=executor)
-    rate = result.bytes_out / max(result.seconds, 1e-9) / 2**20
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
-            f"({result.bytes_out / 2**30:.2f} GiB, {tgt.layout_tag}) in {result.seconds:.1f} s "
-            f"({rate:.0f} MiB/s) -> {result.out}")
+            f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "
+            f"({human_rate(result.bytes_out, result.seconds)}) -> {result.out}")
     emit(result.as_dict(), text + f"\nnext: dsv4-convert validate {result.out} --against {src}", **report)
     if result.lost_scales and not report["quiet"]:
         click.echo(f"warning: {result.lost_scales} NVFP4 scale bytes are negative or too small for "
@@ -130,7 +132,7 @@ def _plan_text(plan, summary: dict) -> str:
         f"target      {summary['marlin_layout']}, {summary['act_dtype']}{' W4A8' if plan.target.w4a8 else ''}",
         f"projections {', '.join(f'{n} {q}' for q, n in summary['projections'].items())}",
         f"tensors     {summary['tensors_in']} in -> {summary['tensors_out']} out, {len(plan.shards)} shards",
-        f"bytes       {summary['bytes_in'] / 2**30:.3f} GiB in -> {summary['bytes_out'] / 2**30:.3f} GiB out",
+        f"bytes       {human_size(summary['bytes_in'])} in -> {human_size(summary['bytes_out'])} out",
     ]
     if plan.tp_layout is not None:
         tp, ep = plan.tp_layout
@@ -153,13 +155,17 @@ def _command(quant: Quant, name: str, suffix: str, repo: str, doc: str):
     @run_options
     @device_option
     @executor_options
+    @click.option("--allow-unservable", is_flag=True, envvar="DSV4_CONVERT_ALLOW_UNSERVABLE",
+                  help="Convert a model family the serving plugins do not load yet (refused by default, with the "
+                       "reason; docs/FORMAT.md lists the families). The output validates and reverses byte for "
+                       "byte, but will not start in the plugins. Env: DSV4_CONVERT_ALLOW_UNSERVABLE=1.")
     def command(src, out, target, act_dtype, tp, ep, workers, max_shard_size, resume, force, dry_run, as_json,
-                report_file, quiet, force_progress, device, executor, w4a8=False):
+                report_file, quiet, force_progress, device, executor, allow_unservable, w4a8=False):
         if out is None and not dry_run:
             raise click.UsageError("missing argument OUT (only --dry-run can do without it)")
         _run(quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
              {"as_json": as_json, "report_file": report_file, "quiet": quiet, "force_progress": force_progress},
-             executor, device, tp, ep)
+             executor, device, tp, ep, allow_unservable)
     return command
 
 

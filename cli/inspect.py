@@ -8,14 +8,15 @@ import click
 
 from dsv4_convert.cli.report import emit, report_options
 from dsv4_convert.core.detect import declared_group_size
+from dsv4_convert.core.dtypes import FP8_DTYPES
 from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Checkpoint
+from dsv4_convert.core.units import human_size
 
 __all__ = ["SCHEMA_VERSION", "inspect", "render_table", "summarize"]
 
 SCHEMA_VERSION = 1
-_FP8 = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ"}
 _QUANT_KEYS = ("quant_method", "quant_algo", "moe_quant_algo", "format", "fmt", "scale_fmt",
                "weight_block_size", "group_size", "expert_dtype", "marlin_layout", "target_engine",
                "source_format", "weight_format")
@@ -30,7 +31,7 @@ Examples:
 
 
 def _category(dtype: str) -> str:
-    return "fp8" if dtype in _FP8 else "bf16" if dtype == "BF16" else "other"
+    return "fp8" if dtype in FP8_DTYPES else "bf16" if dtype == "BF16" else "other"
 
 
 def _layer_key(layer: str):
@@ -109,10 +110,6 @@ def summarize(ckpt: Checkpoint) -> dict:
     }
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.2f} MiB"
-
-
 def render_table(s: dict) -> str:
     """The readable form of `summarize`'s document."""
     rows: list[tuple[str, str]] = [
@@ -135,8 +132,8 @@ def render_table(s: dict) -> str:
     sizes = ", ".join(map(str, s["group_sizes"])) or "-"
     rows.append(("group size", sizes + (f" (declared {declared})" if declared else "")))
     b = s["bytes"]
-    sizes = (f"FP4 experts {_gib(b['fp4_experts'])}, FP8 {_gib(b['fp8'])}, BF16 {_gib(b['bf16'])}, "
-             f"other {_gib(b['other'])}; total {_gib(b['total'])}")
+    sizes = (f"FP4 experts {human_size(b['fp4_experts'])}, FP8 {human_size(b['fp8'])}, BF16 {human_size(b['bf16'])}, "
+             f"other {human_size(b['other'])}; total {human_size(b['total'])}")
     rows.append(("bytes", sizes))
     rows.append(("quantization", ", ".join(f"{k}={v}" for k, v in s["quantization_config"].items()) or "none"))
     if s["hf_quant_config"] is not None:

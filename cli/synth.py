@@ -9,11 +9,21 @@ from pathlib import Path
 import click
 
 from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
-from dsv4_convert.synth import DEFECT_NAMES, MANIFEST, REAL_SIZE, SYNTH_FORMATS, write_synthetic_checkpoint
+from dsv4_convert.core.naming import family_named
+from dsv4_convert.synth import (
+    DEFECT_NAMES,
+    MANIFEST,
+    REAL_SIZE,
+    SYNTH_FAMILIES,
+    SYNTH_FORMATS,
+    write_synthetic_checkpoint,
+)
 from dsv4_convert.synth.defects import DEFECTS
 
 __all__ = ["synth"]
 
+_FAMILY_HELP = "\n".join(
+    f"  {name:<12} {', '.join(fmts):<38} {family_named(name).examples}" for name, fmts in SYNTH_FAMILIES.items())
 _DEFECT_HELP = "\n".join(
     f"  {d.name:<16} {d.doc}" + (f" (layer 0 expert {d.expert} {'/'.join(d.roles)})" if d.expert is not None else "")
     for d in DEFECTS.values())
@@ -37,6 +47,12 @@ Formats (--format):
   mxfp4-gptoss         gpt-oss *_blocks / *_scales, gate/up interleaved row by row
 
 \b
+Model families (--family; real tensor names, config.json and quantisation config of that
+architecture's releases at shrunk sizes; --format picks among the family's formats, the first
+is the default):
+{_FAMILY_HELP}
+
+\b
 Defects (--defect, repeatable; each hits one fixed place, recorded in synth.json):
 {_DEFECT_HELP}
 
@@ -51,6 +67,7 @@ Examples:
   dsv4-convert synth ./tiny-mxfp4 --format mxfp4-dsv4 --mtp --layers 3
   dsv4-convert synth ./bad --format nvfp4-ct --defect nan-scale --defect missing-shard
   dsv4-convert synth ./bench --format mxfp4-dsv4 --real-size
+  dsv4-convert synth ./tiny-qwen3 --family qwen3-moe --format nvfp4-ct
 
 \b
 Exit codes: 0 written, 2 usage error, 5 output cannot be written, 130 interrupted.
@@ -66,8 +83,10 @@ def _advance(bar):
 
 @click.command(help=HELP)
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(SYNTH_FORMATS), default="nvfp4-modelopt-dsv4",
-              show_default=True, help="source format to write")
+@click.option("--format", "fmt", type=click.Choice(SYNTH_FORMATS), default=None,
+              help="source format to write [default: nvfp4-modelopt-dsv4, or the family's first format]")
+@click.option("--family", type=click.Choice(tuple(SYNTH_FAMILIES)), default=None,
+              help="write this model family's names and configs (see the list above)")
 @click.option("--layers", default=2, show_default=True, help="MoE layers")
 @click.option("--experts", default=8, show_default=True, help="routed experts per layer")
 @click.option("--hidden", default=256, show_default=True, help="hidden size H (multiple of 32)")
@@ -82,7 +101,7 @@ def _advance(bar):
 @click.option("--force", is_flag=True, help="replace OUT if it is empty or an earlier synth output")
 @report_options
 @progress_option
-def synth(out, fmt, layers, experts, hidden, intermediate, shards, seed, hash_layers, mtp, defects, real_size,
+def synth(out, fmt, family, layers, experts, hidden, intermediate, shards, seed, hash_layers, mtp, defects, real_size,
           force, as_json, report_file, quiet, force_progress):
     bar = None
     if real_size and show_progress(quiet, force_progress):
@@ -90,16 +109,17 @@ def synth(out, fmt, layers, experts, hidden, intermediate, shards, seed, hash_la
         bar = tqdm(desc="synth", unit="B", unit_scale=True, unit_divisor=1024, leave=False)
     try:
         path = write_synthetic_checkpoint(
-            out, format=fmt, layers=layers, experts=experts, hidden=hidden, intermediate=intermediate,
+            out, format=fmt, family=family, layers=layers, experts=experts, hidden=hidden, intermediate=intermediate,
             shards=shards, seed=seed, mtp=mtp, defects=defects, hash_layers=min(hash_layers, layers),
             real_size=real_size, force=force, progress=None if bar is None else _advance(bar))
     finally:
         if bar is not None:
             bar.close()
     m = json.loads((path / MANIFEST).read_text())
+    fmt = m["format"]
     extra = f", defects: {', '.join(defects)}" if defects else ""
-    emit({"out": str(path), "format": fmt, "files": m["files"], "tensors": m["tensors"],
+    emit({"out": str(path), "format": fmt, "family": family, "files": m["files"], "tensors": m["tensors"],
           "total_size": m["total_size"], "defects": list(defects)},
-         f"wrote {path} ({fmt}{', real size' if real_size else ''}): {len(m['files'])} files, "
+         f"wrote {path} ({fmt}{f', {family}' if family else ''}{', real size' if real_size else ''}): {len(m['files'])} files, "
          f"{m['tensors']} tensors, {m['total_size']:,} bytes{extra}", as_json=as_json, report_file=report_file,
          quiet=quiet)

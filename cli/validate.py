@@ -97,7 +97,7 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
         raise e.error from None  # main() maps it: exit 2 for validate, its JSON object with --json
     if kernel_opts is not None:
         run_kernel_checks(path, opts, report, against=against, kopts=kernel_opts)
-    emit(report.to_json(strict=strict), report.render_text(strict=strict), as_json=as_json,
+    emit(report.to_json(strict=strict), report.render_text(strict=strict, quiet=quiet), as_json=as_json,
          report_file=report_file, quiet=False)  # the findings are validate's result: -q keeps them
     if plot_file:
         from dsv4_convert.validate.plot import plot_report

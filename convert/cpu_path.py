@@ -18,8 +18,9 @@ import os
 import numpy as np
 
 from dsv4_convert.convert.cuda_route import transform_device, weight_words_on_device
+from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
-from dsv4_convert.formats.constants import E8M0_NAN
+from dsv4_convert.formats.constants import E4M3_NAN_BYTES, E8M0_NAN
 from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.marlin_words import a16_forward
 from dsv4_convert.formats.scale_tables import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table
@@ -27,9 +28,7 @@ from dsv4_convert.formats.scale_tables import global_to_marlin, inexact_bytes, p
 __all__ = ["TORCH_ROUTE_ENV", "convert_on_cpu", "load_kernels"]
 
 TORCH_ROUTE_ENV = "DSV4_CONVERT_TORCH_ROUTE"  # "1": every projection takes the torch route (tests compare)
-_WEIGHT_DTYPES = ("U8", "I8")
-_SCALE_DTYPES = {Quant.NVFP4: ("F8_E4M3", "U8", "I8"), Quant.MXFP4: ("F8_E8M0", "U8", "I8")}
-_NAN_BYTES = {Quant.NVFP4: [0x7F, 0xFF], Quant.MXFP4: [E8M0_NAN]}
+_NAN_BYTES = {Quant.NVFP4: list(E4M3_NAN_BYTES), Quant.MXFP4: [E8M0_NAN]}
 
 
 def load_kernels() -> None:
@@ -50,7 +49,7 @@ def _routable(p: Projection, target) -> bool:
         return False
     if target.w4a8 or p.marlin_global is not None:
         return False
-    if p.weight.dtype not in _WEIGHT_DTYPES or p.scale.dtype not in _SCALE_DTYPES[p.quant]:
+    if p.weight.dtype not in WEIGHT_DTYPES or p.scale.dtype not in SCALE_DTYPES[p.quant.value]:
         return False
     return p.quant is Quant.MXFP4 or (p.global_scale is not None and p.global_scale.dtype == "F32")
 

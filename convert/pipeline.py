@@ -20,12 +20,14 @@ from dsv4_convert.convert.cpu_path import convert_on_cpu, load_kernels
 from dsv4_convert.convert.cuda_route import on_gpu
 from dsv4_convert.convert.pieces import Piece, piece_sidecar, seal, split_shards
 from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan
-from dsv4_convert.convert.publish import INDEX, LOST, LOST_SUFFIX, SOURCE_DIR, finalize
+from dsv4_convert.convert.publish import finalize
 from dsv4_convert.convert.safetensors_writer import ShardWriter
 from dsv4_convert.core.errors import Interrupted, OutputError
+from dsv4_convert.core.files import LOST_SUFFIX
 from dsv4_convert.core.reader import TensorReader
 from dsv4_convert.core.rescale import stack_rescale_factors
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
+from dsv4_convert.core.units import human_size
 from dsv4_convert.formats.marlin_words import kernel_threads
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir, job_threads
@@ -33,7 +35,7 @@ from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
 from dsv4_convert.runtime.profiling import mark, profiled_job
 from dsv4_convert.runtime.staging import Staging
 
-__all__ = ["ConvertResult", "run_conversion", "auto_workers", "SOURCE_DIR", "INDEX", "LOST"]
+__all__ = ["ConvertResult", "run_conversion", "auto_workers"]
 
 THREADS_ENV = "DSV4_CONVERT_THREADS"  # "1": the CPU route's jobs in threads too (tests, benchmarks)
 _KILL_ENV = "DSV4_CONVERT_KILL_AT"  # test hook: "n" SIGKILLs this process at the n-th step, "n:INT" sends SIGINT
@@ -215,7 +217,7 @@ def _user_error(e: BaseException, staging_path: Path, plan: ConvertPlan):
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
         return OutputError(f"no space left while writing {staging_path} ({e.strerror}); the partial output "
                            "was removed", error_id="output.disk_full",
-                           hint=f"free at least {_size(plan.output_bytes)}, or choose another OUT")
+                           hint=f"free at least {human_size(plan.output_bytes)}, or choose another OUT")
     if isinstance(e, OSError):
         return OutputError(f"cannot write the output: {e}", error_id="output.io_error",
                            hint="check the OUT location and permissions")
@@ -257,8 +259,3 @@ def _plan_rescale(plan: ConvertPlan, pool) -> dict[str, float]:
     pool.map(_rescale_for, [(str(plan.checkpoint.root), plan.target.act_dtype, ps) for ps in groups.values()],
              factors.update, job_bytes=[sum(p.scale.nbytes for p in ps) for ps in groups.values()])
     return factors
-
-
-def _size(nbytes: int) -> str:
-    """A size to print: never "0.0 GiB" for a small output."""
-    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{max(nbytes / 2**20, 0.1):.1f} MiB"

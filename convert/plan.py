@@ -12,6 +12,7 @@ from dsv4_convert import __version__
 from dsv4_convert.convert.safetensors_writer import TensorSpec
 from dsv4_convert.core.engines import FORMAT_VERSION, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.naming import family_of
 from dsv4_convert.core.rescale import rescales
 from dsv4_convert.core.structure import RULES as STRUCTURE_RULES
 from dsv4_convert.core.structure import model_dims
@@ -29,7 +30,7 @@ from dsv4_convert.formats.constants import MARLIN_TILE_K
 from dsv4_convert.formats.padded_layout import padded_nk, rank_nk
 from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
 
-__all__ = ["check_structure", "refuse_converted", "check_source", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
+__all__ = ["check_structure", "refuse_converted", "check_source", "check_servable", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
            "build_plan", "FORMAT_VERSION",
            "serving_layouts", "layout_tiles"]
 
@@ -209,6 +210,18 @@ def refuse_converted(ckpt: Checkpoint) -> None:
     if ckpt.format is SourceFormat.MARLIN:
         raise ContentError(f"{ckpt.root} is already converted to Marlin", error_id="convert.already_marlin",
                            file="config.json", hint="use it as it is, or `dsv4-convert marlin-to-source` to undo")
+
+
+def check_servable(ckpt: Checkpoint) -> None:
+    """Refuse a model family the serving plugins do not load yet (core/naming.py FAMILIES), with the reason,
+    instead of writing an output that fails at launch."""
+    family = family_of(ckpt.config)
+    if family is not None and not family.servable:
+        raise ContentError(
+            f"{ckpt.root} is a {family.name} checkpoint ({', '.join(family.architectures)}): {family.refusal}",
+            error_id="convert.unservable_family", file="config.json",
+            hint="serve it unconverted, or pass --allow-unservable to convert anyway (the output is validated and "
+                 "reversible, but the plugins will not start it); docs/FORMAT.md lists the families they serve")
 
 
 CONVERT_COMMAND = {Quant.NVFP4: "nvfp4-to-marlin", Quant.MXFP4: "mxfp4-to-marlin"}

@@ -12,16 +12,19 @@ from dsv4_convert import __version__
 from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan
 from dsv4_convert.convert.quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
 from dsv4_convert.convert.serving_notes import serving_markdown
-from dsv4_convert.core.engines import INDEX_FILE
+from dsv4_convert.core.files import (
+    CONFIG,
+    HF_QUANT_CONFIG,
+    INDEX_FILE,
+    LOST,
+    LOST_SUFFIX,
+    SERVING_NOTES,
+    SOURCE_DIR,
+    SOURCE_HEADERS,
+)
 from dsv4_convert.runtime.staging import Staging, write_json_atomic
 
-__all__ = ["INDEX", "LOST", "LOST_SUFFIX", "SOURCE_DIR", "finalize"]
-
-SOURCE_DIR = "dsv4-convert-source"  # originals needed to give the input back byte for byte
-INDEX = INDEX_FILE
-LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
-LOST_SUFFIX = ".lost.safetensors"  # per shard, in staging, merged into LOST at the end
-
+__all__ = ["finalize"]
 
 def finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float], *, step=lambda: None) -> int:
     """Write everything but the shards; returns the number of lost (clamped) scale bytes recorded.
@@ -31,11 +34,11 @@ def finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float], *, 
     src_dir.mkdir(exist_ok=True)
     step()
     for rel in ckpt.other_files:  # tokenizer, generation config, docs: byte-identical copies
-        if rel in ("config.json", "hf_quant_config.json"):
+        if rel in (CONFIG, HF_QUANT_CONFIG):
             continue
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ckpt.root / rel, dst / rel)
-    originals = ["config.json", "hf_quant_config.json"] + ([ckpt.index_file] if ckpt.index_file else [])
+    originals = [CONFIG, HF_QUANT_CONFIG] + ([ckpt.index_file] if ckpt.index_file else [])
     for name in originals:
         if (ckpt.root / name).exists():
             shutil.copyfile(ckpt.root / name, src_dir / name)
@@ -48,15 +51,15 @@ def finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float], *, 
             lost.update(load_file(f))
             f.unlink()
         save_file(lost, src_dir / LOST)
-    (src_dir / "headers.json").write_text(json.dumps(_source_headers(ckpt), indent=1) + "\n")
+    (src_dir / SOURCE_HEADERS).write_text(json.dumps(_source_headers(ckpt), indent=1) + "\n")
     block = marlin_quant_config(plan, ckpt.config.get("quantization_config"), ckpt.hf_quant_config, rescale)
-    (dst / "config.json").write_text(rewrite_config(ckpt.config, block))
+    (dst / CONFIG).write_text(rewrite_config(ckpt.config, block))
     if ckpt.hf_quant_config is not None:
-        (dst / "hf_quant_config.json").write_text(rewrite_hf_quant_config(ckpt.hf_quant_config, block))
+        (dst / HF_QUANT_CONFIG).write_text(rewrite_hf_quant_config(ckpt.hf_quant_config, block))
     step()
     weight_map = {o.spec.name: s.file for s in plan.shards for o in s.tensors}
-    write_json_atomic(dst / INDEX, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
-    (dst / "SERVING.md").write_text(serving_markdown(plan, staging.out.name))
+    write_json_atomic(dst / INDEX_FILE, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
+    (dst / SERVING_NOTES).write_text(serving_markdown(plan, staging.out.name))
     step()
     manifest = {"format_version": FORMAT_VERSION, "producer": {"name": "dsv4-convert", "version": __version__},
                 "fingerprint": staging.fingerprint, "marlin_layout": plan.target.layout_tag,

@@ -20,8 +20,19 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from dsv4_convert.convert.pipeline import INDEX, LOST, SOURCE_DIR, _report
+from dsv4_convert.convert.pipeline import _report
 from dsv4_convert.core.errors import ContentError, InputError
+from dsv4_convert.core.files import (
+    CONFIG,
+    HF_QUANT_CONFIG,
+    INDEX_FILE,
+    LOST,
+    MANIFEST,
+    MARKER,
+    SERVING_NOTES,
+    SOURCE_DIR,
+    SOURCE_HEADERS,
+)
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.safetensors_header import parse_header
@@ -32,12 +43,11 @@ from dsv4_convert.formats.padded_layout import read_layout_record, unpad_source
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
-from dsv4_convert.runtime.paths import MARKER
-from dsv4_convert.runtime.staging import MANIFEST, Staging
+from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
 
-_GENERATED = {"config.json", "hf_quant_config.json", INDEX, "SERVING.md", MANIFEST, MARKER}
+_GENERATED = {CONFIG, HF_QUANT_CONFIG, INDEX_FILE, SERVING_NOTES, MANIFEST, MARKER}
 
 
 @dataclass
@@ -131,12 +141,12 @@ def _place(run: RunDir, staging: Staging, file: str, size: int) -> None:
 
 def _load_record(root: Path):
     sdir = root / SOURCE_DIR
-    if not (sdir / "headers.json").exists():
-        raise ContentError(f"{sdir / 'headers.json'} is missing", error_id="reverse.no_source_record",
-                           file=str(sdir / "headers.json"),
+    if not (sdir / SOURCE_HEADERS).exists():
+        raise ContentError(f"{sdir / SOURCE_HEADERS} is missing", error_id="reverse.no_source_record",
+                           file=str(sdir / SOURCE_HEADERS),
                            hint="only a complete dsv4-convert output can be reversed; convert again from the source")
-    config = _record_json(sdir / "config.json", dict)
-    recorded = _record_json(sdir / "headers.json", dict)
+    config = _record_json(sdir / CONFIG, dict)
+    recorded = _record_json(sdir / SOURCE_HEADERS, dict)
     try:
         lost = load_file(sdir / LOST) if (sdir / LOST).exists() else {}
     except Exception as e:  # safetensors raises its own error type for a damaged file
@@ -146,7 +156,7 @@ def _load_record(root: Path):
         # a name from the record becomes a path under OUT: a plain shard name only, never ../ or a dir
         if not (isinstance(text, str) and file.endswith(".safetensors") and Path(file).name == file
                 and file not in (".", "..")):
-            _bad_record(sdir / "headers.json", f"entry {file!r} is not a shard name -> header text pair")
+            _bad_record(sdir / SOURCE_HEADERS, f"entry {file!r} is not a shard name -> header text pair")
         raw = text.encode()
         prefix = len(raw).to_bytes(8, "little") + raw
         shards[file] = (prefix, parse_header(prefix, file_size=len(prefix), file=file, allow_truncated=True)[0])
@@ -199,7 +209,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         layout = read_layout_record(block)
     except (KeyError, ValueError) as e:
         raise ContentError(f"config.json quantization_config is not a dsv4-convert block ({e})",
-                           error_id="reverse.bad_config", file="config.json",
+                           error_id="reverse.bad_config", file=CONFIG,
                            hint="was this checkpoint written by dsv4-convert? (format_version 1 or 2)") from None
     shards, config, lost = _load_record(ckpt.root)
     original = {name: ref for _, refs in shards.values() for name, ref in refs.items()}
@@ -238,7 +248,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
                 continue
             (staging.path / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ckpt.root / rel, staging.path / rel)
-        for name in ("config.json", "hf_quant_config.json", INDEX):
+        for name in (CONFIG, HF_QUANT_CONFIG, INDEX_FILE):
             if (ckpt.root / SOURCE_DIR / name).exists():
                 shutil.copyfile(ckpt.root / SOURCE_DIR / name, staging.path / name)
         # the marker: "dsv4-convert wrote this directory", so a later --force may replace it

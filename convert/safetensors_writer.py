@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dsv4_convert.core.tensor_model import DTYPE_SIZES
+from dsv4_convert.core.dtypes import DTYPE_SIZES
 from dsv4_convert.runtime import direct_io
 from dsv4_convert.runtime.digest import new_hash
 

@@ -13,7 +13,8 @@ from dsv4_convert.core.reader import TensorReader, load_projection
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat
-from dsv4_convert.formats.constants import E8M0_NAN
+from dsv4_convert.formats.constants import E4M3_NAN_BYTES, E8M0_NAN
+from dsv4_convert.formats.e4m3 import e4m3_is_nan
 from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.marlin import (
     mxfp4_source_for,
@@ -72,9 +73,9 @@ def _refuse_nan_scales(p: Projection, scale: torch.Tensor) -> None:
     token through that channel; a converter that exists to fail early refuses them."""
     b = scale.view(torch.uint8)
     present = _present(b)  # one pass over the bytes; the mask below only for the rare error
-    if not (present[[0x7F, 0xFF]].any() if p.quant is Quant.NVFP4 else present[E8M0_NAN]):
+    if not (present[list(E4M3_NAN_BYTES)].any() if p.quant is Quant.NVFP4 else present[E8M0_NAN]):
         return
-    nan = (b & 0x7F) == 0x7F if p.quant is Quant.NVFP4 else b == E8M0_NAN
+    nan = e4m3_is_nan(b) if p.quant is Quant.NVFP4 else b == E8M0_NAN
     if nan.any():
         first = [int(i) for i in torch.nonzero(nan)[0]]
         raise ValueError(f"{int(nan.sum())} block scales are NaN (first at {first})")

@@ -1,5 +1,5 @@
 """Source-format detection (ordered detectors, most specific first); grouping of the expert tensors
-into FP4 Projections is core/grouping.py. Facts: spec CHECKPOINT_FORMATS.md §3-§7 and docs/FORMAT.md.
+into FP4 Projections is core/grouping.py. Facts: docs/spec/CHECKPOINT_FORMATS.md §3-§7 and docs/FORMAT.md.
 
 Only headers and config files are used. Grouping decides each projection's quant from the tensors
 actually present (a ModelOpt DeepSeek-V4 NVFP4 checkpoint keeps its MTP experts in MXFP4), checks
@@ -10,13 +10,22 @@ attention) are never grouped, so their FP8 `.scale` tensors stay passthrough.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 
 from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.naming import (
+    E8M0,
+    PACKED,
+    PER_EXPERT,
+    SCHEMES,
+    Scheme,
+    first_expert_like,
+    logical_k,
+    parse_expert_name,
+    unknown_part,
+)
 from dsv4_convert.core.tensor_model import Quant, SourceFormat, TensorRef
-from dsv4_convert.core.tensor_names import DS_NAME, E8M0, GPTOSS_NAME, HF_NAME, PACKED, logical_k
 
 __all__ = ["ALLOWED_QUANTS", "DETECTORS", "declared_group_size", "detect_format"]
 
@@ -76,12 +85,25 @@ def declared_group_size(config: Mapping, hf_quant_config: Mapping | None) -> tup
     return None
 
 
-def _has(tensors: Mapping[str, TensorRef], pattern: re.Pattern, suffixes: tuple[str, ...] | None = None) -> bool:
+def _schemes(*names: str) -> tuple[Scheme, ...]:
+    return tuple(s for s in SCHEMES if s.name in names)
+
+
+_DS = _schemes("deepseek")
+_GPTOSS = _schemes("gpt-oss")
+_PER_EXPERT = tuple(s for s in SCHEMES if s.layout == PER_EXPERT)
+# ModelOpt's Hugging Face exports: every scheme but DeepSeek-V4's own names and gpt-oss's MXFP4 stacks
+_HF = tuple(s for s in SCHEMES if s not in _DS + _GPTOSS)
+
+
+def _has(tensors: Mapping[str, TensorRef], schemes: tuple[Scheme, ...],
+         suffixes: tuple[str, ...] | None = None) -> Scheme | None:
+    """The first scheme of `schemes` that spells some tensor (with one of `suffixes`), or None."""
     for name in tensors:
-        m = pattern.match(name)
-        if m and (suffixes is None or m.group("suffix") in suffixes):
-            return True
-    return False
+        parsed = parse_expert_name(name, schemes)
+        if parsed is not None and (suffixes is None or parsed.suffix in suffixes):
+            return parsed.scheme
+    return None
 
 
 # -------------------------------------------------------------------------------------------- detectors
@@ -94,10 +116,8 @@ def _marlin(config, hfq, tensors) -> str | None:
 def _modelopt_dsv4(config, hfq, tensors) -> str | None:
     qc, q = _qc(config), _hfq(hfq)
     in_config = _lower(qc.get("quant_method")) == "fp8" and _upper(qc.get("moe_quant_algo")) == "NVFP4"
-    layers = q.get("quantized_layers") if isinstance(q.get("quantized_layers"), dict) else {}
-    in_hfq = _upper(q.get("quant_algo")) == "MIXED_PRECISION" and any(
-        isinstance(v, dict) and _upper(v.get("quant_algo")) in _NVFP4_ALGOS for v in layers.values())
-    if (in_config or in_hfq) and _has(tensors, DS_NAME, _WEIGHT_SUFFIXES):
+    in_hfq = _mixed_nvfp4(q)
+    if (in_config or in_hfq) and _has(tensors, _DS, _WEIGHT_SUFFIXES):
         why = "quant_method fp8 + moe_quant_algo NVFP4" if in_config else \
             "hf_quant_config MIXED_PRECISION with NVFP4 quantized_layers"
         return f"{why}, DeepSeek expert names (layers.L.ffn.experts.E.w1/w2/w3)"
@@ -109,31 +129,44 @@ def _modelopt_hf(config, hfq, tensors) -> str | None:
     signal = None
     if _lower(qc.get("quant_method")) == "modelopt":
         signal = f"quant_method modelopt, quant_algo {qc.get('quant_algo')}"
-    elif _upper(q.get("quant_algo")) in _NVFP4_ALGOS:
+    elif _upper(q.get("quant_algo")) in _NVFP4_ALGOS or _mixed_nvfp4(q):
         signal = f"hf_quant_config quant_algo {q.get('quant_algo')}"
-    if signal and _has(tensors, HF_NAME, ("weight",)):
-        return f"{signal}, Hugging Face expert names (model.layers.L.mlp.experts.E.*_proj)"
+    scheme = signal and _has(tensors, _HF, ("weight",))
+    if scheme:
+        return f"{signal}, {scheme.name} expert names ({_spelling(scheme)})"
     return None
+
+
+def _mixed_nvfp4(q: Mapping) -> bool:
+    layers = q.get("quantized_layers") if isinstance(q.get("quantized_layers"), dict) else {}
+    return _upper(q.get("quant_algo")) == "MIXED_PRECISION" and any(
+        isinstance(v, dict) and _upper(v.get("quant_algo")) in _NVFP4_ALGOS for v in layers.values())
+
+
+def _spelling(scheme: Scheme) -> str:
+    index = ".E" if scheme.layout == PER_EXPERT else ""
+    return f"{scheme.layer_prefixes[0]}.L.{scheme.module}{index}.{'/'.join(scheme.roles)}"
 
 
 def _ct(fmt: str) -> Callable:
     def detector(config, hfq, tensors) -> str | None:
         qc = _qc(config)
-        if _lower(qc.get("quant_method")) == "compressed-tensors" and fmt in _ct_formats(qc) and (
-                _has(tensors, HF_NAME, ("weight_packed",)) or _has(tensors, DS_NAME, ("weight_packed",))):
-            return f"quant_method compressed-tensors, format {fmt}, weight_packed expert tensors"
+        scheme = _lower(qc.get("quant_method")) == "compressed-tensors" and fmt in _ct_formats(qc) and _has(
+            tensors, _PER_EXPERT, ("weight_packed",))
+        if scheme:
+            return f"quant_method compressed-tensors, format {fmt}, weight_packed expert tensors ({scheme.name} names)"
         return None
     return detector
 
 
 def _gptoss(config, hfq, tensors) -> str | None:
-    if _lower(_qc(config).get("quant_method")) == "mxfp4" and any(GPTOSS_NAME.match(n) for n in tensors):
+    if _lower(_qc(config).get("quant_method")) == "mxfp4" and _has(tensors, _GPTOSS):
         return "quant_method mxfp4, stacked *_blocks / *_scales experts (gpt-oss)"
     return None
 
 
 def _dsv4_native(config, hfq, tensors) -> str | None:
-    if _expert_dtype(config) == "fp4" and _has(tensors, DS_NAME, ("weight",)):
+    if _expert_dtype(config) == "fp4" and _has(tensors, _DS, ("weight",)):
         return "expert_dtype fp4, DeepSeek expert names with .scale siblings"
     return None
 
@@ -163,7 +196,7 @@ _TRUNK_QUANT = {SourceFormat.NVFP4_MODELOPT_DSV4: Quant.NVFP4, SourceFormat.NVFP
 
 def _looked_at(config: Mapping, hfq: Mapping | None, tensors: Mapping[str, TensorRef]) -> str:
     qc, q = _qc(config), _hfq(hfq)
-    sample = next((n for n in tensors if ".experts." in n), None)
+    sample = first_expert_like(tensors)
     return (f"config.json quantization_config.quant_method={qc.get('quant_method')!r}, "
             f"moe_quant_algo={qc.get('moe_quant_algo')!r}, format={qc.get('format')!r}, "
             f"expert_dtype={_expert_dtype(config) or None!r}; hf_quant_config.json "
@@ -180,12 +213,27 @@ def detect_format(config: Mapping, hf_quant_config: Mapping | None,
         if reason:
             _check_consistency(fmt, config, hf_quant_config, tensors)
             return fmt, reason
-    hint = "dsv4-convert reads DeepSeek-V4 MXFP4, ModelOpt NVFP4, compressed-tensors NVFP4/MXFP4, " \
-           "gpt-oss MXFP4 and its own Marlin output"
+    hint = _unknown_hint(config, hf_quant_config, tensors)
     if _expert_dtype(config) == "fp8":
         hint = "this checkpoint's experts are FP8 (expert_dtype fp8, e.g. a -Base model): nothing to repack"
     raise ContentError(f"cannot tell the FP4 expert format; looked at: {_looked_at(config, hf_quant_config, tensors)}",
                        error_id="detect.unknown_format", hint=hint)
+
+
+def _unknown_hint(config: Mapping, hfq: Mapping | None, tensors: Mapping[str, TensorRef]) -> str:
+    """Name the cause: an expert path no naming scheme knows, or else a quantisation config no detector reads."""
+    sample = first_expert_like(tensors)
+    known = "; ".join(f"{s.name}: {_spelling(s)}" for s in SCHEMES)
+    if sample is None:
+        return ("no tensor has an `experts` module, so there are no routed experts to repack (dsv4-convert "
+                f"converts MoE expert tensors named by one of: {known})")
+    if parse_expert_name(sample) is None:
+        return (f"the expert tensor {sample!r} is not understood: {unknown_part(sample)}. dsv4-convert reads the "
+                f"expert naming schemes {known} (docs/FORMAT.md, Model families)")
+    return ("the expert names are known, but the quantization config is not one dsv4-convert reads: DeepSeek-V4 "
+            "MXFP4 (expert_dtype fp4), ModelOpt NVFP4 (quant_method modelopt or hf_quant_config.json NVFP4 / "
+            "MIXED_PRECISION), compressed-tensors nvfp4/mxfp4-pack-quantized, gpt-oss mxfp4, or its own Marlin "
+            "output")
 
 
 def _check_consistency(fmt: SourceFormat, config, hfq, tensors) -> None:
@@ -194,9 +242,9 @@ def _check_consistency(fmt: SourceFormat, config, hfq, tensors) -> None:
         return
     found = None
     for name, ref in tensors.items():
-        m = DS_NAME.match(name) or HF_NAME.match(name)
-        if m and m.group("suffix") in _WEIGHT_SUFFIXES and ref.dtype in PACKED and not name.startswith("mtp."):
-            found = _sibling_quant(m.group("prefix"), ref, tensors)
+        parsed = parse_expert_name(name, _PER_EXPERT)
+        if parsed and parsed.suffix in _WEIGHT_SUFFIXES and ref.dtype in PACKED and not parsed.layer.startswith("mtp."):
+            found = _sibling_quant(parsed.prefix, ref, tensors)
             if found:
                 break
     if found is None:

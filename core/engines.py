@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from dsv4_convert.formats import tiles
 
 __all__ = [
-    "ACT_DTYPES", "ENGINES", "FORMAT_VERSION", "INDEX_FILE", "LAYOUTS", "MXFP4_NEEDS_BF16", "QUANT_METHOD",
+    "ACT_DTYPES", "ENGINES", "FORMAT_VERSION", "LAYOUTS", "MXFP4_NEEDS_BF16", "QUANT_METHOD",
     "READABLE_FORMAT_VERSIONS", "EngineFacts", "engine_facts", "launch_command", "mxfp4_dtype_problem",
     "registration_log_line", "version_tuple",
 ]
@@ -21,7 +21,6 @@ QUANT_METHOD = "marlin_fp4"  # config.json quantization_config.quant_method of a
 # `--tp/--ep` conversion, the one padded layout it was written for ("tp_layout"). 1: neither.
 FORMAT_VERSION = 2
 READABLE_FORMAT_VERSIONS = (1, 2)
-INDEX_FILE = "model.safetensors.index.json"
 ACT_DTYPES = ("bfloat16", "float16")
 MXFP4_NEEDS_BF16 = ("MXFP4 Marlin runs with bfloat16 activations only (vLLM compiles no fp16 MXFP4 kernel; "
                     "SGLang would push the E8M0 scales through fp16 and destroy them)")
@@ -46,7 +45,7 @@ class EngineFacts:
 
 
 ENGINES = {
-    # vllm-L4: vLLM >= 0.20 (MARLIN_FP4.md §9), verified on 0.33.0
+    # vllm-L4: vLLM >= 0.20 (docs/spec/MARLIN_FP4.md §9), verified on 0.33.0
     "vllm": EngineFacts("vllm", "vllm-L4", (0, 20, 0), "0.33.0", True, "--moe-backend marlin",
                         "--gpu-memory-utilization", "vllm serve {path}", "--tensor-parallel-size",
                         "--enable-expert-parallel", "F32"),

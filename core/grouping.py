@@ -12,8 +12,20 @@ from dataclasses import dataclass
 
 from dsv4_convert.core.detect import ALLOWED_QUANTS
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.naming import (
+    E8M0,
+    K_MAJOR,
+    PACKED,
+    PER_EXPERT,
+    ROLE_ORDER,
+    SCHEMES,
+    STACKED,
+    ExpertName,
+    logical_k,
+    parse_expert_name,
+    per_expert_key,
+)
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
-from dsv4_convert.core.tensor_names import DS_NAME, E8M0, GPTOSS_NAME, HF_NAME, PACKED, ROLE_ORDER, ROLES, logical_k
 
 __all__ = ["group_projections"]
 
@@ -30,11 +42,9 @@ class _Parts:
 def group_projections(fmt: SourceFormat, config: Mapping,
                       tensors: Mapping[str, TensorRef]) -> tuple[Projection, ...]:
     """Every FP4 expert projection, sorted by (trunk layers, MTP layers), expert, gate/up/down."""
-    if fmt is SourceFormat.MXFP4_GPTOSS:
-        projections = _group_gptoss(tensors)
-    else:
-        projections = [p for parts in _collect(tensors).values()
-                       if (p := _projection(fmt, parts)) is not None]
+    projections = [p for parts in _collect(tensors).values() if (p := _projection(fmt, parts)) is not None]
+    if fmt is not SourceFormat.MARLIN:
+        projections += _group_stacked(tensors)
     allowed = ALLOWED_QUANTS[fmt]
     for p in projections:
         if p.quant not in allowed:
@@ -51,17 +61,19 @@ def _sort_key(p: Projection):
     return (mtp, int(p.layer.split(".")[-1]), p.expert, ROLE_ORDER[p.role])
 
 
+_PER_EXPERT = tuple(s for s in SCHEMES if s.layout == PER_EXPERT)
+_STACKED = tuple(s for s in SCHEMES if s.layout == STACKED)
+
+
 def _collect(tensors: Mapping[str, TensorRef]) -> dict[str, _Parts]:
     groups: dict[str, _Parts] = {}
     for name, ref in tensors.items():
-        m = DS_NAME.match(name) or HF_NAME.match(name)
-        if not m:
+        parsed = parse_expert_name(name, _PER_EXPERT)
+        if parsed is None:
             continue
-        prefix = m.group("prefix")
-        if prefix not in groups:
-            layer = m.group("layer") if m.groupdict().get("mtp") is None else f"mtp.{m.group('mtp')}"
-            groups[prefix] = _Parts(prefix, layer, int(m.group("expert")), ROLES[m.group("proj")], {})
-        groups[prefix].refs[m.group("suffix")] = ref
+        if parsed.prefix not in groups:
+            groups[parsed.prefix] = _Parts(parsed.prefix, parsed.layer, parsed.expert, parsed.role, {})
+        groups[parsed.prefix].refs[parsed.suffix] = ref
     return groups
 
 
@@ -161,37 +173,48 @@ def _marlin_projection(parts: _Parts, weight: TensorRef) -> Projection | None:
                       marlin_global=refs.get("weight_global_scale"))
 
 
-def _group_gptoss(tensors: Mapping[str, TensorRef]) -> list[Projection]:
-    stacks: dict[tuple[str, str], dict[str, TensorRef]] = {}
+def _group_stacked(tensors: Mapping[str, TensorRef]) -> list[Projection]:
+    """Projections of stacked schemes (all experts of a layer in one tensor), by the naming table."""
+    stacks: dict[tuple[str, str], dict[str, TensorRef]] = {}  # (stack base, scheme) -> part -> ref
+    parsed_of = {}
     for name, ref in tensors.items():
-        m = GPTOSS_NAME.match(name)
-        if m:
-            stacks.setdefault((m.group("layer"), m.group("proj")), {})[m.group("kind")] = ref
-    out = []
-    for (layer, proj), kinds in stacks.items():
-        blocks, scales = kinds.get("blocks"), kinds.get("scales")
-        if blocks is None or scales is None:
-            have = blocks or scales
-            raise ContentError(f"{have.name} has no {'scales' if blocks else 'blocks'} sibling",
-                               error_id="group.missing_scale" if blocks else "group.scale_without_weight",
-                               tensor=have.name, file=have.file, hint="the checkpoint is incomplete")
-        if blocks.dtype != "U8" or len(blocks.shape) != 4 or blocks.shape[-1] != 16:
-            raise _shape_error(blocks, ["E", "rows", "K/32", 16], "gpt-oss *_blocks are U8",
-                               error_id="group.weight_shape")
-        e, rows, kb, _ = blocks.shape
-        if scales.dtype != "U8" or list(scales.shape) != [e, rows, kb]:
-            raise _shape_error(scales, [e, rows, kb], f"{blocks.name} {list(blocks.shape)}; *_scales are U8 "
-                               "[E, rows, K/32]", error_id="group.scale_shape")
-        fused = proj == "gate_up_proj"
-        if fused and rows % 2:
-            raise _shape_error(blocks, [e, "2I", kb, 16], "gate and up rows are interleaved",
-                               error_id="group.weight_shape")
-        parts = ((Role.GATE, "gate_proj", 0), (Role.UP, "up_proj", 1)) if fused else ((Role.DOWN, "down_proj", 0),)
-        step = 2 if fused else 1
-        for ex in range(e):
-            for role, hf_name, start in parts:
-                out.append(Projection(
-                    key=f"model.layers.{layer}.mlp.experts.{ex}.{hf_name}", layer=layer, expert=ex, role=role,
-                    quant=Quant.MXFP4, n=rows // step, k=kb * 32, weight=blocks, scale=scales,
-                    expert_index=ex, row_start=start, row_step=step))
+        parsed = parse_expert_name(name, _STACKED)
+        if parsed is not None:
+            stacks.setdefault(parsed.prefix, {})[parsed.suffix] = ref
+            parsed_of[parsed.prefix] = parsed
+    out: list[Projection] = []
+    for base, parts in stacks.items():
+        parsed = parsed_of[base]
+        if parsed.scheme.orientation == K_MAJOR:
+            ref = parts.get("weight") or next(iter(parts.values()))
+            raise ContentError(
+                f"{ref.name}: {parsed.scheme.name} experts (all experts in one K-major tensor) are recognised but "
+                "not convertible yet", error_id="group.unsupported_layout", tensor=ref.name, file=ref.file,
+                hint="serve this checkpoint unconverted; docs/FORMAT.md lists the families dsv4-convert converts")
+        out.extend(_gptoss_projections(parsed, parts))
     return out
+
+
+def _gptoss_projections(parsed: ExpertName, parts: dict[str, TensorRef]) -> list[Projection]:
+    blocks, scales = parts.get("weight"), parts.get("scale")
+    if blocks is None or scales is None:
+        have = blocks or scales
+        raise ContentError(f"{have.name} has no {'scales' if blocks else 'blocks'} sibling",
+                           error_id="group.missing_scale" if blocks else "group.scale_without_weight",
+                           tensor=have.name, file=have.file, hint="the checkpoint is incomplete")
+    if blocks.dtype != "U8" or len(blocks.shape) != 4 or blocks.shape[-1] != 16:
+        raise _shape_error(blocks, ["E", "rows", "K/32", 16], "gpt-oss *_blocks are U8",
+                           error_id="group.weight_shape")
+    e, rows, kb, _ = blocks.shape
+    if scales.dtype != "U8" or list(scales.shape) != [e, rows, kb]:
+        raise _shape_error(scales, [e, rows, kb], f"{blocks.name} {list(blocks.shape)}; *_scales are U8 "
+                           "[E, rows, K/32]", error_id="group.scale_shape")
+    roles = parsed.scheme.roles[parsed.proj]
+    if rows % len(roles):
+        raise _shape_error(blocks, [e, "2I", kb, 16], "gate and up rows are interleaved",
+                           error_id="group.weight_shape")
+    step = len(roles)
+    return [Projection(key=per_expert_key(parsed.container, ex, role), layer=parsed.layer, expert=ex, role=role,
+                       quant=Quant.MXFP4, n=rows // step, k=kb * 32, weight=blocks, scale=scales,
+                       expert_index=ex, row_start=start, row_step=step)
+            for ex in range(e) for start, role in enumerate(roles)]

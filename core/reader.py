@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from dsv4_convert.core.detect import detect_format
-from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import InputError, UsageError
+from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG, INDEX_FILE, SINGLE_FILE
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.index import check_index, listing, natural_key, read_json, read_weight_map
 from dsv4_convert.core.safetensors_header import read_header
@@ -27,8 +27,6 @@ from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Source
 
 __all__ = [
     "HUB_PATTERNS",
-    "INDEX_FILE",
-    "SINGLE_FILE",
     "ProjectionData",
     "TensorReader",
     "load_projection",
@@ -36,7 +34,6 @@ __all__ = [
     "resolve_source",
 ]
 
-SINGLE_FILE = "model.safetensors"
 # What a hub download fetches: configs, weights, index, tokenizer and docs; never other artefacts.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.md", "*.txt", "*.model", "*.tiktoken", "*.py", "*.jinja"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
@@ -98,10 +95,10 @@ def open_checkpoint(source: str | Path) -> Checkpoint:
     group the FP4 projections. Raises InputError for unreadable input and ContentError for content
     that is not a checkpoint this tool understands."""
     root = resolve_source(source)
-    config = read_json(root / "config.json", missing_id="config.missing", bad_id="config.not_json",
-                       what="config.json")
-    hf_quant = read_json(root / "hf_quant_config.json", missing_id=None, bad_id="hf_quant_config.not_json",
-                         what="hf_quant_config.json")
+    config = read_json(root / CONFIG, missing_id="config.missing", bad_id="config.not_json",
+                       what=CONFIG)
+    hf_quant = read_json(root / HF_QUANT_CONFIG, missing_id=None, bad_id="hf_quant_config.not_json",
+                         what=HF_QUANT_CONFIG)
     if (root / INDEX_FILE).exists():
         weight_map = read_weight_map(root)
         shards = sorted(set(weight_map.values()), key=natural_key)

@@ -1,6 +1,6 @@
 """Strict safetensors header parser (no torch): 8-byte little-endian length, JSON header, data buffer.
 
-Every rule of the format is checked (spec CHECKPOINT_FORMATS.md §2.1) so that a corrupt or truncated
+Every rule of the format is checked (docs/spec/CHECKPOINT_FORMATS.md §2.1) so that a corrupt or truncated
 shard fails here, naming the file, the tensor and the fix, instead of producing a wrong tensor later:
 known dtypes, shape x element size == byte range, offsets contiguous from 0 (no hole, no overlap),
 the data buffer exactly covered (no trailing bytes) and inside the file, no duplicate keys,
@@ -18,14 +18,14 @@ import os
 import struct
 from pathlib import Path
 
+from dsv4_convert.core.dtypes import DTYPE_SIZES, SUB_BYTE_BITS
 from dsv4_convert.core.errors import InputError
-from dsv4_convert.core.tensor_model import DTYPE_SIZES, TensorRef
+from dsv4_convert.core.tensor_model import TensorRef
 
 __all__ = ["MAX_HEADER_SIZE", "dtype_bits", "parse_header", "read_header"]
 
 MAX_HEADER_SIZE = 100_000_000  # the reference implementation's hard limit
 _MAX_NUMEL = 1 << 64  # no file holds more elements; stopping here also bounds the work on forged shapes
-_SUB_BYTE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 _ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
 _REWRITE = "re-download or re-export this shard; a safetensors writer never produces this"
 
@@ -34,7 +34,7 @@ def dtype_bits(dtype: str) -> int | None:
     """Bits per element of a safetensors dtype string, or None when unknown."""
     if dtype in DTYPE_SIZES:
         return DTYPE_SIZES[dtype] * 8
-    return _SUB_BYTE_BITS.get(dtype)
+    return SUB_BYTE_BITS.get(dtype)
 
 
 def _err(error_id: str, message: str, *, file: str, tensor: str | None = None,
@@ -92,7 +92,7 @@ def _parse_entry(name: str, entry: object, *, file: str) -> tuple[str, tuple[int
                    f"0 <= begin <= end, found {offsets!r}", file=file, tensor=name)
     bits = dtype_bits(dtype)
     if bits is None:
-        known = ", ".join(sorted([*DTYPE_SIZES, *_SUB_BYTE_BITS]))
+        known = ", ".join(sorted([*DTYPE_SIZES, *SUB_BYTE_BITS]))
         raise _err("header.unknown_dtype", f"tensor {name!r} has unknown dtype {dtype!r} (known: {known})",
                    file=file, tensor=name,
                    hint="upgrade dsv4-convert if this is a newer safetensors dtype, else re-export the shard")

@@ -12,14 +12,7 @@ from pathlib import Path
 
 from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
 
-__all__ = ["SourceFormat", "Quant", "Role", "TensorRef", "Projection", "Checkpoint", "DTYPE_SIZES", "MoeLayer", "moe_layers"]
-
-# safetensors dtype string -> bytes per element (F4 is handled as packed bytes, never written by us)
-DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F8_E4M3FNUZ": 1,
-    "F8_E5M2FNUZ": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4,
-    "I64": 8, "U64": 8, "F64": 8, "C64": 8,
-}
+__all__ = ["SourceFormat", "Quant", "Role", "TensorRef", "Projection", "Checkpoint", "MoeLayer", "moe_layers"]
 
 
 class SourceFormat(str, Enum):

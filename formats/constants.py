@@ -1,7 +1,7 @@
 """The one table of numeric facts the codecs share. Everything else derives from these."""
 
 __all__ = [
-    "E2M1_VALUES", "E2M1_MAX", "E4M3_MAX", "E8M0_BIAS", "E8M0_NAN", "NVFP4_GROUP", "MXFP4_GROUP",
+    "E2M1_VALUES", "E2M1_MAX", "E4M3_MAX", "E4M3_NAN_BITS", "E4M3_NAN_BYTES", "E8M0_BIAS", "E8M0_NAN", "NVFP4_GROUP", "MXFP4_GROUP",
     "MARLIN_TILE_K", "MARLIN_TILE_N", "W4A8_TILE", "W4A8_E8M0_OFFSET", "W4A8_MAX_SOURCE_BYTE",
     "S0E5M3_MULTIPLIER", "S0E5M3_MIN", "VLLM_RESCALE_TARGET", "ACT_EXPONENT_BIAS",
 ]
@@ -10,6 +10,8 @@ __all__ = [
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
+E4M3_NAN_BITS = 0x7F  # e4m3fn NaN is S.1111.111; it has no infinity
+E4M3_NAN_BYTES = (E4M3_NAN_BITS, 0x80 | E4M3_NAN_BITS)  # 0x7F and 0xFF
 E8M0_BIAS = 127  # byte e means 2**(e - 127)
 E8M0_NAN = 0xFF
 

@@ -1,4 +1,4 @@
-"""FP8-E4M3 block scales and Marlin's S0E5M3 re-encoding of them (spec MARLIN_FP4.md §3.3).
+"""FP8-E4M3 block scales and Marlin's S0E5M3 re-encoding of them (docs/spec/MARLIN_FP4.md §3.3).
 
 S0E5M3 byte = bits 14..7 of the fp16 pattern of (scale x 128): a 5-bit exponent and 3 mantissa
 bits with the sign dropped. The kernel rebuilds the half as byte << 7. The bytes are stored in a
@@ -7,10 +7,9 @@ float8_e4m3fn tensor but are not E4M3 values.
 
 import torch
 
-__all__ = ["E4M3_NAN_BITS", "as_e4m3", "e4m3_is_nan", "e4m3_to_float", "half_to_s0e5m3", "s0e5m3_to_half"]
+from dsv4_convert.formats.constants import E4M3_NAN_BITS
 
-E4M3_NAN_BITS = 0x7F  # e4m3fn NaN is S.1111.111 (bytes 0x7F and 0xFF); it has no infinity
-
+__all__ = ["as_e4m3", "e4m3_is_nan", "e4m3_to_float", "half_to_s0e5m3", "s0e5m3_to_half"]
 
 def e4m3_is_nan(b):
     """Mask of the NaN bytes of E4M3 data viewed as uint8 (numpy array or torch tensor)."""

@@ -2,7 +2,7 @@
 core.target.MarlinTarget: the codecs read its fields and never import the engine table).
 
 This composes marlin_weight and marlin_scales into what an engine's `process_weights_after_loading`
-produces, and its inverse. Targets (spec MARLIN_FP4.md §8-9):
+produces, and its inverse. Targets (docs/spec/MARLIN_FP4.md §8-9):
   vllm   -> layout `vllm-L4`  (vLLM >= 0.20, checked against 0.33.0): fp32 global, rescale + clamp
   sglang -> layout `sglang-L2` (SGLang 0.5.23): global in the activation dtype, no rescale, no clamp
 """

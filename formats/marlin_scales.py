@@ -1,4 +1,4 @@
-"""Marlin FP4 scale layout and values (spec MARLIN_FP4.md §3).
+"""Marlin FP4 scale layout and values (docs/spec/MARLIN_FP4.md §3).
 
 Layout: scales are transposed to [G, N] and their columns permuted inside aligned blocks: for
 16-bit activations an 8x8 transpose per 64 columns followed by the [0,2,1,3] quad interleave;

@@ -1,6 +1,6 @@
 """The Marlin FP4 transforms in plain torch ops, so they run on any device (CUDA for `--device cuda`).
 
-Same layout as formats/marlin_weight.py (spec MARLIN_FP4.md §2), written from the index rule
+Same layout as formats/marlin_weight.py (docs/spec/MARLIN_FP4.md §2), written from the index rule
 instead of the bit-swap schedule: with k = 16*kt + 8*kh + 2*kq + k0 and n = 64*c + 16*t + 8*dn + r,
 source code (n, k) lands in int32 word (kt, 128*c + 16*r + 4*kq + t) at nibble 4*k0 + 2*dn + kh.
 So the W4A16 weight is one axis permutation of the unpacked codes plus a nibble pack. W4A8 permutes

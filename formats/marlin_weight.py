@@ -1,4 +1,4 @@
-"""Marlin FP4 weight layout (spec MARLIN_FP4.md §2): packed codes [N, K/2] <-> int32 [K/16, 2N], on torch
+"""Marlin FP4 weight layout (docs/spec/MARLIN_FP4.md §2): packed codes [N, K/2] <-> int32 [K/16, 2N], on torch
 tensors. Source element (k, n) of a W4A16 tile lands at
     row = k // 16,  col = 128*(n // 64) + 4*(4*(n % 8) + (k % 8) // 2) + (n % 64) // 16,
     nibble = 4*(k % 2) + 2*((n % 16) // 8) + (k % 16) // 8.

@@ -1,4 +1,4 @@
-"""The Marlin FP4 weight repack on numpy arrays (spec MARLIN_FP4.md §2): packed code bytes [N, K/2] <->
+"""The Marlin FP4 weight repack on numpy arrays (docs/spec/MARLIN_FP4.md §2): packed code bytes [N, K/2] <->
 int32 words [K/16, 2N]. No torch: the converter's CPU path runs on this module alone (formats/marlin_weight.py
 is the torch API over it).
 

@@ -1,4 +1,4 @@
-"""The byte-wise rules of Marlin's FP4 scales, on numpy arrays (spec MARLIN_FP4.md §3), without torch:
+"""The byte-wise rules of Marlin's FP4 scales, on numpy arrays (docs/spec/MARLIN_FP4.md §3), without torch:
 the converter's CPU path and the torch API (formats/marlin_scales.py) both use these tables.
 
 Every NVFP4 rule here maps one E4M3 byte to one output byte, so it is evaluated once over all 256
@@ -22,6 +22,7 @@ import numpy as np
 from dsv4_convert.formats import fp4_kernels
 from dsv4_convert.formats.constants import (
     ACT_EXPONENT_BIAS,
+    E4M3_NAN_BYTES,
     S0E5M3_MIN,
     S0E5M3_MULTIPLIER,
     VLLM_RESCALE_TARGET,
@@ -41,7 +42,7 @@ def _e4m3_values() -> np.ndarray:
     b = np.arange(256)
     e, m = (b >> 3) & 0xF, (b & 7).astype(np.float64)
     mag = np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7))
-    mag = np.where((b & 0x7F) == 0x7F, np.nan, mag)
+    mag = np.where(np.isin(b, E4M3_NAN_BYTES), np.nan, mag)
     out = np.where(b & 0x80, -mag, mag).astype(np.float32)
     out.setflags(write=False)
     return out

@@ -1,4 +1,4 @@
-"""The one Marlin tile rule of the project, and each engine's padding numbers (MARLIN_FP4.md §2).
+"""The one Marlin tile rule of the project, and each engine's padding numbers (docs/spec/MARLIN_FP4.md §2).
 
 Every caller (the converters, `plan`, validate's structure.tile.tp, both serving plugins) asks
 `moe_rank_tiles`, so they cannot disagree. Each rank repacks its own shard: w13 has N = 2*I_shard,

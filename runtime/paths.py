@@ -14,14 +14,9 @@ import os
 from pathlib import Path
 
 from dsv4_convert.core.errors import OutputError, UsageError
+from dsv4_convert.core.files import RECORDS, STAGING_SUFFIX, SYNTH_MANIFEST
 
-__all__ = ["MARKER", "RECORDS", "out_path", "staging_path", "check_aliasing", "check_replaceable", "check_report_file"]
-
-MARKER = "dsv4-convert.marker.json"  # marlin-to-source outputs: "dsv4-convert wrote this directory"
-_MANIFEST = "dsv4-convert.manifest.json"  # (staging.MANIFEST; repeated here to avoid an import cycle)
-_SYNTH = "synth.json"
-RECORDS = (_MANIFEST, MARKER, _SYNTH)
-
+__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "check_report_file"]
 
 def out_path(out) -> Path:
     """OUT with its parent resolved and its own name kept: OUT itself must not be a symlink (checked
@@ -39,15 +34,15 @@ def out_path(out) -> Path:
     if p.name in ("", ".", ".."):
         p = p.resolve()
     name_max = _name_max(p.parent)
-    if len(os.fsencode(p.name)) + len(".partial") > name_max:
+    if len(os.fsencode(p.name)) + len(STAGING_SUFFIX) > name_max:
         raise UsageError(f"OUT's name is {len(os.fsencode(p.name))} bytes; with the staging suffix "
-                         f"'.partial' it passes this filesystem's limit of {name_max}",
+                         f"'{STAGING_SUFFIX}' it passes this filesystem's limit of {name_max}",
                          error_id="paths.name_too_long", file=str(p)[:200],
-                         hint=f"choose an OUT name of at most {name_max - len('.partial')} bytes")
+                         hint=f"choose an OUT name of at most {name_max - len(STAGING_SUFFIX)} bytes")
     return p.parent.resolve() / p.name
 
 
-def staging_path(out: Path, suffix: str = ".partial") -> Path:
+def staging_path(out: Path, suffix: str = STAGING_SUFFIX) -> Path:
     return out.with_name(out.name + suffix)
 
 
@@ -110,7 +105,7 @@ def _listed(out: Path) -> set[str] | None:
             continue
         if not isinstance(obj, dict):
             continue
-        if name == _SYNTH:
+        if name == SYNTH_MANIFEST:
             if obj.get("generator") != "dsv4-convert synth":
                 continue
             return None  # synth's record lists only shards: recognised, its other files are its own

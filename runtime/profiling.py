@@ -37,7 +37,7 @@ _CUMULATIVE = {
                                                                      "convert/cpu_path.py")],
     "scales": [("formats/marlin_scales.py", "permute_scale_columns"), ("formats/marlin_scales.py", "nvfp4_scales_to_s0e5m3"),
                ("formats/marlin_scales.py", "mxfp4_scales_to_marlin"), ("convert/transform.py", "_refuse_nan_scales"),
-               ("convert/transform.py", "lost_scales"), ("formats/marlin_scales.py", "marlin_scales_fused"),
+               ("convert/transform.py", "lost_scales"),
                ("formats/scale_tables.py", "permute_scales", "convert/cpu_path.py"),
                ("formats/fp4_kernels.py", "byte_presence", "convert/cpu_path.py")],
     "globals": [("formats/marlin_scales.py", "nvfp4_global_to_marlin"),

@@ -15,15 +15,11 @@ import shutil
 from pathlib import Path
 
 from dsv4_convert.core.errors import InputError, OutputError
+from dsv4_convert.core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS
 from dsv4_convert.runtime.digest import HASH_ALGORITHM, file_digest
 from dsv4_convert.runtime.paths import check_aliasing, check_replaceable, is_disk_full, out_path, staging_path
 
-__all__ = ["Staging", "MANIFEST", "PROGRESS", "source_stamp", "write_json_atomic"]
-
-PROGRESS = "dsv4-convert.progress.json"  # staging only: fingerprint + finished shards
-MANIFEST = "dsv4-convert.manifest.json"  # published: written last, lists every file with its hash
-_LOCK = "dsv4-convert.lock"
-
+__all__ = ["Staging", "source_stamp", "write_json_atomic"]
 
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
@@ -128,7 +124,7 @@ class Staging:
     def _refuse_foreign(self) -> None:
         """OUT.partial is adopted only when it carries this tool's lock and progress record."""
         names = {e.name for e in self.path.iterdir()}
-        ours = _LOCK in names and (names <= {_LOCK} or _read_json(self.path / PROGRESS).get("fingerprint"))
+        ours = LOCK in names and (names <= {LOCK} or _read_json(self.path / PROGRESS).get("fingerprint"))
         if not ours:
             raise OutputError(f"{self.path} exists but holds no dsv4-convert lock and progress record; it is not "
                               "an interrupted run of this tool", error_id="paths.partial_not_ours",
@@ -136,12 +132,12 @@ class Staging:
                               hint="move or remove it yourself, or choose another OUT; it is never deleted for you")
 
     def _take_lock(self) -> None:
-        fd = os.open(self.path / _LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise OutputError(f"another dsv4-convert run is writing {self.out} (lock held on {self.path / _LOCK})",
+            raise OutputError(f"another dsv4-convert run is writing {self.out} (lock held on {self.path / LOCK})",
                               error_id="output.locked",
                               hint="wait for it to finish, or stop it; two runs never share one output") from None
         self._lock_fd = fd
@@ -168,8 +164,8 @@ class Staging:
         if self.fence is not None:
             self.fence(self.path)
         for entry in self.path.iterdir():
-            shard = entry.name.removesuffix(".lost.safetensors")  # a kept shard keeps its lost-scale record
-            if entry.name not in (_LOCK, PROGRESS) and entry.name not in keep and shard not in keep:
+            shard = entry.name.removesuffix(LOST_SUFFIX)  # a kept shard keeps its lost-scale record
+            if entry.name not in (LOCK, PROGRESS) and entry.name not in keep and shard not in keep:
                 _remove(entry)
         algorithm = state.get("hash_algorithm", "sha256")
         for name, rec in keep.items():
@@ -197,7 +193,7 @@ class Staging:
         files = {}
         for f in sorted(self.path.rglob("*")):
             rel = f.relative_to(self.path).as_posix()
-            if f.is_dir() or rel in (_LOCK, PROGRESS, name):
+            if f.is_dir() or rel in (LOCK, PROGRESS, name):
                 continue
             rec = self.done.get(rel)
             files[rel] = rec if rec else {"hash": file_digest(f), "size": f.stat().st_size}
@@ -253,7 +249,7 @@ class Staging:
     def _release(self, remove_lock_file: bool = False) -> None:
         if self._lock_fd is not None:
             if remove_lock_file:
-                os.unlink(self.path / _LOCK)
+                os.unlink(self.path / LOCK)
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None

@@ -265,8 +265,13 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
         reasoning.append(f"recommended: TP {chosen.tp}" + (f" with EP {chosen.ep}" if chosen.ep > 1 else "")
                          + f" (the largest valid split on {gpus} GPUs; {chosen.weights_gib:.1f} GiB weights and "
                          f"{chosen.kv_gib:.1f} GiB KV cache per GPU)")
-        padded = [c for c in candidates if c.tp == chosen.tp and c.tiles.status == PAD]
-        if chosen.ep > 1 and padded:
+        padded = [c for c in candidates if c.tp == chosen.tp and c.ep != chosen.ep and c.tiles.status == PAD]
+        if chosen.tiles.status == PAD:  # the reasoning follows the verdict: EP cannot undo a padded H
+            reasoning.append(f"TP {chosen.tp}" + (f" / EP {chosen.ep}" if chosen.ep > 1 else "")
+                             + f" is padded: {chosen.tiles.reason}" + (
+                                 f"; EP {chosen.ep} keeps each expert whole on one rank, but its shape still "
+                                 "needs the padding" if chosen.ep > 1 else ""))
+        elif chosen.ep > 1 and padded:
             reasoning.append(f"EP {chosen.ep} keeps each expert whole on one rank, so nothing is padded; TP "
                              f"{chosen.tp} without EP would need padding ({padded[0].tiles.reason})")
         if not shape.converted:

@@ -143,13 +143,6 @@ def converter_cli() -> list[str]:
     return [sys.executable, "-c", "from dsv4_convert.cli.main import main; main()"]
 
 
-def cli_has_tp() -> bool:
-    import subprocess
-
-    r = subprocess.run([*converter_cli(), "mxfp4-to-marlin", "--help"], capture_output=True, text=True)
-    return "--tp" in r.stdout
-
-
 def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int, hidden: int, inter: int,
                      tp: int | None = None, ep: int | None = None, source: str | None = None):
     """`dsv4-convert synth` + `dsv4-convert {fmt}-to-marlin [--tp --ep]` in a subprocess (`converter_cli`).

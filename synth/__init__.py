@@ -23,11 +23,12 @@ import torch
 from safetensors.torch import save_file
 
 from dsv4_convert import __version__
-from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import UsageError
+from dsv4_convert.core.files import INDEX_FILE, SYNTH_MANIFEST
 from dsv4_convert.runtime.paths import check_replaceable, out_path
 from dsv4_convert.synth.configs import config_files
 from dsv4_convert.synth.defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
+from dsv4_convert.synth.families import FAMILY_SPECS, MTP_FILE, family_config_files, family_tensors
 from dsv4_convert.synth.layouts import DSV4_FORMATS, Dims, build_tensors
 from dsv4_convert.synth.realsize import REAL_SIZE, real_size_plan
 
@@ -35,6 +36,7 @@ __all__ = [
     "DEFECT_NAMES",
     "MANIFEST",
     "REAL_SIZE",
+    "SYNTH_FAMILIES",
     "SYNTH_FORMATS",
     "shard_name",
     "write_synthetic_checkpoint",
@@ -42,9 +44,11 @@ __all__ = [
 
 SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-ct",
                  "mxfp4-gptoss")
+# model family -> the source formats its releases use (the first is the default): core/naming.py FAMILIES
+SYNTH_FAMILIES = {"deepseek-v4": ("nvfp4-modelopt-dsv4", "mxfp4-dsv4"), "gpt-oss": ("mxfp4-gptoss",),
+                  **{name: spec.formats for name, spec in FAMILY_SPECS.items()}}
 DEFECT_NAMES = tuple(DEFECTS)
-MANIFEST = "synth.json"
-INDEX = INDEX_FILE
+MANIFEST = SYNTH_MANIFEST  # its name outside this package: core.files.SYNTH_MANIFEST
 
 Progress = Callable[[int, int], None]  # (bytes of the tensor just produced, total bytes of the checkpoint)
 
@@ -123,8 +127,16 @@ def _write_json(path: Path, obj: dict) -> None:
 
 
 def _check_args(fmt, layers, experts, hidden, intermediate, shards, hash_layers, mtp, dtype, real_size,
-                defects) -> None:
+                defects, family=None) -> None:
     problems = []
+    if family is not None:
+        if family not in SYNTH_FAMILIES:
+            problems.append(f"unknown family {family!r} (choose from {', '.join(SYNTH_FAMILIES)})")
+        elif fmt not in SYNTH_FAMILIES[family]:
+            problems.append(f"{family} releases come as {', '.join(SYNTH_FAMILIES[family])}, not {fmt}")
+        elif family in FAMILY_SPECS and (mtp or defects or real_size):
+            problems.append(f"--family {family} takes no --mtp, --defect or --real-size (its MTP layer, if the "
+                            "family has one, is always written)")
     if fmt not in SYNTH_FORMATS:
         problems.append(f"unknown format {fmt!r} (choose from {', '.join(SYNTH_FORMATS)})")
     for label, value, low in (("layers", layers, 1), ("experts", experts, 1), ("shards", shards, 1)):
@@ -147,7 +159,7 @@ def _check_args(fmt, layers, experts, hidden, intermediate, shards, hash_layers,
         raise UsageError("; ".join(problems), error_id="synth.args", hint="see `dsv4-convert synth --help`")
 
 
-def write_synthetic_checkpoint(out: Path, *, format: str = "nvfp4-modelopt-dsv4", layers: int = 2,
+def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: str | None = None, layers: int = 2,
                                experts: int = 8, hidden: int = 256, intermediate: int = 128, shards: int = 3,
                                seed: int = 0, mtp: bool = False, defects: Iterable[str] = (),
                                hash_layers: int = 1, dtype_torch: torch.dtype = torch.bfloat16,
@@ -157,13 +169,16 @@ def write_synthetic_checkpoint(out: Path, *, format: str = "nvfp4-modelopt-dsv4"
     """Write a synthetic checkpoint to `out` and return `out`. Same arguments, byte-identical files.
 
     Expert matrices are random bf16-representable values (`seeded.expert_matrix`) quantized with
-    the project's codecs. With `real_size=True` it writes ONE DeepSeek-V4-Flash-sized MoE layer
+    the project's codecs. `family` (SYNTH_FAMILIES) writes that model family's real tensor names and
+    configs (synth/families.py) in `format` (default: the family's usual format). With `real_size=True` it writes ONE DeepSeek-V4-Flash-sized MoE layer
     (`REAL_SIZE`, or `real_size_dims`) of random codes and scale bytes - not quantized matrices - in
     shards of about `shard_bytes` (1 GiB), holding one shard in memory at a time; the small-model
     arguments (layers, experts, hidden, intermediate, shards) are then ignored."""
     out, defects = Path(out), tuple(defects)
+    if format is None:
+        format = SYNTH_FAMILIES.get(family, ("nvfp4-modelopt-dsv4",))[0]
     _check_args(format, layers, experts, hidden, intermediate, shards, hash_layers, mtp, dtype_torch,
-                real_size, defects)
+                real_size, defects, family)
     if not real_size:
         check_defects(defects, format, experts)
     out = out_path(out)
@@ -181,7 +196,13 @@ def write_synthetic_checkpoint(out: Path, *, format: str = "nvfp4-modelopt-dsv4"
             records = []
         else:
             dims = Dims(layers, experts, hidden, intermediate, hash_layers, mtp)
-            tensors = build_tensors(format, seed, dims, tweaks_for(defects, experts), dtype_torch)
+            if family in FAMILY_SPECS:
+                tensors, outside = family_tensors(family, format, seed, dims, dtype_torch)
+                if outside:  # a file the index does not list (GLM's mtp.safetensors)
+                    _save(outside, staging / MTP_FILE)
+                    os.chmod(staging / MTP_FILE, 0o644)
+            else:
+                tensors = build_tensors(format, seed, dims, tweaks_for(defects, experts), dtype_torch)
             records = apply_tensor_defects(tensors, defects, format, experts)
             names = list(tensors)
             sizes = [_nbytes(tensors[n]) for n in names]
@@ -192,16 +213,20 @@ def write_synthetic_checkpoint(out: Path, *, format: str = "nvfp4-modelopt-dsv4"
         weight_map = _write_shards(staging, names, sizes, groups, produce, progress)
         files = [shard_name(k, len(groups)) for k in range(len(groups))]
         total = sum(sizes)
-        _write_json(staging / INDEX, {"metadata": {"total_size": total},
+        _write_json(staging / INDEX_FILE, {"metadata": {"total_size": total},
                                       "weight_map": dict(sorted(weight_map.items()))})
-        for fname, obj in config_files(format, dims).items():
+        configs = config_files(format, dims)
+        if family in FAMILY_SPECS:
+            configs.update(family_config_files(family, format, dims))
+        for fname, obj in configs.items():
             _write_json(staging / fname, obj)
         for rec in records:
             if rec.tensors and rec.tensors[0] in weight_map:
                 rec.file = weight_map[rec.tensors[0]]
         apply_file_defects(staging, files, records)
         _write_json(staging / MANIFEST, {
-            "generator": "dsv4-convert synth", "version": __version__, "format": format, "seed": seed,
+            "generator": "dsv4-convert synth", "version": __version__, "format": format, "family": family,
+            "seed": seed,
             "real_size": real_size, "random_codes": real_size, "dtype": str(dtype_torch).removeprefix("torch."),
             "dims": {"layers": dims.layers, "experts": dims.experts, "hidden": dims.hidden,
                      "intermediate": dims.intermediate, "hash_layers": dims.hash_layers, "mtp": dims.mtp,

@@ -1,5 +1,5 @@
 """config.json / hf_quant_config.json / tokenizer files of a synthetic checkpoint, per source format
-(CHECKPOINT_FORMATS.md §3.2 DeepSeek-V4, §4.2-4.4 ModelOpt, §5 compressed-tensors, §6 gpt-oss)."""
+(docs/spec/CHECKPOINT_FORMATS.md §3.2 DeepSeek-V4, §4.2-4.4 ModelOpt, §5 compressed-tensors, §6 gpt-oss)."""
 
 from __future__ import annotations
 

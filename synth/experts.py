@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dsv4_convert.core.naming import SCHEMES, Scheme, expert_key
+from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.formats.constants import E2M1_MAX, E4M3_MAX
 from dsv4_convert.formats.mxfp4 import quantize_mxfp4
 from dsv4_convert.formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
@@ -24,7 +26,7 @@ __all__ = [
 
 ROLES = ("gate", "up", "down")  # DeepSeek w1, w3, w2; HF gate_proj, up_proj, down_proj
 _DS_PROJ = {"gate": "w1", "up": "w3", "down": "w2"}
-_HF_PROJ = {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+_HF_SCHEME = next(s for s in SCHEMES if s.name == "hf-mlp")
 # per format: (weight suffix, block-scale suffix, global suffix, input-scale suffix)
 _SUFFIXES = {
     "mxfp4-dsv4": ("weight", "scale", None, None),
@@ -65,7 +67,9 @@ def expert_quant(fmt: str, layer: str) -> str:
     return "nvfp4" if fmt.startswith("nvfp4") else "mxfp4"
 
 
-def expert_slot(fmt: str, layer: str, expert: int, role: str) -> ExpertSlot:
+def expert_slot(fmt: str, layer: str, expert: int, role: str, scheme: Scheme | None = None) -> ExpertSlot:
+    """Where `fmt` keeps one projection; `scheme` (a per-expert naming scheme of core/naming.py) names it
+    for a model family, else the format's default names are used."""
     if fmt == "mxfp4-gptoss":
         base = f"model.layers.{layer}.mlp.experts."
         if role == "down":
@@ -78,7 +82,7 @@ def expert_slot(fmt: str, layer: str, expert: int, role: str) -> ExpertSlot:
         prefix = f"{lp}.ffn.experts.{expert}.{_DS_PROJ[role]}"
         suffixes = _SUFFIXES["mxfp4-dsv4" if expert_quant(fmt, layer) == "mxfp4" else fmt]
     else:
-        prefix = f"model.layers.{layer}.mlp.experts.{expert}.{_HF_PROJ[role]}"
+        prefix = expert_key(scheme or _HF_SCHEME, layer, expert, Role(role))
         suffixes = _SUFFIXES[fmt]
     w, s, g, i = (f"{prefix}.{x}" if x else None for x in suffixes)
     return ExpertSlot(layer, expert, role, w, s, g, i)
@@ -153,7 +157,8 @@ def _encode_gptoss(seed: int, layer: str, experts: int, hidden: int, inter: int,
 
 
 def encode_layer_experts(fmt: str, seed: int, layer: str, *, experts: int, hidden: int, inter: int,
-                         tweaks: Tweaks, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+                         tweaks: Tweaks, dtype: torch.dtype = torch.bfloat16,
+                         scheme: Scheme | None = None) -> dict[str, torch.Tensor]:
     """All routed-expert tensors of one layer, in file order (expert by expert, or stacked for gpt-oss)."""
     if fmt == "mxfp4-gptoss":
         return _encode_gptoss(seed, layer, experts, hidden, inter, tweaks, dtype)
@@ -162,7 +167,7 @@ def encode_layer_experts(fmt: str, seed: int, layer: str, *, experts: int, hidde
     for e in range(experts):
         if (layer, e) in tweaks.missing:
             continue
-        slots = {r: expert_slot(fmt, layer, e, r) for r in ROLES}
+        slots = {r: expert_slot(fmt, layer, e, r, scheme) for r in ROLES}
         mats = _matrices(seed, layer, e, hidden, inter, (layer, e) in tweaks.zero, dtype)
         out.update(_encode_expert(fmt, quant, slots, mats, _input_scale(seed, layer, e),
                                   (layer, e) in tweaks.own_globals))

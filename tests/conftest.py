@@ -1,4 +1,5 @@
-"""Shared test helpers. Keep this the only conftest.py: tests import `assert_bytes_equal` from it."""
+"""Session-wide fixtures. Helpers (assert_bytes_equal, run_cli, ...) live in tests/helpers/, imported
+as `tests.helpers.<module>`."""
 
 from __future__ import annotations
 
@@ -7,22 +8,23 @@ import stat
 from pathlib import Path
 
 import pytest
-import torch
+from hypothesis import settings
 
 from dsv4_convert.synth import write_synthetic_checkpoint
 
+pytest.register_assert_rewrite("tests.helpers")  # before any test imports them: their asserts explain themselves
 
-def assert_bytes_equal(actual: torch.Tensor, expected: torch.Tensor, what: str = "tensor") -> None:
-    """Compare raw bytes (never floats: -0.0 == 0.0 and NaN != NaN both lie); report where they differ."""
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    assert tuple(actual.shape) == tuple(expected.shape), f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    a = actual.contiguous().reshape(-1).view(torch.uint8)
-    b = expected.contiguous().reshape(-1).view(torch.uint8)
-    diff = torch.nonzero(a != b).flatten()
-    if diff.numel():
-        i = diff[0].item()
-        raise AssertionError(f"{what}: {diff.numel()} of {a.numel()} bytes differ; first at byte {i}: "
-                             f"{a[i].item():#04x} != {b[i].item():#04x}")
+# Substitution: the converter refuses model families the plugins do not serve yet (convert.unservable_family).
+# The generic synthetic formats carry a DeepseekV3ForCausalLM config, so every CLI run here would be refused;
+# the tests of the converter itself convert them anyway, through the flag's documented environment variable.
+# tests/convert/test_families.py checks the refusal with the variable removed.
+os.environ.setdefault("DSV4_CONVERT_ALLOW_UNSERVABLE", "1")
+
+
+# Hypothesis' default per-example deadline (200 ms) is a wall-clock assert: on a loaded CI machine it
+# fails good code. Tests that want a hang guard set a generous one of their own.
+settings.register_profile("dsv4", deadline=None)
+settings.load_profile("dsv4")
 
 
 def _read_only(root: Path) -> None:

@@ -1,6 +1,6 @@
 """The converter, `plan`, validate's structure.tile.tp and the serving plugins' config check give the same
 tile verdict for every shape of a grid, and that verdict is the one an independent reading of
-MARLIN_FP4.md §2 gives (written out below without formats/tiles.py).
+docs/spec/MARLIN_FP4.md §2 gives (written out below without formats/tiles.py).
 
 Substitutions: checkpoints are built in memory from headers (TensorRefs, no tensor data): every
 caller under test decides from shapes alone, and a grid of 128 real-size checkpoints would be tens
@@ -34,7 +34,7 @@ def _up(x: int, m: int) -> int:
 
 
 def reference(fmt: str, engine: str, h: int, i: int, tp: int, ep: int) -> str:
-    """MARLIN_FP4.md §2 read independently: the kernel rule for w13 [2I, H] and w2 [H, I] reduces to
+    """docs/spec/MARLIN_FP4.md §2 read independently: the kernel rule for w13 [2I, H] and w2 [H, I] reduces to
     I % 64 == 0, H % 64 == 0 and (H % 128 == 0 or I % 128 == 0); then each engine's create_weights rounding."""
     if tp % ep or EXPERTS % ep or i % (tp // ep):
         return IMPOSSIBLE

@@ -1,4 +1,4 @@
-"""What the Marlin kernel computes from the packed tensors, emulated in fp32 (spec MARLIN_FP4.md §3.3-3.5).
+"""What the Marlin kernel computes from the packed tensors, emulated in fp32 (docs/spec/MARLIN_FP4.md §3.3-3.5).
 
 NVFP4: the kernel expands FP4 codes without the exponent-bias correction (x 2**-B), decodes the
 S0E5M3 scale byte (fp16: half bits = byte << 7; bf16: exponent 0x80 | ((byte >> 3) & 0xF), mantissa

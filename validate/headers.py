@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dsv4_convert.core.engines import INDEX_FILE
 from dsv4_convert.core.errors import InputError
+from dsv4_convert.core.files import INDEX_FILE
 from dsv4_convert.core.safetensors_header import read_header
 from dsv4_convert.validate.inputs import HeaderInfo
 
-__all__ = ["INDEX_FILE", "scan_checkpoint", "scan_header", "scan_index"]
+__all__ = ["scan_checkpoint", "scan_header", "scan_index"]
 
 
 

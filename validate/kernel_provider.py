@@ -4,7 +4,7 @@
              torch.ops._C.gptq_marlin_repack (what vLLM's Marlin MoE `apply` and weight loading call)
   sgl_kernel SGLang's sgl_kernel ops of the same names (SGLang ported vLLM's Marlin MoE kernels)
   module     a built Python extension with vLLM's argument order, e.g. the test build of vLLM
-             0.33.0's kernels (../shared/marlin-kernels): `--kernel-provider module:/path/to/x.so`
+             0.33.0's kernels (tests/gpu/run.sh builds one): `--kernel-provider module:/path/to/x.so`
              or DSV4_MARLIN_MODULE=/path/to/x.so
 
 `auto` picks the engine of the layout (vllm for `vllm-L4`, sgl_kernel then vllm for `sglang-L2`),
@@ -68,8 +68,8 @@ def load_module(path: str) -> KernelProvider:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"kernel module {path} does not exist", error_id="kernel.provider_missing",
-                         hint="build it (python ../shared/marlin-kernels/build.py prints the path) or pick "
-                              "--kernel-provider vllm / sgl_kernel")
+                         hint="check the path, or pick --kernel-provider vllm / sgl_kernel (an installed engine's "
+                              "kernels; docs/VALIDATE.md, Providers)")
     import torch  # noqa: F401  (the extension links against torch's libraries)
     name = p.name.split(".")[0]
     try:
@@ -78,7 +78,8 @@ def load_module(path: str) -> KernelProvider:
         spec.loader.exec_module(mod)
     except (ImportError, OSError) as e:
         raise UsageError(f"kernel module {path} cannot be loaded: {e}", error_id="kernel.provider_broken",
-                         hint="build it with this torch (python ../shared/marlin-kernels/build.py)") from None
+                         hint="rebuild it against this torch (an extension links against the torch it was built "
+                              "with), or pick --kernel-provider vllm / sgl_kernel") from None
     missing = [a for a in ("moe_wna16_marlin_gemm", "gptq_marlin_repack", "kFE2M1f_id") if not hasattr(mod, a)]
     if missing:
         raise UsageError(f"kernel module {path} lacks {', '.join(missing)}", error_id="kernel.provider_missing",

@@ -114,7 +114,9 @@ class Report:
                 "hint": BY_ID[r.check_id].hint}
 
     # ------------------------------------------------------------------------------------ text
-    def render_text(self, *, strict: bool = False, per_check: int = 5) -> str:
+    def render_text(self, *, strict: bool = False, per_check: int = 5, quiet: bool = False) -> str:
+        """Findings (INFO ones left out), the per-check table, the verdict line and notes. `quiet` (validate -q)
+        drops the table: a clean run is then one verdict line."""
         lines = []
         shown = Counter()
         for r in sorted(self.results, key=lambda r: -self.severity(r).rank):
@@ -131,10 +133,10 @@ class Report:
         for cid, n in shown.items():
             if n > per_check:
                 lines += [f"... {n - per_check} more {cid} findings (see --json)", ""]
-        lines.append(self._table())
+        if not quiet:
+            lines += [self._table(), ""]
         c = self.counts()
         code = self.exit_code(strict=strict)
-        lines.append("")
         lines.append(f"{self.experts} experts, {self.projections} projections, {len(self.gemm)} GEMM spot checks "
                      f"in {self.seconds:.1f} s: {c[Severity.ERROR]} errors, {c[Severity.WARNING]} warnings, "
                      f"{c[Severity.INFO]} infos -> {'FAIL' if code else 'OK'} (exit {code})")

@@ -95,12 +95,9 @@ def _with_checkpoints(cases, tmp):
     return out
 
 
-# the padded cases on the real converter's `--tp/--ep` output, once the CLI has it (the converter side
-# of issue 11; $DSV4_CONVERT_CLI can point at another checkout's dsv4-convert meanwhile)
-CLI_HAS_TP = synth.cli_has_tp()
-CKPT_PAD_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_CASES + H_PAD_CASES] if CLI_HAS_TP else []
-CKPT_PAD_EP_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_EP_CASES if not c["id"].startswith("refuse")] \
-    if CLI_HAS_TP else []
+# the padded cases on the real converter's `--tp/--ep` output
+CKPT_PAD_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_CASES + H_PAD_CASES]
+CKPT_PAD_EP_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_EP_CASES if not c["id"].startswith("refuse")]
 
 
 @pytest.fixture(scope="module")

@@ -123,12 +123,9 @@ def _with_checkpoints(cases, tmp):
     return out
 
 
-# the padded cases on the real converter's `--tp/--ep` output, once the CLI has it (the converter side
-# of issue 11; $DSV4_CONVERT_CLI can point at another checkout's dsv4-convert meanwhile)
-CLI_HAS_TP = synth.cli_has_tp()
-CKPT_PAD_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_CASES] if CLI_HAS_TP else []
-CKPT_PAD_EP_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_EP_CASES if not c["id"].startswith("refuse")] \
-    if CLI_HAS_TP else []
+# the padded cases on the real converter's `--tp/--ep` output
+CKPT_PAD_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_CASES]
+CKPT_PAD_EP_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_EP_CASES if not c["id"].startswith("refuse")]
 
 
 @pytest.fixture(scope="module")
@@ -196,7 +193,6 @@ def test_padded_layout_byte_equal_engine(results, case_id, local):
     _assert_equal(results, case_id, expected_local=local)
 
 
-@pytest.mark.skipif(not CLI_HAS_TP, reason="this checkout's dsv4-convert has no --tp yet (set $DSV4_CONVERT_CLI)")
 def test_real_converter_padded_output_was_tested(results):
     assert {"ckpt-pad-nvfp4-bf16-tp2", "ckpt-pad-mxfp4-bf16-ep2"} <= set(results[0])
 

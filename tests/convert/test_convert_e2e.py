@@ -5,13 +5,12 @@ codec module's output on the same source (the codecs are pinned to the engines b
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import restored_tree, run_cli, tree_hashes
-from conftest import assert_bytes_equal
 from safetensors import safe_open
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
@@ -19,6 +18,8 @@ from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
+from tests.helpers.cli import restored_tree, run_cli, tree_hashes
+from tests.helpers.compare import assert_bytes_equal
 
 CASES = [  # (synth format, command, target, act dtype, extra flags)
     ("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "sglang", "bfloat16", ()),
@@ -132,7 +133,9 @@ def test_clamped_scales_are_reported_and_restored(tmp_path, synth_source, defect
 
 def test_vllm_rescale_factor_is_recorded_per_layer_stack(tmp_path, synth_source):
     src, out = synth_source("nvfp4-modelopt-dsv4", experts=4), tmp_path / "out"
-    run_cli("nvfp4-to-marlin", src, out, "--target", "vllm")
+    proc = run_cli("nvfp4-to-marlin", src, out, "--target", "vllm")
+    (line,) = [x for x in proc.stdout.splitlines() if x.startswith("converted ")]
+    assert re.search(r"\(\d+(\.\d+)? [KM]iB, vllm-L4\) in [\d.]+ s \((\d+(\.\d+)? [KMG]iB/s|too fast to time)\)", line), line
     factors = json.loads((out / "config.json").read_text())["quantization_config"]["rescale_factors"]
     assert set(factors) == {f"layers.{i}.ffn.experts.{s}" for i in range(2) for s in ("w13", "w2")}
     assert all(f >= 1 and (f & (f - 1) == 0 if isinstance(f, int) else float(f).is_integer()) for f in factors.values())

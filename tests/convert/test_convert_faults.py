@@ -15,7 +15,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from cli_helpers import CLI, run_cli, tree_hashes
+
+from tests.helpers.cli import CLI, run_cli, tree_hashes
 
 FMT = "nvfp4-modelopt-dsv4"
 ARGS = ("--target", "vllm", "--workers", "1", "--max-shard-size", "120KB", "-q")  # many small shards

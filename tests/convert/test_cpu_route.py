@@ -19,10 +19,10 @@ import subprocess
 import sys
 
 import pytest
-from cli_helpers import run_cli, tree_hashes
 
 from dsv4_convert.convert.cpu_path import TORCH_ROUTE_ENV
 from dsv4_convert.synth import SYNTH_FORMATS
+from tests.helpers.cli import run_cli, tree_hashes
 
 
 def _command(fmt: str) -> str:

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ckpt_factory import make_checkpoint, write_shards
-from cli_helpers import run_cli
-from conftest import assert_bytes_equal
-from padded_ref import load_out
 from safetensors import safe_open
+
+from tests.helpers.ckpt_factory import make_checkpoint, write_shards
+from tests.helpers.cli import run_cli
+from tests.helpers.compare import assert_bytes_equal
+from tests.helpers.padded_ref import load_out
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "nvfp4_moe_vllm_bfloat16_pad_s0.safetensors"
 

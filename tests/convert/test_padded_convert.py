@@ -1,5 +1,5 @@
 """`--tp N [--ep M]` on the converters, through the real CLI (subprocesses) on small real checkpoints
-(tests/convert/ckpt_factory.py): flag checks, refusal of an impossible split before any work, the
+(tests/helpers/ckpt_factory.py): flag checks, refusal of an impossible split before any work, the
 padded per-rank bytes against the independent engine-equivalent reference (padded_ref.py), the
 plan's padded sizes (--dry-run), the recorded layout, and --resume refusing another --tp.
 Substitutions: none (real files, real CLI)."""
@@ -10,11 +10,11 @@ import json
 import signal
 
 import pytest
-from ckpt_factory import make_checkpoint
-from cli_helpers import run_cli, tree_hashes
-from padded_ref import assert_rank_blocks, load_out, rank_reference
 
 from dsv4_convert.core.target import MarlinTarget
+from tests.helpers.ckpt_factory import make_checkpoint
+from tests.helpers.cli import run_cli, tree_hashes
+from tests.helpers.padded_ref import assert_rank_blocks, load_out, rank_reference
 
 
 @pytest.fixture(scope="module")

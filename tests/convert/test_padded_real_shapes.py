@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from ckpt_factory import make_checkpoint
-from cli_helpers import run_cli
-from conftest import assert_bytes_equal
-from padded_ref import assert_rank_blocks, gptoss_headers, load_out, rank_reference
 
 from dsv4_convert.core.target import MarlinTarget
+from tests.helpers.ckpt_factory import make_checkpoint
+from tests.helpers.cli import run_cli
+from tests.helpers.compare import assert_bytes_equal
+from tests.helpers.padded_ref import assert_rank_blocks, gptoss_headers, load_out, rank_reference
 
 H = INTER = 2880
 GPTOSS = ("gate_proj", "up_proj", "down_proj")

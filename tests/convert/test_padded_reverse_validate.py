@@ -12,10 +12,10 @@ import shutil
 import struct
 
 import pytest
-from ckpt_factory import make_checkpoint
-from cli_helpers import restored_tree, run_cli, tree_hashes
 
 from dsv4_convert.runtime.digest import file_digest
+from tests.helpers.ckpt_factory import make_checkpoint
+from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 
 MANIFEST = "dsv4-convert.manifest.json"
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from cli_helpers import run_cli
+
+from tests.helpers.cli import run_cli
 
 
 def _synth(factory, name: str, fmt: str, *, experts: int, hidden: int, intermediate: int):

@@ -1,14 +1,13 @@
 """The streaming shard writer: what it writes is read back byte-identical by safetensors itself,
 for every dtype the converter emits, and it refuses to write anything its header did not promise.
 Every test runs on both write paths: O_DIRECT (where the filesystem takes it) and the page cache
-(DSV4_CONVERT_DIRECT_IO=0); tests/convert/test_direct_io.py compares the two byte for byte."""
+(DSV4_CONVERT_DIRECT_IO=0); tests/runtime/test_direct_io.py compares the two byte for byte."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import xxhash
-from conftest import assert_bytes_equal
 from safetensors import safe_open
 
 from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec
@@ -17,6 +16,7 @@ from dsv4_convert.core.safetensors_header import read_header
 from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.runtime import direct_io
 from dsv4_convert.runtime.digest import HASH_ALGORITHM
+from tests.helpers.compare import assert_bytes_equal
 
 DTYPES = [torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.int32, torch.uint8, torch.int8, torch.bfloat16,
           torch.float16, torch.float32, torch.int64]

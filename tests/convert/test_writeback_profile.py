@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import xxhash
-from cli_helpers import run_cli, tree_hashes
 
 from dsv4_convert.convert import safetensors_writer
 from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec
 from dsv4_convert.runtime import direct_io
 from dsv4_convert.runtime.profiling import PROFILE_ENV, breakdown
+from tests.helpers.cli import run_cli, tree_hashes
 
 
 def test_writeback_is_started_and_the_bytes_are_unchanged(tmp_path, monkeypatch):
@@ -55,3 +56,15 @@ def test_inline_and_pool_runs_agree_and_the_profile_adds_up(tmp_path, synth_sour
     cats = ["read", "weights", "scales", "globals", "hash", "write", "python"]
     assert all(b[c] >= 0 for c in cats) and b["weights"] > 0 and b["scales"] > 0 and b["read"] > 0
     assert sum(b[c] for c in cats) <= b["jobs_wall"] * 1.05 + 0.05  # the categories split the jobs' wall time
+
+
+def test_every_function_the_profile_counts_exists():
+    """A renamed function would silently drop out of its category (the profile still adds up, under "python")."""
+    import ast
+
+    from dsv4_convert.runtime.profiling import _CUMULATIVE
+    root = Path(__file__).resolve().parents[2]
+    for entries in _CUMULATIVE.values():
+        for file, name, *_ in entries:
+            tree = ast.parse((root / file).read_text())
+            assert name in {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}, f"{file}: no {name}"

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from conftest import assert_bytes_equal
 
 from dsv4_convert.formats.constants import E2M1_VALUES
 from dsv4_convert.formats.e2m1 import e2m1_to_float, float_to_e2m1, pack_nibbles, unpack_nibbles
+from tests.helpers.compare import assert_bytes_equal
 
 ALL_CODES = torch.arange(16, dtype=torch.uint8)
 

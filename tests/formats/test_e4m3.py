@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import assert_bytes_equal
 
 from dsv4_convert.formats.e4m3 import as_e4m3, e4m3_to_float, half_to_s0e5m3, s0e5m3_to_half
+from tests.helpers.compare import assert_bytes_equal
 
 ALL_BYTES = torch.arange(256, dtype=torch.int32).to(torch.uint8)
 

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import assert_bytes_equal
 
 from dsv4_convert.formats.e8m0 import as_e8m0_bytes, e8m0_to_float, exponent_to_e8m0
+from tests.helpers.compare import assert_bytes_equal
 
 ALL_BYTES = torch.arange(256, dtype=torch.int32).to(torch.uint8)
 

@@ -3,13 +3,18 @@
 from pathlib import Path
 
 import pytest
-from conftest import assert_bytes_equal
-from engine_stacks import mxfp4_dense_to_marlin, mxfp4_moe_to_marlin, nvfp4_dense_to_marlin, nvfp4_moe_to_marlin
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.tiles import padded_moe_intermediate
+from tests.helpers.compare import assert_bytes_equal
+from tests.helpers.engine_stacks import (
+    mxfp4_dense_to_marlin,
+    mxfp4_moe_to_marlin,
+    nvfp4_dense_to_marlin,
+    nvfp4_moe_to_marlin,
+)
 
 GOLDEN = sorted((Path(__file__).parent.parent / "golden").glob("*.safetensors"))
 

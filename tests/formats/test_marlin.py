@@ -2,8 +2,6 @@
 
 import pytest
 import torch
-from conftest import assert_bytes_equal
-from engine_stacks import nvfp4_dense_to_marlin, nvfp4_moe_to_marlin
 
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
@@ -12,6 +10,8 @@ from dsv4_convert.formats.marlin_weight import from_marlin_weight
 from dsv4_convert.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from dsv4_convert.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from dsv4_convert.formats.tiles import padded_dense_nk, padded_moe_intermediate
+from tests.helpers.compare import assert_bytes_equal
+from tests.helpers.engine_stacks import nvfp4_dense_to_marlin, nvfp4_moe_to_marlin
 
 NV_TARGETS = [MarlinTarget(engine=e, act_dtype=a) for e in ("vllm", "sglang") for a in ("bfloat16", "float16")]
 MX_TARGETS = [MarlinTarget(engine="vllm"), MarlinTarget(engine="sglang"), MarlinTarget(engine="vllm", w4a8=True)]

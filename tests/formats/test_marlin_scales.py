@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from conftest import assert_bytes_equal
 
 from dsv4_convert.formats.marlin_scales import (
     marlin_to_mxfp4_scales,
@@ -15,6 +14,7 @@ from dsv4_convert.formats.marlin_scales import (
     unpermute_scale_columns,
     vllm_rescale_factor,
 )
+from tests.helpers.compare import assert_bytes_equal
 
 QUAD = (0, 2, 1, 3)
 SG = (0, 1, 8, 9, 16, 17, 24, 25)

@@ -3,10 +3,10 @@ MARLIN_FP4.md §2, plus round trips, threading, leading dims and bad input."""
 
 import pytest
 import torch
-from conftest import assert_bytes_equal
 
 from dsv4_convert.formats.e2m1 import pack_nibbles, unpack_nibbles
 from dsv4_convert.formats.marlin_weight import check_marlin_weight_shape, from_marlin_weight, to_marlin_weight
+from tests.helpers.compare import assert_bytes_equal
 
 DK = (0, 8, 0, 8, 1, 9, 1, 9)
 DN = (0, 0, 8, 8, 0, 0, 8, 8)

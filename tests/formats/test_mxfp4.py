@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import assert_bytes_equal
 
 from dsv4_convert.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from tests.helpers.compare import assert_bytes_equal
 
 
 def test_hand_case_one_block():

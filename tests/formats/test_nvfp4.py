@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from conftest import assert_bytes_equal
 
 from dsv4_convert.formats.nvfp4 import (
     dequantize_nvfp4,
@@ -11,6 +10,7 @@ from dsv4_convert.formats.nvfp4 import (
     nvfp4_global_for,
     quantize_nvfp4,
 )
+from tests.helpers.compare import assert_bytes_equal
 
 
 def test_hand_case_one_block():

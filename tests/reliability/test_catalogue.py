@@ -17,15 +17,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from catalogue import CATALOGUE, CONFIG_FINDINGS, MX, NV, VALUE_FINDINGS, Entry
-from corrupt import INDEX, copy_checkpoint
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import run_cli, tree_hashes
+from tests.helpers.catalogue import CATALOGUE, CONFIG_FINDINGS, MX, NV, VALUE_FINDINGS, Entry
+from tests.helpers.cli import run_cli, tree_hashes
+from tests.helpers.corrupt import INDEX, copy_checkpoint
 
 SMALL = {"layers": 1, "experts": 4, "shards": 2}
 QUIET = ("-q", "--workers", "1")
-BATCH = Path(__file__).with_name("cli_batch.py")
+BATCH = Path(__file__).parents[1] / "helpers" / "cli_batch.py"
 BY_NAME = {e.name: e for e in CATALOGUE}
 
 

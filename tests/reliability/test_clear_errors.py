@@ -13,17 +13,14 @@ import json
 import resource
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import CLI, run_cli, tree_hashes  # noqa: E402
-
-from dsv4_convert.synth import write_synthetic_checkpoint  # noqa: E402
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import CLI, run_cli, tree_hashes
 
 
 def _mount(path: Path, opts: str) -> bool:

@@ -12,15 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import CLI, run_cli, tree_hashes  # noqa: E402
-
-from dsv4_convert.synth import write_synthetic_checkpoint  # noqa: E402
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import CLI, run_cli, tree_hashes
 
 FAST = ("--workers", "1")
 VALIDATE = ("--workers", "1", "--gemm-experts", "1")

@@ -6,8 +6,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import tomllib
+
 REPO = Path(__file__).resolve().parents[2]
-SOURCES = [REPO / d for d in ("convert", "core", "validate", "serving", "formats")]
+# every folder of the package (pyproject's package-dir is the one home of that list)
+SOURCES = sorted({REPO / d for d in tomllib.loads((REPO / "pyproject.toml").read_text())
+                  ["tool"]["setuptools"]["package-dir"].values()})
 DOC = REPO / "docs" / "ERRORS.md"
 
 _ID = r"[a-z0-9_]+(?:\.[a-z0-9_\-]+)+"

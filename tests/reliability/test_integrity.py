@@ -10,16 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import run_cli, tree_hashes  # noqa: E402
-
-from dsv4_convert.runtime.digest import HASH_ALGORITHM  # noqa: E402
-from dsv4_convert.synth import write_synthetic_checkpoint  # noqa: E402
+from dsv4_convert.runtime.digest import HASH_ALGORITHM
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import run_cli, tree_hashes
 
 ARGS = ("--workers", "1", "-q", "--max-shard-size", "60KB")
 MANIFEST = "dsv4-convert.manifest.json"

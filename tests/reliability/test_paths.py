@@ -8,15 +8,12 @@ catch one is exercised through a symlinked parent and a symlink to IN instead)."
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import run_cli, tree_hashes  # noqa: E402
-
-from dsv4_convert.synth import write_synthetic_checkpoint  # noqa: E402
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import run_cli, tree_hashes
 
 CONVERT = ("nvfp4-to-marlin",)
 ARGS = ("--workers", "1", "-q")

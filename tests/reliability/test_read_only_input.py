@@ -17,12 +17,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import restored_tree, run_cli, tree_hashes
+from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 
 SMALL = {"layers": 1, "experts": 4, "shards": 2}
 QUIET = ("-q", "--workers", "1")
-BATCH = Path(__file__).with_name("cli_batch.py")
+BATCH = Path(__file__).parents[1] / "helpers" / "cli_batch.py"
 
 
 def _mtimes(root: Path) -> dict[str, int]:

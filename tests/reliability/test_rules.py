@@ -12,19 +12,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from cli_helpers import run_cli, tree_hashes  # noqa: E402
-
-from dsv4_convert.core.structure import RULES  # noqa: E402
-from dsv4_convert.runtime.digest import file_digest  # noqa: E402
-from dsv4_convert.runtime.staging import MANIFEST  # noqa: E402
-from dsv4_convert.validate.checks import BY_ID  # noqa: E402
+from dsv4_convert.core.files import MANIFEST
+from dsv4_convert.core.structure import RULES
+from dsv4_convert.runtime.digest import file_digest
+from dsv4_convert.validate.checks import BY_ID
+from tests.helpers.cli import run_cli, tree_hashes
 
 SMALL = ("--layers", "1", "--experts", "4", "--shards", "2")
 HEADERS = "dsv4-convert-source/headers.json"

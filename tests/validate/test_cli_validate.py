@@ -84,6 +84,19 @@ def test_cli_subprocess_exit_codes(ckpts, tmp_path):
     assert missing.returncode == 2 and "source.not_found" in missing.stderr
 
 
+def test_quiet_prints_only_the_findings_and_the_verdict(ckpts):
+    run = [sys.executable, "-m", "dsv4_convert.cli", "validate", "--workers", "1"]
+    loud = subprocess.run(run + [str(ckpts["mx-clean"])], capture_output=True, text=True, check=False)
+    quiet = subprocess.run(run + ["-q", str(ckpts["mx-clean"])], capture_output=True, text=True, check=False)
+    assert loud.returncode == quiet.returncode == 0
+    assert "worst layers" in loud.stdout  # the table of passing checks, which -q leaves out
+    (verdict,) = quiet.stdout.splitlines()
+    assert verdict.endswith("-> OK (exit 0)") and verdict.split(" in ")[0] == loud.stdout.splitlines()[-1].split(" in ")[0]
+    bad = subprocess.run(run + ["-q", str(ckpts["mx-bad"])], capture_output=True, text=True, check=False)
+    assert bad.returncode == 1 and "error[mxfp4.scale.nan]" in bad.stdout and "worst layers" not in bad.stdout
+    assert bad.stdout.splitlines()[-1].endswith("-> FAIL (exit 1)")
+
+
 @pytest.fixture(scope="module")
 def converted(ckpts, tmp_path_factory):
     out = tmp_path_factory.mktemp("conv") / "marlin"

@@ -1,4 +1,4 @@
-"""NVFP4 global scales (ModelOpt `weight_scale_2`, a multiplier; spec MARLIN_FP4.md §3.4, §5.3-5.4)."""
+"""NVFP4 global scales (ModelOpt `weight_scale_2`, a multiplier; docs/spec/MARLIN_FP4.md §3.4, §5.3-5.4)."""
 
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from dsv4_convert.core.files import MANIFEST
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.runtime.manifest import verify
-from dsv4_convert.runtime.staging import MANIFEST
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.inputs import CheckpointInput, Options
 

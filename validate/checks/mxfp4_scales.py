@@ -1,4 +1,4 @@
-"""MXFP4 E8M0 block scales (spec MARLIN_FP4.md §3.5, §5.5-5.6). Coordinates are [n, group] of the
+"""MXFP4 E8M0 block scales (docs/spec/MARLIN_FP4.md §3.5, §5.5-5.6). Coordinates are [n, group] of the
 source scale tensor [N, K/32]; group g covers k = 32g .. 32g+31."""
 
 from __future__ import annotations

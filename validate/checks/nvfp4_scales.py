@@ -1,4 +1,4 @@
-"""NVFP4 E4M3 block scales (spec MARLIN_FP4.md §3.3, §5.2). Coordinates are [n, group] of the
+"""NVFP4 E4M3 block scales (docs/spec/MARLIN_FP4.md §3.3, §5.2). Coordinates are [n, group] of the
 source scale tensor [N, K/16]; group g covers k = 16g .. 16g+15."""
 
 from __future__ import annotations

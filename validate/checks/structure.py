@@ -6,10 +6,12 @@ from collections import defaultdict
 from collections.abc import Iterator
 
 from dsv4_convert.core import structure as rules
+from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
+from dsv4_convert.core.files import INDEX_FILE
+from dsv4_convert.core.naming import outside_index_note
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.headers import INDEX_FILE
 from dsv4_convert.validate.inputs import CheckpointInput, Options
 
 __all__ = [
@@ -28,8 +30,6 @@ __all__ = [
     "shard_truncated",
 ]
 
-_SOURCE_WEIGHT = {"U8", "I8"}
-_SCALE_DTYPES = {"nvfp4": {"F8_E4M3", "U8"}, "mxfp4": {"F8_E8M0", "U8", "I8"}}
 
 
 @check(id="structure.shard.header", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -95,22 +95,30 @@ def index_keys(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
         n, f = min(wrong)
         yield Finding(n, f"{len(wrong)} index entries point to a shard that does not hold the tensor; first {n} "
                       f"-> {f}.", count=len(wrong), file=f)
-    extra = sorted(n for n, fs in owners.items() if n not in wmap)
+    indexed = set(wmap.values())  # a whole file outside the index is structure.index.extra_file's finding
+    extra = sorted(n for n, fs in owners.items() if n not in wmap and any(f in indexed for f in fs))
     if extra:
         yield Finding(extra[0], f"{len(extra)} tensors are in shard headers but not in the index; first {extra[0]} "
                       f"({owners[extra[0]][0]}).", count=len(extra), file=owners[extra[0]][0])
 
 
 @check(id="structure.index.extra_file", severity=Severity.WARNING, scope=Scope.CHECKPOINT,
-       hint="delete the stray file or add its tensors to the index; engines ignore it")
+       hint="if the release ships it this way, nothing to do (dsv4-convert copies it unchanged); if it is left "
+            "from another download, compare it with the release's file list")
 def index_extra_file(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
-    """A shard the index does not mention is dead weight, or a sign of a mixed-up download."""
+    """A .safetensors file the index does not list is not loaded by the index; some releases ship one on purpose."""
     if c.index is None:
         return
     used = set(c.index["weight_map"].values())
     for f in c.files_on_disk:
-        if f not in used:
-            yield Finding(f, "this .safetensors file is not referenced by the index.", file=f)
+        if f in used:
+            continue
+        note = outside_index_note(c.config, f)
+        if note:  # the family ships it so (GLM's mtp.safetensors): a fact, not a problem
+            yield Finding(f, f"not listed in the index: {note}; copied unchanged.", file=f, severity=Severity.INFO)
+        else:
+            yield Finding(f, "this .safetensors file is not listed in the index, so engines that load by the index "
+                          "skip it; it is copied unchanged.", file=f)
 
 
 @check(id="structure.reader", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -171,12 +179,12 @@ def dtype_shape(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
         if marlin or p.row_step != 1 or p.expert_index is not None:
             continue  # Marlin tensors: marlin.dtype_shape; stacked gpt-oss tensors: checked by the reader
         g = p.group_size
-        if p.weight.dtype not in _SOURCE_WEIGHT or p.weight.shape[-2:] != (p.n, p.k // 2):
-            problems[f"{p.role.value} weight: {p.weight.dtype} {list(p.weight.shape)}, expected U8/I8 "
+        if p.weight.dtype not in WEIGHT_DTYPES or p.weight.shape[-2:] != (p.n, p.k // 2):
+            problems[f"{p.role.value} weight: {p.weight.dtype} {list(p.weight.shape)}, expected {'/'.join(WEIGHT_DTYPES)} "
                      f"[{p.n}, {p.k // 2}]"].append(p)
-        if p.scale.dtype not in _SCALE_DTYPES[p.quant.value] or p.scale.shape[-2:] != (p.n, p.k // g):
+        if p.scale.dtype not in SCALE_DTYPES[p.quant.value] or p.scale.shape[-2:] != (p.n, p.k // g):
             problems[f"{p.role.value} scale: {p.scale.dtype} {list(p.scale.shape)}, expected "
-                     f"{'/'.join(sorted(_SCALE_DTYPES[p.quant.value]))} [{p.n}, {p.k // g}] (group {g})"].append(p)
+                     f"{'/'.join(SCALE_DTYPES[p.quant.value])} [{p.n}, {p.k // g}] (group {g})"].append(p)
         if p.global_scale is not None and p.global_scale.dtype != "F32":
             problems[f"{p.role.value} global: {p.global_scale.dtype}, expected F32"].append(p)
     for text, ps in problems.items():

@@ -8,7 +8,6 @@ of it, and against Marlin tensors of another expert (the wrong weights). No subs
 
 import pytest
 import torch
-from check_helpers import loaded, on_disk, run, synth
 
 from dsv4_convert.formats.marlin import nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
@@ -17,6 +16,7 @@ from dsv4_convert.validate.checks.against import same_as_reference
 from dsv4_convert.validate.checks.gemm import gemm_rel_error
 from dsv4_convert.validate.emulate import GEMM_REL_ERROR_MAX
 from dsv4_convert.validate.inputs import GemmCase, Options
+from tests.helpers.checks import loaded, on_disk, run, synth
 
 
 @pytest.fixture(scope="module")

@@ -2,13 +2,13 @@ import math
 
 import pytest
 import torch
-from check_helpers import mxfp4_tensors, nvfp4_tensors, refresh, run, set_scale_byte
 
 from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import globals as g
 from dsv4_convert.validate.checks import numerics as nm
 from dsv4_convert.validate.inputs import ExpertTensors, Options
+from tests.helpers.checks import mxfp4_tensors, nvfp4_tensors, refresh, run, set_scale_byte
 
 
 def _with_global(p, value):

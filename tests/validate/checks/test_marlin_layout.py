@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-from check_helpers import marlin_of, mxfp4_tensors, nvfp4_tensors, run
 
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import marlin_to_nvfp4
@@ -11,6 +10,7 @@ from dsv4_convert.formats.marlin_weight import to_marlin_weight
 from dsv4_convert.validate.checks import marlin_layout as c
 from dsv4_convert.validate.diagnose import swap_nibbles
 from dsv4_convert.validate.inputs import ProjectionTensors
+from tests.helpers.checks import marlin_of, mxfp4_tensors, nvfp4_tensors, run
 
 
 def _decoded(m):

@@ -1,8 +1,8 @@
 import pytest
-from check_helpers import mxfp4_tensors, run, set_scale_byte
 
 from dsv4_convert.validate.checks import mxfp4_scales as c
 from dsv4_convert.validate.inputs import Options
+from tests.helpers.checks import mxfp4_tensors, run, set_scale_byte
 
 
 @pytest.mark.parametrize("chk", [c.nan_scale_bytes, c.overflow_scale_bytes, c.zero_scale_bytes, c.w4a8_scale_range])

@@ -1,10 +1,10 @@
 import pytest
 import torch
-from check_helpers import nvfp4_tensors, refresh, run, set_scale_byte
 
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import nvfp4_scales as c
 from dsv4_convert.validate.inputs import Options
+from tests.helpers.checks import nvfp4_tensors, refresh, run, set_scale_byte
 
 
 @pytest.mark.parametrize("chk", [c.nan_scales, c.negative_scales, c.subnormal_scales, c.zero_scales])

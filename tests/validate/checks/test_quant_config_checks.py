@@ -1,25 +1,22 @@
 """validate/checks/quant_config.py on real checkpoints whose config contradicts their tensors.
 
-Checkpoints: `dsv4_convert.synth` (source formats) and tests/convert/ckpt_factory.py (a Marlin
+Checkpoints: `dsv4_convert.synth` (source formats) and tests/helpers/ckpt_factory.py (a Marlin
 checkpoint as the converter lays it out, written directly); one config edit each. No substitutions.
 """
 
 import json
 import shutil
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from check_helpers import on_disk, run, synth
 
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import quant_config as q
 from dsv4_convert.validate.checks.structure import reader_refused as s_reader
 from dsv4_convert.validate.inputs import Options
-
-sys.path.insert(0, str(Path(__file__).parents[2] / "convert"))
-from ckpt_factory import make_checkpoint  # noqa: E402
+from tests.helpers.checks import on_disk, run, synth
+from tests.helpers.ckpt_factory import make_checkpoint
 
 CHECKS = [q.group_size_matches, q.experts_method, q.exclusions_cover, q.mxfp4_act_dtype, q.marlin_config,
           q.marlin_dtype_shape]

@@ -9,10 +9,10 @@ import json
 import shutil
 
 import pytest
-from check_helpers import on_disk, run, synth
 
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import structure as s
+from tests.helpers.checks import on_disk, run, synth
 
 CHECKS = [s.shard_headers, s.shard_truncated, s.index_missing_file, s.index_keys, s.index_extra_file,
           s.reader_refused, s.experts_missing, s.dtype_shape, s.k_alignment]

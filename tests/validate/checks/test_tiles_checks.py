@@ -6,12 +6,12 @@ container, the layer and the split. No substitutions.
 """
 
 import pytest
-from check_helpers import on_disk, run, synth
 
 from dsv4_convert.formats.tiles import moe_rank_tiles
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks.tiles import tile_rules_per_rank
 from dsv4_convert.validate.inputs import Options
+from tests.helpers.checks import on_disk, run, synth
 
 
 @pytest.fixture(scope="module")

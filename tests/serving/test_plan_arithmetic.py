@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.append(str(Path(__file__).parents[1] / "convert"))
-from ckpt_factory import make_checkpoint  # noqa: E402
-from cli_helpers import run_cli  # noqa: E402
-from padded_ref import gptoss_headers  # noqa: E402
+from tests.helpers.ckpt_factory import make_checkpoint
+from tests.helpers.cli import run_cli
+from tests.helpers.padded_ref import gptoss_headers
 
 GIB = 1 << 30
 

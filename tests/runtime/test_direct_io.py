@@ -31,12 +31,12 @@ import numpy as np
 import pytest
 import torch
 import xxhash
-from conftest import assert_bytes_equal
 from safetensors import safe_open
 
 from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec, header_bytes
 from dsv4_convert.core.tensor_io import safetensors_dtype
 from dsv4_convert.runtime import direct_io
+from tests.helpers.compare import assert_bytes_equal
 
 SMALL = 64 << 10
 REAL = direct_io.BUFFER_BYTES

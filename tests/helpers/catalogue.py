@@ -13,7 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from corrupt import (
+from dsv4_convert.core.errors import ContentError, InputError
+from dsv4_convert.synth import MANIFEST, write_synthetic_checkpoint
+from tests.helpers.corrupt import (
     INDEX,
     add_tensor,
     drop_tensors,
@@ -24,9 +26,6 @@ from corrupt import (
     shard_of,
     write_shard,
 )
-
-from dsv4_convert.core.errors import ContentError, InputError
-from dsv4_convert.synth import MANIFEST, write_synthetic_checkpoint
 
 __all__ = ["CATALOGUE", "CONFIG_FINDINGS", "EXPERT", "MX", "NV", "NV_HF", "VALUE_FINDINGS", "Entry"]
 

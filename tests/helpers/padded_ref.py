@@ -1,6 +1,6 @@
 """Independent per-rank references for padded (`--tp/--ep`) outputs, and header-only real-size sources.
 
-The reference for rank r of an experts layer is tests/formats/engine_stacks.py applied to that
+The reference for rank r of an experts layer is tests/helpers/engine_stacks.py applied to that
 rank's source slice (gate/up rows, down columns) of every expert, with the engine's padded sizes:
 the engine-equivalent padded stacks that the golden cases (tests/golden/) and the plugin tests pin
 against the engines' own code. Our output is one tensor per projection per expert; rank r's block
@@ -11,21 +11,16 @@ from __future__ import annotations
 
 import json
 import struct
-import sys
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "formats"))
-sys.path.insert(0, str(Path(__file__).parents[1]))
-
-from ckpt_factory import write_json  # noqa: E402
-from conftest import assert_bytes_equal  # noqa: E402
-from engine_stacks import mxfp4_moe_to_marlin, nvfp4_moe_to_marlin  # noqa: E402
-
-from dsv4_convert.core.target import MarlinTarget  # noqa: E402
-from dsv4_convert.formats.marlin_scales import vllm_rescale_factor  # noqa: E402
+from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
+from tests.helpers.ckpt_factory import write_json
+from tests.helpers.compare import assert_bytes_equal
+from tests.helpers.engine_stacks import mxfp4_moe_to_marlin, nvfp4_moe_to_marlin
 
 __all__ = ["assert_rank_blocks", "gptoss_headers", "load_out", "rank_reference", "write_header_only"]
 

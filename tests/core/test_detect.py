@@ -1,11 +1,11 @@
 import pytest
-from ckpt_factory import FORMATS, make_checkpoint
 
 from dsv4_convert.core.detect import DETECTORS, detect_format
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat, TensorRef
+from tests.helpers.ckpt_factory import FORMATS, make_checkpoint
 
 
 def _ref(name, dtype, shape):

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckpt_factory import FORMATS, make_checkpoint, write_json
 
 from dsv4_convert.core.errors import ContentError, InputError, UsageError
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
+from tests.helpers.ckpt_factory import FORMATS, make_checkpoint, write_json
 
 
 def _bytes(t: torch.Tensor) -> bytes:

@@ -5,11 +5,11 @@ import sys
 
 import pytest
 import torch
-from ckpt_factory import FORMATS, make_checkpoint
 
 from dsv4_convert.cli.inspect import summarize
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.tensor_model import SourceFormat
+from tests.helpers.ckpt_factory import FORMATS, make_checkpoint
 
 SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-ct", "mxfp4-gptoss")
 

@@ -67,6 +67,18 @@ def test_shape_that_needs_padding_at_tp8_recommends_ep():
     assert (nv.chosen.tp, nv.chosen.ep) == (8, 8)
 
 
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_reasoning_follows_a_padded_verdict(engine):
+    """gpt-oss (H = I = 2880) at 8 GPUs: the engine pads H even with EP, so the plan must not claim that
+    EP leaves nothing padded for a candidate it marks `pad`."""
+    shape = shape_from_checkpoint(flash_like(layers=1, experts=32, hidden=2880, inter=2880))
+    plan = make_plan(shape, gpus=8, gpu_mem_gib=96, engine=engine)
+    chosen = plan.chosen
+    assert (chosen.tp, chosen.ep, chosen.tiles.status) == (8, 8, PAD)  # H 2880 -> 3072 at every split
+    assert not any("nothing is padded" in r for r in plan.reasoning), plan.reasoning
+    assert any(r.startswith("TP 8 / EP 8 is padded: " + chosen.tiles.reason) for r in plan.reasoning), plan.reasoning
+
+
 def test_padding_engine_is_named():
     v = moe_rank_tiles("mxfp4", "vllm", hidden=2880, intermediate=2880, experts=128, tp=2, ep=1)  # gpt-oss-120b
     assert v.status == PAD and (v.i_pad, v.h_pad) == (1536, 3072)

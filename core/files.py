@@ -1,0 +1,32 @@
+"""The one home of every file and directory name dsv4-convert reads or writes. Converter, staging,
+publish, marlin-to-source, validate, synth and the path-safety rules all name files through these."""
+
+__all__ = [
+    "CONFIG", "HF_QUANT_CONFIG", "INDEX_FILE", "LOCK", "LOST", "LOST_SUFFIX", "MANIFEST", "MARKER", "PROGRESS",
+    "RECORDS", "SERVING_NOTES", "SINGLE_FILE", "SOURCE_DIR", "SOURCE_HEADERS", "STAGING_SUFFIX", "SYNTH_MANIFEST",
+]
+
+# A Hugging Face checkpoint's own files (read in the source, rewritten in the output)
+CONFIG = "config.json"
+HF_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt's
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"  # an unsharded checkpoint
+
+# What dsv4-convert adds to a converted checkpoint
+SERVING_NOTES = "SERVING.md"  # how to serve it (convert/serving_notes.py)
+MANIFEST = "dsv4-convert.manifest.json"  # written last: every file with its hash (runtime/manifest.py)
+SOURCE_DIR = "dsv4-convert-source"  # the originals needed to give the input back byte for byte
+SOURCE_HEADERS = "headers.json"  # in SOURCE_DIR: each source shard's safetensors header text
+LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
+
+# Staging (`<OUT>.partial/`, runtime/staging.py): never in a published directory
+STAGING_SUFFIX = ".partial"
+PROGRESS = "dsv4-convert.progress.json"  # fingerprint + finished shards, for --resume
+LOCK = "dsv4-convert.lock"  # keeps two runs apart
+LOST_SUFFIX = ".lost.safetensors"  # per shard, merged into LOST at the end
+
+# Other outputs
+MARKER = "dsv4-convert.marker.json"  # marlin-to-source's "dsv4-convert wrote this directory"
+SYNTH_MANIFEST = "synth.json"  # a synthetic checkpoint's record of how it was made
+
+RECORDS = (MANIFEST, MARKER, SYNTH_MANIFEST)  # a directory holding one of these was written by dsv4-convert

@@ -1,0 +1,281 @@
+"""The one table of expert naming schemes and model families.
+
+A *scheme* says where a checkpoint keeps its routed experts: one tensor per expert projection
+(`per-expert`) or all experts of a layer in one tensor (`stacked`), under which layer prefixes and
+experts module, with which projection (role) names, and in which orientation. A *family* is a model
+architecture: the scheme its releases use, the scheme the converted checkpoint keeps (the engine's
+own weight-name mapping for that architecture must place every converted tensor), and whether the
+serving plugins load it yet. Detection, grouping, the writer's index, validate, reverse and the
+plugins all read names through this module (`parse_expert_name`, `converted_expert`).
+
+Each entry names the public source of its facts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from dsv4_convert.core.tensor_model import Role, TensorRef
+
+__all__ = [
+    "PER_EXPERT", "STACKED", "N_MAJOR", "K_MAJOR", "Scheme", "SCHEMES", "Family", "FAMILIES", "ExpertName",
+    "outside_index_note", "parse_expert_name", "expert_key", "per_expert_key", "converted_expert", "family_of", "family_named", "module_prefix", "first_expert_like",
+    "unknown_part", "ROLE_ORDER", "PACKED", "E8M0", "logical_k",
+]
+
+PER_EXPERT, STACKED = "per-expert", "stacked"
+N_MAJOR = "N-major"  # a projection is [N, K/2] (rows = output features), as nn.Linear stores it
+K_MAJOR = "K-major"  # a stacked projection is [E, K/2, N]: transposed relative to the per-expert layout
+
+ROLE_ORDER = {Role.GATE: 0, Role.UP: 1, Role.DOWN: 2}
+PACKED = {"I8", "U8", "F4"}           # packed E2M1 codes
+E8M0 = {"F8_E8M0", "U8"}              # E8M0 scale bytes (compressed-tensors stores them as U8)
+_HF_ROLES = {"gate_proj": Role.GATE, "up_proj": Role.UP, "down_proj": Role.DOWN}
+_HF_NAMES = {role: name for name, role in _HF_ROLES.items()}
+_W_ROLES = {"w1": Role.GATE, "w3": Role.UP, "w2": Role.DOWN}  # w1 = gate, w3 = up, w2 = down
+
+
+def logical_k(weight: TensorRef) -> int:
+    return weight.shape[-1] if weight.dtype == "F4" else 2 * weight.shape[-1]
+
+
+@dataclass(frozen=True)
+class Scheme:
+    """How one naming scheme spells an expert tensor.
+
+    Per-expert: `<layer prefix>.<L>.<module>.<E>.<role>.<suffix>`. Stacked: `<layer prefix>.<L>.<module>.<role>`
+    plus a scheme-specific tail (`_blocks`, `_weight_scale`, ...); `roles` maps a stacked role name to the
+    roles it holds, in the order of its rows (`interleaved`: gate and up rows alternate, else they are halves).
+    A layer prefix "mtp" gives the layer name `mtp.<L>` (DeepSeek's MTP blocks)."""
+    name: str
+    layout: str
+    layer_prefixes: tuple[str, ...]
+    module: str
+    roles: Mapping[str, tuple[Role, ...]]
+    orientation: str = N_MAJOR
+    interleaved: bool = False
+    tails: Mapping[str, str] = field(default_factory=dict)  # stacked: name tail -> part ("" = the weight)
+    source: str = ""
+
+    @property
+    def pattern(self) -> re.Pattern:
+        prefixes = "|".join(re.escape(p) for p in self.layer_prefixes)
+        roles = "|".join(re.escape(r) for r in self.roles)
+        head = rf"(?P<lp>{prefixes})\.(?P<layer>\d+)\.{re.escape(self.module)}"
+        if self.layout == PER_EXPERT:
+            return re.compile(rf"^(?P<prefix>{head}\.(?P<expert>\d+)\.(?P<proj>{roles}))\.(?P<suffix>[A-Za-z0-9_]+)$")
+        tails = "|".join(re.escape(t) for t in sorted(self.tails, key=len, reverse=True) if t)
+        return re.compile(rf"^(?P<prefix>{head}\.(?P<proj>{roles}))(?P<tail>{tails})?$")
+
+
+def _per_expert(name, prefixes, module, roles, source) -> Scheme:
+    return Scheme(name, PER_EXPERT, prefixes, module, {k: (v,) for k, v in roles.items()}, source=source)
+
+
+SCHEMES: tuple[Scheme, ...] = (
+    # DeepSeek-V4 releases: `layers.L.ffn.experts.E.w1.weight`, MTP `mtp.0.ffn.experts.E.w2.scale`
+    # (spec CHECKPOINT_FORMATS.md §3.3; deepseek-ai/DeepSeek-V4-Flash inference/model.py; ModelOpt
+    # examples/deepseek/deepseek_v4/quantize_to_nvfp4.py keeps these names).
+    _per_expert("deepseek", ("layers", "mtp"), "ffn.experts", _W_ROLES,
+                "CHECKPOINT_FORMATS.md §3.3, §4.4; vLLM 0.33 vllm/models/deepseek_v4"),
+    # Hugging Face `model.layers.L.mlp.experts.E.{gate,up,down}_proj.*`: Qwen3 MoE, DeepSeek-V3/R1 and
+    # Kimi-K2 (HF names, ModelOpt quantize_to_nvfp4.py renames ffn->mlp, w1->gate_proj...), GLM-4.5/4.6/4.7
+    # (also its MTP layer `model.layers.<num_hidden_layers>.*`), and gpt-oss once converted. vLLM 0.33
+    # qwen3_moe.py / deepseek_v2.py / glm4_moe.py load them with FusedMoE.make_expert_params_mapping(
+    # ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj", ckpt_up_proj_name="up_proj").
+    _per_expert("hf-mlp", ("model.layers",), "mlp.experts", _HF_ROLES,
+                "vLLM 0.33 qwen3_moe.py, deepseek_v2.py, glm4_moe.py expert_params_mapping"),
+    # Multimodal wrappers keep the text stack under `model.language_model.layers` (Qwen3.5 / Qwen3.6 MoE,
+    # Gemma-4 MoE: vLLM 0.33 qwen3_5.py and gemma4.py hf_to_vllm_mapper `"model.language_model." -> "model."`);
+    # community exports write `language_model.model.layers` (the transformers <4.52 module path).
+    _per_expert("hf-language-model", ("model.language_model.layers", "language_model.model.layers"), "mlp.experts",
+                _HF_ROLES, "vLLM 0.33 qwen3_5.py, gemma4.py WeightsMapper orig_to_new_prefix"),
+    # Mixtral and MiniMax-M2.x: `model.layers.L.block_sparse_moe.experts.E.{w1,w3,w2}.*` (vLLM 0.33 mixtral.py
+    # and minimax_m2.py: ckpt_names=("w1", "w2", "w3"); transformers modeling_mixtral.py MixtralBlockSparseTop2MLP).
+    _per_expert("block-sparse-moe", ("model.layers",), "block_sparse_moe.experts", _W_ROLES,
+                "vLLM 0.33 mixtral.py, minimax_m2.py ckpt_names=(w1, w2, w3)"),
+    # Llama-4 per-expert names: what a converted Llama-4 keeps (vLLM 0.33 llama4.py load_weights: the
+    # non-fused expert_params_mapping with gate_proj / up_proj / down_proj places them).
+    _per_expert("llama4", ("language_model.model.layers",), "feed_forward.experts", _HF_ROLES,
+                "vLLM 0.33 llama4.py load_weights expert_params_mapping (non-fused)"),
+    # gpt-oss: `model.layers.L.mlp.experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] with gate and up rows
+    # interleaved (2i = gate, 2i+1 = up), `_scales` U8 [E, 2I, H/32] (spec CHECKPOINT_FORMATS.md §6;
+    # openai/gpt-oss-20b tensor list; vLLM 0.33 gpt_oss.py).
+    Scheme("gpt-oss", STACKED, ("model.layers",), "mlp.experts",
+           {"gate_up_proj": (Role.GATE, Role.UP), "down_proj": (Role.DOWN,)}, interleaved=True,
+           tails={"_blocks": "weight", "_scales": "scale"}, source="CHECKPOINT_FORMATS.md §6; vLLM 0.33 gpt_oss.py"),
+    # Llama-4 by ModelOpt (nvidia/Llama-4-Scout-17B-16E-Instruct-FP4): all experts of a layer in
+    # `language_model.model.layers.L.feed_forward.experts.gate_up_proj` [E, K/2, 2I] (K-major: vLLM 0.33
+    # llama4.py load_moe_expert_weights transposes the last two dims, then chunks gate | up in halves) with
+    # `_weight_scale` [E, K/16, 2I], `_weight_scale_2` and `_input_scale` (mllama4.py
+    # _rename_weight_for_modelopt_checkpoint; spec CHECKPOINT_FORMATS.md §4.1 "BMM-style experts").
+    Scheme("llama4-stacked", STACKED, ("language_model.model.layers",), "feed_forward.experts",
+           {"gate_up_proj": (Role.GATE, Role.UP), "down_proj": (Role.DOWN,)}, orientation=K_MAJOR,
+           tails={"": "weight", "_weight_scale": "scale", "_weight_scale_2": "global_scale",
+                  "_input_scale": "input_scale"},
+           source="vLLM 0.33 llama4.py load_moe_expert_weights, mllama4.py _rename_weight_for_modelopt_checkpoint"),
+)
+_BY_NAME = {s.name: s for s in SCHEMES}
+_PATTERNS = tuple((s, s.pattern) for s in SCHEMES)
+
+
+@dataclass(frozen=True)
+class ExpertName:
+    """One expert tensor name, understood. `role` is None for a stacked gate+up tensor."""
+    scheme: Scheme
+    prefix: str      # per-expert: the projection key (`model.layers.3.mlp.experts.7.gate_proj`); stacked: the base
+    layer: str       # "3", or "mtp.0"
+    expert: int | None
+    proj: str        # the role name as spelled (`w1`, `gate_proj`, `gate_up_proj`)
+    suffix: str      # per-expert: `weight`, `weight_scale`, ...; stacked: the part (`weight`, `scale`, ...)
+
+    @property
+    def role(self) -> Role | None:
+        roles = self.scheme.roles[self.proj]
+        return roles[0] if len(roles) == 1 else None
+
+    @property
+    def container(self) -> str:
+        """The experts module: `model.layers.3.mlp.experts`."""
+        return self.prefix.rsplit(".", 2 if self.scheme.layout == PER_EXPERT else 1)[0]
+
+
+def parse_expert_name(name: str, schemes: Iterable[Scheme] | None = None) -> ExpertName | None:
+    """The expert tensor `name` as the table understands it, or None when no scheme spells it."""
+    for scheme, pattern in _PATTERNS if schemes is None else ((s, s.pattern) for s in schemes):
+        m = pattern.match(name)
+        if m is None:
+            continue
+        layer = f"mtp.{m['layer']}" if m["lp"] == "mtp" else m["layer"]
+        if scheme.layout == PER_EXPERT:
+            return ExpertName(scheme, m["prefix"], layer, int(m["expert"]), m["proj"], m["suffix"])
+        return ExpertName(scheme, m["prefix"], layer, None, m["proj"], scheme.tails[m["tail"] or ""])
+    return None
+
+
+def expert_key(scheme: Scheme, layer: int | str, expert: int, role: Role) -> str:
+    """The projection key of a per-expert scheme: `model.layers.3.block_sparse_moe.experts.7.w1`."""
+    name = next(n for n, roles in scheme.roles.items() if roles == (role,))
+    return f"{scheme.layer_prefixes[0]}.{layer}.{scheme.module}.{expert}.{name}"
+
+
+def per_expert_key(container: str, expert: int, role: Role) -> str:
+    """The per-expert key a stacked projection converts to: the same experts module, Hugging Face role names
+    (`model.layers.3.mlp.experts.7.gate_proj`), which the engines' non-fused expert mapping places."""
+    return f"{container}.{expert}.{_HF_NAMES[role]}"
+
+
+def converted_expert(name: str) -> tuple[str, int, Role] | None:
+    """(layer, expert, role) of a converted checkpoint's expert tensor (always per-expert names), or None:
+    what the serving plugins need to place a tensor."""
+    parsed = parse_expert_name(name, (s for s in SCHEMES if s.layout == PER_EXPERT))
+    return None if parsed is None else (parsed.layer, parsed.expert, parsed.role)
+
+
+# ------------------------------------------------------------------------------------------------ families
+@dataclass(frozen=True)
+class Family:
+    """A model architecture. `servable` says whether the plugins of this project load its converted
+    checkpoint (set from the serving results, serving_tests/); when False, `refusal` says why and the
+    converter refuses it unless told --allow-unservable."""
+    name: str
+    architectures: tuple[str, ...]
+    scheme: str           # the scheme its releases use
+    output_scheme: str    # the scheme the converted checkpoint keeps
+    servable: bool
+    refusal: str = ""
+    examples: str = ""
+    outside_index: Mapping[str, str] = field(default_factory=dict)  # file the index does not list -> what it is
+
+    @property
+    def source_scheme(self) -> Scheme:
+        return _BY_NAME[self.scheme]
+
+    @property
+    def converted_scheme(self) -> Scheme:
+        return _BY_NAME[self.output_scheme]
+
+
+_NOT_PROVEN = ("no serving test loads this family through the plugins yet (the non-expert layers' quantisation "
+               "method and the architecture's weight-name mapping are not proven)")
+
+FAMILIES: tuple[Family, ...] = (
+    Family("deepseek-v4", ("DeepseekV4ForCausalLM",), "deepseek", "deepseek", True,
+           examples="deepseek-ai/DeepSeek-V4-Flash, nvidia/DeepSeek-V4-Flash-NVFP4"),
+    Family("gpt-oss", ("GptOssForCausalLM",), "gpt-oss", "hf-mlp", True, examples="openai/gpt-oss-20b, -120b"),
+    Family("qwen3-moe", ("Qwen3MoeForCausalLM",), "hf-mlp", "hf-mlp", False, _NOT_PROVEN,
+           "nvidia/Qwen3-30B-A3B-NVFP4, nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4, RedHatAI/Qwen3-30B-A3B-NVFP4"),
+    Family("deepseek-v3", ("DeepseekV3ForCausalLM", "KimiK2ForCausalLM"), "hf-mlp", "hf-mlp", False, _NOT_PROVEN,
+           "nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-V3-0324-FP4, Kimi-K2 NVFP4"),
+    Family("glm4-moe", ("Glm4MoeForCausalLM",), "hf-mlp", "hf-mlp", False, _NOT_PROVEN,
+           "GLM-4.5 / 4.6 / 4.7 NVFP4 (MTP layer in mtp.safetensors)",
+           # GLM-4.6 / 4.7 FP4 releases keep the MTP layer in mtp.safetensors, outside the index; SGLang 0.5.23
+           # adds it for Glm4MoeForCausalLM with num_nextn_predict_layers > 0 (model_loader/weight_utils.py
+           # maybe_add_mtp_safetensors, citing baseten-admin/glm-4.7-fp4)
+           {"mtp.safetensors": "GLM's MTP layer (SGLang loads it for speculative decoding)"}),
+    Family("qwen3.5-moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), "hf-language-model",
+           "hf-language-model", False, _NOT_PROVEN, "nvidia/Qwen3.6-35B-A3B-NVFP4, RedHatAI Qwen3.5 NVFP4"),
+    Family("gemma4-moe", ("Gemma4ForConditionalGeneration",), "hf-language-model", "hf-language-model", False,
+           _NOT_PROVEN, "Gemma-4 MoE NVFP4"),
+    Family("minimax-m2", ("MiniMaxM2ForCausalLM",), "block-sparse-moe", "block-sparse-moe", False, _NOT_PROVEN,
+           "MiniMax-M2.x NVFP4"),
+    Family("mixtral", ("MixtralForCausalLM",), "block-sparse-moe", "block-sparse-moe", False, _NOT_PROVEN,
+           "Mixtral-style NVFP4"),
+    Family("llama4", ("Llama4ForConditionalGeneration",), "llama4-stacked", "llama4", False, _NOT_PROVEN,
+           "nvidia/Llama-4-Scout-17B-16E-Instruct-FP4"),
+)
+_FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
+
+
+def family_named(name: str) -> Family:
+    return _FAMILY_BY_NAME[name]
+
+
+def outside_index_note(config: Mapping, file: str) -> str | None:
+    """What a file the index does not list is, when the checkpoint's family ships it so; else None."""
+    family = family_of(config)
+    return None if family is None else family.outside_index.get(file)
+
+
+def family_of(config: Mapping) -> Family | None:
+    """The family of a checkpoint, from config.json `architectures`; None for an architecture not in the table."""
+    archs = config.get("architectures")
+    archs = archs if isinstance(archs, list) else []
+    return next((f for f in FAMILIES if any(a in f.architectures for a in archs)), None)
+
+
+def module_prefix(family: Family, layer: int | str, *, converted: bool = True) -> str:
+    """The experts module of `layer` in this family's (converted) checkpoint: `model.layers.3.mlp.experts`."""
+    scheme = family.converted_scheme if converted else family.source_scheme
+    return f"{scheme.layer_prefixes[0]}.{layer}.{scheme.module}"
+
+
+# --------------------------------------------------------------------------------------- unknown names
+_EXPERTISH = re.compile(r"(^|\.)experts?(\.|_|$)")
+
+
+def first_expert_like(names: Iterable[str]) -> str | None:
+    """The first tensor whose path has an `experts` module (the routed experts, in whatever scheme)."""
+    return next((n for n in names if _EXPERTISH.search(n)), None)
+
+
+def unknown_part(name: str) -> str:
+    """Which part of an expert-like tensor's path no scheme understands, in words."""
+    prefixes = sorted({p for s in SCHEMES for p in s.layer_prefixes})
+    m = re.match(rf"^(?P<lp>{'|'.join(map(re.escape, prefixes))})\.(?P<layer>\d+)\.(?P<rest>.+)$", name)
+    if m is None:
+        head = name.split(".experts")[0]
+        return (f"its layer path {head!r} is not a known layer prefix (known: "
+                f"{', '.join(p + '.<L>' for p in prefixes)})")
+    modules = sorted({s.module for s in SCHEMES if m["lp"] in s.layer_prefixes})
+    module = next((mod for mod in modules if m["rest"].startswith(mod + ".")), None)
+    if module is None:
+        found = m["rest"].split(".experts")[0] + ".experts" if ".experts" in m["rest"] else m["rest"]
+        return (f"its experts module {found!r} after {m['lp']}.{m['layer']} is not known there (known: "
+                f"{', '.join(modules)})")
+    tail = m["rest"][len(module) + 1:]
+    roles = sorted({r for s in SCHEMES if m["lp"] in s.layer_prefixes and s.module == module for r in s.roles})
+    return (f"the part after {module!r} ({tail!r}) is not an expert index and projection name known for "
+            f"{m['lp']}.<L>.{module} (known projections: {', '.join(roles)})")

@@ -1,0 +1,167 @@
+"""Model families (core/naming.py, synth/families.py): every family's tiny checkpoint is recognised, converts
+for both targets, validates clean (source, and output --against source) and reverses byte for byte, all through
+real CLI runs on real safetensors files.
+
+Substitutions: the checkpoints are `dsv4-convert synth --family` replicas built from the public facts named in
+synth/families.py (tiny sizes, synthetic values), not the released weights. Converted outputs are made once
+per session and shared by the validate and reverse tests. The converter's refusal of families the plugins do
+not serve yet is lifted through DSV4_CONVERT_ALLOW_UNSERVABLE (tests/conftest.py), except in the test of the
+refusal itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dsv4_convert.core.detect import detect_format
+from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.grouping import group_projections
+from dsv4_convert.core.naming import (
+    FAMILIES,
+    converted_expert,
+    family_named,
+    family_of,
+    module_prefix,
+    parse_expert_name,
+)
+from dsv4_convert.core.reader import open_checkpoint
+from dsv4_convert.core.tensor_model import Role, SourceFormat, TensorRef
+from dsv4_convert.synth import SYNTH_FAMILIES
+from dsv4_convert.synth.families import FAMILY_SPECS, MTP_FILE
+from tests.helpers.cli import CLI, restored_tree, run_cli, tree_hashes
+
+# deepseek-v4 and gpt-oss are covered end to end by test_convert_e2e.py; here: the families added with the table
+CASES = [(fam, fmt) for fam in FAMILY_SPECS for fmt in SYNTH_FAMILIES[fam]]
+_IDS = [f"{fam}-{fmt}" for fam, fmt in CASES]
+_SIZES = {"layers": 2, "experts": 4, "hidden": 128, "intermediate": 128, "shards": 2}
+# the target whose output is reversed (the other one's is validated --against the source): both get exercised
+_REVERSED = {case: ("sglang", "vllm")[i % 2] for i, case in enumerate(CASES)}
+
+
+@pytest.fixture(scope="session")
+def family_source(synth_source):
+    return lambda fam, fmt: synth_source(fmt, family=fam, **_SIZES)
+
+
+@pytest.fixture(scope="session")
+def converted(family_source, tmp_path_factory):
+    """(family, format, target) -> the converted checkpoint, made once."""
+    cache: dict = {}
+
+    def make(fam: str, fmt: str, target: str) -> Path:
+        if (fam, fmt, target) not in cache:
+            out = tmp_path_factory.mktemp("fam") / f"{fam}-{fmt}-{target}"
+            run_cli("nvfp4-to-marlin", family_source(fam, fmt), out, "--target", target, "-q")
+            cache[fam, fmt, target] = out
+        return cache[fam, fmt, target]
+    return make
+
+
+def _validate(*args) -> dict:
+    proc = run_cli("validate", *args, "--json", check=False)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0, f"validate {args} exited {proc.returncode}: {proc.stdout[-3000:]}"
+    return report
+
+
+@pytest.mark.parametrize(("fam", "fmt"), CASES, ids=_IDS)
+def test_family_is_recognised_with_its_names(family_source, fam, fmt):
+    src = family_source(fam, fmt)
+    ckpt = open_checkpoint(src)
+    family = family_named(fam)
+    assert family_of(ckpt.config) is family
+    assert ckpt.format is (SourceFormat.NVFP4_CT if fmt == "nvfp4-ct" else SourceFormat.NVFP4_MODELOPT_HF)
+    assert family.scheme in ckpt.format_reason
+    spec = FAMILY_SPECS[fam]
+    moe_layers = range(spec.dense_layers, _SIZES["layers"])
+    assert len(ckpt.projections) == len(moe_layers) * _SIZES["experts"] * 3
+    for p in ckpt.projections:
+        parsed = parse_expert_name(p.weight.name)
+        assert parsed is not None and parsed.scheme.name == family.scheme, p.weight.name
+        assert p.key.startswith(module_prefix(family, p.layer, converted=False) + ".")
+        assert (parsed.layer, parsed.expert, parsed.role) == (p.layer, p.expert, p.role)
+
+
+@pytest.mark.parametrize(("fam", "fmt"), CASES, ids=_IDS)
+def test_source_validates_clean(family_source, fam, fmt):
+    report = _validate(family_source(fam, fmt), "--strict")
+    if FAMILY_SPECS[fam].mtp == "file":  # GLM's mtp.safetensors: a fact, never an error or a warning
+        infos = [f for f in report["findings"] if f["check"] == "structure.index.extra_file"]
+        assert [f["file"] for f in infos] == [MTP_FILE] and infos[0]["severity"] == "info", infos
+
+
+@pytest.mark.parametrize(("fam", "fmt"), CASES, ids=_IDS)
+def test_converted_output_validates_and_reverses(converted, family_source, tmp_path, fam, fmt):
+    src = family_source(fam, fmt)
+    reversed_target = _REVERSED[fam, fmt]
+    validated_target = "vllm" if reversed_target == "sglang" else "sglang"
+    out = converted(fam, fmt, validated_target)
+    _validate(out, "--against", src)
+    family = family_named(fam)
+    names = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    experts = [n for n in names if n.endswith(".weight") and converted_expert(n)]
+    assert experts and all(parse_expert_name(n).scheme is family.converted_scheme for n in experts)
+    if FAMILY_SPECS[fam].mtp == "file":  # copied unchanged, still outside the index
+        assert (out / MTP_FILE).read_bytes() == (src / MTP_FILE).read_bytes() and MTP_FILE not in names.values()
+    restored = tmp_path / "restored"
+    run_cli("marlin-to-source", converted(fam, fmt, reversed_target), restored, "-q")
+    assert restored_tree(restored) == tree_hashes(src)
+
+
+def test_unservable_family_is_refused_with_the_reason(family_source, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "DSV4_CONVERT_ALLOW_UNSERVABLE"}
+    src = family_source("mixtral", "nvfp4-modelopt-hf")
+    proc = subprocess.run([*CLI, "nvfp4-to-marlin", str(src), str(tmp_path / "out"), "--json"],
+                          capture_output=True, text=True, env=env)
+    err = json.loads(proc.stdout)
+    assert proc.returncode == 4 and err["error"]["id"] == "convert.unservable_family", proc.stdout
+    assert family_named("mixtral").refusal in err["error"]["message"] and "--allow-unservable" in err["error"]["fix"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_servable_families_are_the_ones_the_plugins_load():
+    # serving_tests/ loads DeepSeek-V4 (MXFP4 and NVFP4) and gpt-oss through both plugins; nothing else yet
+    assert {f.name for f in FAMILIES if f.servable} == {"deepseek-v4", "gpt-oss"}
+    assert all(f.refusal for f in FAMILIES if not f.servable)
+
+
+def _ref(name: str, dtype: str = "U8", shape=(64, 64)) -> TensorRef:
+    return TensorRef(name, "model.safetensors", dtype, tuple(shape), 0, 0)
+
+
+@pytest.mark.parametrize(("name", "part"), [
+    ("model.layers.0.moe.experts.0.gate_proj.weight", "experts module 'moe.experts'"),
+    ("transformer.h.0.mlp.experts.0.gate_proj.weight", "layer path 'transformer.h.0.mlp'"),
+    ("model.layers.0.mlp.experts.0.fc1.weight", "'0.fc1.weight'"),
+])
+def test_unknown_expert_names_say_which_part_is_not_understood(name, part):
+    config = {"architectures": ["X"], "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}
+    tensors = {"model.embed_tokens.weight": _ref("model.embed_tokens.weight", "BF16"), name: _ref(name)}
+    with pytest.raises(ContentError) as e:
+        detect_format(config, None, tensors)
+    assert e.value.error_id == "detect.unknown_format"
+    assert name in e.value.hint and part in e.value.hint, e.value.hint
+
+
+def test_llama4_stacked_experts_are_recognised_and_refused_clearly():
+    base = "language_model.model.layers.0.feed_forward.experts"
+    tensors = {f"{base}.gate_up_proj": _ref(f"{base}.gate_up_proj", shape=(4, 64, 256)),
+               f"{base}.gate_up_proj_weight_scale": _ref(f"{base}.gate_up_proj_weight_scale", "F8_E4M3", (4, 8, 256))}
+    parsed = parse_expert_name(f"{base}.gate_up_proj_weight_scale")
+    assert (parsed.scheme.name, parsed.layer, parsed.suffix, parsed.role) == ("llama4-stacked", "0", "scale", None)
+    with pytest.raises(ContentError) as e:
+        group_projections(SourceFormat.NVFP4_MODELOPT_HF, {}, tensors)
+    assert e.value.error_id == "group.unsupported_layout" and "K-major" in e.value.message
+
+
+def test_converted_names_give_layer_expert_role_for_the_plugins():
+    assert converted_expert("model.layers.3.block_sparse_moe.experts.7.w3.weight_scale") == ("3", 7, Role.UP)
+    assert converted_expert("model.language_model.layers.1.mlp.experts.2.down_proj.weight") == ("1", 2, Role.DOWN)
+    assert converted_expert("mtp.0.ffn.experts.5.w1.weight") == ("mtp.0", 5, Role.GATE)
+    assert converted_expert("model.layers.3.mlp.shared_experts.gate_proj.weight") is None
+    assert module_prefix(family_named("llama4"), 5) == "language_model.model.layers.5.feed_forward.experts"
