@@ -169,9 +169,9 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         total = sum(s.nbytes for s in todo)
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting",
                    disable=not progress, dynamic_ncols=True)
-        pieces = split_shards(todo, auto_workers(workers, total, None)) if executor.name == "local" else \
-            split_shards(todo, 1)  # a Ray task writes a whole shard (its node may not share the file's pages)
-        if len(pieces) > 1 and executor.name == "local":
+        local = executor.name == "local"  # Ray tasks write whole shards: pieces of a file share one page cache
+        pieces = split_shards(todo, auto_workers(workers, total, None) if local else 1)
+        if local and len(pieces) > 1:
             load_kernels()  # once here, inherited by every forked worker (or shared by the threads)
         pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers,
                              threads=on_gpu() or os.environ.get(THREADS_ENV) == "1")
