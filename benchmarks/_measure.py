@@ -4,6 +4,7 @@ tree (the sum over the command and its children) and of its largest single proce
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import threading
 import time
@@ -16,6 +17,7 @@ class Run:
     tree_mib: float  # peak of the summed RSS of the process and its descendants
     largest_mib: float  # peak RSS of the largest single process of the tree
     started: float = 0.0  # time.perf_counter() when the command was started (after the first sync)
+    cpu_seconds: float = 0.0  # user + sys of the command and its children (the final sync excluded)
 
 
 def _tree_rss_kib(root_pid: int) -> tuple[int, int]:
@@ -42,6 +44,7 @@ def _tree_rss_kib(root_pid: int) -> tuple[int, int]:
 def measured(cmd: list[str], *, env: dict | None = None) -> Run:
     """Run `cmd` then `sync` (after a `sync` first, so earlier writes are not charged to it)."""
     subprocess.run(["sync"], check=True)
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL)
     tree = largest = 0
@@ -57,12 +60,14 @@ def measured(cmd: list[str], *, env: dict | None = None) -> Run:
     t = threading.Thread(target=sample, daemon=True)
     t.start()
     rc = proc.wait()
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     stop.set()
     t.join()
     subprocess.run(["sync"], check=True)
     if rc:
         raise SystemExit(f"{' '.join(cmd)} failed with exit code {rc}")
-    return Run(time.perf_counter() - start, tree / 1024, largest / 1024, start)
+    cpu = r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+    return Run(time.perf_counter() - start, tree / 1024, largest / 1024, start, cpu)
 
 
 def timed(cmd: list[str], *, env: dict | None = None) -> tuple[float, float]:

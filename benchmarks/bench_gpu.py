@@ -4,11 +4,10 @@
 
 1. `validate --kernel` on the layer (every expert, source mode: prepared on the GPU as the converter
    would, the engine's MoE GEMM against dequant(SRC), the engine's repack against our words).
-2. `--device cuda` transform throughput including host->device->host transfers (disk excluded),
-   against a plain round trip of the same bytes through the GPU in the same run.
-3. The load-time cost the plugins remove: vLLM's gptq_marlin_repack on every expert of the layer
+2. The load-time cost the plugins remove: vLLM's gptq_marlin_repack on every expert of the layer
    (as its weight loading does it, one expert at a time), its time and peak GPU memory.
 The layer comes from `dsv4-convert synth --real-size` (random codes; fine for speed).
+`--device cuda` conversion speed, file to file, is benchmarks/bench_convert.py's (a route there).
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from pathlib import Path
 import torch
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.kernel_moe import repack_source
 from dsv4_convert.validate.kernel_provider import select_provider
@@ -54,28 +52,6 @@ def bench_kernel_validate(src: Path, engine: str, module: str) -> dict:
     dt = time.perf_counter() - t0
     return {"seconds": round(dt, 2), "stacks": report.kernel, "errors": len(report.results),
             "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
-
-
-def bench_device_transform(projections, engine: str) -> dict:
-    from dsv4_convert.convert.cuda_route import convert_projection_on
-    dev = torch.device("cuda")
-    target = MarlinTarget(engine=engine, act_dtype="bfloat16")
-    pinned = [(p, d.weight.pin_memory(), d.scale.pin_memory(), d.global_scale) for p, d in projections]
-    nbytes = sum(w.numel() + s.numel() for _, w, s, _ in pinned)
-
-    def transform():
-        for p, w, s, g in pinned:
-            convert_projection_on(dev, p, w, s, g, target=target, sf=1.0)
-
-    def copy():
-        for _, w, s, _ in pinned:
-            w.to(dev, non_blocking=True).cpu()
-            s.to(dev, non_blocking=True).cpu()
-    transform()  # warm-up: CUDA context, tables
-    t_transform = min(_sync_time(transform) for _ in range(2))
-    t_copy = min(_sync_time(copy) for _ in range(2))
-    return {"source_gib": round(nbytes / 2**30, 2), "transform_gb_s": round(nbytes / t_transform / 1e9, 1),
-            "plain_round_trip_gb_s": round(nbytes / t_copy / 1e9, 1), "transform_s": round(t_transform, 3)}
 
 
 def bench_repack(projections, module: str) -> dict:
@@ -113,7 +89,6 @@ def main() -> None:
                             "--real-size"], check=True, capture_output=True)
             results[f"{fmt}/synth_s"] = round(time.perf_counter() - t0, 1)
         ckpt, projections = _layer(src)
-        results[f"{fmt}/transform"] = bench_device_transform(projections, engine)
         results[f"{fmt}/repack"] = bench_repack(projections, args.module)
         del projections
         results[f"{fmt}/validate_kernel"] = bench_kernel_validate(src, engine, args.module)

@@ -81,7 +81,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     refuse_device(executor, device)
     tp, ep = _layout(tp, ep)
     force_progress = report.pop("force_progress")
-    device, workers = use_device(device, workers)  # refuses (exit 2) before anything is read or written
+    devices, workers = use_device(device, workers)  # refuses (exit 2) before anything is read or written
     if (resume or force) and dry_run:
         raise UsageError("--dry-run writes nothing; it cannot be combined with --resume/--force",
                          error_id="usage.flags")
@@ -102,7 +102,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         emit(summary, _plan_text(plan, summary), **report)
         return
     result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force,
-                            progress=show_progress(report["quiet"], force_progress), executor=executor, device=device)
+                            progress=show_progress(report["quiet"], force_progress), executor=executor, devices=devices)
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
             f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "

@@ -62,7 +62,9 @@ def target_options(fn):
 def run_options(fn):
     for opt in reversed([
         click.option("--workers", type=click.IntRange(1), default=None, show_default="number of cores",
-                     help="Processes converting shards in parallel (small inputs run in one process)."),
+                     help="Processes converting in parallel (threads with --device cuda); with more workers than "
+                          "shards, each shard is split into pieces written side by side. Small inputs run in one "
+                          "process."),
         click.option("--max-shard-size", default=None, metavar="SIZE",
                      help="Re-shard the output (e.g. 5GB). Default: keep the input's shards."),
         click.option("--resume", is_flag=True, help="Continue an interrupted run; finished shards whose hash verifies are kept."),
@@ -75,19 +77,30 @@ def run_options(fn):
 
 def device_option(fn):
     return click.option("--device", default="cpu", show_default=True, metavar="cpu|cuda[:N]",
-                        help="Where the repack runs. cuda gives the same bytes at GPU speed (one process drives "
-                             "the GPU; disk I/O then bounds the run). No usable GPU: exit 2 before any output.")(fn)
+                        help="Where the weight repack runs. cuda: on every visible GPU (cuda:N: that one), driven "
+                             "by --workers threads of one process; the same bytes as cpu. No usable GPU: exit 2 "
+                             "before any output.")(fn)
 
 
-def use_device(device: str | None, workers: int | None) -> tuple[str | None, int | None]:
-    """Check --device: (the GPU the transforms run on as "cuda:N", or None for the CPU; the workers to
-    use: 1 on a GPU, since CUDA does not survive the fork of a worker pool and one process keeps the GPU
-    busy)."""
+def use_device(device: str | None, workers: int | None) -> tuple[tuple[str, ...], int | None]:
+    """Check --device: (the GPUs the transforms run on, as "cuda:N": every visible one for `cuda`, the
+    one named for `cuda:N`, none for the CPU; the workers, which run as threads of this process on a
+    GPU: convert/cuda_route.py). The CUDA contexts are created in the background meanwhile."""
     from dsv4_convert.runtime.device import resolve_device
-    if (device or "cpu").strip().lower() == "cpu":  # the default: no torch needed to say so
-        return None, workers
+    spec = (device or "cpu").strip().lower()
+    if spec == "cpu":  # the default: no torch needed to say so
+        return (), workers
     dev = resolve_device(device)
-    return (None, workers) if dev.type == "cpu" else (str(dev), 1)
+    if dev.type == "cpu":
+        return (), workers
+    from dsv4_convert.convert.cuda_route import warm_up
+    if spec == "cuda":  # no index: every visible GPU
+        import torch
+        devices = tuple(f"cuda:{i}" for i in range(torch.cuda.device_count()))
+    else:
+        devices = (str(dev),)
+    warm_up(devices)
+    return devices, workers
 
 
 def executor_options(fn):

@@ -5,15 +5,17 @@ and a plain NVFP4 / MXFP4 projection needs none of it: read the bytes, repack th
 (formats/marlin_words.py), transpose + permute + re-encode the scales and process the global
 (formats/scale_tables.py), write. This module does exactly that and answers None for everything
 else, which then takes the torch route (convert/transform.py) with the same result: padded --tp
-layouts, W4A8, --device cuda, globals not stored as float32, and the rare projections whose scales
-hold NaN (the torch route raises the error) or a byte the target cannot hold exactly (it records the
-lost bytes for the reverse). Both routes give the same bytes: the CLI tests run the two on every
-source format (DSV4_CONVERT_TORCH_ROUTE=1 forces the torch route)."""
+layouts, W4A8, globals not stored as float32, and the rare projections whose scales hold NaN (the
+torch route raises the error) or a byte the target cannot hold exactly (it records the lost bytes for
+the reverse). Both routes give the same bytes: the CLI tests run the two on every source format
+(DSV4_CONVERT_TORCH_ROUTE=1 forces the torch route). With --device cuda this route still reads,
+checks and converts the scales and globals, and the weight repack runs on the GPU (convert/cuda_route.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from dsv4_convert.convert.cuda_route import weight_words_on_device
 from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
 from dsv4_convert.formats.constants import E4M3_NAN_BYTES, E8M0_NAN
@@ -22,9 +24,21 @@ from dsv4_convert.formats.marlin_words import a16_forward
 from dsv4_convert.formats.scale_tables import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table
 from dsv4_convert.runtime.settings import TORCH_ROUTE_ENV, env_flag
 
-__all__ = ["TORCH_ROUTE_ENV", "convert_on_cpu"]
+__all__ = ["TORCH_ROUTE_ENV", "convert_on_cpu", "load_kernels"]
 
 _NAN_BYTES = {Quant.NVFP4: list(E4M3_NAN_BYTES), Quant.MXFP4: [E8M0_NAN]}
+
+
+def load_kernels() -> None:
+    """Load the compiled kernels this route calls, through the calls it makes, on tiny inputs (the
+    same argument types, so the same compiled versions). The first load in a process also sets
+    numba's runtime up, about 1 s: a parent pays it once before it forks its workers, instead of
+    every worker paying it (16 workers spent 16 CPU seconds on it on the 16-core machine)."""
+    scale = np.zeros((1, 64, 2), np.uint8)
+    byte_presence(scale.reshape(-1))
+    permute_scales(scale)
+    permute_scales(scale, table=s0e5m3_table(clamp=True))
+    a16_forward(np.zeros(64 * 16, np.uint8), 64, 16, threads=1)
 
 
 def _routable(p: Projection, target) -> bool:
@@ -48,11 +62,11 @@ def _rows(reader, ref, p: Projection) -> np.ndarray:
     return np.ascontiguousarray(slab[p.rows])
 
 
-def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, *,
-                   threads: int | None = None) -> dict[str, np.ndarray] | None:
+def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, *, threads: int | None = None,
+                   device: str | None = None) -> dict[str, np.ndarray] | None:
     """One projection -> its output parts as numpy arrays (named as plan._projection_outputs names
     them), or None when the torch route must convert it (see the module docstring). The weight repack
-    runs on `threads` threads."""
+    runs on `device` ("cuda:N", --device cuda), else on `threads` CPU threads."""
     if not _routable(p, target):
         return None
     scale = _rows(reader, p.scale, p)
@@ -63,7 +77,8 @@ def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, 
         return None
     weight = _rows(reader, p.weight, p)
     n, k2 = weight.shape
-    parts = {"weight": a16_forward(weight.reshape(-1), n, k2, threads=threads)}
+    parts = {"weight": weight_words_on_device(weight, n, k2, device) if device is not None  # the same words
+             else a16_forward(weight.reshape(-1), n, k2, threads=threads)}
     if p.quant is Quant.MXFP4:
         parts["weight_scale"] = permute_scales(scale.reshape(1, n, -1))
         return parts

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import os
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -14,8 +15,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from dsv4_convert import __version__
-from dsv4_convert.convert.cpu_path import convert_on_cpu
-from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan, ShardPlan
+from dsv4_convert.convert.cpu_path import convert_on_cpu, load_kernels
+from dsv4_convert.convert.cuda_route import job_device
+from dsv4_convert.convert.pieces import Piece, piece_sidecar, seal, split_shards
+from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan
 from dsv4_convert.convert.publish import finalize
 from dsv4_convert.convert.safetensors_writer import ShardWriter
 from dsv4_convert.core.errors import Interrupted, OutputError
@@ -25,7 +28,7 @@ from dsv4_convert.core.rescale import stack_rescale_factors
 from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
 from dsv4_convert.core.units import human_size
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
-from dsv4_convert.runtime.jobs import RunDir, job_threads
+from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
 from dsv4_convert.runtime.paths import staging_path
 from dsv4_convert.runtime.profiling import mark, profile_dir, profiled_job
@@ -33,6 +36,8 @@ from dsv4_convert.runtime.side_files import protect
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers"]
+
+THREADS_ENV = "DSV4_CONVERT_THREADS"  # "1": the CPU route's jobs in threads too (tests, benchmarks)
 
 
 @dataclass
@@ -67,26 +72,33 @@ def _report(nbytes: int, callback=None) -> None:
         callback(nbytes)
 
 
-def _write_shard(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
-                 metadata: dict, device: str | None, callback=None) -> tuple[str, str, int]:
-    """One shard, in a worker. `device`: "cuda:N" for --device cuda, else None (the CPU, the repack on
-    job_threads(): 1 in a pool worker, else the cores)."""
+def _write_piece(root: str, fmt: SourceFormat, target, piece: Piece, tmp_path: str, rescale: dict,
+                 metadata: dict, devices: tuple[str, ...], index: int, threads: int,
+                 callback=None) -> tuple[str, str | None, int]:
+    """Job `index` of the run, in a worker. `devices`: the run's GPUs ("cuda:N", --device cuda; the job
+    takes cuda_route.job_device(devices, index)), or () for the CPU, where the repack runs on `threads`
+    threads (the executor's threads_per_job: 1 in a pool worker or a job thread, else the cores)."""
     freeze_imports()
-    with profiled_job(shard.file):
-        return _write_shard_job(root, fmt, target, shard, tmp_path, rescale, metadata, device, callback)
+    with profiled_job(piece.name):
+        return _write_piece_job(root, fmt, target, piece, tmp_path, rescale, metadata, job_device(devices, index),
+                                threads, callback)
 
 
-def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp_path: str, rescale: dict,
-                     metadata: dict, device: str | None, callback=None) -> tuple[str, str, int]:
-    threads = job_threads()
+def _write_piece_job(root: str, fmt: SourceFormat, target, piece: Piece, tmp_path: str, rescale: dict,
+                     metadata: dict, device: str | None, threads: int, callback=None) -> tuple[str, str | None, int]:
+    """Write `piece` of its shard into tmp_path: (file, hash, size) for a whole shard, (file, None,
+    bytes) for a piece of one (hashed by pieces.seal once its shard is complete)."""
     keep_buffers()
+    shard = piece.shard
     with TensorReader(Path(root)) as reader:
         # no fsync per shard: --resume re-hashes every recorded shard, and publish fsyncs everything
         # once before the rename, so the disk writes overlap with the conversion of later shards
-        writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata, fsync=False)
+        writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata, fsync=False,
+                             part=None if piece.whole else (piece.start, piece.stop))
         try:
             current, parts, lost = None, {}, {}
-            for i, o in enumerate(shard.tensors):
+            for i in range(piece.start, piece.stop):
+                o = shard.tensors[i]
                 _step()
                 if o.source is not None:
                     writer.begin(o.spec.name)
@@ -106,7 +118,8 @@ def _write_shard_job(root: str, fmt: SourceFormat, target, shard: ShardPlan, tmp
             raise
     if lost:
         from safetensors.torch import save_file
-        save_file(lost, tmp_path.removesuffix(".tmp") + LOST_SUFFIX)
+        save_file(lost, piece_sidecar(tmp_path, piece, LOST_SUFFIX) if not piece.whole
+                  else tmp_path.removesuffix(".tmp") + LOST_SUFFIX)
     return shard.file, sha, size
 
 
@@ -124,7 +137,7 @@ def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf:
     applies (convert/cpu_path.py), else the torch route, which checks each part's dtype and shape
     against `planned` and adds to `lost` the scale bytes the target cannot represent. torch is
     imported only when the torch route is taken."""
-    parts = convert_on_cpu(reader, p, fmt, target, sf, threads=threads) if tiles is None and device is None else None
+    parts = convert_on_cpu(reader, p, fmt, target, sf, threads=threads, device=device) if tiles is None else None
     if parts is not None:
         return parts
     import torch
@@ -142,9 +155,10 @@ def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> di
 # -- parent side ---------------------------------------------------------------------------------
 def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, resume: bool = False,
                    force: bool = False, progress: bool = True, executor: ExecutorSpec = ExecutorSpec(),
-                   device: str | None = None) -> ConvertResult:
-    """Convert `plan` into `out`. `device`: "cuda:N" runs the transforms on that GPU (one local worker:
-    cli/options.py use_device), None on the CPU."""
+                   devices: tuple[str, ...] = ()) -> ConvertResult:
+    """Convert `plan` into `out`. `devices`: the GPUs ("cuda:N", cli/options.py use_device) whose jobs
+    run as threads of this process, each on the GPU its index picks (convert/cuda_route.py); () for the
+    CPU."""
     start = time.perf_counter()
     freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
@@ -160,17 +174,20 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         total = sum(s.nbytes for s in todo)
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting",
                    disable=not progress, dynamic_ncols=True)
-        pool = make_executor(executor, auto_workers(workers, total, len(todo)), bar, max_in_flight=workers)
+        local = executor.name == "local"  # Ray tasks write whole shards: pieces of a file share one page cache
+        pieces = split_shards(todo, auto_workers(workers, total, None) if local else 1)
+        if local and len(pieces) > 1:
+            load_kernels()  # once here, inherited by every forked worker (or shared by the threads)
+        pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers,
+                             threads=bool(devices) or os.environ.get(THREADS_ENV) == "1")
         mark("start")
         pool.check_paths(run, [ckpt.root / f for f in sorted({t.file for t in ckpt.tensors.values()})])
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
         mark("rescale")
         meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,
                 "format_version": str(FORMAT_VERSION), "marlin_layout": plan.target.layout_tag}
-        args = [(str(ckpt.root), ckpt.format, plan.target, s, str(run.tmp(s.file)), rescale, meta, device)
-                for s in todo]
-        pool.map(_write_shard, args, lambda r: _hand_over(run, staging, *r), reports_progress=True,
-                 job_bytes=[s.nbytes for s in todo])
+        _write_pieces(pool, pieces, run, staging, [str(ckpt.root), ckpt.format, plan.target], rescale, meta,
+                      devices)
         mark("shards")
         bar.close()
         pool.shutdown()
@@ -211,6 +228,29 @@ def _user_error(e: BaseException, staging_path: Path, plan: ConvertPlan):
         return OutputError(f"cannot write the output: {e}", error_id="output.io_error",
                            hint="check the OUT location and permissions")
     return None
+
+
+def _write_pieces(pool, pieces: list[Piece], run: RunDir, staging: Staging, source: list, rescale: dict,
+                  meta: dict, devices: tuple[str, ...]) -> None:
+    """Every piece through the pool (job i: piece i, on the GPU job_device(devices, i) picks, or on the
+    pool's threads_per_job CPU threads); a whole shard is handed over as its job ends, a shard written
+    in pieces once all of them are in and it is sealed (hashed, sidecars merged)."""
+    split: dict[str, list[Piece]] = {}
+    for pc in pieces:
+        if not pc.whole:
+            split.setdefault(pc.shard.file, []).append(pc)
+
+    def done(file: str, sha: str | None, size: int) -> None:
+        if sha is not None:
+            _hand_over(run, staging, file, sha, size)
+
+    args = [(*source, pc, str(run.tmp(pc.shard.file)), rescale, meta, devices, i, pool.threads_per_job)
+            for i, pc in enumerate(pieces)]
+    pool.map(_write_piece, args, lambda r: done(*r), reports_progress=True, job_bytes=[pc.nbytes for pc in pieces])
+    if split:  # hashing reads back from the page cache: one job per shard, in parallel
+        pool.map(seal, [(str(run.tmp(f)), f, pcs, LOST_SUFFIX) for f, pcs in split.items()],
+                 lambda r: _hand_over(run, staging, *r), job_bytes=[sum(pc.nbytes for pc in pcs)
+                                                                   for pcs in split.values()])
 
 
 def _hand_over(run: RunDir, staging: Staging, file: str, sha: str, size: int) -> None:

@@ -18,10 +18,14 @@ before a shard counts as done or the output is renamed into place."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from dsv4_convert.core.dtypes import DTYPE_SIZES
 from dsv4_convert.runtime import direct_io
@@ -32,6 +36,7 @@ __all__ = ["header_bytes", "ShardWriter", "TensorSpec"]
 _ALIGN = 8
 _KICK = 32 << 20  # start writeback of every this many bytes written
 _SYNC_FILE_RANGE_WRITE = 2
+_WINDOW = 64 << 20  # bytes of a shard part mapped at once (_MappedSink)
 
 
 def _sync_file_range():
@@ -82,25 +87,29 @@ def header_bytes(specs: list[TensorSpec], metadata: dict[str, str] | None = None
 
 
 class _BufferedSink:
-    """Through the page cache: write straight from the caller's buffer (no copy in user space), hash,
-    and start writeback every `_KICK` bytes."""
+    """Through the page cache: write straight from the caller's buffer (no copy in user space), hash
+    (unless `hasher` is None), and start writeback every `_KICK` bytes. `offset`: where the first byte
+    goes; `shared`: other jobs write other parts of the file (then it is never truncated)."""
 
-    def __init__(self, path: Path, hasher):
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    def __init__(self, path: Path, hasher, offset: int = 0, *, shared: bool = False):
+        trunc = 0 if shared else os.O_TRUNC
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | trunc | os.O_CLOEXEC, 0o644)
         self._hash = hasher
+        self._offset = offset
         self.direct = False
         self.size = 0
-        self._kicked = 0  # bytes [0, _kicked) have had their writeback started
+        self._kicked = 0  # bytes [offset, offset + _kicked) have had their writeback started
 
     def write(self, data) -> None:
         mv = memoryview(data).cast("B")
-        self._hash.update(mv)
+        if self._hash is not None:
+            self._hash.update(mv)
         n, total = 0, len(mv)
         while n < total:
-            n += os.write(self._fd, mv[n:])
+            n += os.pwrite(self._fd, mv[n:], self._offset + self.size + n)
         self.size += total
         if _start_writeback is not None and self.size - self._kicked >= _KICK:
-            _start_writeback(self._fd, self._kicked, self.size - self._kicked, _SYNC_FILE_RANGE_WRITE)
+            _start_writeback(self._fd, self._offset + self._kicked, self.size - self._kicked, _SYNC_FILE_RANGE_WRITE)
             self._kicked = self.size  # a failure here is harmless: the fsync later writes what is left
 
     def finish(self, *, fsync: bool) -> None:
@@ -117,28 +126,117 @@ class _BufferedSink:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             if kick and _start_writeback is not None and self.size > self._kicked:  # the tail, too
-                _start_writeback(fd, self._kicked, self.size - self._kicked, _SYNC_FILE_RANGE_WRITE)
+                _start_writeback(fd, self._offset + self._kicked, self.size - self._kicked, _SYNC_FILE_RANGE_WRITE)
+            os.close(fd)
+
+
+class _MappedSink:
+    """One part of a shard that other jobs write beside it: the part's range is allocated first
+    (posix_fallocate: a full disk is ENOSPC here, never a SIGBUS later), then the writes are copied
+    into a shared mapping of the range, `_WINDOW` bytes at a time. Why not pwrite: Linux serialises
+    buffered writes to one file on its inode lock. Why a window: one mapping per write (thousands
+    per layer) made every job of a process wait on the process's one memory-map lock and interrupt
+    the other cores for each unmap; one window per 64 MiB keeps that rare and the mapped pages (RSS)
+    bounded."""
+
+    def __init__(self, fd: int, offset: int, length: int):
+        self._fd, self._offset, self._end = fd, offset, offset + length
+        self.direct = False
+        self.size = 0
+        self._mm, self._view, self._base = None, None, 0  # the window: file bytes [_base, _base + len(_view))
+
+    @classmethod
+    def open(cls, path: Path, offset: int, length: int):
+        """The sink, or None where the filesystem cannot allocate ahead (then pwrite it is)."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            if length:
+                os.posix_fallocate(fd, offset, length)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                return None
+            raise
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd, offset, length)
+
+    def write(self, data) -> None:
+        src = np.frombuffer(memoryview(data).cast("B"), np.uint8)
+        if not src.size:
+            return
+        start = self._offset + self.size
+        if self._view is None or start + src.size > self._base + self._view.size:
+            self._map(start, src.size)
+        self._view[start - self._base:start - self._base + src.size] = src  # numpy copies without the GIL
+        self.size += src.size
+
+    def _map(self, start: int, need: int) -> None:
+        self._unmap()
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        length = min(max(start - base + need, _WINDOW), self._end - base)
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # one fault-in, not one fault per page
+        self._mm = mmap.mmap(self._fd, length, flags=flags, offset=base)
+        self._view, self._base = np.frombuffer(self._mm, np.uint8), base
+
+    def _unmap(self) -> None:
+        if self._mm is not None:
+            self._view = None  # the mapping cannot close while a view of it exists
+            self._mm.close()
+            self._mm = None
+
+    def finish(self, *, fsync: bool) -> None:
+        try:
+            self._unmap()
+            if fsync:
+                os.fsync(self._fd)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        self._unmap()
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
             os.close(fd)
 
 
 class ShardWriter:
     """Write one shard: `write(name, data)` in header order, then `close()` (flush + fsync).
     Every write is checked against the plan, so a shard can never silently disagree with its header.
-    `direct_io` says whether the bytes went to disk with O_DIRECT (else through the page cache)."""
+    `direct_io` says whether the bytes went to disk with O_DIRECT (else through the page cache).
+
+    `part=(start, stop)`: write only tensors specs[start:stop], at their place in the file, beside
+    writers of the shard's other parts (several jobs per shard; the header goes with part 0). A part
+    goes through the page cache (O_DIRECT needs block-aligned ranges, and parts meet at any byte):
+    through a shared mapping of its range where the filesystem allocates ahead, else pwrite. It is
+    not hashed: `close()` returns (None, bytes written); the whole file is hashed once every
+    part is written (convert/pieces.py)."""
 
     def __init__(self, path: Path, specs: list[TensorSpec], metadata: dict[str, str] | None = None, *,
-                 fsync: bool = True):
+                 fsync: bool = True, part: tuple[int, int] | None = None):
         self.path = Path(path)
-        self._specs = list(specs)
-        self._next = 0
-        self._hash = new_hash()
-        header = header_bytes(self._specs, metadata)  # checks every spec before a file is created
-        fd = direct_io.open_direct(self.path)
-        self._sink = direct_io.DirectSink(fd, self._hash) if fd is not None else _BufferedSink(self.path, self._hash)
+        header = header_bytes(list(specs), metadata)  # checks every spec before a file is created
+        start, stop = part or (0, len(specs))
+        self._whole = (start, stop) == (0, len(specs))
+        self._specs = list(specs)[:stop]
+        self._next = start
+        self._hash = new_hash() if self._whole else None
+        fd = direct_io.open_direct(self.path) if self._whole else None
+        offset = 0 if start == 0 else len(header) + sum(s.nbytes for s in self._specs[:start])
+        length = sum(s.nbytes for s in self._specs[start:]) + (len(header) if start == 0 else 0)
+        mapped = None if self._whole else _MappedSink.open(self.path, offset, length)
+        if fd is not None:
+            self._sink = direct_io.DirectSink(fd, self._hash)
+        elif mapped is not None:
+            self._sink = mapped
+        else:
+            self._sink = _BufferedSink(self.path, self._hash, offset, shared=not self._whole)
         self._pending = 0  # bytes still owed to the current tensor
         self._fsync = fsync
         try:
-            self._sink.write(header)
+            if start == 0:
+                self._sink.write(header)
         except BaseException:
             self._sink.abort()
             raise
@@ -174,14 +272,15 @@ class ShardWriter:
             raise RuntimeError(f"{name}: {memoryview(data).nbytes} bytes, header says {expected}")
         self.feed(data)
 
-    def close(self) -> tuple[str, int]:
-        """Finish the file (flush, and fsync unless disabled); returns (hash hex, size). Raises if a
-        planned tensor is missing, or the error of a write that failed (errno kept)."""
+    def close(self) -> tuple[str | None, int]:
+        """Finish the file (flush, and fsync unless disabled); returns (hash hex, size), or for a part
+        (None, bytes written). Raises if a planned tensor is missing, or the error of a write that
+        failed (errno kept)."""
         if self._pending or self._next != len(self._specs):
             missing = [s.name for s in self._specs[self._next:]]
             raise RuntimeError(f"{self.path.name}: tensors never written: {missing[:5]}")
         self._sink.finish(fsync=self._fsync)
-        return self._hash.hexdigest(), self._sink.size
+        return (self._hash.hexdigest() if self._hash is not None else None), self._sink.size
 
     def abort(self) -> None:
         """Close without finishing (the file stays partial); stops the writer thread."""

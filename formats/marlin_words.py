@@ -47,7 +47,7 @@ _FROM_OUT = (1, 5, 3, 4, 2, 0)
 
 def default_threads() -> int:
     """Threads a repack uses when its caller names none: torch's setting where torch is in use, else the
-    cores. The converter names its own (runtime/jobs.py job_threads): it sets torch to 1 thread (its many
+    cores. The converter names its own (its executor's threads_per_job): it sets torch to 1 thread (its many
     small ops only wake OpenMP threads that then spin) and keeps the repack's threads."""
     torch = sys.modules.get("torch")  # never imported here
     return torch.get_num_threads() if torch is not None else (os.cpu_count() or 1)

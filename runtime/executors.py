@@ -13,14 +13,15 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+import threading
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.runtime.jobs import RunDir, one_thread_per_job
 
-__all__ = ["ExecutorSpec", "LocalExecutor", "auto_workers", "make_executor", "refuse_device"]
+__all__ = ["ExecutorSpec", "LocalExecutor", "ThreadExecutor", "auto_workers", "make_executor", "refuse_device"]
 
 EXECUTORS = ("local", "ray")
 _BYTES_PER_WORKER = 256 << 20  # below this much work per worker, another process is not worth starting
@@ -40,11 +41,12 @@ def refuse_device(spec: ExecutorSpec, device: str | None) -> None:
                          error_id="usage.flags", hint="drop --device, or run with --executor local")
 
 
-def auto_workers(workers: int | None, total_bytes: int, jobs: int) -> int:
-    """`workers` if given, else the cores, but no more than the jobs, and in auto mode one process per
-    256 MiB of work at most: a worker costs a fork and its own start-up, not worth it for small inputs."""
+def auto_workers(workers: int | None, total_bytes: int, jobs: int | None) -> int:
+    """`workers` if given, else the cores, but no more than the jobs (None: not known yet), and in
+    auto mode one process per 256 MiB of work at most: a worker costs a fork and its own start-up,
+    not worth it for small inputs."""
     n = workers or min(os.cpu_count() or 1, 1 + total_bytes // _BYTES_PER_WORKER)
-    return max(1, min(n, jobs))
+    return max(1, n if jobs is None else min(n, jobs))
 
 
 # -- local: a process pool ------------------------------------------------------------------------
@@ -67,6 +69,7 @@ class LocalExecutor:
 
     def __init__(self, workers: int, bar=None):
         self.workers, self.bar = workers, bar
+        self.threads_per_job = 1 if workers > 1 else (os.cpu_count() or 1)  # the cores are shared out, or one job's
         self.executor = None
         if workers > 1:
             # fork where there is one: a spawned worker spends seconds re-importing torch. The parent
@@ -110,11 +113,37 @@ class LocalExecutor:
             self.executor.shutdown(wait=not cancel, cancel_futures=cancel)
 
 
-def make_executor(spec: ExecutorSpec, workers: int, bar=None, *, max_in_flight: int | None = None):
-    """The executor `spec` names. `workers` sizes the local pool; with Ray, `max_in_flight` (the user's
-    --workers) caps the tasks submitted at once (default: as many as the cluster's resources allow)."""
+class ThreadExecutor(LocalExecutor):
+    """`workers` threads of this process run the jobs. For jobs whose heavy parts release the GIL
+    (reads, writes, the GPU's copies and kernels) and that need state a fork cannot carry (a CUDA
+    context): `--device cuda`."""
+
+    def __init__(self, workers: int, bar=None):
+        super().__init__(1, bar)  # no process pool
+        self.workers, self.threads_per_job = workers, 1  # one core per job, as in a pool worker
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="dsv4-job")
+        self._lock = threading.Lock()
+
+    def map(self, fn, argsets, on_result, *, reports_progress: bool = False, job_bytes=None) -> None:
+        pending = {self.executor.submit(fn, *args, **({"callback": self._tick} if reports_progress else {}))
+                   for args in argsets}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                on_result(fut.result())
+
+    def _tick(self, n: int) -> None:
+        with self._lock:  # the bar is not thread-safe
+            super()._tick(n)
+
+
+def make_executor(spec: ExecutorSpec, workers: int, bar=None, *, max_in_flight: int | None = None,
+                  threads: bool = False):
+    """The executor `spec` names. `workers` sizes the local pool (of threads in this process with
+    `threads`: jobs that drive a GPU, which a forked process could not use); with Ray, `max_in_flight`
+    (the user's --workers) caps the tasks submitted at once (default: as many as the cluster allows)."""
     if spec.name == "local":
-        return LocalExecutor(workers, bar)
+        return ThreadExecutor(workers, bar) if threads and workers > 1 else LocalExecutor(workers, bar)
     try:
         import ray  # noqa: F401
     except ImportError:

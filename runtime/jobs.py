@@ -13,13 +13,12 @@ from pathlib import Path
 
 from dsv4_convert.core.errors import OutputError
 
-__all__ = ["RunDir", "job_threads", "one_thread_per_job", "pause_hook", "task_memory"]
+__all__ = ["RunDir", "one_thread_per_job", "pause_hook", "task_memory"]
 
 _WORKER_BYTES = 768 << 20  # a worker process (torch imported if the torch route runs), plus one copy chunk
 _STREAM_BOUND = 512 << 20  # a job streams: it never holds more than about this much of its shard at once
 _PAUSE_ENV = "DSV4_CONVERT_PAUSE_TASK"  # test hook: the first job to report progress writes its pid there, sleeps
 _RUN_PREFIX = ".run-"
-_one_thread = False
 
 
 def task_memory(job_bytes: int) -> int:
@@ -72,19 +71,14 @@ class RunDir:
 
 
 def one_thread_per_job() -> None:
-    """In a pool worker or a Ray task: the other cores run other jobs, so a job's kernels (and torch,
-    where a job imports it) run on one thread; more would only contend. torch's small ops also only
-    woke OpenMP threads that then spun."""
-    global _one_thread
-    _one_thread = True
+    """In a pool worker or a Ray task: the other cores run other jobs, so torch (where a job imports
+    it) runs on one thread; more would only contend, and its small ops only woke OpenMP threads that
+    then spun. The jobs' own kernels are told their thread count as a value (the executors'
+    threads_per_job, a job argument)."""
     torch = sys.modules.get("torch")  # never imported for this: the CPU route does not need torch
     if torch is not None:
         torch.set_num_threads(1)
 
-
-def job_threads() -> int:
-    """Threads a job's kernels may use: 1 in a worker (one_thread_per_job), else the cores."""
-    return 1 if _one_thread else (os.cpu_count() or 1)
 
 
 

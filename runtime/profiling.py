@@ -8,7 +8,8 @@ cProfile sees the job's main thread only. With O_DIRECT (runtime/direct_io.py) t
 pwrite run in the writer's thread, beside the conversion: "write" is then the time the main thread
 waits for a free bounce buffer or for the last writes (plus the copy into the buffers, under
 "python"), and "hash" is near zero; on the buffered path (DSV4_CONVERT_DIRECT_IO=0) both are the
-main thread's own calls, as before."""
+main thread's own calls, as before. Where the jobs run in threads of one process (--device cuda),
+a job's user and sys seconds are the process's over the job's time, so they overlap across jobs."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ from pathlib import Path
 from dsv4_convert.core.errors import OutputError
 from dsv4_convert.runtime.side_files import guard, write_side_file
 
-__all__ = ["PROFILE_ENV", "profile_dir", "profiled_job", "mark", "breakdown"]
+__all__ = ["PROFILE_ENV", "MARKS_ENV", "profile_dir", "profiled_job", "mark", "breakdown"]
 
 PROFILE_ENV = "DSV4_CONVERT_PROFILE"
+MARKS_ENV = "DSV4_CONVERT_MARKS"  # a directory: the driver's phase marks only (no cProfile; the benchmark's start-up)
 _marks: list[tuple[str, float]] = []
 
 # category -> functions whose cumulative time counts there (file suffix, function name); disjoint call trees
@@ -52,9 +54,10 @@ _SELF = {  # category -> builtins whose own time counts there
 }
 
 
-def profile_dir() -> Path | None:
-    """The profile directory, guarded like every side file (never inside IN or OUT), created."""
-    d = os.environ.get(PROFILE_ENV)
+def profile_dir(env: str = PROFILE_ENV) -> Path | None:
+    """The profile directory (or, with MARKS_ENV, the marks-only one), guarded like every side file
+    (never inside IN or OUT), created."""
+    d = os.environ.get(env)
     if not d:
         return None
     real = guard(d, "profile", directory=True)
@@ -79,14 +82,19 @@ def profiled_job(name: str):
         return
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     prof = cProfile.Profile()  # wall clock (a CPU-time timer is a system call per event: it distorted more)
-    prof.enable()
+    try:
+        prof.enable()
+    except ValueError:  # Python >= 3.12: one profiler per process, and a job thread beside holds it
+        prof = None
     try:
         yield
     finally:
-        prof.disable()
+        if prof is not None:
+            prof.disable()
         r1 = resource.getrusage(resource.RUSAGE_SELF)
-        prof.create_stats()
-        _write(d / f"{name}.prof", marshal.dumps(prof.stats))  # what pstats.Stats reads (dump_stats' format)
+        if prof is not None:
+            prof.create_stats()
+            _write(d / f"{name}.prof", marshal.dumps(prof.stats))  # what pstats.Stats reads (dump_stats' format)
         _write(d / f"{name}.json", json.dumps({
             "wall": time.perf_counter() - t0, "user": r1.ru_utime - r0.ru_utime, "sys": r1.ru_stime - r0.ru_stime,
             "pid": os.getpid()}).encode())
@@ -94,7 +102,7 @@ def profiled_job(name: str):
 
 def mark(phase: str) -> None:
     """Driver side: note the wall clock at the end of `phase`; written out at once (a crash keeps it)."""
-    d = profile_dir()
+    d = profile_dir() or profile_dir(MARKS_ENV)
     if d is None:
         return
     _marks.append((phase, time.perf_counter()))
@@ -111,7 +119,8 @@ def breakdown(d: Path) -> dict[str, float]:
         if js.name == "driver.json":
             continue
         job = json.loads(js.read_text())
-        stats = pstats.Stats(str(js.with_suffix(".prof"))).stats  # {(file, line, func): (cc, nc, tt, ct, callers)}
+        prof = js.with_suffix(".prof")  # absent for a job whose thread could not profile (see profiled_job)
+        stats = pstats.Stats(str(prof)).stats if prof.exists() else {}  # {(file, line, func): (cc, nc, tt, ct, callers)}
         total = sum(v[2] for v in stats.values())
         used = 0.0
         for cat, entries in _CUMULATIVE.items():

@@ -94,6 +94,7 @@ def _probe(token_file: str, token: str, inputs: dict[str, int], reply: str) -> s
 class RayExecutor:
     def __init__(self, address: str | None, bar=None, *, max_in_flight: int | None = None):
         self.bar, self.max_in_flight = bar, max_in_flight
+        self.threads_per_job = 1  # a task is given one CPU (one_thread_per_job in the task)
         self.run: RunDir | None = None
         self.pending: list = []
         self.owned = not ray.is_initialized()  # a caller that connected itself keeps its connection

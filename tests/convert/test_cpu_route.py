@@ -1,10 +1,16 @@
-"""The converter's two routes give the same checkpoint: the numpy route (convert/cpu_path.py, the
+"""The converter's routes give the same checkpoint: the numpy route (convert/cpu_path.py, the
 default, no torch) and the torch route (convert/transform.py, forced with DSV4_CONVERT_TORCH_ROUTE=1),
 through the real CLI in subprocesses, for every source format and both targets, and for the scale
 defects that send a projection back to the torch route (lost bytes recorded, NaN refused with the same
 error). Every file of the two outputs is compared byte for byte. And the default CPU conversion does
 not import torch at all (its start-up cost is what the route exists for).
-No substitutions: real synthetic checkpoints, the real CLI."""
+The same for the work split finer than a shard (convert/pieces.py: several jobs write one shard, in
+processes, or in threads as --device cuda runs them), against one worker writing whole shards.
+
+Substitutions: DSV4_CONVERT_PIECE_BYTES lowers the piece size floor (64 MiB) so that checkpoints of a
+few MiB split as a real-size layer does; DSV4_CONVERT_THREADS=1 runs the CPU route's jobs in the
+thread executor that --device cuda uses (no GPU in CI); DSV4_CONVERT_PROFILE is read back only to
+see that the run did split (one profile per piece)."""
 
 from __future__ import annotations
 
@@ -86,3 +92,51 @@ def test_default_conversion_does_not_import_torch(synth_source, tmp_path, fmt):
     proc = subprocess.run([sys.executable, "-c", _NO_TORCH, *map(str, args)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split()[-1] == "NO-TORCH"
+
+
+_SPLIT = {"DSV4_CONVERT_PIECE_BYTES": "2000"}
+
+
+def _split_run(src, tmp_path, fmt, name, env, *args):
+    """The tree of a conversion with 5 workers (more than the 3 shards) whose shards are split, and the pieces it wrote."""
+    prof = tmp_path / f"prof-{name}"
+    out = tmp_path / name / "out"
+    run_cli(_command(fmt), src, out, "-q", "--workers", "5", *args,
+            env={**_SPLIT, **env, "DSV4_CONVERT_PROFILE": str(prof)})
+    pieces = [p.stem for p in prof.glob("*.json") if ".safetensors.p" in p.stem]
+    return tree_hashes(out), pieces
+
+
+def _whole(src, tmp_path, fmt, *args):
+    out = tmp_path / "whole" / "out"
+    run_cli(_command(fmt), src, out, "-q", "--workers", "1", *args)
+    return tree_hashes(out)
+
+
+@pytest.mark.parametrize("fmt", SYNTH_FORMATS)
+def test_pieces_give_the_same_checkpoint(synth_source, tmp_path, fmt):
+    src = synth_source(fmt, layers=2, experts=4)
+    whole = _whole(src, tmp_path, fmt, "--target", "vllm")
+    for name, env in (("procs", {}), ("threads", {"DSV4_CONVERT_THREADS": "1"})):
+        split, pieces = _split_run(src, tmp_path, fmt, name, env, "--target", "vllm")
+        assert split == whole, name
+        assert len(pieces) > len([f for f in whole if f.endswith(".safetensors") and "/" not in f]), \
+            "the shards were split into more pieces than there are shards"
+
+
+@pytest.mark.parametrize("fmt, defect, target, extra", [
+    ("nvfp4-modelopt-dsv4", "negative-scale", "sglang", ()),  # lost bytes: each piece's sidecar is merged
+    ("nvfp4-modelopt-hf", "subnormal-scale", "vllm", ()),
+    ("mxfp4-dsv4", "none", "vllm", ("--tp", "2")),  # I 128 -> 64 per rank, padded to 128: the torch route
+])
+def test_pieces_on_the_torch_route(synth_source, tmp_path, fmt, defect, target, extra):
+    defects = () if defect == "none" else (defect,)
+    kwargs = {"intermediate": 128} if extra else {}
+    src = synth_source(fmt, layers=2, experts=4, defects=defects, **kwargs)
+    whole = _whole(src, tmp_path, fmt, "--target", target, *extra)
+    for name, env in (("procs", {}), ("threads", {"DSV4_CONVERT_THREADS": "1"})):
+        split, pieces = _split_run(src, tmp_path, fmt, name, env, "--target", target, *extra)
+        assert split == whole, name
+        assert pieces
+    if defects:
+        assert "dsv4-convert-source/lost_scales.safetensors" in whole

@@ -1,7 +1,9 @@
 """--device cuda gives the CPU path's bytes, and doctor reads the built engine extension, on the GPU.
 
 Substitutions: the engine extension is the test build of vLLM 0.33.0's Marlin kernels
-(DSV4_MARLIN_MODULE, built by tests/gpu/run.sh); the checkpoints are `synth` outputs.
+(DSV4_MARLIN_MODULE, built by tests/gpu/run.sh); the checkpoints are `synth` outputs;
+DSV4_CONVERT_PIECE_BYTES lowers the piece size floor so that these small checkpoints split into
+pieces across the job threads as a real-size layer does.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ CASES = [(f, t, a) for f in FORMATS for t in ("vllm", "sglang") for a in ("bfloa
          if not (f.startswith("mxfp4") and a == "float16")] + [("mxfp4-dsv4", "vllm-w4a8", "bfloat16")]
 
 
-def cli(*args):
-    proc = subprocess.run([sys.executable, "-m", "dsv4_convert.cli", *map(str, args)], capture_output=True, text=True)
+def cli(*args, env=None):
+    proc = subprocess.run([sys.executable, "-m", "dsv4_convert.cli", *map(str, args)], capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})))
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -52,6 +55,17 @@ def test_cuda_conversion_bytes_equal_cpu(sources, tmp_path, fmt, target, act):
     extra = ["--target", "vllm", "--w4a8"] if target == "vllm-w4a8" else ["--target", target]
     for dev in ("cpu", "cuda"):  # same OUT name: SERVING.md names the output directory
         cli(cmd, sources / fmt, tmp_path / dev / "out", *extra, "--act-dtype", act, "--device", dev, "-q")
+    assert tree(tmp_path / "cuda" / "out") == tree(tmp_path / "cpu" / "out")
+
+
+@pytest.mark.parametrize("fmt,target,extra", [("nvfp4-modelopt-dsv4", "vllm", ()), ("mxfp4-gptoss", "sglang", ()),
+                                              ("mxfp4-dsv4", "vllm", ("--w4a8",))])
+def test_cuda_job_threads_and_pieces_equal_cpu(sources, tmp_path, fmt, target, extra):
+    """--device cuda with 4 job threads, each shard split into pieces: the bytes of one CPU worker."""
+    cmd = "nvfp4-to-marlin" if fmt.startswith("nvfp4") else "mxfp4-to-marlin"
+    cli(cmd, sources / fmt, tmp_path / "cpu" / "out", "--target", target, *extra, "--workers", "1", "-q")
+    cli(cmd, sources / fmt, tmp_path / "cuda" / "out", "--target", target, *extra, "--workers", "4", "--device", "cuda",
+        "-q", env={"DSV4_CONVERT_PIECE_BYTES": "2000"})
     assert tree(tmp_path / "cuda" / "out") == tree(tmp_path / "cpu" / "out")
 
 

@@ -44,7 +44,9 @@ def _free_port() -> int:
 
 def _start(args: list[str], tmp: Path, name: str) -> subprocess.Popen:
     log = open(tmp / f"{name}.log", "w")
-    return subprocess.Popen([str(RAY), "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1",
+    # through this interpreter, not the script's shebang: a copied venv's scripts name another tree's Python,
+    # whose nodes would then import that tree's dsv4_convert
+    return subprocess.Popen([sys.executable, str(RAY), "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1",
                              "--object-store-memory=80000000", *args], stdout=log, stderr=subprocess.STDOUT,
                             env=dict(os.environ, **ENV), start_new_session=True)
 
