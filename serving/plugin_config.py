@@ -25,6 +25,13 @@ class MarlinFp4ConfigMixin:
 
     spec: ConvertedQuantConfig
 
+    def __init__(self, spec: ConvertedQuantConfig, inner=None, inner_method: str | None = None):
+        super().__init__()  # the engine's QuantizationConfig, next in the MRO
+        self.spec = spec
+        self.inner = inner  # the engine's own config for every non-expert layer, or None
+        self.inner_method = inner_method  # the name the engine resolved the source's block to
+        self.packed_modules_mapping = getattr(inner, "packed_modules_mapping", None) or {}
+
     def get_name(self) -> str:
         return QUANT_METHOD
 

@@ -256,13 +256,6 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
 class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
     """quant_method `marlin_fp4` for SGLang: our experts, the engine's own method for everything else."""
 
-    def __init__(self, spec, inner: QuantizationConfig | None, inner_method: str | None = None):
-        super().__init__()
-        self.spec = spec
-        self.inner = inner
-        self.inner_method = inner_method  # the name SGLang resolved the source's block to
-        self.packed_modules_mapping = getattr(inner, "packed_modules_mapping", {}) or {}
-
     @classmethod
     def from_config(cls, config: dict) -> SglangMarlinFp4Config:
         spec = parse_quant_config(config)

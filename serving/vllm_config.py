@@ -37,15 +37,6 @@ __all__ = ["VllmMarlinFp4Config", "vllm_inner_method"]
 class VllmMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
     """quant_method `marlin_fp4` for vLLM: our experts, vLLM's own config for everything else."""
 
-    def __init__(self, spec, inner: QuantizationConfig | None, inner_method: str | None = None):
-        super().__init__()
-        self.spec = spec
-        self.inner = inner
-        self.inner_method = inner_method  # the name vLLM resolved the source's block to
-        self.packed_modules_mapping = (
-            getattr(inner, "packed_modules_mapping", {}) if inner is not None else {}
-        )
-
     @classmethod
     def from_config(cls, config: dict) -> VllmMarlinFp4Config:
         spec = parse_quant_config(config)
