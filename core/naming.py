@@ -208,8 +208,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3-moe", ("Qwen3MoeForCausalLM",), "hf-mlp", "hf-mlp",
            examples="nvidia/Qwen3-30B-A3B-NVFP4, nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4, "
                     "RedHatAI/Qwen3-30B-A3B-NVFP4"),
-    Family("deepseek-v3", ("DeepseekV3ForCausalLM", "KimiK2ForCausalLM"), "hf-mlp", "hf-mlp",
+    # Kimi-K2 ships architectures [DeepseekV3ForCausalLM] with model_type kimi_k2 (vLLM 0.33
+    # transformers_utils/config.py kimi_k2 -> DeepseekV3Config; SGLang 0.5.23 _KimiK2ConfigAlias)
+    Family("deepseek-v3", ("DeepseekV3ForCausalLM",), "hf-mlp", "hf-mlp",
            examples="nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-V3-0324-FP4, Kimi-K2 NVFP4"),
+    # DeepSeek-V3.2: V3's names plus the sparse-attention indexer (vLLM 0.33 deepseek_v2.py DeepseekV32ForCausalLM)
+    Family("deepseek-v32", ("DeepseekV32ForCausalLM",), "hf-mlp", "hf-mlp", examples="DeepSeek-V3.2 NVFP4"),
     Family("glm4-moe", ("Glm4MoeForCausalLM",), "hf-mlp", "hf-mlp",
            examples="GLM-4.5 / 4.6 / 4.7 NVFP4 (MTP layer in mtp.safetensors)",
            # GLM-4.6 / 4.7 FP4 releases keep the MTP layer in mtp.safetensors, outside the index; SGLang 0.5.23
