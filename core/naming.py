@@ -67,7 +67,8 @@ class Scheme:
         if self.layout == PER_EXPERT:
             return re.compile(rf"^(?P<prefix>{head}\.(?P<expert>\d+)\.(?P<proj>{roles}))\.(?P<suffix>[A-Za-z0-9_]+)$")
         tails = "|".join(re.escape(t) for t in sorted(self.tails, key=len, reverse=True) if t)
-        return re.compile(rf"^(?P<prefix>{head}\.(?P<proj>{roles}))(?P<tail>{tails})?$")
+        bare = "?" if "" in self.tails else ""  # a name without a tail is a part only where "" is one
+        return re.compile(rf"^(?P<prefix>{head}\.(?P<proj>{roles}))(?P<tail>{tails}){bare}$")
 
 
 def _per_expert(name, prefixes, module, roles, source) -> Scheme:
