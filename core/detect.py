@@ -257,6 +257,7 @@ def detect_format(config: Mapping, hf_quant_config: Mapping | None,
         reason = detector(config, hf_quant_config, tensors)
         if reason:
             _check_consistency(fmt, config, hf_quant_config, tensors)
+            _check_unparsed(tensors)
             return fmt, reason
     hint = _unknown_hint(config, hf_quant_config, tensors)
     if _expert_dtype(config) == "fp8":
@@ -279,6 +280,24 @@ def _unknown_hint(config: Mapping, hfq: Mapping | None, tensors: Mapping[str, Te
             "MXFP4 (expert_dtype fp4), ModelOpt NVFP4 (quant_method modelopt or hf_quant_config.json NVFP4 / "
             "MIXED_PRECISION) or MXFP4 (quant_algo mxfp4), compressed-tensors nvfp4/mxfp4-pack-quantized, gpt-oss mxfp4, or its own Marlin "
             "output")
+
+
+def _check_unparsed(tensors: Mapping[str, TensorRef]) -> None:
+    """An FP4 expert tensor no scheme spells (packed codes in an `experts` module, with an FP4 block scale
+    beside it) would be copied unconverted next to its converted siblings: refuse it, naming the part of its
+    path not understood (`detect.unknown_expert_name`)."""
+    for name in tensors:
+        if not name.endswith(_WEIGHT_SUFFIXES) or first_expert_like((name,)) is None or parse_expert_name(name):
+            continue
+        ref, stem = tensors[name], name.rsplit(".", 1)[0]
+        scale = tensors.get(f"{stem}.weight_scale") or tensors.get(f"{stem}.scale")
+        if ref.dtype in PACKED and len(ref.shape) == 2 and scale is not None and scale.dtype in E8M0 | {"F8_E4M3"}:
+            raise ContentError(
+                f"{name} ({ref.dtype} {list(ref.shape)}, block scale {scale.name} {scale.dtype}) is an FP4 expert "
+                f"tensor, but {unknown_part(name)}", error_id="detect.unknown_expert_name", tensor=name,
+                file=ref.file, hint="dsv4-convert would copy it unconverted beside its converted siblings; if this "
+                                    "is a model family's real naming, report it with the checkpoint's tensor list "
+                                    "(docs/FORMAT.md, Model families)")
 
 
 def _check_consistency(fmt: SourceFormat, config, hfq, tensors) -> None:
