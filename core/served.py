@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from dsv4_convert.core.inner_methods import engine_inner_method
 from dsv4_convert.core.naming import FAMILIES, Family, family_of
 
-__all__ = ["Served", "SERVED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
+__all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
            "refusal", "checkpoint_refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
 
 # the engine releases the serving proofs run under (serving_tests/locks), by core/engines.py release key
@@ -103,6 +103,21 @@ def _rows(key: str) -> tuple[Served, ...]:
     )
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A family x source format that an engine release itself cannot serve through the plugin, with the engine's
+    own reason (quoted from its code) and the serving_tests node id that shows it: the gate and the matrix say why."""
+    family: str
+    source_format: str
+    engine: str           # release key
+    reason: str
+    proof: str
+
+
+# (family, format, release) the engine refuses, e.g. SGLang's quantised-Mixtral model (fam-mla's row)
+REFUSED: tuple[Refused, ...] = ()
+
+
 # fam-mla / fam-hybrid: add a family's rows here (one per format and engine version) with the node ids of
 # its differential proof, and its case to serving_tests/families.py CASES.
 SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS for row in _rows(key))
@@ -150,6 +165,11 @@ def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | N
                 "so no serving test has loaded it through the plugins")
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
     rows = entries(family.name, source_format, engine)
+    engine_says = [r for r in REFUSED if r.family == family.name and r.source_format == source_format
+                   and engine in (r.engine, _engine_of(r.engine))]
+    if not rows and engine_says:
+        return (f"{engine_says[0].engine} itself cannot serve a {family.name} {source_format} checkpoint through the "
+                f"plugin: {engine_says[0].reason}")
     if not rows:
         return (f"no serving test loads a {family.name} checkpoint in {source_format} through the {engine} plugin "
                 f"(proven for {family.name}: {_proven(family, source_format, engine)})")
@@ -193,13 +213,16 @@ def matrix_markdown() -> str:
     head = ["family", "releases", "source format", *ENGINE_VERSIONS, "proof (serving_tests/)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in FAMILIES:
-        formats = list(dict.fromkeys(s.source_format for s in SERVED if s.family == f.name))
+        formats = list(dict.fromkeys(s.source_format for s in (*SERVED, *REFUSED) if s.family == f.name))
         if not formats:
             lines.append(f"| {f.name} | {f.examples} | | " + " | ".join("refused" for _ in ENGINE_VERSIONS)
                          + " | none: no serving test loads it yet |")
         for fmt in formats:
             rows = entries(f.name, fmt)
-            cells = [next((f"served ({'/'.join(sorted(s.methods))})" for s in rows if s.engine == key), "refused")
-                     for key in ENGINE_VERSIONS]
+            said = {r.engine: r for r in REFUSED if r.family == f.name and r.source_format == fmt}
+            cells = [next((f"served ({'/'.join(sorted(s.methods))})" for s in rows if s.engine == key),
+                          "refused by the engine (see below)" if key in said else "refused") for key in ENGINE_VERSIONS]
             lines.append(f"| {f.name} | {f.examples} | {fmt} | " + " | ".join(cells) + f" | {_proof_cell(rows)} |")
+    lines += ["", *(f"- {r.family} {r.source_format} on {r.engine}: {r.reason} (`{r.proof.removeprefix('serving_tests/')}`)"
+                    for r in REFUSED)] if REFUSED else []
     return "\n".join([MATRIX_BEGIN, *lines, MATRIX_END])
