@@ -13,7 +13,14 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from dsv4_convert.core.converted_config import read_tp_layout
-from dsv4_convert.core.engines import DEFAULT_ENGINE, ENGINES, QUANT_METHOD, launch_command, registration_log_line
+from dsv4_convert.core.engines import (
+    DEFAULT_ENGINE,
+    ENGINES,
+    QUANT_METHOD,
+    engine_facts,
+    launch_command,
+    registration_log_line,
+)
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
@@ -197,7 +204,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
     candidates = []
     for tp in (t for t in (1, 2, 4, 8, 16) if t <= gpus):
         for ep in sorted({1, tp}):
-            tiles = moe_rank_tiles(shape.quant, engine, hidden=shape.hidden, intermediate=shape.intermediate,
+            tiles = moe_rank_tiles(shape.quant, engine_facts(engine).padding, hidden=shape.hidden, intermediate=shape.intermediate,
                                    tp=tp, ep=ep, experts=shape.experts)
             # a source the engine pads holds padded experts per rank; a converted checkpoint's bytes are final
             grow = 1.0 if shape.converted else padding_factor(tiles)
