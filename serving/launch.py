@@ -61,6 +61,7 @@ class ModelShape:
     converted: bool
     converted_for: str | None = None  # target engine of a converted checkpoint
     converted_layout: tuple[int, int] | None = None  # (TP, EP) of a --tp/--ep conversion (tp_layout)
+    w4a8: bool = False  # a W4A8 (fp8 activations) conversion: only some engine releases serve it
 
 
 def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
@@ -97,7 +98,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       expert_bytes=expert_bytes, other_bytes=total - expert_bytes,
                       largest_layer_expert_bytes=max(per_layer.values(), default=0),
                       converted=ckpt.format is SourceFormat.MARLIN, converted_for=qc.get("target_engine"),
-                      converted_layout=layout)
+                      converted_layout=layout, w4a8=ckpt.format is SourceFormat.MARLIN and bool(qc.get("w4a8")))
 
 
 @dataclass
@@ -260,6 +261,10 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
     if shape.converted and shape.converted_for and shape.converted_for != engine:
         reasoning.append(f"WARNING: this checkpoint was converted for {shape.converted_for}, not {engine}; "
                          "re-convert it or plan for the other engine")
+    if shape.w4a8:
+        reasoning.append(f"W4A8 (fp8 activations) checkpoint: served by {ENGINES[engine].w4a8_versions()} only "
+                         "(the engine table, core/engines.py); newer releases refuse it at start-up: install a "
+                         "release listed, or convert the source again without --w4a8")
     if shape.converted:
         reasoning.append("a dsv4-convert checkpoint needs the dsv4-convert plugin in the server's environment "
                          "(`pip install dsv4-convert`; no --quantization flag: the engine reads quant_method "
