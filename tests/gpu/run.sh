@@ -41,6 +41,7 @@ tests=()
 for t in ${TESTS:-tests/gpu}; do tests+=("$ROOT/$t"); done
 run_version() {  # one pytest process per build, in parallel: the cases are small, the device has 16 cores
   local v=$1
+  shift
   DSV4_MARLIN_MODULE=$(ls ${MODULE_GLOB[$v]} | head -1)
   export DSV4_MARLIN_MODULE DSV4_GPU_RESULTS="$OUTDIR/$v/gpu_results.jsonl"
   rm -f "$DSV4_GPU_RESULTS"

@@ -55,9 +55,12 @@ def reports(tmp_path_factory):
 def test_every_family_passes_the_engines_kernel(reports, family, fmt, target):
     unservable, data = reports[(family, fmt, target)]
     gemm, repack = status(data, "kernel.gemm"), status(data, "kernel.repack")
-    errors = [f["message"] for f in data["findings"] if f["severity"] == "error"]
+    # the kernel's verdict; another check may report an error of its own (an --allow-unservable family's
+    # output fails the serving pre-flight, marlin.serving_methods): recorded, not this test's question
+    errors = [f["message"] for f in data["findings"] if f["severity"] == "error" and f["check"].startswith("kernel.")]
     record(suite="families", module=Path(MODULE).name, family=family, format=fmt, target=target,
            unservable=unservable, gemm=gemm, repack=repack, stacks=len(data["kernel"]),
+           other_errors=sorted({f["check"] for f in data["findings"] if f["severity"] == "error"} - {"kernel.gemm", "kernel.repack"}),
            max_rel_error=max((r["max_rel_error"] or 0.0 for r in data["kernel"]), default=None))
     assert data["kernel"], "no expert stack ran through the kernel"
     assert (gemm, repack) == ("pass", "pass") and not errors, (gemm, repack, errors)
