@@ -31,11 +31,19 @@ from pathlib import Path
 from dsv4_convert.core.engines import ENGINES, LAYOUTS, RELEASES, KernelOps
 from dsv4_convert.core.errors import UsageError
 
-__all__ = ["KernelProvider", "PROVIDERS", "select_provider", "MODULE_ENV", "schema_names"]
+__all__ = ["KernelProvider", "providers", "select_provider", "MODULE_ENV", "schema_names"]
 
 MODULE_ENV = "DSV4_MARLIN_MODULE"
-_KERNELS = {f.kernels.provider: f.kernels for f in ENGINES.values()}
-PROVIDERS = ("auto", *_KERNELS, "module")
+
+
+def _kernels() -> dict[str, KernelOps]:
+    """--kernel-provider name -> the engine's ops, from the engine table (read at call time)."""
+    return {f.kernels.provider: f.kernels for f in ENGINES.values()}
+
+
+def providers() -> tuple[str, ...]:
+    """Every --kernel-provider choice: auto, each engine's, module."""
+    return ("auto", *_kernels(), "module")
 
 
 @dataclass
@@ -157,20 +165,20 @@ def load_module(path: str) -> KernelProvider:
 
 
 def _installed(name: str) -> bool:
-    return importlib.util.find_spec(_KERNELS[name].module.split(".")[0]) is not None
+    return importlib.util.find_spec(_kernels()[name].module.split(".")[0]) is not None
 
 
 def _order(layout_tag: str | None) -> list[str]:
     first = LAYOUTS[layout_tag].kernels.provider if layout_tag in LAYOUTS else None
-    return ([first] if first else []) + [n for n in _KERNELS if n != first]
+    return ([first] if first else []) + [n for n in _kernels() if n != first]
 
 
 def select_provider(choice: str, layout_tag: str | None) -> KernelProvider:
     """`choice` is auto, a provider of the engine table, module or module:PATH. Raises UsageError (exit 2)
     naming what was looked for when nothing usable is there."""
     kind, _, path = choice.partition(":")
-    if kind not in PROVIDERS:
-        raise UsageError(f"unknown kernel provider {choice!r}; choose one of {', '.join(PROVIDERS)} or module:PATH",
+    if kind not in providers():
+        raise UsageError(f"unknown kernel provider {choice!r}; choose one of {', '.join(providers())} or module:PATH",
                          error_id="kernel.provider_unknown")
     if kind == "module":
         path = path or os.environ.get(MODULE_ENV, "")
@@ -182,7 +190,7 @@ def select_provider(choice: str, layout_tag: str | None) -> KernelProvider:
     for name in names:
         if _installed(name):
             try:
-                return _load_engine(_KERNELS[name])
+                return _load_engine(_kernels()[name])
             except (ImportError, AttributeError, RuntimeError) as e:
                 if kind != "auto":
                     raise UsageError(f"{name} is installed but its Marlin MoE op cannot be loaded: {e}",
