@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dsv4_convert.core.engines import RELEASES, EngineError, release_for
 from dsv4_convert.core.inner_methods import engine_inner_method
 from dsv4_convert.core.naming import FAMILIES, Family, family_of
 
@@ -33,13 +34,12 @@ ENGINE_VERSIONS = ("sglang 0.5.23", "vllm 0.33")
 
 
 def engine_key(engine: str, version: str) -> str:
-    """The release key of an installed `version` ("0.33.0" -> "vllm 0.33"); the version itself if no release
-    of the table covers it (then nothing is served on it)."""
-    for key in ENGINE_VERSIONS:
-        name, series = key.split(" ")
-        if name == engine and (version == series or version.startswith(series + ".")):
-            return key
-    return f"{engine} {version}"
+    """The release key of an installed `version` ("0.33.0" -> "vllm 0.33", core/engines.py release_for); the
+    version itself when no release of the engine table covers it (then nothing is served on it)."""
+    try:
+        return release_for(engine, version).key
+    except EngineError:
+        return f"{engine} {version}"
 
 
 def _engine_of(key: str) -> str:
@@ -79,19 +79,23 @@ def _dsv4(engine: str, case: str) -> tuple[str, ...]:
             "serving_tests/test_plugin_config.py::test_config_builds_the_engines_own_config_for_dsv4_fp8")
 
 
-_GPT_OSS = {"vllm": "serving_tests/vllm/test_vllm_gpt_oss.py::test_gpt_oss_plugin_byte_equal_vllm_gpt_oss_marlin",
-            "sglang": "serving_tests/sglang/test_sglang_gpt_oss.py::test_gpt_oss_plugin_byte_equal_sglang_gpt_oss_marlin"}
-# the engines' own names of the same methods (core/inner_methods.py)
-_DSV4_FP8 = {"vllm": "deepseek_v4_fp8", "sglang": "fp8"}
-_GPT_OSS_MXFP4 = {"vllm": "gpt_oss_mxfp4", "sglang": "mxfp4"}
+def _gpt_oss(engine: str) -> tuple[str, ...]:
+    return (f"serving_tests/{engine}/test_{engine}_gpt_oss.py::test_gpt_oss_plugin_byte_equal_{engine}_gpt_oss_marlin",)
+
+
+def _method(engine: str, block: dict, model_type: str) -> frozenset:
+    """The engine's own name of the method it builds from `block` (core/inner_methods.py): DeepSeek-V4's block
+    FP8 is `deepseek_v4_fp8` in vLLM and `fp8` in SGLang, gpt-oss's `gpt_oss_mxfp4` / `mxfp4`."""
+    return frozenset({engine_inner_method(engine, block, model_type)})
 
 
 def _rows(key: str) -> tuple[Served, ...]:
     e = _engine_of(key)
+    dsv4_fp8 = _method(e, {"quant_method": "fp8", "weight_block_size": [128, 128]}, "deepseek_v4")
     return (
-        Served("deepseek-v4", "mxfp4-dsv4", key, frozenset({_DSV4_FP8[e]}), _dsv4(e, "ckpt-mxfp4-bf16-tp2")),
-        Served("deepseek-v4", "nvfp4-modelopt-dsv4", key, frozenset({_DSV4_FP8[e]}), _dsv4(e, "ckpt-nvfp4-bf16-tp2")),
-        Served("gpt-oss", "mxfp4-gptoss", key, frozenset({_GPT_OSS_MXFP4[e]}), (_GPT_OSS[e],)),
+        Served("deepseek-v4", "mxfp4-dsv4", key, dsv4_fp8, _dsv4(e, "ckpt-mxfp4-bf16-tp2")),
+        Served("deepseek-v4", "nvfp4-modelopt-dsv4", key, dsv4_fp8, _dsv4(e, "ckpt-nvfp4-bf16-tp2")),
+        Served("gpt-oss", "mxfp4-gptoss", key, _method(e, {"quant_method": "mxfp4"}, "gpt_oss"), _gpt_oss(e)),
         Served("qwen3-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                _whole_model("qwen3-moe", "nvfp4-modelopt-hf")),
         Served("qwen3-moe", "nvfp4-ct", key, frozenset({"compressed-tensors"}), _whole_model("qwen3-moe", "nvfp4-ct")),
@@ -210,18 +214,19 @@ def _proof_cell(rows: list[Served]) -> str:
 def matrix_markdown() -> str:
     """The README's support matrix: every family, and for each source format the engine versions whose plugin
     is proven to serve it (with the method the engine builds for the non-expert layers) and the proof."""
-    head = ["family", "releases", "source format", *ENGINE_VERSIONS, "proof (serving_tests/)"]
+    columns = sorted(RELEASES)  # every release the engine table knows; one without rows serves nothing yet
+    head = ["family", "releases", "source format", *columns, "proof (serving_tests/)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in FAMILIES:
         formats = list(dict.fromkeys(s.source_format for s in (*SERVED, *REFUSED) if s.family == f.name))
         if not formats:
-            lines.append(f"| {f.name} | {f.examples} | | " + " | ".join("refused" for _ in ENGINE_VERSIONS)
+            lines.append(f"| {f.name} | {f.examples} | | " + " | ".join("refused" for _ in columns)
                          + " | none: no serving test loads it yet |")
         for fmt in formats:
             rows = entries(f.name, fmt)
             said = {r.engine: r for r in REFUSED if r.family == f.name and r.source_format == fmt}
             cells = [next((f"served ({'/'.join(sorted(s.methods))})" for s in rows if s.engine == key),
-                          "refused by the engine (see below)" if key in said else "refused") for key in ENGINE_VERSIONS]
+                          "refused by the engine (see below)" if key in said else "refused") for key in columns]
             lines.append(f"| {f.name} | {f.examples} | {fmt} | " + " | ".join(cells) + f" | {_proof_cell(rows)} |")
     lines += ["", *(f"- {r.family} {r.source_format} on {r.engine}: {r.reason} (`{r.proof.removeprefix('serving_tests/')}`)"
                     for r in REFUSED)] if REFUSED else []

@@ -129,6 +129,10 @@ def test_qwen3_mixed_precision_is_refused_where_nvfp4_is_served():
 
 def test_an_installed_version_maps_to_its_release():
     assert engine_key("vllm", "0.33.0") == "vllm 0.33" and engine_key("sglang", "0.5.23") == "sglang 0.5.23"
+    assert engine_key("vllm", "0.34.0") == "vllm 0.34" and not entries(engine="vllm 0.34")  # no proof run there yet
+    from dsv4_convert.core.engines import RELEASES
+
+    assert set(ENGINE_VERSIONS) <= set(RELEASES)
     unknown = engine_key("vllm", "0.99.1")
     config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
     assert "no serving test" in refusal(config, "nvfp4-modelopt-hf", unknown, NVFP4_BLOCK)
