@@ -26,7 +26,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported: Ser
 
 import torch
 from common import checkpoint_tensors
-from differential_state import model_state, run_diff_cases, state_diff
+from differential_state import model_state, run_diff_cases, state_diff, zero_fill
 from harness_sglang import sglang_cpu
 
 
@@ -40,6 +40,7 @@ def _model(path: str, dtype: str):
     quant = _get_quantization_config(model_config, LoadConfig())
     with set_default_torch_dtype(model_config.dtype):
         model = _initialize_model(model_config, LoadConfig(), quant)
+        zero_fill(model)
         DefaultModelLoader.load_weights_and_postprocess(model, checkpoint_tensors(path), torch.device("cpu"))
     return model
 
