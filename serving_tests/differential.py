@@ -67,7 +67,29 @@ def _kv_heads(src: Path) -> None:
     (src / "config.json").write_text(json.dumps(config, indent=2))
 
 
-EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads}
+def _fused_globals(src: Path) -> None:
+    """llm-compressor gives the projections an engine fuses (gate/up of a dense MLP or shared expert,
+    q/k/v) one weight global scale; synth quantises each with its own, which SGLang's weight-only NVFP4
+    linear refuses ("requires all fused projections to share one weight_global_scale"). Each fused
+    group outside the routed experts takes its first member's global (the tensors stay valid NVFP4)."""
+    from safetensors.torch import load_file, save_file
+
+    groups = (("gate_proj", "up_proj"), ("q_proj", "k_proj", "v_proj"))
+    for shard in sorted(src.glob("*.safetensors")):
+        tensors = load_file(shard)
+        changed = False
+        for name in [n for n in tensors if n.endswith(".weight_global_scale") and ".experts." not in n]:
+            for group in groups:
+                for member in group[1:]:
+                    if f".{member}." in name:
+                        first = name.replace(f".{member}.", f".{group[0]}.")
+                        if first in tensors:
+                            tensors[name], changed = tensors[first].clone(), True
+        if changed:
+            save_file(tensors, shard, metadata={"format": "pt"})
+
+
+EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads, "fused-globals": _fused_globals}
 
 CASES = (
     Case("deepseek-v4", "nvfp4-modelopt-dsv4"),
@@ -77,7 +99,7 @@ CASES = (
     Case("qwen3-moe", "nvfp4-ct"),
     Case("qwen3-moe", "nvfp4-modelopt-hf", edit="2507"),
     Case("glm4-moe", "nvfp4-modelopt-hf"),
-    Case("glm4-moe", "nvfp4-ct"),
+    Case("glm4-moe", "nvfp4-ct", edit="fused-globals"),
 )
 
 

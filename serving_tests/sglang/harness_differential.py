@@ -10,6 +10,7 @@ CPU substitutions, beyond those of test_differential.py's header (each one engin
 - the torchvision stand-in (serving_tests/stubs), `override_platform(is_sm120=True, is_blackwell=True)`
   (what SGLang's probes answer on the target sm_120 GPU: `is_blackwell` covers majors 10, 11, 12),
   `--moe-runner-backend marlin`, the parallel ranks written with `get_parallel().override_permanently`;
+- quant_method "mxfp4" (Mxfp4Config) added to the registry, as a CUDA build registers it (gpt-oss);
 - `marlin_make_workspace` -> a dummy tensor (it reads the CUDA SM count; a runtime buffer, not loaded);
 - the rotary embedding's CPU branch (its non-CUDA branch imports `vllm._custom_ops`, absent here);
 - `torch.cuda.get_device_capability` -> (12, 0) (sm_120), asked by compressed-tensors' scheme selection;
@@ -27,6 +28,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported: Ser
 import torch
 from common import checkpoint_tensors
 from differential_state import model_state, run_diff_cases, state_diff, zero_fill
+from harness_gpt_oss import _register_mxfp4_as_on_cuda
 from harness_sglang import sglang_cpu
 
 
@@ -69,6 +71,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     from sglang.srt.runtime_context import get_parallel, override_platform
 
     load_plugins()
+    _register_mxfp4_as_on_cuda()
     rope._is_cpu = True
     out = {}
     for dtype in sorted({c["dtype"] for c in cases.values()}):  # the server's --dtype, one per context
