@@ -48,8 +48,26 @@ def _cases() -> set[tuple[str, str]]:
     raise AssertionError("serving_tests/families.py has no CASES")
 
 
+def _differential_cases() -> list[dict]:
+    """serving_tests/differential.py CASES: Case(family, fmt, edit=, dtypes=, engines=) with literal arguments."""
+    for node in _module(ROOT / "serving_tests/differential.py").body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CASES" for t in node.targets):
+            cases = []
+            for call in node.value.elts:
+                case = dict(zip(("family", "fmt", "edit", "dtypes", "engines"), map(ast.literal_eval, call.args)))
+                case |= {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+                cases.append({"edit": None, "dtypes": ("bfloat16",), "engines": ("vllm", "sglang")} | case)
+            return cases
+    raise AssertionError("serving_tests/differential.py has no CASES")
+
+
+def _differential_ids() -> set[str]:
+    return {f"{c['family']}-{c['fmt']}" + (f"-{c['edit']}" if c["edit"] else "") + f"-{d}"
+            for c in _differential_cases() for d in c["dtypes"]}
+
+
 def test_every_entry_names_a_proof_that_exists():
-    case_ids = {f"{fam}-{fmt}" for fam, fmt in _cases()}
+    case_ids = {f"{fam}-{fmt}" for fam, fmt in _cases()} | _differential_ids()
     for s in SERVED:
         assert s.proofs, s
         for proof in s.proofs:
@@ -67,6 +85,19 @@ def test_every_proof_case_has_its_entry_on_every_release():
     for fam, fmt in _cases():
         for key in ENGINE_VERSIONS:
             assert entries(fam, fmt, key), f"serving_tests/families.py proves {fam} {fmt}; no entry for {key}"
+
+
+def test_every_differential_proof_has_its_entry_and_every_entry_a_differential_proof():
+    """The differential proof (serving_tests/test_differential.py) is what makes an entry: each of its cases is an
+    entry on every release of its engines, and each entry names the differential case of its family and format."""
+    from dsv4_convert.core.served import _DIFF
+
+    for c in _differential_cases():
+        for key in ENGINE_VERSIONS:
+            if key.split(" ")[0] in c["engines"]:
+                assert entries(c["family"], c["fmt"], key), f"differential proof of {c} has no entry on {key}"
+    for s in SERVED:
+        assert any(p.startswith(_DIFF + f"[{s.family}-{s.source_format}") for p in s.proofs), s
 
 
 def test_entries_name_known_families_formats_and_releases_once():
