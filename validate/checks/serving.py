@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
-from dsv4_convert.core.engines import ENGINES
-from dsv4_convert.core.inner_methods import FP4_METHODS, engine_inner_method
+from dsv4_convert.core.engines import ENGINES, engine_inner_method
+from dsv4_convert.core.inner_methods import FP4_METHODS
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.inputs import CheckpointInput, Options
