@@ -55,8 +55,10 @@ def _differential_cases() -> list[dict]:
             cases = []
             for call in node.value.elts:
                 case = dict(zip(("family", "fmt", "edit", "dtypes", "engines"), map(ast.literal_eval, call.args)))
-                case |= {k.arg: ast.literal_eval(k.value) for k in call.keywords}
-                cases.append({"edit": None, "dtypes": ("bfloat16",), "engines": ("vllm", "sglang")} | case)
+                # `blocked=<a module-level reason>`: the whole model cannot be built on CPU yet (a skip)
+                case |= {k.arg: True if k.arg == "blocked" else ast.literal_eval(k.value) for k in call.keywords}
+                cases.append({"edit": None, "dtypes": ("bfloat16",), "engines": ("vllm", "sglang"),
+                              "blocked": False} | case)
             return cases
     raise AssertionError("serving_tests/differential.py has no CASES")
 
@@ -89,15 +91,20 @@ def test_every_proof_case_has_its_entry_on_every_release():
 
 def test_every_differential_proof_has_its_entry_and_every_entry_a_differential_proof():
     """The differential proof (serving_tests/test_differential.py) is what makes an entry: each of its cases is an
-    entry on every release of its engines, and each entry names the differential case of its family and format."""
+    entry on every release of its engines, and each entry names the differential case of its family and format
+    (DeepSeek-V4's whole model is `blocked` on CPU: its entries name the layer-level proof instead)."""
     from dsv4_convert.core.served import _DIFF
 
-    for c in _differential_cases():
+    cases = _differential_cases()
+    for c in cases:
         for key in ENGINE_VERSIONS:
             if key.split(" ")[0] in c["engines"]:
                 assert entries(c["family"], c["fmt"], key), f"differential proof of {c} has no entry on {key}"
+    blocked = {(c["family"], c["fmt"]) for c in cases if c["blocked"]}
     for s in SERVED:
-        assert any(p.startswith(_DIFF + f"[{s.family}-{s.source_format}") for p in s.proofs), s
+        differential = [p for p in s.proofs if p.startswith(_DIFF + f"[{s.family}-{s.source_format}")]
+        # a blocked case is a skip, never a proof: its entry names the layer-level proof that stands in
+        assert (not differential and len(s.proofs) > 0) if (s.family, s.source_format) in blocked else differential, s
 
 
 def test_entries_name_known_families_formats_and_releases_once():
