@@ -19,11 +19,13 @@ from dsv4_convert.synth import (
     write_synthetic_checkpoint,
 )
 from dsv4_convert.synth.defects import DEFECTS
+from dsv4_convert.synth.families import FAMILY_SPECS
 
 __all__ = ["synth"]
 
 _FAMILY_HELP = "\n".join(
-    f"  {name:<12} {', '.join(fmts):<38} {family_named(name).examples}" for name, fmts in SYNTH_FAMILIES.items())
+    f"  {name:<16} {', '.join(fmts):<38} {family_named(FAMILY_SPECS[name].family if name in FAMILY_SPECS else name).examples}"
+    for name, fmts in SYNTH_FAMILIES.items())
 _DEFECT_HELP = "\n".join(
     f"  {d.name:<16} {d.doc}" + (f" (layer 0 expert {d.expert} {'/'.join(d.roles)})" if d.expert is not None else "")
     for d in DEFECTS.values())

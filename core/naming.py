@@ -215,6 +215,10 @@ FAMILIES: tuple[Family, ...] = (
            "nvidia/Qwen3-30B-A3B-NVFP4, nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4, RedHatAI/Qwen3-30B-A3B-NVFP4"),
     Family("deepseek-v3", ("DeepseekV3ForCausalLM", "KimiK2ForCausalLM"), "hf-mlp", "hf-mlp", False, _NOT_PROVEN,
            "nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-V3-0324-FP4, Kimi-K2 NVFP4"),
+    # DeepSeek-V3.2 (MLA plus the sparse-attention indexer): its own architecture, HF expert names as V3's
+    # (vLLM 0.33 registry DeepseekV32ForCausalLM -> deepseek_v2.py load_weights; SGLang 0.5.23 deepseek_v2.py)
+    Family("deepseek-v32", ("DeepseekV32ForCausalLM",), "hf-mlp", "hf-mlp", False, _NOT_PROVEN,
+           "nvidia/DeepSeek-V3.2-NVFP4"),
     Family("glm4-moe", ("Glm4MoeForCausalLM",), "hf-mlp", "hf-mlp", True, "",
            "GLM-4.5 / 4.6 / 4.7 NVFP4 (MTP layer in mtp.safetensors)",
            # GLM-4.6 / 4.7 FP4 releases keep the MTP layer in mtp.safetensors, outside the index; SGLang 0.5.23
