@@ -100,6 +100,19 @@ def _rows(key: str) -> tuple[Served, ...]:
                (*_whole_model("glm4-moe", "nvfp4-modelopt-hf"),
                 f"{_FAM}test_no_block_in_config_json_builds_modelopt_fp4_from_hf_quant_config")),
         Served("glm4-moe", "nvfp4-ct", key, frozenset({"compressed-tensors"}), _whole_model("glm4-moe", "nvfp4-ct")),
+        # DeepSeek-R1 / R1-0528 FP4 (MLA, hf_quant_config.json only) and Kimi-K2 (model_type kimi_k2) replicas;
+        # V3-0324-FP4 as shipped (stale block-FP8 config.json) is built as FP8 by the engines themselves
+        # (test_v3_0324_as_shipped_is_built_as_block_fp8_by_the_engine_itself): refused by method
+        Served("deepseek-v3", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
+               (*_whole_model("deepseek-v3", "nvfp4-modelopt-hf"), *_whole_model("kimi-k2", "nvfp4-modelopt-hf"))),
+        Served("deepseek-v32", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
+               _whole_model("deepseek-v32", "nvfp4-modelopt-hf")),
+        Served("minimax-m2", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
+               _whole_model("minimax-m2", "nvfp4-modelopt-hf")),
+        # SGLang 0.5.23 builds a quantised Mixtral without a fused MoE layer (serving_tests/families.py
+        # ENGINE_REFUSES, test_sglang_refuses_mixtral_with_its_own_reason): vLLM only
+        *((Served("mixtral", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
+                  _whole_model("mixtral", "nvfp4-modelopt-hf")),) if e == "vllm" else ()),
     )
 
 
