@@ -196,7 +196,9 @@ DeepSeek-V4 NVFP4 checkpoint are packed as MXFP4.""")
 
 mxfp4_to_marlin = click.option(
     "--w4a8", is_flag=True, help=f"{ENGINES[W4A8_ENGINE].display}'s W4A8 layout (MXFP4 weights, FP8 activations; "
-                                 f"needs --target {W4A8_ENGINE}).",
+                                 f"needs --target {W4A8_ENGINE}). Served only by "
+                                 f"{ENGINES[W4A8_ENGINE].w4a8_versions()}: newer releases removed W4A8 Marlin and "
+                                 "refuse the checkpoint; without --w4a8 (W4A16) every release serves it.",
 )(_command(Quant.MXFP4, "mxfp4-to-marlin", "", "deepseek-ai/DeepSeek-V4-Flash", """Repack MXFP4 experts into Marlin tile order.
 
 IN is a DeepSeek-V4 native checkpoint (MXFP4 experts, FP8 elsewhere) or compressed-tensors

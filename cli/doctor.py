@@ -21,19 +21,12 @@ from pathlib import Path
 import click
 
 from dsv4_convert.cli.report import emit, report_options
-from dsv4_convert.core.engines import LAYOUTS, version_tuple
+from dsv4_convert.core.engines import ENGINES, LAYOUTS, EngineError, release_for, w4a8_problem
 from dsv4_convert.core.fatbin import FatbinError, read_cuda_code
 from dsv4_convert.validate.kernel_provider import MODULE_ENV
 
 __all__ = ["doctor"]
 
-# package -> (distribution, import name, Marlin MoE extension globs inside the package); the MoE backend
-# flags come from the engine facts table (core/engines.py)
-_ENGINES = {
-    "vllm": ("vllm", "vllm", ("_moe_C*.so",)),
-    "sglang": ("sglang", "sglang", ()),
-    "sgl_kernel": ("sgl-kernel", "sgl_kernel", ("**/*.so",)),
-}
 _PR = "vLLM #40923: a Marlin MoE build with only PTX for this GPU gave silently wrong output on sm_120"
 
 
@@ -42,6 +35,8 @@ class Doctor:
     gpus: list[dict] = field(default_factory=list)
     torch: dict = field(default_factory=dict)
     engines: dict = field(default_factory=dict)
+    # engine -> what the installed version serves, from the engine table: {"release", "w4a8"} or {"error"}
+    releases: dict = field(default_factory=dict)
     extensions: list[dict] = field(default_factory=list)
     checkpoint: dict | None = None
     recommended: list[str] = field(default_factory=list)
@@ -103,15 +98,23 @@ def _check_library(d: Doctor, owner: str, lib: Path) -> None:
 
 
 def _engines(d: Doctor, extra_module: str | None) -> None:
-    for name, (dist, module, globs) in _ENGINES.items():
+    """Each package of each engine (the engine table's `packages`: distribution, import name, extensions)."""
+    for facts, pkg in ((f, p) for f in ENGINES.values() for p in f.packages):
+        name = pkg.module
         try:
-            v = version(dist)
+            v = version(pkg.dist)
         except PackageNotFoundError:
             d.engines[name] = None
             continue
         d.engines[name] = v
-        root = _package_dir(module)
-        libs = sorted({p for g in globs for p in root.glob(g)}) if root else []
+        if pkg is facts.packages[0]:
+            try:
+                rel = release_for(facts.name, v)
+                d.releases[facts.name] = {"release": rel.key, "verified": rel.verified, "w4a8": rel.w4a8}
+            except EngineError as e:
+                d.releases[facts.name] = {"error": e.message}
+        root = _package_dir(pkg.module)
+        libs = sorted({p for g in pkg.kernel_globs for p in root.glob(g)}) if root else []
         for lib in libs:
             _check_library(d, name, lib)
     if extra_module:
@@ -132,22 +135,28 @@ def _checkpoint(d: Doctor, path: str) -> None:
         if tag not in LAYOUTS:
             d.findings.append(f"{path}: unknown marlin_layout {tag!r}; this version knows {sorted(LAYOUTS)}")
     d.checkpoint = info
-    served = []
+    served, installed = [], []
     for tag in engines:
         facts = LAYOUTS[tag]
-        engine, oldest, checked = facts.name, facts.oldest, facts.version
-        v = d.engines.get(engine)
+        engine = facts.name
+        v = d.engines.get(facts.packages[0].module)
         d.recommended.append(f"{engine}: {facts.moe_backend_flag}")
         if v is None:
             continue
+        installed.append(engine)
+        try:
+            rel = release_for(engine, v)
+        except EngineError as e:  # no release of the table covers it: the plugin was never checked there
+            d.findings.append(f"{e.message}; {e.hint}")
+            continue
         served.append(engine)
-        if version_tuple(v) < oldest:
-            d.findings.append(f"{engine} {v} is older than {'.'.join(map(str, oldest))}, the first version with "
-                              f"layout {tag}: upgrade it or re-convert")
-        elif v != checked:
-            d.findings.append(f"{engine} {v} is installed; layout {tag} was verified byte for byte on {checked}: "
-                              f"run `dsv4-convert validate {path} --kernel` before serving")
-    if not served:
+        info.setdefault("releases", {})[engine] = rel.key
+        if qc.get("w4a8") and (why := w4a8_problem(engine, v)):
+            d.findings.append(f"{engine} {v}: {why}")
+        elif v != rel.verified:
+            d.findings.append(f"{engine} {v} is installed; release {rel.key} was verified byte for byte on "
+                              f"{rel.verified}: run `dsv4-convert validate {path} --kernel` before serving")
+    if not installed:
         want = " or ".join(LAYOUTS[t].name for t in engines) or "an engine"
         d.findings.append(f"{path} needs {want}, which is not installed here")
     if ckpt.format is SourceFormat.MARLIN:
@@ -200,7 +209,10 @@ def _render(d: Doctor) -> str:
     lines += [f"GPU {g['index']}       {g['name']}, sm_{g['sm']}, {g['memory_gib']} GiB" for g in d.gpus] or \
              ["GPU         none"]
     for name, v in d.engines.items():
-        lines.append(f"{name:<11} {v or 'not installed'}")
+        r = d.releases.get(name) or {}
+        what = (f" (release {r['release']}: W4A16{', W4A8' if r['w4a8'] else ', no W4A8'})" if "release" in r else
+                f" ({r['error']})" if "error" in r else "")
+        lines.append(f"{name:<11} {v or 'not installed'}{what}")
     for x in d.extensions:
         code = x.get("error") or f"SASS {x['sass']}, PTX {x['ptx']}; " + ", ".join(x.get("verdict") or ["no GPU"])
         lines.append(f"  {Path(x['library']).name}: {code}")

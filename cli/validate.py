@@ -9,7 +9,7 @@ import click
 from dsv4_convert.cli.kernel_opts import kernel_options, refuse_unsupported_shapes, run_kernel_checks
 from dsv4_convert.cli.options import ACT_DTYPE_CHOICE, SEED, TARGET_CHOICE, TARGET_HELP, W4A8_ENGINE, executor_options
 from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
-from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE
+from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
 from dsv4_convert.runtime.executors import refuse_device
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.runner import Unreadable
@@ -65,7 +65,7 @@ def _fraction(ctx, param, value):
                    "repack against the source bytes); see docs/VALIDATE.md")
 @click.option("--kernel-experts", default="all", show_default=True, metavar="N|all",
               help="experts per layer for --kernel (chosen deterministically from --seed)")
-@click.option("--kernel-provider", default="auto", show_default=True, metavar="auto|vllm|sgl_kernel|module:PATH",
+@click.option("--kernel-provider", default="auto", show_default=True, metavar="|".join(("auto", *(f.kernels.provider for f in ENGINES.values()), "module:PATH")),
               help="whose kernels --kernel runs: the installed engine, or a built extension")
 @click.option("--device", default=None, metavar="cuda[:N]", help="GPU for --kernel [default: cuda]")
 @click.option("--plot", "plot_file", metavar="FILE", help="per-layer heat map PNG (needs matplotlib)")

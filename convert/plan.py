@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dsv4_convert import __version__
 from dsv4_convert.convert.safetensors_writer import TensorSpec
-from dsv4_convert.core.engines import FORMAT_VERSION, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
+from dsv4_convert.core.engines import FORMAT_VERSION, MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.served import refusal, source_block
 from dsv4_convert.core.structure import RULES as STRUCTURE_RULES
@@ -150,7 +150,7 @@ _PAD_HINT = ("convert for one split with --tp N [--ep M] (written padded per ran
 
 def _verdicts(ckpt: Checkpoint, engine: str, tp: int, ep: int) -> dict[str, RankTiles]:
     n = model_dims(ckpt.config)["experts"]
-    return {c: moe_rank_tiles(m.quant.value, engine, hidden=m.hidden, intermediate=m.intermediate, tp=tp, ep=ep,
+    return {c: moe_rank_tiles(m.quant.value, engine_facts(engine).padding, hidden=m.hidden, intermediate=m.intermediate, tp=tp, ep=ep,
                               experts=n or m.experts) for c, m in moe_layers(ckpt.projections).items()}
 
 

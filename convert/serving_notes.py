@@ -10,6 +10,14 @@ from dsv4_convert.core.tensor_model import Quant
 __all__ = ["serving_markdown"]
 
 
+def _w4a8_note(t) -> str:
+    if not t.w4a8:
+        return ""
+    return (f"\n**W4A8 (fp8 activations): only {t.facts.w4a8_versions()} serves this checkpoint** (the engine "
+            "table, core/engines.py). Later releases removed W4A8 Marlin and the plugin refuses the checkpoint "
+            "there before loading anything; to serve on them, convert the source again without `--w4a8`.\n")
+
+
 def serving_markdown(plan: ConvertPlan, out_name: str) -> str:
     t = plan.target
     layouts = list(plan.layouts)
@@ -26,7 +34,7 @@ def serving_markdown(plan: ConvertPlan, out_name: str) -> str:
 Converted by dsv4-convert from a `{plan.checkpoint.format.value}` checkpoint. The routed-expert weights
 are already in Marlin tile order, layout **`{t.layout_tag}`** ({t.engine} {t.engine_version},
 {t.act_dtype} activations{", W4A8" if t.w4a8 else ""}). Everything else is byte-identical to the input.
-
+{_w4a8_note(t)}
 ## Why Marlin, and why the flag
 On sm_120 the datacenter MoE kernels (trtllm-gen, `flashinfer_trtllm_routed`) do not run: they are
 built for SM100. Marlin (4-bit weights, 16-bit activations) is the tensor-core path that works.

@@ -18,6 +18,7 @@ from dsv4_convert.core.engines import (
     LAYOUTS,
     QUANT_METHOD,
     READABLE_FORMAT_VERSIONS,
+    engine_facts,
 )
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.formats.tiles import GROUP_SIZE, OK, PAD, RankTiles, moe_rank_tiles
@@ -105,7 +106,7 @@ class TpLayout:
         out = {}
         for name, c in self.containers.items():
             if c.status == PAD:
-                out[name] = moe_rank_tiles(experts[name], engine, hidden=c.hidden, intermediate=c.intermediate,
+                out[name] = moe_rank_tiles(experts[name], engine_facts(engine).padding, hidden=c.hidden, intermediate=c.intermediate,
                                            tp=self.tp, ep=self.ep)
         return out
 
@@ -287,7 +288,7 @@ def _tp_layout_problems(tl, experts: dict, engine: str | None) -> list[Problem]:
             out.append(Problem(TP_LAYOUT, f"tp_layout.containers[{name!r}] needs status ok|pad and positive "
                                f"integer {', '.join(_LAYOUT_KEYS)}"))
         elif not out and engine is not None and experts[name] in FORMATS:
-            v = moe_rank_tiles(experts[name], engine, hidden=c["hidden"], intermediate=c["intermediate"],
+            v = moe_rank_tiles(experts[name], engine_facts(engine).padding, hidden=c["hidden"], intermediate=c["intermediate"],
                                tp=tl["tp"], ep=tl["ep"])
             got = (c["status"], c["i_shard"], c["i_pad"], c["h_pad"])
             if got != (v.status, v.i_shard, v.i_pad, v.h_pad):

@@ -1,8 +1,13 @@
-"""The one table of engine facts: what each serving engine expects of a converted checkpoint and how
-it is launched. The converter, validate, `plan`, the SERVING.md writer, the CLI and both plugins read
-it: a behaviour that differs between targets is a field here, never an `engine == ...` test elsewhere.
-Pure (no engine import). The tile rule and the engines' padding numbers live in formats/tiles.py
-(formats/ imports nothing of the project, so the codecs receive these facts as values).
+"""The one table of engine facts, per engine and per release (a version range): what each engine expects
+of a converted checkpoint, how it is launched, where its code and kernels are, and what each release can
+serve. Every consumer reads it: the converter, `plan`, validate, doctor, the kernel providers, the probe,
+the SERVING.md writer, the CLI and both plugins. A behaviour that differs between engines or releases is
+a field here, never an `engine == ...` test elsewhere; an engine or a version the table does not list is
+a typed error (`engine.unknown`, `engine.version_unknown`), never another engine's rules.
+
+Adding an engine or a release: CONTRIBUTING.md, "Add an engine or an engine version". Pure: no engine
+import. formats/ imports nothing of the project, so the codecs and the tile rule get these facts as
+values (`EngineFacts.padding` is a formats.tiles.EnginePadding).
 """
 
 from __future__ import annotations
@@ -11,11 +16,15 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from dsv4_convert.core.errors import UsageError
+from dsv4_convert.core.inner_methods import resolve_sglang, resolve_vllm
+from dsv4_convert.formats.tiles import EnginePadding, PadRule
+
 __all__ = [
-    "shell_quote",
-    "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "FORMAT_VERSION", "LAYOUTS", "MXFP4_NEEDS_BF16", "QUANT_METHOD",
-    "READABLE_FORMAT_VERSIONS", "EngineFacts", "engine_facts", "launch_command", "mxfp4_dtype_problem",
-    "parallel_flags", "registration_log_line", "version_tuple",
+    "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "FORMAT_VERSION", "GEMM_ARGS_033", "GEMM_ARGS_034", "LAYOUTS",
+    "MXFP4_NEEDS_BF16", "QUANT_METHOD", "READABLE_FORMAT_VERSIONS", "RELEASES", "EngineError", "EngineFacts",
+    "KernelOps", "Package", "Release", "engine_facts", "launch_command", "mxfp4_dtype_problem", "parallel_flags",
+    "registration_log_line", "release", "release_for", "shell_quote", "version_tuple", "w4a8_problem",
 ]
 
 QUANT_METHOD = "marlin_fp4"  # config.json quantization_config.quant_method of a converted checkpoint
@@ -28,6 +37,61 @@ DEFAULT_ENGINE = "sglang"
 MXFP4_NEEDS_BF16 = ("MXFP4 Marlin runs with bfloat16 activations only (vLLM compiles no fp16 MXFP4 kernel; "
                     "SGLang would push the E8M0 scales through fp16 and destroy them)")
 
+# The Marlin ops' argument names, in their schema's order, as vLLM registers them (csrc/moe/torch_bindings.cpp,
+# csrc/torch_bindings.cpp; read from the released wheels' `_moe_C` / `_C` libraries). vLLM 0.34.0 removed
+# the W4A8 path: `a_scales` from the MoE GEMM (26 -> 25 arguments), `is_a_8bit` from the repack (5 -> 4).
+GEMM_ARGS_034 = ("a", "c_or_none", "b_q_weight", "b_bias_or_none", "b_scales", "global_scale", "b_zeros_or_none",
+                 "workspace", "sorted_token_ids", "expert_ids", "num_tokens_past_padded", "topk_weights",
+                 "moe_block_size", "top_k", "mul_topk_weights", "b_type_id", "size_m", "size_n", "size_k",
+                 "use_atomic_add", "use_fp32_reduce", "is_zp_float", "thread_k", "thread_n", "blocks_per_sm")
+GEMM_ARGS_033 = GEMM_ARGS_034[:5] + ("a_scales",) + GEMM_ARGS_034[5:]
+REPACK_ARGS_034 = ("b_q_weight", "size_k", "size_n", "num_bits")
+REPACK_ARGS_033 = REPACK_ARGS_034 + ("is_a_8bit",)
+
+
+class EngineError(UsageError, ValueError):
+    """An engine or engine version the table does not list (exit 2). A ValueError too: the callers that
+    turn a bad target value into their own error keep catching it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Package:
+    """An installed distribution doctor reads: its version, and the Marlin extensions inside it."""
+    dist: str  # distribution name (package metadata)
+    module: str  # import name
+    kernel_globs: tuple[str, ...] = ()  # Marlin MoE extension files inside the package
+
+
+@dataclass(frozen=True, slots=True)
+class KernelOps:
+    """Where `validate --kernel --kernel-provider NAME` finds an engine's Marlin ops (torch.ops paths)."""
+    provider: str  # the --kernel-provider name
+    module: str  # importing it registers the ops
+    gemm: str  # torch.ops path of moe_wna16_marlin_gemm
+    repack: str  # torch.ops path of gptq_marlin_repack
+    scalar_types: str  # module with `scalar_types.float4_e2m1f`
+    dist: str  # distribution, for the provider's version
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One engine release line: versions in [first, below) behave alike for dsv4-convert."""
+    engine: str
+    series: str  # the key's version part: "0.34" -> key "vllm 0.34"
+    first: tuple[int, ...]  # lowest version of the range
+    below: tuple[int, ...]  # first version past the range (not covered)
+    verified: str  # the version the plugin and the layout were verified on
+    w4a8: bool  # can serve a W4A8 (fp8 activations) Marlin checkpoint
+    gemm_args: tuple[str, ...]  # moe_wna16_marlin_gemm's schema (argument names, in order)
+    repack_args: tuple[str, ...]  # gptq_marlin_repack's schema
+
+    @property
+    def key(self) -> str:
+        return f"{self.engine} {self.series}"
+
+    def covers(self, version: str) -> bool:
+        return self.first <= version_tuple(version) < self.below
+
 
 @dataclass(frozen=True, slots=True)
 class EngineFacts:
@@ -35,13 +99,12 @@ class EngineFacts:
     display: str  # the engine's own spelling, for messages
     layout_tag: str  # dsv4-convert's name for the bytes this engine's Marlin preparation produces
     oldest: tuple[int, ...]  # oldest engine version that produces those bytes
-    version: str  # the version the layout was verified against byte for byte
-    w4a8: bool  # has a W4A8 (fp8 activations) Marlin variant
     global_dtype: str  # dtype of the processed NVFP4 global: "F32", or "act" (the activation dtype)
     # NVFP4 block scales (docs/spec/MARLIN_FP4.md §3.3): True = processed values below 2 and every negative
     # scale become 0 (vLLM >= 0.20); False = the sign is dropped, |s| is served
     scale_clamp: bool
     rescale: bool  # with bf16 activations, a power-of-two factor per stacked tensor lifts the scales
+    padding: EnginePadding  # how the engine rounds a rank's MoE sizes up (formats/tiles.py)
     moe_backend_flag: str  # forces the Marlin MoE runner
     memory_flag: str
     # True: the memory share covers activations and CUDA graphs too (the engine profiles them inside it);
@@ -51,6 +114,10 @@ class EngineFacts:
     tp_flag: str  # {tp} is the tensor-parallel size
     ep_flag: str  # {ep} is the expert-parallel size
     sm120_moe_default: str  # which MoE path the engine picks on sm_120 by itself (why the flag is needed)
+    packages: tuple[Package, ...]  # what doctor reads; the first is the engine itself
+    kernels: KernelOps
+    probe: str  # "module:function" that builds the engine's quantisation config (serving/probe.py)
+    inner_method: object  # (block, model_type) -> the method the engine resolves a source block to
     # the engine's own methods (core/inner_methods.py names) the plugin hands the non-expert layers to,
     # each loaded in serving_tests with the engine's code, as (method, model_type or None for any);
     # any other is refused by validate's pre-flight and doctor
@@ -63,22 +130,55 @@ class EngineFacts:
     def fp32_global(self) -> bool:
         return self.global_dtype == "F32"
 
+    @property
+    def releases(self) -> tuple[Release, ...]:
+        """This engine's releases, oldest first."""
+        return tuple(sorted((r for r in RELEASES.values() if r.engine == self.name), key=lambda r: r.first))
+
+    @property
+    def newest(self) -> Release:
+        return self.releases[-1]
+
+    @property
+    def version(self) -> str:
+        """The newest verified version: what a conversion records as its target engine version."""
+        return self.newest.verified
+
+    @property
+    def w4a8(self) -> bool:
+        """Some release of this engine serves W4A8 (`--w4a8` is a valid target)."""
+        return any(r.w4a8 for r in self.releases)
+
+    def w4a8_versions(self) -> str:
+        """The releases that serve W4A8, for messages: `vLLM 0.33 (0.33.0)`."""
+        return ", ".join(f"{self.display} {r.series} ({r.verified})" for r in self.releases if r.w4a8) or "none"
+
     def describe(self) -> str:
-        """`vllm-L4` (vLLM >= 0.20, verified on 0.33.0): the one line --help and docs print per target."""
+        """`vllm-L4` (vLLM >= 0.20, verified on 0.33.0, 0.34.0): the one line --help and docs print per target."""
         oldest = ".".join(map(str, self.oldest))
-        since = f">= {oldest}, verified on {self.version}" if oldest != self.version else self.version
+        verified = ", ".join(r.verified for r in self.releases)
+        since = f">= {oldest}, verified on {verified}" if oldest != verified else verified
         return f"`{self.layout_tag}` ({self.display} {since})"
 
 
+_VLLM_PAD = EnginePadding("vllm", {"nvfp4": PadRule(64, 1, "zeros", i_multiple_h_unaligned=128),
+                                   "mxfp4": PadRule(128, 256, "zeros")})
+_SGLANG_PAD = EnginePadding("sglang", {"nvfp4": None,
+                                       "mxfp4": PadRule(128, 256, "uninitialised (torch.empty; dsv4-convert writes zeros)")})
+
 ENGINES = {
-    # vllm-L4: vLLM >= 0.20 (docs/spec/MARLIN_FP4.md §9), verified on 0.33.0
+    # vllm-L4: vLLM >= 0.20 (docs/spec/MARLIN_FP4.md §9)
     "vllm": EngineFacts(
-        "vllm", "vLLM", "vllm-L4", (0, 20, 0), "0.33.0", w4a8=True, global_dtype="F32", scale_clamp=True,
-        rescale=True, moe_backend_flag="--moe-backend marlin", memory_flag="--gpu-memory-utilization",
+        "vllm", "vLLM", "vllm-L4", (0, 20, 0), global_dtype="F32", scale_clamp=True, rescale=True,
+        padding=_VLLM_PAD, moe_backend_flag="--moe-backend marlin", memory_flag="--gpu-memory-utilization",
         memory_profiled=True, serve="vllm serve {path}", tp_flag="--tensor-parallel-size {tp}",
         ep_flag="--enable-expert-parallel",  # EP then spans the TP ranks
         sm120_moe_default="vLLM usually auto-selects Marlin on sm_120, but an SM100 path can still be picked "
                           "for NVFP4",
+        packages=(Package("vllm", "vllm", ("_moe_C*.so",)),),
+        kernels=KernelOps("vllm", "vllm._custom_ops", "_moe_C.moe_wna16_marlin_gemm", "_C.gptq_marlin_repack",
+                          "vllm.scalar_type", "vllm"),
+        probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm,
         inner_methods=frozenset({("deepseek_v4_fp8", "deepseek_v4"), ("gpt_oss_mxfp4", "gpt_oss"),
                                  ("modelopt_fp4", None), ("modelopt_mixed", "deepseek_v4"),
                                  ("compressed-tensors", None)})),
@@ -86,24 +186,76 @@ ENGINES = {
     # 0.5.23 is the version verified byte for byte. --tp-size / --ep-size are server_args' own names
     # (0.5.23, sglang/srt/arg_groups/fields/parallel.py); a bare --tp only works as an argparse abbreviation.
     "sglang": EngineFacts(
-        "sglang", "SGLang", "sglang-L2", (0, 5, 23), "0.5.23", w4a8=False, global_dtype="act", scale_clamp=False,
-        rescale=False, moe_backend_flag="--moe-runner-backend marlin", memory_flag="--mem-fraction-static",
+        "sglang", "SGLang", "sglang-L2", (0, 5, 23), global_dtype="act", scale_clamp=False, rescale=False,
+        padding=_SGLANG_PAD, moe_backend_flag="--moe-runner-backend marlin", memory_flag="--mem-fraction-static",
         memory_profiled=False, serve="python -m sglang.launch_server --model-path {path}", tp_flag="--tp-size {tp}",
         ep_flag="--ep-size {ep}",
         sm120_moe_default="SGLang's DeepSeek-V4 default on sm_120 is flashinfer_mxfp4 (NVFP4: "
                           "flashinfer_trtllm_routed)",
+        packages=(Package("sglang", "sglang"), Package("sgl-kernel", "sgl_kernel", ("**/*.so",))),
+        kernels=KernelOps("sgl_kernel", "sgl_kernel", "sgl_kernel.moe_wna16_marlin_gemm",
+                          "sgl_kernel.gptq_marlin_repack", "sgl_kernel.scalar_type", "sgl-kernel"),
+        probe="dsv4_convert.serving.probe:sglang_quant_config", inner_method=resolve_sglang,
         inner_methods=frozenset({("fp8", "deepseek_v4"), ("mxfp4", "gpt_oss"), ("modelopt_fp4", None),
                                  ("modelopt_mixed", "deepseek_v4"), ("compressed-tensors", None)})),
 }
 LAYOUTS = {e.layout_tag: e for e in ENGINES.values()}
+
+# Releases, keyed "engine series". W4A8 Marlin (fp8 activations) is gone in vLLM 0.34.0: its kernels, the
+# W4A8 repack and `marlin_quant_input`; VLLM_MARLIN_INPUT_DTYPE stops 0.34 at start-up.
+RELEASES = {r.key: r for r in (
+    Release("vllm", "0.33", (0, 33, 0), (0, 34, 0), "0.33.0", w4a8=True, gemm_args=GEMM_ARGS_033,
+            repack_args=REPACK_ARGS_033),
+    Release("vllm", "0.34", (0, 34, 0), (0, 35, 0), "0.34.0", w4a8=False, gemm_args=GEMM_ARGS_034,
+            repack_args=REPACK_ARGS_034),
+    # sgl_kernel keeps vLLM 0.33's op schema (its ops are read by name from their own schema at run time)
+    Release("sglang", "0.5.23", (0, 5, 23), (0, 5, 24), "0.5.23", w4a8=False, gemm_args=GEMM_ARGS_033,
+            repack_args=REPACK_ARGS_033),
+)}
 
 
 def engine_facts(engine: str) -> EngineFacts:
     """The one check of an engine name."""
     try:
         return ENGINES[engine]
-    except KeyError:
-        raise ValueError(f"unknown target engine {engine!r}; choose one of {sorted(ENGINES)}") from None
+    except (KeyError, TypeError):
+        raise EngineError(f"unknown engine {engine!r}; dsv4-convert knows {', '.join(sorted(ENGINES))}",
+                          error_id="engine.unknown",
+                          hint="pick one of those (--target), or add the engine to core/engines.py "
+                               "(CONTRIBUTING.md, 'Add an engine or an engine version')") from None
+
+
+def release(key: str) -> Release:
+    """The release named `key` ("vllm 0.34", "sglang 0.5.23")."""
+    if key not in RELEASES:
+        engine_facts(key.split(" ")[0])  # an unknown engine says so
+        raise EngineError(f"unknown release {key!r}; dsv4-convert knows {', '.join(RELEASES)}",
+                          error_id="engine.version_unknown")
+    return RELEASES[key]
+
+
+def release_for(engine: str, version: str) -> Release:
+    """The release that covers an installed `version` of `engine`, or EngineError naming the known ones."""
+    facts = engine_facts(engine)
+    for r in facts.releases:
+        if r.covers(version):
+            return r
+    known = ", ".join(f"{r.series} ({r.verified})" for r in facts.releases)
+    raise EngineError(
+        f"{facts.display} {version} is not a release dsv4-convert knows ({facts.display} {known}): its serving "
+        "code and kernels were never checked against this plugin", error_id="engine.version_unknown",
+        hint=f"install {facts.display} {facts.newest.verified} (pip install '{facts.packages[0].dist}=="
+             f"{facts.newest.verified}'), or add the release to core/engines.py (CONTRIBUTING.md)")
+
+
+def w4a8_problem(engine: str, version: str) -> str | None:
+    """Why `engine` `version` cannot serve a W4A8 checkpoint (with the fix), or None when it can."""
+    r, facts = release_for(engine, version), engine_facts(engine)
+    if r.w4a8:
+        return None
+    return (f"this is a W4A8 (fp8 activations) checkpoint, and {facts.display} {version} has no W4A8 Marlin "
+            f"kernels (W4A8 is served by: {facts.w4a8_versions()}). Convert the source again without --w4a8 "
+            "(W4A16), or serve this one with a release listed.")
 
 
 def mxfp4_dtype_problem(act_dtype: str) -> str | None:

@@ -2,8 +2,8 @@
 plugin hands every non-expert layer to (attention, dense MLP, shared experts). Pure, for validate's
 pre-flight; the plugins ask the installed engine itself (serving/vllm_config.py, sglang_methods.py).
 
-Mirrors, per engine version the engine-facts table lists:
-- vLLM 0.33.0: `ModelArchConfigConvertorBase._normalize_quantization_config` (a nested ModelOpt block,
+Mirrors, per engine release the engine table (core/engines.py) lists, which names the resolver of each:
+- vLLM 0.33.0 and 0.34.0 (the same code): `ModelArchConfigConvertorBase._normalize_quantization_config` (a nested ModelOpt block,
   hf_quant_config.json's form, gets quant_method modelopt / modelopt_fp4 / modelopt_mixed from quant_algo;
   a flat config.json block keeps its own; names are lower-cased, `compressed_tensors` ->
   `compressed-tensors`), then `ModelConfig._verify_quantization`'s override walk
@@ -19,7 +19,7 @@ Both read config.json's block, and hf_quant_config.json only when config.json ha
 
 from __future__ import annotations
 
-__all__ = ["FP4_METHODS", "FP8_METHODS", "engine_inner_method"]
+__all__ = ["FP4_METHODS", "FP8_METHODS", "engine_inner_method", "resolve_sglang", "resolve_vllm"]
 
 # methods whose linear layers hold NVFP4 (packed uint8) weights, and those whose hold FP8 weights
 FP4_METHODS = frozenset({"modelopt_fp4", "modelopt_mixed", "compressed-tensors"})
@@ -41,7 +41,7 @@ def _is_modelopt(block: dict) -> bool:
         str(block.get("quant_method", "")).lower().startswith("modelopt")
 
 
-def _vllm(block: dict, model_type: str | None) -> str | None:
+def resolve_vllm(block: dict, model_type: str | None) -> str | None:
     method = str(block.get("quant_method", ""))
     nested = block.get("quantization")
     legacy = isinstance(nested, dict) and "modelopt_quant_config" in nested
@@ -68,7 +68,8 @@ def _vllm(block: dict, model_type: str | None) -> str | None:
     return method or None
 
 
-def _sglang(block: dict) -> str | None:
+def resolve_sglang(block: dict, model_type: str | None) -> str | None:
+    del model_type  # SGLang's lookup does not read it
     method = block.get("quant_method")
     if method is None or method == "modelopt" or "quantization" in block:
         algo = _modelopt_algo(block) or ""
@@ -88,7 +89,9 @@ def _sglang(block: dict) -> str | None:
 
 
 def engine_inner_method(engine: str, block: dict | None, model_type: str | None) -> str | None:
-    """The method name `engine` resolves `block` to (None: no block, the layers stay unquantised)."""
-    if not isinstance(block, dict):
-        return None
-    return _vllm(block, model_type) if engine == "vllm" else _sglang(block)
+    """The method name `engine` resolves `block` to (None: no block, the layers stay unquantised). The
+    engine table names each engine's resolver; an engine it does not list is EngineError."""
+    from dsv4_convert.core.engines import engine_facts  # the table imports this module's resolvers
+
+    facts = engine_facts(engine)
+    return facts.inner_method(block, model_type) if isinstance(block, dict) else None

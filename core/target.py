@@ -27,7 +27,10 @@ class MarlinTarget:
         if self.act_dtype not in ACT_DTYPES:
             raise ValueError(f"unknown activation dtype {self.act_dtype!r}; choose one of {ACT_DTYPES}")
         if self.w4a8 and not ENGINES[self.engine].w4a8:
-            raise ValueError("W4A8 (fp8 activations) exists only in vLLM's Marlin; use engine='vllm'")
+            w4a8 = [f.name for f in ENGINES.values() if f.w4a8]
+            raise ValueError(f"W4A8 (fp8 activations) Marlin exists only in "
+                             f"{'; '.join(ENGINES[n].w4a8_versions() for n in w4a8) or 'no engine'}; "
+                             f"use engine={' or '.join(map(repr, w4a8))}, or convert without W4A8")
 
     @property
     def facts(self) -> EngineFacts:

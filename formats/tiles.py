@@ -1,4 +1,4 @@
-"""The one Marlin tile rule of the project, and each engine's padding numbers (docs/spec/MARLIN_FP4.md §2).
+"""The one Marlin tile rule of the project, and how engines pad (docs/spec/MARLIN_FP4.md §2).
 
 Every caller (the converters, `plan`, validate's structure.tile.tp, both serving plugins) asks
 `moe_rank_tiles`, so they cannot disagree. Each rank repacks its own shard: w13 has N = 2*I_shard,
@@ -7,7 +7,8 @@ a quant group never straddles two ranks. On top of the kernel, the engines round
 they create their MoE parameters; a shape is `ok` only when nobody pads it, since dsv4-convert's
 layout-agnostic output is one packed tensor per projection that each rank slices whole tiles from.
 
-Padding (per rank, zeros at the end of each dimension; w13's gate and up halves separately):
+Padding (per rank, zeros at the end of each dimension; w13's gate and up halves separately; the numbers
+live in core/engines.py, which hands them in as an `EnginePadding`):
   vLLM NVFP4 MoE (>= 0.24)      I -> multiple of 64 if H % 128 == 0, else of 128; H kept
   vLLM MXFP4 (Mxfp4MoEMethod)   I -> multiple of 128, H -> multiple of 256 (torch.zeros)
   SGLang MXFP4 (DSv4 Marlin)    I -> 128, H -> 256 too, but torch.empty: dsv4-convert writes zeros
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 from dsv4_convert.formats.constants import MARLIN_TILE_K, MARLIN_TILE_N, MXFP4_GROUP, NVFP4_GROUP, W4A8_TILE
 
 __all__ = [
-    "GROUP_SIZE", "IMPOSSIBLE", "LAYOUT_CANDIDATES", "OK", "PAD", "PADDING", "PadRule", "RankTiles", "check_weight_tiles",
-    "engine_padding", "kernel_tile_ok", "moe_rank_tiles", "padded_dense_nk", "padded_moe_intermediate",
+    "GROUP_SIZE", "IMPOSSIBLE", "LAYOUT_CANDIDATES", "OK", "PAD", "EnginePadding", "PadRule", "RankTiles",
+    "check_weight_tiles", "kernel_tile_ok", "moe_rank_tiles", "padded_dense_nk", "padded_moe_intermediate",
     "roundup", "working_layouts",
 ]
 
@@ -76,28 +77,26 @@ class PadRule:
         return (self.i_multiple_h_unaligned if unaligned else self.i_multiple), self.h_multiple
 
 
-# engine -> FP4 format -> its padding (None: never pads): the table of the module docstring, as data.
-# The engine names are core/engines.py's (tests/test_tile_agreement.py checks both tables name the same).
-PADDING = {
-    "vllm": {"nvfp4": PadRule(64, 1, "zeros", i_multiple_h_unaligned=128), "mxfp4": PadRule(128, 256, "zeros")},
-    "sglang": {"nvfp4": None, "mxfp4": PadRule(128, 256, "uninitialised (torch.empty; dsv4-convert writes zeros)")},
-}
+@dataclass(frozen=True, slots=True)
+class EnginePadding:
+    """One engine's padding numbers, per FP4 format (None: never pads). The numbers live in the engine
+    table (core/engines.py `EngineFacts.padding`); formats/ imports nothing of the project, so callers
+    pass this value in."""
+    name: str  # the engine, for messages
+    rules: dict  # FP4 format -> PadRule | None
+
+    def rule(self, fmt: str, hidden: int) -> tuple[int, int, str] | None:
+        """(I multiple, H multiple, what fills the padding), or None when the engine never pads `fmt`."""
+        if fmt not in GROUP_SIZE:
+            raise ValueError(f"unknown FP4 format {fmt!r}; expected one of {sorted(GROUP_SIZE)}")
+        rule = self.rules[fmt]
+        return None if rule is None else (*rule.multiples(hidden), rule.fill)
 
 
-def padded_moe_intermediate(i: int, h: int) -> int:
-    """vLLM NVFP4 MoE (>= 0.24): I -> multiple of 64 if H % 128 == 0, else of 128."""
-    return roundup(i, PADDING["vllm"]["nvfp4"].multiples(h)[0])
-
-
-def engine_padding(fmt: str, engine: str, hidden: int) -> tuple[int, int, str] | None:
-    """(I multiple, H multiple, what fills the padding) the engine rounds a rank's MoE sizes to when it
-    creates the parameters, or None when it never pads (SGLang NVFP4 gated MoE)."""
-    if fmt not in GROUP_SIZE:
-        raise ValueError(f"unknown FP4 format {fmt!r}; expected one of {sorted(GROUP_SIZE)}")
-    if engine not in PADDING:
-        raise ValueError(f"unknown engine {engine!r}; expected one of {sorted(PADDING)}")
-    rule = PADDING[engine][fmt]
-    return None if rule is None else (*rule.multiples(hidden), rule.fill)
+def padded_moe_intermediate(i: int, h: int, padding: EnginePadding) -> int:
+    """I as the engine's NVFP4 MoE pads it (vLLM >= 0.24: a multiple of 64 if H % 128 == 0, else of 128)."""
+    rule = padding.rule("nvfp4", h)
+    return i if rule is None else roundup(i, rule[0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,12 +148,13 @@ def _kernel_problems(i_s: int, h: int) -> list[str]:
     return out
 
 
-def moe_rank_tiles(fmt: str, engine: str, *, hidden: int, intermediate: int, tp: int = 1, ep: int = 1,
+def moe_rank_tiles(fmt: str, padding: EnginePadding, *, hidden: int, intermediate: int, tp: int = 1, ep: int = 1,
                    experts: int | None = None) -> RankTiles:
     """Ok as is / needs padding to (I_pad, H_pad) per rank / impossible, with the reason, for a MoE
-    layer of `fmt` experts served by `engine` with tensor parallel `tp` and expert parallel `ep`
-    (MoE TP = TP / EP: with EP each expert stays whole on one rank)."""
-    pad_rule = engine_padding(fmt, engine, hidden)  # raises for an unknown format or engine
+    layer of `fmt` experts served by an engine (its `padding`, from core/engines.py) with tensor parallel
+    `tp` and expert parallel `ep` (MoE TP = TP / EP: with EP each expert stays whole on one rank)."""
+    pad_rule = padding.rule(fmt, hidden)  # raises for an unknown format
+    engine = padding.name
     group = GROUP_SIZE[fmt]
     v = dict(fmt=fmt, engine=engine, tp=tp, ep=ep, hidden=hidden, intermediate=intermediate)
 
@@ -189,9 +189,9 @@ def moe_rank_tiles(fmt: str, engine: str, *, hidden: int, intermediate: int, tp:
                      reason=f"{engine} pads {fmt} experts per rank: {', '.join(what)} ({fill})")
 
 
-def working_layouts(fmt: str, engine: str, *, hidden: int, intermediate: int, experts: int | None = None,
+def working_layouts(fmt: str, padding: EnginePadding, *, hidden: int, intermediate: int, experts: int | None = None,
                     candidates=LAYOUT_CANDIDATES) -> list[tuple[int, int]]:
     """The (TP, EP) splits among `candidates` that the engine serves without any padding."""
     return [(tp, ep) for tp, ep in candidates
-            if moe_rank_tiles(fmt, engine, hidden=hidden, intermediate=intermediate, tp=tp, ep=ep,
+            if moe_rank_tiles(fmt, padding, hidden=hidden, intermediate=intermediate, tp=tp, ep=ep,
                               experts=experts).ok]

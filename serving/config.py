@@ -15,9 +15,13 @@ from dsv4_convert.core.engines import (
     FORMAT_VERSION,
     LAYOUTS,
     QUANT_METHOD,
+    EngineError,
+    engine_facts,
     parallel_flags,
     registration_log_line,
+    release_for,
     version_tuple,
+    w4a8_problem,
 )
 from dsv4_convert.formats.tiles import OK, PAD, moe_rank_tiles, working_layouts
 
@@ -72,8 +76,12 @@ def check_layout(
             f"marlin_layout {spec.marlin_layout!r} needs {engine} >= {'.'.join(map(str, oldest))} (checked on "
             f"{checked}); the running {engine} is {engine_version}, whose Marlin layout differs. Upgrade {engine}."
         )
-    if spec.w4a8 and not ENGINES[engine].w4a8:
-        raise PluginConfigError("w4a8 (fp8 activations) checkpoints exist only for vLLM")
+    try:  # the running engine's release (core/engines.py): what it can serve
+        release_for(engine, engine_version)
+    except EngineError as e:
+        raise PluginConfigError(f"{e.message}. Fix: {e.hint}") from None
+    if spec.w4a8 and (why := w4a8_problem(engine, engine_version)):
+        raise PluginConfigError(why)
     if model_dtype is not None and model_dtype != spec.act_dtype and "nvfp4" in spec.experts.values():
         raise PluginConfigError(
             f"this NVFP4 checkpoint was converted for {spec.act_dtype} activations but the server runs "
@@ -113,7 +121,7 @@ def expert_container(spec: MarlinFp4Spec, prefix: str, *, num_hidden_layers: int
 
 def working_tp_sizes(fmt: str, engine: str, *, intermediate: int, hidden: int, limit: int = 64) -> list[int]:
     """TP sizes (EP 1, up to `limit`) whose per-rank shapes the engine does not pad."""
-    return [tp for tp, _ in working_layouts(fmt, engine, hidden=hidden, intermediate=intermediate,
+    return [tp for tp, _ in working_layouts(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=intermediate,
                                             candidates=[(tp, 1) for tp in range(1, limit + 1)])]
 
 
@@ -121,10 +129,10 @@ def check_rank_shape(fmt: str, engine: str, *, intermediate: int, hidden: int, t
                      ep_size: int = 1) -> None:
     """Refuse a split whose per-rank shapes the engine would pad (slicing packed tiles is then wrong).
     `tp_size` is the engine's MoE TP (TP / EP) and `intermediate` the layer's full I."""
-    v = moe_rank_tiles(fmt, engine, hidden=hidden, intermediate=intermediate, tp=tp_size * ep_size, ep=ep_size)
+    v = moe_rank_tiles(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=intermediate, tp=tp_size * ep_size, ep=ep_size)
     if v.ok:
         return
-    ok = working_layouts(fmt, engine, hidden=hidden, intermediate=intermediate)
+    ok = working_layouts(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=intermediate)
     raise PluginConfigError(
         f"{fmt} experts cannot be loaded pre-packed at {v.layout()}: {v.reason}; the packed tiles would no "
         f"longer line up. Layouts that work for this model: "
@@ -166,7 +174,7 @@ def rank_param_sizes(spec: MarlinFp4Spec, container: str, engine: str, *, hidden
     if rec is None or rec.status == OK:
         check_rank_shape(fmt, engine, intermediate=i_shard * moe_tp, hidden=hidden, tp_size=moe_tp, ep_size=ep)
         return hidden, i_shard
-    v = moe_rank_tiles(fmt, engine, hidden=rec.hidden, intermediate=rec.intermediate, tp=moe_tp * ep, ep=ep)
+    v = moe_rank_tiles(fmt, engine_facts(engine).padding, hidden=rec.hidden, intermediate=rec.intermediate, tp=moe_tp * ep, ep=ep)
     got = (rec.hidden, rec.i_shard, rec.h_pad, rec.i_pad)
     if (hidden, i_shard) != got[:2] or (v.status, v.hidden, v.i_shard, v.h_pad, v.i_pad) != (PAD, *got):
         raise PluginConfigError(

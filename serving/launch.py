@@ -13,7 +13,14 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from dsv4_convert.core.converted_config import read_tp_layout
-from dsv4_convert.core.engines import DEFAULT_ENGINE, ENGINES, QUANT_METHOD, launch_command, registration_log_line
+from dsv4_convert.core.engines import (
+    DEFAULT_ENGINE,
+    ENGINES,
+    QUANT_METHOD,
+    engine_facts,
+    launch_command,
+    registration_log_line,
+)
 from dsv4_convert.core.served import checkpoint_refusal
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
@@ -55,6 +62,7 @@ class ModelShape:
     converted: bool
     converted_for: str | None = None  # target engine of a converted checkpoint
     converted_layout: tuple[int, int] | None = None  # (TP, EP) of a --tp/--ep conversion (tp_layout)
+    w4a8: bool = False  # a W4A8 (fp8 activations) conversion: only some engine releases serve it
     # engine -> why its plugin is not proven to serve this model once converted (core/served.py), None: served
     not_served: dict = field(default_factory=dict)
 
@@ -93,7 +101,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       expert_bytes=expert_bytes, other_bytes=total - expert_bytes,
                       largest_layer_expert_bytes=max(per_layer.values(), default=0),
                       converted=ckpt.format is SourceFormat.MARLIN, converted_for=qc.get("target_engine"),
-                      converted_layout=layout,
+                      converted_layout=layout, w4a8=ckpt.format is SourceFormat.MARLIN and bool(qc.get("w4a8")),
                       not_served={e: checkpoint_refusal(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e)
                                   for e in ENGINES})
 
@@ -202,7 +210,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
     candidates = []
     for tp in (t for t in (1, 2, 4, 8, 16) if t <= gpus):
         for ep in sorted({1, tp}):
-            tiles = moe_rank_tiles(shape.quant, engine, hidden=shape.hidden, intermediate=shape.intermediate,
+            tiles = moe_rank_tiles(shape.quant, engine_facts(engine).padding, hidden=shape.hidden, intermediate=shape.intermediate,
                                    tp=tp, ep=ep, experts=shape.experts)
             # a source the engine pads holds padded experts per rank; a converted checkpoint's bytes are final
             grow = 1.0 if shape.converted else padding_factor(tiles)
@@ -262,6 +270,10 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
     if shape.converted and shape.converted_for and shape.converted_for != engine:
         reasoning.append(f"WARNING: this checkpoint was converted for {shape.converted_for}, not {engine}; "
                          "re-convert it or plan for the other engine")
+    if shape.w4a8:
+        reasoning.append(f"W4A8 (fp8 activations) checkpoint: served by {ENGINES[engine].w4a8_versions()} only "
+                         "(the engine table, core/engines.py); newer releases refuse it at start-up: install a "
+                         "release listed, or convert the source again without --w4a8")
     if shape.converted:
         reasoning.append("a dsv4-convert checkpoint needs the dsv4-convert plugin in the server's environment "
                          "(`pip install dsv4-convert`; no --quantization flag: the engine reads quant_method "

@@ -2,18 +2,22 @@
 its own quantisation lookup builds the plugin's config from config.json (and, inside it, the engine's
 config for the non-expert layers). `dsv4-convert doctor PATH` runs this in a subprocess
 (`python -m dsv4_convert.serving.probe PATH ENGINE`), so that doctor itself imports no engine.
-Prints one JSON object: {"engine", "version", "config", "inner", "inner_method"} or {"engine", "error"}."""
+Prints one JSON object: {"engine", "version", "config", "inner", "inner_method"} or {"engine", "error"}.
+Which function asks which engine is the engine table's `probe` field (core/engines.py)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 
-__all__ = ["probe"]
+from dsv4_convert.core.engines import engine_facts
+
+__all__ = ["probe", "sglang_quant_config", "vllm_quant_config"]
 
 
-def _vllm(path: str) -> dict:
+def vllm_quant_config(path: str) -> dict:
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cuda")
     import vllm
     from vllm.config import LoadConfig, ModelConfig
@@ -29,7 +33,7 @@ def _vllm(path: str) -> dict:
     return {"version": vllm.__version__, "quant": quant}
 
 
-def _sglang(path: str) -> dict:
+def sglang_quant_config(path: str) -> dict:
     import sglang
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.configs.model_config import ModelConfig
@@ -45,8 +49,9 @@ def _sglang(path: str) -> dict:
 
 
 def probe(path: str, engine: str) -> dict:
+    module, _, function = engine_facts(engine).probe.partition(":")  # an unknown engine: EngineError
     try:
-        got = (_vllm if engine == "vllm" else _sglang)(path)
+        got = getattr(importlib.import_module(module), function)(path)
     except Exception as e:  # noqa: BLE001 - the answer is what the engine raised, as it would at launch
         return {"engine": engine, "error": f"{type(e).__name__}: {e}"}
     quant = got.pop("quant")

@@ -22,7 +22,7 @@ from vllm.model_executor.layers.quantization.utils import marlin_utils
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
-from dsv4_convert.core.engines import ENGINES
+from dsv4_convert.core.engines import ENGINES, release_for
 from dsv4_convert.formats.marlin_scales import (
     nvfp4_global_to_marlin,
     nvfp4_scales_to_s0e5m3,
@@ -68,7 +68,11 @@ def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs, w4a8=False):
 
 def _check_w4a8(spec) -> None:
     """W4A8 (`--w4a8`) bytes use vLLM's fp8-activation tile layout and scale offset: they need the
-    Marlin kernel vLLM builds with VLLM_MARLIN_INPUT_DTYPE=fp8, and W4A16 bytes need it unset."""
+    Marlin kernel vLLM builds with VLLM_MARLIN_INPUT_DTYPE=fp8, and W4A16 bytes need it unset. A release
+    without W4A8 (the engine table: vLLM >= 0.34 removed it, and `get_marlin_input_dtype` with it) runs
+    W4A16 only; check_layout already refused a W4A8 checkpoint there, before anything was built."""
+    if not release_for("vllm", vllm.__version__).w4a8:
+        return
     act = marlin_utils.get_marlin_input_dtype()  # what vLLM's repack and MarlinExperts read
     if spec.w4a8 and act != torch.float8_e4m3fn:
         raise PluginConfigError(

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Build the engine test venvs (.venv-vllm, .venv-sglang) from the committed lock lists.
-# Idempotent: a venv whose stamp matches the lock file and pins is left as is.
+# Build the engine test venvs from the committed lock lists (serving_tests/locks/ENGINE-VERSION-cpu-test.lock):
+#   .venv-vllm       vLLM 0.34.0   (the newest release: CI's)
+#   .venv-vllm-0.33  vLLM 0.33.0   (the older supported release: serving_tests/run.sh --matrix)
+#   .venv-sglang     SGLang 0.5.23
+# The versions must be releases of core/engines.py's table (tests/core/test_engine_table.py checks that
+# every lock file names one). Idempotent: a venv whose stamp matches the lock file and pins is left as is.
 # Never lets pip resolve an engine's own requirements (CUDA torch, flashinfer, ...): --no-deps.
-# Usage: serving_tests/build_venvs.sh [vllm|sglang]...   (default: both)
+# Usage: serving_tests/build_venvs.sh [vllm|vllm-0.33|sglang|all]...   (default: vllm sglang, the newest)
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 LOCKS="$ROOT/serving_tests/locks"
@@ -35,9 +39,11 @@ build() {
 
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] && targets=(vllm sglang)
+[[ "${targets[*]}" == all ]] && targets=(vllm vllm-0.33 sglang)
 for t in "${targets[@]}"; do
   case "$t" in
-    vllm)   build vllm   vllm==0.33.0   vllm-0.33.0-cpu-test.lock ;;
+    vllm)      build vllm      vllm==0.34.0   vllm-0.34.0-cpu-test.lock ;;
+    vllm-0.33) build vllm-0.33 vllm==0.33.0   vllm-0.33.0-cpu-test.lock ;;
     sglang) build sglang sglang==0.5.23 sglang-0.5.23-cpu-test.lock ;;
     *) echo "unknown engine: $t" >&2; exit 2 ;;
   esac

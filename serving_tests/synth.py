@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.core.engines import FORMAT_VERSION, QUANT_METHOD
+from dsv4_convert.core.engines import FORMAT_VERSION, QUANT_METHOD, engine_facts
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
@@ -226,7 +226,7 @@ def tp_layout(fmt: str, engine: str, *, hidden: int, inter: int, tp: int, ep: in
     """The `tp_layout` record the converter writes for `--tp tp --ep ep`."""
     from dsv4_convert.formats.tiles import moe_rank_tiles
 
-    v = moe_rank_tiles(fmt, engine, hidden=hidden, intermediate=inter, tp=tp, ep=ep, experts=experts)
+    v = moe_rank_tiles(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=inter, tp=tp, ep=ep, experts=experts)
     assert v.servable, v.reason
     return {"tp": tp, "ep": ep, "containers": {CONTAINER: {
         "hidden": hidden, "intermediate": inter, "i_shard": v.i_shard, "i_pad": v.i_pad, "h_pad": v.h_pad,

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.convert.plan import build_plan
+from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
@@ -103,7 +104,7 @@ def test_every_caller_agrees_on_the_grid(fmt, engine):
         where = f"{fmt} {engine} H={h} I={i}"
         # the rule itself
         for (tp, ep), want in expected.items():
-            assert moe_rank_tiles(fmt, engine, hidden=h, intermediate=i, tp=tp, ep=ep, experts=EXPERTS).status \
+            assert moe_rank_tiles(fmt, ENGINES[engine].padding, hidden=h, intermediate=i, tp=tp, ep=ep, experts=EXPERTS).status \
                 == want, f"{where} TP {tp} EP {ep}"
         # the converter: converts when some layout is unpadded, records exactly those, else refuses
         unpadded = tuple(tp_ep for tp_ep, v in expected.items() if v == OK)
@@ -125,11 +126,11 @@ def test_every_caller_agrees_on_the_grid(fmt, engine):
 
 def test_named_cases_from_the_issue():
     # gpt-oss-20b: vLLM pads I 2880 -> 2944 and H -> 3072; nothing works unpadded on either engine
-    v = moe_rank_tiles("mxfp4", "vllm", hidden=2880, intermediate=2880)
+    v = moe_rank_tiles("mxfp4", ENGINES["vllm"].padding, hidden=2880, intermediate=2880)
     assert (v.status, v.i_pad, v.h_pad) == (PAD, 2944, 3072)
     assert reference("mxfp4", "sglang", 2880, 2880, 8, 8) == PAD
     # H=4096, I=1536 MXFP4 at TP 8: 192 per rank is rounded to 256 (plan used to call it valid)
-    assert moe_rank_tiles("mxfp4", "vllm", hidden=4096, intermediate=1536, tp=8).status == PAD
+    assert moe_rank_tiles("mxfp4", ENGINES["vllm"].padding, hidden=4096, intermediate=1536, tp=8).status == PAD
     # DeepSeek-V4-Flash: every layout in {1, 2, 4, 8} works unpadded
     assert all(reference(f, e, 4096, 2048, tp, ep) == OK for f in ("nvfp4", "mxfp4") for e in ("vllm", "sglang")
                for tp, ep in LAYOUT_CANDIDATES)
@@ -138,10 +139,10 @@ def test_named_cases_from_the_issue():
     assert reference("nvfp4", "sglang", 4096, 256, 8, 1) == IMPOSSIBLE
 
 
-def test_the_padding_table_names_the_engines_of_the_engine_table():
-    """formats/tiles.py keeps the padding numbers (formats imports nothing of the project); its engine
-    names must be core/engines.py's, with a rule (or an explicit None) for every FP4 format."""
-    from dsv4_convert.core.engines import ENGINES
-    from dsv4_convert.formats.tiles import GROUP_SIZE, PADDING
-    assert set(PADDING) == set(ENGINES)
-    assert all(set(rules) == set(GROUP_SIZE) for rules in PADDING.values())
+def test_every_engine_has_a_padding_rule_for_every_fp4_format():
+    """The engine table (core/engines.py) holds the padding numbers and hands them to formats/tiles.py as
+    values: a rule (or an explicit None) for every FP4 format, named after its engine."""
+    from dsv4_convert.formats.tiles import GROUP_SIZE
+    for name, facts in ENGINES.items():
+        assert facts.padding.name == name
+        assert set(facts.padding.rules) == set(GROUP_SIZE)

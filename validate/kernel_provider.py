@@ -1,15 +1,22 @@
-"""Where `validate --kernel` gets the engine's Marlin kernels: one small interface, three providers.
+"""Where `validate --kernel` gets the engine's Marlin kernels: one small interface, a provider per engine
+of the engine table (core/engines.py `EngineFacts.kernels`), plus a built module.
 
   vllm       the installed vLLM's ops: torch.ops._moe_C.moe_wna16_marlin_gemm and
              torch.ops._C.gptq_marlin_repack (what vLLM's Marlin MoE `apply` and weight loading call)
   sgl_kernel SGLang's sgl_kernel ops of the same names (SGLang ported vLLM's Marlin MoE kernels)
   module     a built Python extension with vLLM's argument order, e.g. the test build of vLLM
-             0.33.0's kernels (tests/gpu/run.sh builds one): `--kernel-provider module:/path/to/x.so`
-             or DSV4_MARLIN_MODULE=/path/to/x.so
+             0.33.0's or 0.34.0's kernels (tests/gpu/run.sh builds them): `--kernel-provider
+             module:/path/to/x.so` or DSV4_MARLIN_MODULE=/path/to/x.so
 
-`auto` picks the engine of the layout (vllm for `vllm-L4`, sgl_kernel then vllm for `sglang-L2`),
-then a module named by DSV4_MARLIN_MODULE. Nothing is imported until a provider is chosen, so the
-CPU-only paths never touch an engine.
+The ops are called by their schema's argument names (`KernelProvider.moe_gemm(**kw)`), never by a fixed
+positional order: vLLM 0.34.0 removed `a_scales` (the MoE GEMM went from 26 to 25 arguments) and
+`is_a_8bit` (the repack, 5 to 4). A torch op's names come from its own registered schema; a pybind module
+has none, so its schema is the table's release schema with the module's arity. An argument the op does not
+take may only be passed at its "absent" value (None / False): a W4A8 input is never dropped silently.
+
+`auto` picks the provider of the layout's engine first, then the others in table order, then a module
+named by DSV4_MARLIN_MODULE. Nothing is imported until a provider is chosen, so the CPU-only paths never
+touch an engine.
 """
 
 from __future__ import annotations
@@ -17,24 +24,89 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsv4_convert.core.engines import ENGINES, LAYOUTS, RELEASES, KernelOps
 from dsv4_convert.core.errors import UsageError
 
-__all__ = ["KernelProvider", "PROVIDERS", "select_provider", "MODULE_ENV"]
+__all__ = ["KernelProvider", "providers", "select_provider", "MODULE_ENV", "schema_names"]
 
 MODULE_ENV = "DSV4_MARLIN_MODULE"
-PROVIDERS = ("auto", "vllm", "sgl_kernel", "module")
+
+
+def _kernels() -> dict[str, KernelOps]:
+    """--kernel-provider name -> the engine's ops, from the engine table (read at call time)."""
+    return {f.kernels.provider: f.kernels for f in ENGINES.values()}
+
+
+def providers() -> tuple[str, ...]:
+    """Every --kernel-provider choice: auto, each engine's, module."""
+    return ("auto", *_kernels(), "module")
 
 
 @dataclass
 class KernelProvider:
-    """The engine's two Marlin ops, with vLLM 0.33.0's positional argument order."""
+    """The engine's two Marlin ops and their schemas (argument names in order)."""
     name: str  # "vllm 0.33.0", "sgl_kernel 0.3.x", "module /path/x.so"
-    moe_gemm: object  # moe_wna16_marlin_gemm(a, c, b_q_weight, b_bias, b_scales, a_scales, global_scale, ...)
-    repack: object | None  # gptq_marlin_repack(b_q_weight, size_k, size_n, num_bits, is_a_8bit)
+    gemm: object  # moe_wna16_marlin_gemm
+    gemm_args: tuple[str, ...]
+    repack_op: object | None  # gptq_marlin_repack
+    repack_args: tuple[str, ...]
     fe2m1_id: int  # ScalarTypeId of float4_e2m1f weights
+
+    def moe_gemm(self, **kw):
+        return self.gemm(*_positional("moe_wna16_marlin_gemm", self.gemm_args, kw))
+
+    def repack(self, **kw):
+        return self.repack_op(*_positional("gptq_marlin_repack", self.repack_args, kw))
+
+
+def _positional(op: str, schema: tuple[str, ...], kw: dict) -> list:
+    missing = [a for a in schema if a not in kw]
+    extra = {a: v for a, v in kw.items() if a not in schema}
+    if missing or any(v is not None and v is not False for v in extra.values()):
+        raise UsageError(f"{op}: this kernel's schema ({', '.join(schema)}) does not take the call "
+                         f"(missing {missing or 'nothing'}, given but not taken {sorted(extra) or 'nothing'})",
+                         error_id="kernel.schema_unknown",
+                         hint="the engine's op schema is not one dsv4-convert knows: add the release to "
+                              "core/engines.py (CONTRIBUTING.md, 'Add an engine or an engine version')")
+    return [kw[a] for a in schema]
+
+
+def schema_names(op) -> tuple[str, ...]:
+    """A torch op's argument names from its registered schema."""
+    packet = getattr(op, "default", op)
+    return tuple(a.name for a in packet._schema.arguments)
+
+
+def _doc_arity(fn) -> int:
+    """Number of parameters of a pybind11 function, from the signature line pybind writes in __doc__."""
+    head = (fn.__doc__ or "").split("\n", 1)[0]
+    m = re.match(r"[\w.]+\((.*)\)\s*->", head)
+    if not m:
+        return -1
+    depth, count = 0, 1 if m.group(1).strip() else 0
+    for ch in m.group(1):
+        if ch in "[(":
+            depth += 1
+        elif ch in "])":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            count += 1
+    return count
+
+
+def _module_schema(op: str, fn, field: str) -> tuple[str, ...]:
+    """The table's schema (of any release) with the module function's arity."""
+    arity = _doc_arity(fn)
+    for r in RELEASES.values():
+        if len(getattr(r, field)) == arity:
+            return getattr(r, field)
+    raise UsageError(f"kernel module's {op} takes {arity} arguments, which no release in core/engines.py has",
+                     error_id="kernel.schema_unknown",
+                     hint="build the module from a vLLM release the table lists, or add the release")
 
 
 def _version(dist: str) -> str:
@@ -45,22 +117,24 @@ def _version(dist: str) -> str:
         return "?"
 
 
-def _vllm() -> KernelProvider:
+def _torch_op(path: str):
     import torch
-    import vllm._custom_ops  # noqa: F401  (loads _C and _moe_C, which register the ops)
-    from vllm.scalar_type import scalar_types
-    return KernelProvider(f"vllm {_version('vllm')}", torch.ops._moe_C.moe_wna16_marlin_gemm,
-                          torch.ops._C.gptq_marlin_repack, scalar_types.float4_e2m1f.id)
+    op = torch.ops
+    for part in path.split("."):
+        op = getattr(op, part)
+    return op
 
 
-def _sgl_kernel() -> KernelProvider:
-    import sgl_kernel  # noqa: F401  (registers torch.ops.sgl_kernel)
-    import torch
-    from sgl_kernel.scalar_type import scalar_types
-    ops = torch.ops.sgl_kernel
-    repack = getattr(ops, "gptq_marlin_repack", None)
-    return KernelProvider(f"sgl_kernel {_version('sgl-kernel')}", ops.moe_wna16_marlin_gemm, repack,
-                          scalar_types.float4_e2m1f.id)
+def _load_engine(k: KernelOps) -> KernelProvider:
+    importlib.import_module(k.module)  # registers the ops
+    gemm = _torch_op(k.gemm)
+    try:
+        repack = _torch_op(k.repack)
+    except (AttributeError, RuntimeError):
+        repack = None
+    fe2m1 = importlib.import_module(k.scalar_types).scalar_types.float4_e2m1f.id
+    return KernelProvider(f"{k.provider} {_version(k.dist)}", gemm, schema_names(gemm), repack,
+                          schema_names(repack) if repack is not None else (), fe2m1)
 
 
 def load_module(path: str) -> KernelProvider:
@@ -84,26 +158,27 @@ def load_module(path: str) -> KernelProvider:
     if missing:
         raise UsageError(f"kernel module {path} lacks {', '.join(missing)}", error_id="kernel.provider_missing",
                          hint="point at a build of vLLM's Marlin kernels with vLLM's argument order")
-    return KernelProvider(f"module {p}", mod.moe_wna16_marlin_gemm, mod.gptq_marlin_repack, int(mod.kFE2M1f_id))
-
-
-_LOADERS = {"vllm": ("vllm", _vllm), "sgl_kernel": ("sgl_kernel", _sgl_kernel)}
+    gemm_args = _module_schema("moe_wna16_marlin_gemm", mod.moe_wna16_marlin_gemm, "gemm_args")
+    repack_args = _module_schema("gptq_marlin_repack", mod.gptq_marlin_repack, "repack_args")
+    return KernelProvider(f"module {p} ({len(gemm_args)}-argument GEMM schema)", mod.moe_wna16_marlin_gemm,
+                          gemm_args, mod.gptq_marlin_repack, repack_args, int(mod.kFE2M1f_id))
 
 
 def _installed(name: str) -> bool:
-    return importlib.util.find_spec(_LOADERS[name][0]) is not None
+    return importlib.util.find_spec(_kernels()[name].module.split(".")[0]) is not None
 
 
 def _order(layout_tag: str | None) -> list[str]:
-    return ["sgl_kernel", "vllm"] if layout_tag == "sglang-L2" else ["vllm", "sgl_kernel"]
+    first = LAYOUTS[layout_tag].kernels.provider if layout_tag in LAYOUTS else None
+    return ([first] if first else []) + [n for n in _kernels() if n != first]
 
 
 def select_provider(choice: str, layout_tag: str | None) -> KernelProvider:
-    """`choice` is auto, vllm, sgl_kernel, module or module:PATH. Raises UsageError (exit 2) naming
-    what was looked for when nothing usable is there."""
+    """`choice` is auto, a provider of the engine table, module or module:PATH. Raises UsageError (exit 2)
+    naming what was looked for when nothing usable is there."""
     kind, _, path = choice.partition(":")
-    if kind not in PROVIDERS:
-        raise UsageError(f"unknown kernel provider {choice!r}; choose one of {', '.join(PROVIDERS)} or module:PATH",
+    if kind not in providers():
+        raise UsageError(f"unknown kernel provider {choice!r}; choose one of {', '.join(providers())} or module:PATH",
                          error_id="kernel.provider_unknown")
     if kind == "module":
         path = path or os.environ.get(MODULE_ENV, "")
@@ -115,7 +190,7 @@ def select_provider(choice: str, layout_tag: str | None) -> KernelProvider:
     for name in names:
         if _installed(name):
             try:
-                return _LOADERS[name][1]()
+                return _load_engine(_kernels()[name])
             except (ImportError, AttributeError, RuntimeError) as e:
                 if kind != "auto":
                     raise UsageError(f"{name} is installed but its Marlin MoE op cannot be loaded: {e}",

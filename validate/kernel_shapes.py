@@ -15,6 +15,7 @@ With --against, every reference projection must have the shape the converted one
 
 from __future__ import annotations
 
+from dsv4_convert.core.engines import engine_facts
 from dsv4_convert.core.errors import ContentError, DsvError
 from dsv4_convert.core.reader import open_checkpoint, resolve_source
 from dsv4_convert.core.structure import padded_containers
@@ -42,7 +43,7 @@ def kernel_layouts(ckpt, opts, ref_ckpt=None) -> dict[str, RankTiles | None]:
             _refuse_off_tile(ckpt, name, m)
             out[name] = padded.get(name)
             continue
-        v = moe_rank_tiles(m.quant.value, opts.engine, hidden=m.hidden, intermediate=m.intermediate,
+        v = moe_rank_tiles(m.quant.value, engine_facts(opts.engine).padding, hidden=m.hidden, intermediate=m.intermediate,
                            tp=opts.tp, ep=opts.ep, experts=m.experts)
         if v.status == IMPOSSIBLE:
             raise ContentError(f"{name} ({m.quant.value}, H={m.hidden}, I={m.intermediate}) cannot run through "

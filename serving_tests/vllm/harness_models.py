@@ -11,7 +11,10 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
 from common import checkpoint_tensors, model_summary, module_methods, run_model_cases
+from cpu_platform import allow_x86_without_triton
 from mla_cpu import use_cpu_reference_kernels
+
+allow_x86_without_triton()  # vLLM 0.34 on an x86 CPU (cpu_platform.py says why)
 
 
 def _marlin_runs_here() -> None:

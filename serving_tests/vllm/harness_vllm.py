@@ -10,8 +10,11 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
 from common import compare_params
+from cpu_platform import allow_x86_without_triton
 
 import synth
+
+allow_x86_without_triton()  # vLLM 0.34 on an x86 CPU (cpu_platform.py says why)
 
 PREFIX = "model.layers.0.ffn.experts"  # vLLM's module name for checkpoint `layers.0.ffn.experts`
 FINAL = {

@@ -28,7 +28,7 @@ def _prepare(t, m):
         return mxfp4_dense_to_marlin(t["src.weight"], t["src.weight_scale"], target=target)
     if case == "nvfp4_moe":
         i, h = int(m["I"]), int(m["H"])
-        i_pad = padded_moe_intermediate(i, h) if target.engine == "vllm" else i  # SGLang gated MoE never pads
+        i_pad = padded_moe_intermediate(i, h, target.facts.padding)  # SGLang gated MoE never pads
         return nvfp4_moe_to_marlin(t["src.w13_weight"], t["src.w13_weight_scale"], t["src.w13_weight_scale_2"],
                                    t["src.w2_weight"], t["src.w2_weight_scale"], t["src.w2_weight_scale_2"],
                                    target=target, i_pad=i_pad)

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin_scales import marlin_to_nvfp4_global, vllm_rescale_factor
@@ -12,6 +13,8 @@ from dsv4_convert.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from dsv4_convert.formats.tiles import padded_dense_nk, padded_moe_intermediate
 from tests.helpers.compare import assert_bytes_equal
 from tests.helpers.engine_stacks import nvfp4_dense_to_marlin, nvfp4_moe_to_marlin
+
+VLLM_PAD = ENGINES["vllm"].padding
 
 NV_TARGETS = [MarlinTarget(engine=e, act_dtype=a) for e in ("vllm", "sglang") for a in ("bfloat16", "float16")]
 MX_TARGETS = [MarlinTarget(engine="vllm"), MarlinTarget(engine="sglang"), MarlinTarget(engine="vllm", w4a8=True)]
@@ -85,10 +88,10 @@ def test_padded_dense_nk(n, k, group, expected):
 
 
 def test_padded_moe_intermediate():
-    assert padded_moe_intermediate(96, 4096) == 128
-    assert padded_moe_intermediate(96, 4160) == 128
-    assert padded_moe_intermediate(160, 4096) == 192
-    assert padded_moe_intermediate(160, 4160) == 256
+    assert padded_moe_intermediate(96, 4096, VLLM_PAD) == 128
+    assert padded_moe_intermediate(96, 4160, VLLM_PAD) == 128
+    assert padded_moe_intermediate(160, 4096, VLLM_PAD) == 192
+    assert padded_moe_intermediate(160, 4160, VLLM_PAD) == 256
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -124,7 +127,7 @@ def test_nvfp4_moe_pads_gate_and_up_separately():
 
 
 def test_target_validation():
-    with pytest.raises(ValueError, match="unknown target engine 'tensorrt'"):
+    with pytest.raises(ValueError, match="unknown engine 'tensorrt'"):
         MarlinTarget(engine="tensorrt")
     with pytest.raises(ValueError, match="unknown activation dtype 'float32'"):
         MarlinTarget(act_dtype="float32")

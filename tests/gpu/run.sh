@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# The GPU suite, on a machine with a CUDA GPU and nvcc (the H200 device): builds vLLM 0.33.0's Marlin
-# FP4 kernels (test equipment from ../shared/marlin-kernels, or KERNELS=path) and runs tests/gpu
-# against them. Usage: tests/gpu/run.sh [pytest args]; results go to $OUT (or ./gpu-results).
+# The GPU suite, on a machine with a CUDA GPU and nvcc (the H100/H200 device): builds the Marlin FP4
+# kernels of every vLLM release the engine table serves (test equipment: vLLM 0.33.0's from
+# ../shared/marlin-kernels, 0.34.0's from ../shared/marlin-kernels-0.34; a checkout's git-ignored copies
+# .marlin-kernels/ and .marlin-kernels-0.34/ are used first, as on the device), both at once, and runs
+# tests/gpu once against each build: their op schemas differ (0.34.0 dropped `a_scales` and `is_a_8bit`),
+# and validate --kernel must work with either.
+# Usage: tests/gpu/run.sh [pytest args]; VERSIONS="0.34" picks builds, TESTS="tests/gpu/test_x.py ..." picks
+# files (default: all of tests/gpu); results go to $OUT/<version>/ (or ./gpu-results/<version>/).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-KERNELS=${KERNELS:-../shared/marlin-kernels}
 ROOT=$(pwd)
+pick() { [[ -d "$1" ]] && echo "$1" || echo "$2"; }
+declare -A KERNELS=([0.33]=${KERNELS_033:-$(pick .marlin-kernels ../shared/marlin-kernels)}
+                    [0.34]=${KERNELS_034:-$(pick .marlin-kernels-0.34 ../shared/marlin-kernels-0.34)})
+declare -A MODULE_GLOB=([0.33]="${MARLIN_BUILD_DIR:=/tmp/vllm_marlin_fp4}/ninja/vllm_marlin_fp4.*so"
+                        [0.34]="${MARLIN_034_BUILD_DIR:=/tmp/vllm_marlin_fp4_034}/ninja/vllm_marlin_fp4_034*.so")
+export MARLIN_BUILD_DIR MARLIN_034_BUILD_DIR
+VERSIONS=${VERSIONS:-0.33 0.34}
 OUTDIR=$(realpath -m "${OUT:-gpu-results}")
 mkdir -p "$OUTDIR"
-export MARLIN_BUILD_DIR=${MARLIN_BUILD_DIR:-/tmp/vllm_marlin_fp4}
-python3 "$KERNELS/build.py" | tee "$OUTDIR/build.log"
-DSV4_MARLIN_MODULE=$(ls "$MARLIN_BUILD_DIR"/ninja/vllm_marlin_fp4*.so | head -1)
-export DSV4_MARLIN_MODULE DSV4_GPU_RESULTS="$OUTDIR/gpu_results.jsonl"
-rm -f "$DSV4_GPU_RESULTS"
+t0=$SECONDS
+for v in $VERSIONS; do  # the builds run in parallel (about 70 s for both on 16 cores)
+  mkdir -p "$OUTDIR/$v" && python3 "$ROOT/${KERNELS[$v]}/build.py" >"$OUTDIR/$v/build.log" 2>&1 &
+done
+wait
+echo "[gpu] kernels built in $((SECONDS - t0)) s"
 # Python runs from /tmp: in the repository root, ./dsv4_convert (the version alone) shadows the package
 cd /tmp
 if ! python3 -c 'import dsv4_convert.core' 2>/dev/null; then  # no install on the device: a package view of the tree
@@ -25,5 +37,28 @@ for pkg, folder in tomllib.load(open(f"{root}/pyproject.toml", "rb"))["tool"]["s
 PY
   export PYTHONPATH=/tmp/dsv4pkg${PYTHONPATH:+:$PYTHONPATH}
 fi
-# --import-mode=append: the root (tests/ is a package) goes after the package view on sys.path
-python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=append --rootdir "$ROOT" "$ROOT/tests/gpu" "$@" 2>&1 | tee "$OUTDIR/pytest.log"
+tests=()
+for t in ${TESTS:-tests/gpu}; do tests+=("$ROOT/$t"); done
+run_version() {  # one pytest process per build, in parallel: the cases are small, the device has 16 cores
+  local v=$1
+  shift
+  DSV4_MARLIN_MODULE=$(ls ${MODULE_GLOB[$v]} | head -1)
+  export DSV4_MARLIN_MODULE DSV4_GPU_RESULTS="$OUTDIR/$v/gpu_results.jsonl"
+  rm -f "$DSV4_GPU_RESULTS"
+  echo "[gpu] vLLM $v kernels: $DSV4_MARLIN_MODULE"
+  # --import-mode=append: the root (tests/ is a package) goes after the package view on sys.path
+  python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=append --rootdir "$ROOT" \
+    --basetemp "/tmp/gpu-tests-$v" "${tests[@]}" "$@"
+}
+declare -A pids
+for v in $VERSIONS; do
+  run_version "$v" "$@" >"$OUTDIR/$v/pytest.log" 2>&1 &
+  pids[$v]=$!
+done
+rc=0
+for v in $VERSIONS; do
+  wait "${pids[$v]}" || rc=1
+  echo "== tests/gpu with vLLM $v's kernels ($((SECONDS - t0)) s since start)"
+  cat "$OUTDIR/$v/pytest.log"
+done
+exit "$rc"

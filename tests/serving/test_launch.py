@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
 from dsv4_convert.formats.tiles import IMPOSSIBLE, PAD, moe_rank_tiles
 from dsv4_convert.serving.launch import make_plan, shape_from_checkpoint
@@ -80,12 +81,12 @@ def test_reasoning_follows_a_padded_verdict(engine):
 
 
 def test_padding_engine_is_named():
-    v = moe_rank_tiles("mxfp4", "vllm", hidden=2880, intermediate=2880, experts=128, tp=2, ep=1)  # gpt-oss-120b
+    v = moe_rank_tiles("mxfp4", ENGINES["vllm"].padding, hidden=2880, intermediate=2880, experts=128, tp=2, ep=1)  # gpt-oss-120b
     assert v.status == PAD and (v.i_pad, v.h_pad) == (1536, 3072)
     assert "vllm pads mxfp4 experts per rank: I_shard 1440 -> 1536, H 2880 -> 3072 (zeros)" == v.reason
-    v = moe_rank_tiles("nvfp4", "sglang", hidden=4096, intermediate=768, experts=8, tp=8, ep=1)
+    v = moe_rank_tiles("nvfp4", ENGINES["sglang"].padding, hidden=4096, intermediate=768, experts=8, tp=8, ep=1)
     assert v.status == IMPOSSIBLE and "sglang does not pad a gated nvfp4 MoE" in v.reason
-    v = moe_rank_tiles("mxfp4", "sglang", hidden=4096, intermediate=2048, experts=256, tp=128, ep=1)
+    v = moe_rank_tiles("mxfp4", ENGINES["sglang"].padding, hidden=4096, intermediate=2048, experts=256, tp=128, ep=1)
     assert v.status == IMPOSSIBLE and "straddle" in v.reason
 
 

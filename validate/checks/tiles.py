@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dsv4_convert.core.converted_config import read_tp_layout
+from dsv4_convert.core.engines import engine_facts
 from dsv4_convert.core.tensor_model import SourceFormat, moe_layers
 from dsv4_convert.formats.tiles import moe_rank_tiles
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
@@ -54,7 +55,7 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
             seen[key].append(info["layer"])
             continue
         seen[key] = [info["layer"]]
-        v = moe_rank_tiles(info["quant"], opts.engine, hidden=info["hidden"], intermediate=info["intermediate"],
+        v = moe_rank_tiles(info["quant"], engine_facts(opts.engine).padding, hidden=info["hidden"], intermediate=info["intermediate"],
                            tp=opts.tp, ep=opts.ep, experts=n_experts or info["experts"])
         if v.ok:
             continue
