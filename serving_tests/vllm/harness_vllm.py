@@ -72,8 +72,11 @@ def vllm_cpu(*, world: int, rank: int, ep: bool, dtype: torch.dtype):
 def make_layer(fresh_config, quant_config, *, experts, hidden, inter, dtype):
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.layers.fused_moe.layer import FusedMoEFactory
+    from vllm.utils.torch_utils import set_default_torch_dtype
 
-    with set_current_vllm_config(fresh_config()):
+    # under the model's dtype, as vLLM's model loader builds every layer (a tensor created without a
+    # dtype is then bf16: the condition that rounded the plugin's fp32 globals, issue #26 item 5)
+    with set_current_vllm_config(fresh_config()), set_default_torch_dtype(dtype):
         runner = FusedMoEFactory(
             num_experts=experts,
             top_k=2,
@@ -237,7 +240,13 @@ def _run_case(rank, world, *, fmt, act_dtype, ep, experts, hidden, inter, conver
         "engine_skipped": sorted(set(engine_skipped)),
         "skipped": sorted(set(missing)),
         "diff": compare_params(engine, plugin, FINAL[fmt]),
+        # every parameter either layer holds (the input scales vLLM's Marlin path sets to None included)
+        "params": {"engine": _dtypes(engine), "plugin": _dtypes(plugin)},
     }
+
+
+def _dtypes(layer) -> dict:
+    return {n: [str(p.dtype), list(p.shape)] for n, p in layer.named_parameters()}
 
 
 def run_cases(rank, world, *, cases):

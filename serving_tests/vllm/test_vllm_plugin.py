@@ -13,6 +13,7 @@ CPU substitutions (nothing an assertion compares comes from any of them):
   vLLM's own Python in path (a).
 - `DeepseekV4FP8Config`'s `expert_dtype` / `moe_quant_algo` are set on the config object: vLLM reads
   them from the model's hf_config, and there is no model here.
+- Layers are built under the model's dtype (`set_default_torch_dtype`, as vLLM's model loader does).
 - A fresh `VllmConfig` per layer (vLLM registers each layer name once per config); one MoE layer is
   built with vLLM's `FusedMoEFactory` instead of a whole model, and fed through vLLM's own DSv4 weights
   mapper, E8M0 -> uint8 view and expert params mapping (as `DeepseekV4Model.load_weights` does).
@@ -160,6 +161,8 @@ def _assert_equal(results, case_id, expected_local):
         assert r["skipped"] == [] and r["engine_skipped"] == [], r  # vLLM would raise KeyError
         bad = {k: v for k, v in r["diff"].items() if v is not None}
         assert not bad, f"rank {rank} {case_id}: {bad}"
+        # the same parameters, each with the engine's dtype and shape (layers built under the model's dtype)
+        assert r["params"]["plugin"] == r["params"]["engine"], r["params"]
 
 
 @pytest.mark.parametrize(
