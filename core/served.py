@@ -21,10 +21,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dsv4_convert.core.engines import RELEASES, EngineError, release_for
 from dsv4_convert.core.inner_methods import engine_inner_method
 from dsv4_convert.core.naming import FAMILIES, Family, family_of
 
-__all__ = ["Served", "SERVED", "REFUSED_BY_ENGINE", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
+__all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
            "refusal", "checkpoint_refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
 
 # the engine releases the serving proofs run under (serving_tests/locks), by core/engines.py release key
@@ -33,13 +34,12 @@ ENGINE_VERSIONS = ("sglang 0.5.23", "vllm 0.33")
 
 
 def engine_key(engine: str, version: str) -> str:
-    """The release key of an installed `version` ("0.33.0" -> "vllm 0.33"); the version itself if no release
-    of the table covers it (then nothing is served on it)."""
-    for key in ENGINE_VERSIONS:
-        name, series = key.split(" ")
-        if name == engine and (version == series or version.startswith(series + ".")):
-            return key
-    return f"{engine} {version}"
+    """The release key of an installed `version` ("0.33.0" -> "vllm 0.33", core/engines.py release_for); the
+    version itself when no release of the engine table covers it (then nothing is served on it)."""
+    try:
+        return release_for(engine, version).key
+    except EngineError:
+        return f"{engine} {version}"
 
 
 def _engine_of(key: str) -> str:
@@ -79,19 +79,28 @@ def _dsv4(engine: str, case: str) -> tuple[str, ...]:
             "serving_tests/test_plugin_config.py::test_config_builds_the_engines_own_config_for_dsv4_fp8")
 
 
-_GPT_OSS = {"vllm": "serving_tests/vllm/test_vllm_gpt_oss.py::test_gpt_oss_plugin_byte_equal_vllm_gpt_oss_marlin",
-            "sglang": "serving_tests/sglang/test_sglang_gpt_oss.py::test_gpt_oss_plugin_byte_equal_sglang_gpt_oss_marlin"}
-# the engines' own names of the same methods (core/inner_methods.py)
-_DSV4_FP8 = {"vllm": "deepseek_v4_fp8", "sglang": "fp8"}
-_GPT_OSS_MXFP4 = {"vllm": "gpt_oss_mxfp4", "sglang": "mxfp4"}
+def _gpt_oss(engine: str) -> tuple[str, ...]:
+    return (f"serving_tests/{engine}/test_{engine}_gpt_oss.py::test_gpt_oss_plugin_byte_equal_{engine}_gpt_oss_marlin",)
+
+
+def _method(engine: str, block: dict, model_type: str) -> frozenset:
+    """The engine's own name of the method it builds from `block` (core/inner_methods.py): DeepSeek-V4's block
+    FP8 is `deepseek_v4_fp8` in vLLM and `fp8` in SGLang, gpt-oss's `gpt_oss_mxfp4` / `mxfp4`."""
+    return frozenset({engine_inner_method(engine, block, model_type)})
+
+
+def _refused(family: str, fmt: str, key: str) -> bool:
+    """The engine release itself refuses this family x format (REFUSED): it gets no row."""
+    return any((r.family, r.source_format, r.engine) == (family, fmt, key) for r in REFUSED)
 
 
 def _rows(key: str) -> tuple[Served, ...]:
     e = _engine_of(key)
+    dsv4_fp8 = _method(e, {"quant_method": "fp8", "weight_block_size": [128, 128]}, "deepseek_v4")
     return (
-        Served("deepseek-v4", "mxfp4-dsv4", key, frozenset({_DSV4_FP8[e]}), _dsv4(e, "ckpt-mxfp4-bf16-tp2")),
-        Served("deepseek-v4", "nvfp4-modelopt-dsv4", key, frozenset({_DSV4_FP8[e]}), _dsv4(e, "ckpt-nvfp4-bf16-tp2")),
-        Served("gpt-oss", "mxfp4-gptoss", key, frozenset({_GPT_OSS_MXFP4[e]}), (_GPT_OSS[e],)),
+        Served("deepseek-v4", "mxfp4-dsv4", key, dsv4_fp8, _dsv4(e, "ckpt-mxfp4-bf16-tp2")),
+        Served("deepseek-v4", "nvfp4-modelopt-dsv4", key, dsv4_fp8, _dsv4(e, "ckpt-nvfp4-bf16-tp2")),
+        Served("gpt-oss", "mxfp4-gptoss", key, _method(e, {"quant_method": "mxfp4"}, "gpt_oss"), _gpt_oss(e)),
         Served("qwen3-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                _whole_model("qwen3-moe", "nvfp4-modelopt-hf")),
         Served("qwen3-moe", "nvfp4-ct", key, frozenset({"compressed-tensors"}), _whole_model("qwen3-moe", "nvfp4-ct")),
@@ -110,20 +119,30 @@ def _rows(key: str) -> tuple[Served, ...]:
         Served("minimax-m2", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                _whole_model("minimax-m2", "nvfp4-modelopt-hf")),
         *((Served("mixtral", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
-                  _whole_model("mixtral", "nvfp4-modelopt-hf")),) if key not in REFUSED_BY_ENGINE["mixtral"] else ()),
+                  _whole_model("mixtral", "nvfp4-modelopt-hf")),) if not _refused("mixtral", "nvfp4-modelopt-hf", key) else ()),
     )
 
 
-# family -> {release key: the engine's own reason it cannot serve the family through the plugin}, each checked
-# by a serving test (serving_tests/families.py ENGINE_REFUSES): no rows there, whatever the proofs elsewhere
-REFUSED_BY_ENGINE: dict[str, dict[str, str]] = {
-    "mixtral": {"sglang 0.5.23": (
-        "SGLang builds a quantised Mixtral as QuantMixtralForCausalLM for any quantization but fp8, "
-        "compressed-tensors, gptq_marlin, awq_marlin and quark_int4fp8_moe (model_loader/utils.py "
-        "get_model_architecture: 'Special handling for quantized Mixtral. FIXME(woosuk): This is a temporary "
-        "hack.'), with every expert its own linear layer: no fused MoE layer for the plugin "
-        "(serving_tests/test_families.py::test_sglang_refuses_mixtral_with_its_own_reason)")},
-}
+@dataclass(frozen=True)
+class Refused:
+    """A family x source format that an engine release itself cannot serve through the plugin, with the engine's
+    own reason (quoted from its code) and the serving_tests node id that shows it: the gate and the matrix say why."""
+    family: str
+    source_format: str
+    engine: str           # release key
+    reason: str
+    proof: str
+
+
+# (family, format, release) the engine refuses, e.g. SGLang's quantised-Mixtral model (fam-mla's row)
+REFUSED: tuple[Refused, ...] = (
+    Refused("mixtral", "nvfp4-modelopt-hf", "sglang 0.5.23",
+            "SGLang builds a quantised Mixtral as QuantMixtralForCausalLM for any quantization but fp8, "
+            "compressed-tensors, gptq_marlin, awq_marlin and quark_int4fp8_moe (model_loader/utils.py "
+            "get_model_architecture: 'Special handling for quantized Mixtral. FIXME(woosuk): This is a temporary "
+            "hack.'), with every expert its own linear layer: no fused MoE layer for the plugin's Marlin method",
+            "serving_tests/test_families.py::test_sglang_refuses_mixtral_with_its_own_reason"),
+)
 
 
 # fam-mla / fam-hybrid: add a family's rows here (one per format and engine version) with the node ids of
@@ -173,6 +192,11 @@ def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | N
                 "so no serving test has loaded it through the plugins")
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
     rows = entries(family.name, source_format, engine)
+    engine_says = [r for r in REFUSED if r.family == family.name and r.source_format == source_format
+                   and engine in (r.engine, _engine_of(r.engine))]
+    if not rows and engine_says:
+        return (f"{engine_says[0].engine} itself cannot serve a {family.name} {source_format} checkpoint through the "
+                f"plugin: {engine_says[0].reason}")
     if not rows:
         return (f"no serving test loads a {family.name} checkpoint in {source_format} through the {engine} plugin "
                 f"(proven for {family.name}: {_proven(family, source_format, engine)})")
@@ -213,16 +237,20 @@ def _proof_cell(rows: list[Served]) -> str:
 def matrix_markdown() -> str:
     """The README's support matrix: every family, and for each source format the engine versions whose plugin
     is proven to serve it (with the method the engine builds for the non-expert layers) and the proof."""
-    head = ["family", "releases", "source format", *ENGINE_VERSIONS, "proof (serving_tests/)"]
+    columns = sorted(RELEASES)  # every release the engine table knows; one without rows serves nothing yet
+    head = ["family", "releases", "source format", *columns, "proof (serving_tests/)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in FAMILIES:
-        formats = list(dict.fromkeys(s.source_format for s in SERVED if s.family == f.name))
+        formats = list(dict.fromkeys(s.source_format for s in (*SERVED, *REFUSED) if s.family == f.name))
         if not formats:
-            lines.append(f"| {f.name} | {f.examples} | | " + " | ".join("refused" for _ in ENGINE_VERSIONS)
+            lines.append(f"| {f.name} | {f.examples} | | " + " | ".join("refused" for _ in columns)
                          + " | none: no serving test loads it yet |")
         for fmt in formats:
             rows = entries(f.name, fmt)
-            cells = [next((f"served ({'/'.join(sorted(s.methods))})" for s in rows if s.engine == key), "refused")
-                     for key in ENGINE_VERSIONS]
+            said = {r.engine: r for r in REFUSED if r.family == f.name and r.source_format == fmt}
+            cells = [next((f"served ({'/'.join(sorted(s.methods))})" for s in rows if s.engine == key),
+                          "refused by the engine (see below)" if key in said else "refused") for key in columns]
             lines.append(f"| {f.name} | {f.examples} | {fmt} | " + " | ".join(cells) + f" | {_proof_cell(rows)} |")
+    lines += ["", *(f"- {r.family} {r.source_format} on {r.engine}: {r.reason} (`{r.proof.removeprefix('serving_tests/')}`)"
+                    for r in REFUSED)] if REFUSED else []
     return "\n".join([MATRIX_BEGIN, *lines, MATRIX_END])

@@ -139,6 +139,24 @@ def test_qwen3_mixed_precision_is_refused_where_nvfp4_is_served():
 
 def test_an_installed_version_maps_to_its_release():
     assert engine_key("vllm", "0.33.0") == "vllm 0.33" and engine_key("sglang", "0.5.23") == "sglang 0.5.23"
+    assert engine_key("vllm", "0.34.0") == "vllm 0.34" and not entries(engine="vllm 0.34")  # no proof run there yet
+    from dsv4_convert.core.engines import RELEASES
+
+    assert set(ENGINE_VERSIONS) <= set(RELEASES)
     unknown = engine_key("vllm", "0.99.1")
     config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
     assert "no serving test" in refusal(config, "nvfp4-modelopt-hf", unknown, NVFP4_BLOCK)
+
+
+def test_an_engines_own_refusal_is_quoted_by_the_gate_and_the_matrix(monkeypatch):
+    from dsv4_convert.core import served
+
+    row = served.Refused("qwen3-moe", "mxfp4-ct", "sglang 0.5.23", "the engine's own words",
+                         "serving_tests/test_families.py::test_x")
+    monkeypatch.setattr(served, "REFUSED", (row,))
+    config = {"architectures": ["Qwen3MoeForCausalLM"]}
+    why = refusal(config, "mxfp4-ct", "sglang", {"quant_method": "compressed-tensors"})
+    assert "sglang 0.5.23 itself cannot serve" in why and "the engine's own words" in why
+    assert "refused by the engine" in served.matrix_markdown() and "the engine's own words" in served.matrix_markdown()
+    for s in served.REFUSED:
+        assert not served.entries(s.family, s.source_format, s.engine)  # never both served and refused
