@@ -82,6 +82,7 @@ class FamilySpec:
     architecture: str = ""         # config.json `architectures` when not the family's first
     routed_only: bool = False      # NVFP4 on the routed experts only (dense MLP and shared experts BF16)
     stale_block: bool = False      # config.json keeps the pre-FP4 block-FP8 block (DeepSeek-V3-0324-FP4)
+    examples: str = ""             # the releases a replica stands for, when not all of its family's
 
     @property
     def key(self) -> str:
@@ -101,11 +102,14 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     FamilySpec("qwen3-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_moe", "mlp",
                config={"norm_topk_prob": True, "decoder_sparse_step": 1}),
     FamilySpec("deepseek-v3", ("nvfp4-modelopt-hf",), "deepseek_v3", "mlp", shared="shared_experts",
-               dense_layers=1, hf_quant_only=True, attention="mla", config=_DEEPSEEK),
+               dense_layers=1, hf_quant_only=True, attention="mla", config=_DEEPSEEK,
+               examples="nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-R1-FP4 (no block in config.json)"),
     FamilySpec("deepseek-v3", ("nvfp4-modelopt-hf",), "deepseek_v3", "mlp", shared="shared_experts",
-               dense_layers=1, stale_block=True, attention="mla", config=_DEEPSEEK, name="deepseek-v3-0324"),
+               dense_layers=1, stale_block=True, attention="mla", config=_DEEPSEEK, name="deepseek-v3-0324",
+               examples="nvidia/DeepSeek-V3-0324-FP4 (stale block-FP8 quantization_config in config.json)"),
     FamilySpec("deepseek-v3", ("nvfp4-modelopt-hf",), "kimi_k2", "mlp", shared="shared_experts", dense_layers=1,
                routed_only=True, attention="mla", name="kimi-k2", architecture="DeepseekV3ForCausalLM",
+               examples="Kimi-K2 NVFP4 (DeepseekV3ForCausalLM, model_type kimi_k2)",
                config={**_DEEPSEEK, "routed_scaling_factor": 2.827, "rope_theta": 50000}),
     FamilySpec("deepseek-v32", ("nvfp4-modelopt-hf",), "deepseek_v32", "mlp", shared="shared_experts",
                dense_layers=1, attention="mla-indexer", config=_DEEPSEEK),
