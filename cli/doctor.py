@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from dsv4_convert.cli.report import emit, report_options
-from dsv4_convert.core.engines import ENGINES, LAYOUTS, EngineError, release_for, w4a8_problem
+from dsv4_convert.core.engines import ENGINES, LAYOUTS, EngineError, engine_inner_method, release_for, w4a8_problem
 from dsv4_convert.core.fatbin import FatbinError, read_cuda_code
 from dsv4_convert.validate.kernel_provider import MODULE_ENV
 
@@ -172,7 +172,6 @@ def _ask_engine(d: Doctor, path: str, engine: str, qc: dict, config: dict) -> No
     import subprocess
 
     from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
-    from dsv4_convert.core.inner_methods import engine_inner_method
     from dsv4_convert.core.served import engine_key, refusal
 
     proc = subprocess.run([sys.executable, "-m", "dsv4_convert.serving.probe", path, engine],

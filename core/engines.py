@@ -23,8 +23,9 @@ from dsv4_convert.formats.tiles import EnginePadding, PadRule
 __all__ = [
     "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "FORMAT_VERSION", "GEMM_ARGS_033", "GEMM_ARGS_034", "LAYOUTS",
     "MXFP4_NEEDS_BF16", "QUANT_METHOD", "READABLE_FORMAT_VERSIONS", "RELEASES", "EngineError", "EngineFacts",
-    "KernelOps", "Package", "Release", "engine_facts", "launch_command", "mxfp4_dtype_problem", "parallel_flags",
-    "registration_log_line", "release", "release_for", "shell_quote", "version_tuple", "w4a8_problem",
+    "KernelOps", "Package", "Release", "engine_facts", "engine_inner_method", "launch_command",
+    "mxfp4_dtype_problem", "parallel_flags", "registration_log_line", "release", "release_for", "shell_quote",
+    "version_tuple", "w4a8_problem",
 ]
 
 QUANT_METHOD = "marlin_fp4"  # config.json quantization_config.quant_method of a converted checkpoint
@@ -256,6 +257,13 @@ def w4a8_problem(engine: str, version: str) -> str | None:
     return (f"this is a W4A8 (fp8 activations) checkpoint, and {facts.display} {version} has no W4A8 Marlin "
             f"kernels (W4A8 is served by: {facts.w4a8_versions()}). Convert the source again without --w4a8 "
             "(W4A16), or serve this one with a release listed.")
+
+
+def engine_inner_method(engine: str, block: dict | None, model_type: str | None) -> str | None:
+    """The method name `engine` resolves a source's quantisation `block` to (None: no block, the layers stay
+    unquantised), by the engine's resolver (core/inner_methods.py)."""
+    facts = engine_facts(engine)
+    return facts.inner_method(block, model_type) if isinstance(block, dict) else None
 
 
 def mxfp4_dtype_problem(act_dtype: str) -> str | None:

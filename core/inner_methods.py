@@ -2,7 +2,8 @@
 plugin hands every non-expert layer to (attention, dense MLP, shared experts). Pure, for validate's
 pre-flight; the plugins ask the installed engine itself (serving/vllm_config.py, sglang_methods.py).
 
-Mirrors, per engine release the engine table (core/engines.py) lists, which names the resolver of each:
+Mirrors, per engine release the engine table (core/engines.py) lists, which names the resolver of each
+(`engines.engine_inner_method` dispatches through it):
 - vLLM 0.33.0 and 0.34.0 (the same code): `ModelArchConfigConvertorBase._normalize_quantization_config` (a nested ModelOpt block,
   hf_quant_config.json's form, gets quant_method modelopt / modelopt_fp4 / modelopt_mixed from quant_algo;
   a flat config.json block keeps its own; names are lower-cased, `compressed_tensors` ->
@@ -19,7 +20,7 @@ Both read config.json's block, and hf_quant_config.json only when config.json ha
 
 from __future__ import annotations
 
-__all__ = ["FP4_METHODS", "FP8_METHODS", "engine_inner_method", "resolve_sglang", "resolve_vllm"]
+__all__ = ["FP4_METHODS", "FP8_METHODS", "resolve_sglang", "resolve_vllm"]
 
 # methods whose linear layers hold NVFP4 (packed uint8) weights, and those whose hold FP8 weights
 FP4_METHODS = frozenset({"modelopt_fp4", "modelopt_mixed", "compressed-tensors"})
@@ -86,12 +87,3 @@ def resolve_sglang(block: dict, model_type: str | None) -> str | None:
         if algo == "MXFP8":
             return "mxfp8"
     return str(method).lower() if method else None
-
-
-def engine_inner_method(engine: str, block: dict | None, model_type: str | None) -> str | None:
-    """The method name `engine` resolves `block` to (None: no block, the layers stay unquantised). The
-    engine table names each engine's resolver; an engine it does not list is EngineError."""
-    from dsv4_convert.core.engines import engine_facts  # the table imports this module's resolvers
-
-    facts = engine_facts(engine)
-    return facts.inner_method(block, model_type) if isinstance(block, dict) else None

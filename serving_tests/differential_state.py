@@ -23,8 +23,8 @@ def zero_fill(model: torch.nn.Module) -> None:
     would otherwise hold whatever memory it got and differ from run to run."""
     with torch.no_grad():
         for p in model.parameters():
-            # a 0-d parameter (MiniMax-M2 / MLA models' scalars) has no byte view of its own: viewed as 1-d
-            p.data.reshape(-1).view(torch.uint8).zero_() if p.data.is_contiguous() else p.data.zero_()
+            data = p.data
+            data.reshape(-1).view(torch.uint8).zero_() if data.is_contiguous() else data.zero_()
 
 
 def state_diff(engine: dict[str, torch.Tensor], plugin: dict[str, torch.Tensor]) -> dict:

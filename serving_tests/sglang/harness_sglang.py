@@ -199,7 +199,13 @@ def padding_evidence(engine, plugin, c: dict) -> dict:
 
 def make_layer(quant_config, *, experts: int, hidden: int, inter: int, dtype: torch.dtype):
     from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
 
+    with set_default_torch_dtype(dtype):  # as SGLang's model loader builds every layer
+        return _fused_moe(FusedMoE, quant_config, experts=experts, hidden=hidden, inter=inter, dtype=dtype)
+
+
+def _fused_moe(FusedMoE, quant_config, *, experts: int, hidden: int, inter: int, dtype: torch.dtype):  # noqa: N803
     return FusedMoE(
         num_experts=experts,
         hidden_size=hidden,

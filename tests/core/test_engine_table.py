@@ -28,13 +28,13 @@ from dsv4_convert.core.engines import (
     Package,
     Release,
     engine_facts,
+    engine_inner_method,
     launch_command,
     release,
     release_for,
     w4a8_problem,
 )
 from dsv4_convert.core.errors import UsageError
-from dsv4_convert.core.inner_methods import engine_inner_method
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.tiles import PAD, EnginePadding, PadRule, moe_rank_tiles
 from dsv4_convert.serving.config import PluginConfigError, check_layout, check_rank_shape, parse_quant_config

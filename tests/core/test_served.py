@@ -57,8 +57,28 @@ def _one_engine_cases() -> set[tuple[str, str]]:
     return set()
 
 
+def _differential_cases() -> list[dict]:
+    """serving_tests/differential.py CASES: Case(family, fmt, edit=, dtypes=, engines=) with literal arguments."""
+    for node in _module(ROOT / "serving_tests/differential.py").body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CASES" for t in node.targets):
+            cases = []
+            for call in node.value.elts:
+                case = dict(zip(("family", "fmt", "edit", "dtypes", "engines"), map(ast.literal_eval, call.args)))
+                # `blocked=<a module-level reason>`: the whole model cannot be built on CPU yet (a skip)
+                case |= {k.arg: True if k.arg == "blocked" else ast.literal_eval(k.value) for k in call.keywords}
+                cases.append({"edit": None, "dtypes": ("bfloat16",), "engines": ("vllm", "sglang"),
+                              "blocked": False} | case)
+            return cases
+    raise AssertionError("serving_tests/differential.py has no CASES")
+
+
+def _differential_ids() -> set[str]:
+    return {f"{c['family']}-{c['fmt']}" + (f"-{c['edit']}" if c["edit"] else "") + f"-{d}"
+            for c in _differential_cases() for d in c["dtypes"]}
+
+
 def test_every_entry_names_a_proof_that_exists():
-    case_ids = {f"{fam}-{fmt}" for fam, fmt in _cases() | _one_engine_cases()}
+    case_ids = {f"{fam}-{fmt}" for fam, fmt in _cases() | _one_engine_cases()} | _differential_ids()
     for s in SERVED:
         assert s.proofs, s
         for proof in s.proofs:
@@ -77,6 +97,25 @@ def test_every_proof_case_has_its_entry_on_every_release():
         family = FAMILY_SPECS[fam].family if fam in FAMILY_SPECS else fam  # a release replica (kimi-k2)
         for key in ENGINE_VERSIONS:
             assert entries(family, fmt, key), f"serving_tests/families.py proves {fam} {fmt}; no entry for {key}"
+
+
+def test_every_differential_proof_has_its_entry_and_every_entry_a_differential_proof():
+    """The differential proof (serving_tests/test_differential.py) is what makes an entry: each of its cases is an
+    entry on every release of its engines, and each entry names the differential case of its family and format
+    (DeepSeek-V4's whole model is `blocked` on CPU: its entries name the layer-level proof instead)."""
+    from dsv4_convert.core.served import _DIFF
+
+    cases = _differential_cases()
+    for c in cases:
+        for key in ENGINE_VERSIONS:
+            if key.split(" ")[0] in c["engines"]:
+                family = FAMILY_SPECS[c["family"]].family if c["family"] in FAMILY_SPECS else c["family"]  # kimi-k2
+                assert entries(family, c["fmt"], key), f"differential proof of {c} has no entry on {key}"
+    blocked = {(c["family"], c["fmt"]) for c in cases if c["blocked"]}
+    for s in SERVED:
+        differential = [p for p in s.proofs if p.startswith(_DIFF + f"[{s.family}-{s.source_format}")]
+        # a blocked case is a skip, never a proof: its entry names the layer-level proof that stands in
+        assert (not differential and len(s.proofs) > 0) if (s.family, s.source_format) in blocked else differential, s
 
 
 def test_entries_name_known_families_formats_and_releases_once():

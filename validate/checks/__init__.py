@@ -45,6 +45,7 @@ ALL_CHECKS = (
     quant_config.marlin_dtype_shape,
     serving.stale_quant_block,
     serving.inner_method_resolves,
+    serving.w4a8_releases,
     # numerics, per projection / per expert
     nvfp4_scales.nan_scales,
     nvfp4_scales.negative_scales,

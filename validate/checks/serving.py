@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
-from dsv4_convert.core.engines import ENGINES
-from dsv4_convert.core.inner_methods import FP4_METHODS, engine_inner_method
+from dsv4_convert.core.engines import ENGINES, engine_inner_method
+from dsv4_convert.core.inner_methods import FP4_METHODS
 from dsv4_convert.core.served import refusal
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.inputs import CheckpointInput, Options
 
-__all__ = ["inner_method_resolves", "stale_quant_block"]
+__all__ = ["inner_method_resolves", "stale_quant_block", "w4a8_releases"]
 
 _FP4_ALGOS = ("NVFP4", "FP4", "W4A16_NVFP4", "NVFP4_AWQ", "MIXED_PRECISION")
 _QUANTISED = {"U8", "I8", "F8_E4M3", "F8_E5M2"}  # a 2-D `.weight` of these dtypes is not 16-bit
@@ -96,3 +96,22 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
         yield Finding(fp4[0], f"{len(fp4)} non-expert linear weights are packed FP4, but {engine.name} builds "
                       f"{method!r} for them (an FP8 / 16-bit method): the load fails or reads garbage.",
                       count=len(fp4))
+
+
+@check(id="marlin.w4a8_releases", severity=Severity.WARNING, scope=Scope.CHECKPOINT,
+       hint="serve it with a release listed, or convert the source again without --w4a8 (W4A16 serves on every "
+            "release)")
+def w4a8_releases(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """A W4A8 (fp8 activations) checkpoint is served only by the engine releases with W4A8 Marlin (the engine table: vLLM 0.33, not 0.34, which removed it); the others refuse it at load."""
+    if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
+        return
+    try:
+        spec = ConvertedQuantConfig.parse(c.config.get("quantization_config"))
+    except ConvertedConfigError:
+        return  # marlin.config reports it
+    engine = ENGINES[spec.target_engine]
+    if spec.w4a8:
+        refused = [r.key for r in engine.releases if not r.w4a8]
+        yield Finding("config.json", f"W4A8 checkpoint: served only by {engine.w4a8_versions()}; "
+                      f"{', '.join(refused) or 'no release'} refuse{'s' if len(refused) == 1 else ''} it at load "
+                      "(no W4A8 Marlin).", file="config.json")
