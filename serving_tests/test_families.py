@@ -10,6 +10,8 @@ parameter (vLLM raises on a name it cannot place; SGLang skips it silently, so t
 counts what reaches a parameter's loader).
 
 CPU substitutions (nothing an assertion compares comes from them):
+- vLLM: `dispatch_cpu_unquantized_gemm` -> nothing (the CPU platform's packing of unquantised weights,
+  with a vllm._C op the CPU wheel lacks; a CUDA GPU keeps them as loaded).
 - vLLM: `VLLM_TARGET_DEVICE=cpu`; `MarlinExperts._supports_current_device` -> True (no MoE backend on
   CPU; `--moe-backend marlin`, set in KernelConfig, is the documented sm_120 launch).
 - SGLang: the torchvision stand-in, `override_platform(is_sm120=True)`, `--moe-runner-backend marlin`,

@@ -29,6 +29,11 @@ def _marlin_runs_here() -> None:
         if isinstance(cls, type) and "_supports_current_device" in vars(cls):
             cls._supports_current_device = staticmethod(lambda: True)
     _POSSIBLE_NVFP4_KERNELS.setdefault(current_platform._enum, []).append(EmulationNvFp4LinearKernel)
+    # the CPU platform packs unquantised weights for its own GEMM with a vllm._C op this CPU wheel
+    # lacks (a CUDA GPU keeps them as loaded)
+    from vllm.model_executor.layers import utils as layer_utils
+
+    layer_utils.dispatch_cpu_unquantized_gemm = lambda layer, remove_weight: None
 
 
 def _vllm_config(path: str):
