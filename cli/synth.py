@@ -19,11 +19,18 @@ from dsv4_convert.synth import (
     write_synthetic_checkpoint,
 )
 from dsv4_convert.synth.defects import DEFECTS
+from dsv4_convert.synth.families import FAMILY_SPECS
 
 __all__ = ["synth"]
 
+def _examples(name: str) -> str:
+    """The releases a synth family (or a release replica of one) stands for."""
+    spec = FAMILY_SPECS.get(name)
+    return (spec and spec.examples) or family_named(spec.family if spec else name).examples
+
+
 _FAMILY_HELP = "\n".join(
-    f"  {name:<12} {', '.join(fmts):<38} {family_named(name).examples}" for name, fmts in SYNTH_FAMILIES.items())
+    f"  {name:<16} {', '.join(fmts):<38} {_examples(name)}" for name, fmts in SYNTH_FAMILIES.items())
 _DEFECT_HELP = "\n".join(
     f"  {d.name:<16} {d.doc}" + (f" (layer 0 expert {d.expert} {'/'.join(d.roles)})" if d.expert is not None else "")
     for d in DEFECTS.values())

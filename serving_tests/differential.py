@@ -108,6 +108,13 @@ CASES = (
     Case("qwen3-moe", "nvfp4-modelopt-hf", edit="2507"),
     Case("glm4-moe", "nvfp4-modelopt-hf"),
     Case("glm4-moe", "nvfp4-ct", edit="fused-globals"),
+    # fam-mla: DeepSeek-R1 / R1-0528 FP4 (MLA, hf_quant_config.json only), Kimi-K2, DeepSeek-V3.2 (MLA + indexer),
+    # MiniMax-M2; Mixtral on vLLM only (SGLang refuses it: core/served.py REFUSED)
+    Case("deepseek-v3", "nvfp4-modelopt-hf"),
+    Case("kimi-k2", "nvfp4-modelopt-hf"),
+    Case("deepseek-v32", "nvfp4-modelopt-hf"),
+    Case("minimax-m2", "nvfp4-modelopt-hf"),
+    Case("mixtral", "nvfp4-modelopt-hf", engines=("vllm",)),
 )
 
 

@@ -19,6 +19,11 @@ equivalent; nothing else is changed):
   layers are created, loaded and processed by vLLM's own code; they are the same method in both models.
 - SGLang: serving_tests/sglang/harness_differential.py lists its own (the platform override, the Marlin
   workspace, the rotary embedding's CPU branch, the GPU generation asked by compressed-tensors).
+- The MLA families (DeepSeek-R1/V3/V3.2, Kimi-K2): vLLM: the CPU's AMX detection -> False (its reference CPU
+  GEMM and CPU_MLA backend instead of AMX kernels whose ops the wheel lacks on CPU) and V3.2's sparse-MLA
+  kernel lookup -> the dense CPU_MLA backend ("Sparse Attention is not supported on CPU."); SGLang: the rotary
+  embedding's accelerator lookup -> "cpu" (YaRN's cos/sin cache). serving_tests/{vllm,sglang}/mla_cpu.py; the
+  same stand-in in both models, never a compared tensor.
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """

@@ -20,6 +20,11 @@ CPU substitutions (nothing an assertion compares comes from them):
   non-CUDA branch imports `vllm._custom_ops`, which the SGLang venv does not have; unrelated to
   quantisation), and `torch.cuda.get_device_capability` -> (12, 0), which SGLang's compressed-tensors
   scheme selection asks (sm_120, the target, as `override_platform(is_sm120=True)` says).
+- The MLA families (DeepSeek-R1/V3/V3.2, Kimi-K2; fam-mla): vLLM: the CPU's AMX detection -> False (vLLM then
+  picks its reference CPU GEMM and the CPU_MLA backend instead of AMX kernels whose ops the wheel lacks on CPU),
+  and V3.2's sparse MLA kernel lookup -> the dense CPU_MLA backend ("Sparse Attention is not supported on
+  CPU."); SGLang: the rotary embedding's accelerator lookup -> "cpu" (YaRN's cos/sin cache). Both listed in
+  serving_tests/{vllm,sglang}/mla_cpu.py; the models' construction and weight loading are the engines' own.
 - One spawned gloo rank, a 1-layer model of hidden 256.
 - vLLM lists no NVFP4 linear kernel for the CPU platform ("Failed to find a kernel"): the harness lists
   vLLM's own `EmulationNvFp4LinearKernel` for it, so the NVFP4 dense / shared-expert layers of the ModelOpt
@@ -41,7 +46,7 @@ from pathlib import Path
 
 import pytest
 from common import installed_engine, spawn_ranks
-from families import CASES, make_family
+from families import CASES, ENGINE_REFUSES, ONE_ENGINE_CASES, make_family
 
 ENGINE = installed_engine()
 if ENGINE is None:
@@ -73,9 +78,12 @@ def results(tmp_path_factory):
     """Every case in one spawned process (the engine import dominates the run time)."""
     tmp = tmp_path_factory.mktemp("families")
     cases = {}
-    for family, fmt in CASES:
+    for family, fmt in ENGINE_CASES:
         src, conv = make_family(tmp, family, fmt, ENGINE)
         cases[f"{family}-{fmt}"] = {"path": str(conv), "source": str(src), "process": True}
+    # nvidia/DeepSeek-V3-0324-FP4 as shipped: config.json's stale block-FP8 block (converted anyway)
+    src, conv = make_family(tmp, "deepseek-v3-0324", "nvfp4-modelopt-hf", ENGINE)
+    cases["negative-v3-0324"] = {"path": str(conv), "source": str(src)}
     src, conv = make_family(tmp, "glm4-moe", "nvfp4-modelopt-hf", ENGINE, no_block=True)
     cases["noblock"] = {"path": str(conv), "source": str(src), "process": True}
     cases["negative-stale-block"] = {"path": str(_stale(tmp, conv))}
@@ -87,11 +95,18 @@ def _non_expert(methods: dict) -> dict:
     return {k: v for k, v in methods.items() if ".experts" not in k}
 
 
+def _unquantised(method) -> bool:
+    return method is None or method.startswith("Unquantized")
+
+
 def _same_methods(plugin: dict, engine: dict) -> dict:
     """Modules whose method differs; the engine's config answers None where the layer keeps its own
-    unquantised default (embeddings, lm_head), which is what the plugin's layer then holds too."""
+    unquantised default (embeddings, lm_head), which is what the plugin's layer then holds too. An
+    unquantised answer matches any unquantised method: a model that builds its lm_head without asking the
+    quantisation config (SGLang's MiniMax-M2) holds the embedding's unquantised method, and the engine's
+    config, asked here for that module anyway, answers with the linear one; both keep the BF16 weight."""
     return {k: (v, engine.get(k)) for k, v in _non_expert(plugin).items()
-            if engine.get(k) != v and not (engine.get(k) is None and k in engine and v.startswith("Unquantized"))}
+            if engine.get(k) != v and not (k in engine and _unquantised(engine.get(k)) and _unquantised(v))}
 
 
 # GLM's MTP layer (`model.layers.<num_hidden_layers>.*`, in mtp.safetensors) is the speculative draft's:
@@ -103,11 +118,23 @@ def _unplaced(r: dict, family: str) -> set:
     """What the load left out, beyond what neither checkpoint holds."""
     allowed = ATTN_KV_SCALES | (NOT_IN_CT if family.endswith("nvfp4-ct") else set())
     left = set(r.get("not_loaded", [])) - set(r.get("absent_from_source", []))  # the source lacks them too
-    not_placed = {n for n in r.get("not_placed", []) if not n.startswith(GLM_MTP_LAYER)}
+    not_placed = {n for n in r.get("not_placed", []) if not n.startswith(GLM_MTP_LAYER) and not _fused_mla(n, r)}
     return {n for n in left if n.rsplit(".", 1)[-1] not in allowed} | not_placed
 
 
-IDS = [f"{family}-{fmt}" for family, fmt in CASES]
+ENGINE_CASES = (*CASES, *ONE_ENGINE_CASES[ENGINE])
+def _fused_mla(name: str, r: dict) -> bool:
+    module, _, leaf = name.rpartition(".")
+    parent, _, proj = module.rpartition(".")
+    return proj in SGLANG_MLA_FUSED and f"{parent}.{SGLANG_MLA_FUSED[proj]}.{leaf}" in r.get("params_after", [])
+
+
+IDS = [f"{family}-{fmt}" for family, fmt in ENGINE_CASES]
+# MLA (DeepSeek-V3 family): its attention linears, q_a_proj + kv_a_proj_with_mqa fused by both engines
+MLA_KINDS = {"q_b_proj", "kv_b_proj", "o_proj"}
+# SGLang concatenates q_a_proj and kv_a_proj_with_mqa before it loads the fused parameter, so the placement
+# counter (by storage) never sees the two checkpoint tensors themselves: placed when the fused parameter is
+SGLANG_MLA_FUSED = {"q_a_proj": "fused_qkv_a_proj_with_mqa", "kv_a_proj_with_mqa": "fused_qkv_a_proj_with_mqa"}
 
 
 @pytest.mark.parametrize("case", IDS)
@@ -119,7 +146,12 @@ def test_non_expert_layers_get_the_engines_own_methods(results, case):
     assert not _same_methods(plug["methods"], plug["engine_methods"]), _same_methods(plug["methods"],
                                                                                       plug["engine_methods"])
     kinds = {k.rsplit(".", 1)[-1] for k in plug["methods"] if ".layers." in k}
-    assert {"qkv_proj", "o_proj"} <= kinds, kinds  # attention (and the dense MLP / shared experts a family has)
+    attention = MLA_KINDS if "fused_qkv_a_proj" in " ".join(kinds) else {"qkv_proj", "o_proj"}
+    assert attention <= kinds, kinds  # attention (and the dense MLP / shared experts a family has)
+    if case.startswith(("deepseek-v3", "kimi-k2")):  # MLA's fused first projection
+        assert {"fused_qkv_a_proj", "fused_qkv_a_proj_with_mqa"} & kinds, kinds
+    if case.startswith("deepseek-v32"):  # the sparse-attention indexer's linears, as the engine builds them
+        assert {"wq_b"} <= kinds and ({"wk_weights_proj"} <= kinds or {"wk", "weights_proj"} <= kinds), kinds
     if case.startswith("glm4-moe"):  # a dense MLP layer and shared experts (NVFP4 in the ModelOpt release)
         for kind in (".0.mlp.gate_up_proj", ".0.mlp.down_proj", "shared_experts.gate_up_proj",
                      "shared_experts.down_proj"):
@@ -129,7 +161,7 @@ def test_non_expert_layers_get_the_engines_own_methods(results, case):
 @pytest.mark.parametrize("case", IDS)
 def test_routed_experts_get_the_plugin_method_and_every_tensor_a_parameter(results, case):
     plug = results[case]
-    experts = {k: v for k, v in plug["methods"].items() if ".mlp.experts" in k}
+    experts = {k: v for k, v in plug["methods"].items() if ".experts" in k}  # mlp.experts, block_sparse_moe.experts
     assert experts and set(experts.values()) == {EXPERTS_METHOD[ENGINE]}, plug["methods"]
     assert not _unplaced(plug, case), plug
     assert not any("ct_weight_global_scale" in n for n in plug["params_after"])  # kept globals dropped
@@ -149,6 +181,45 @@ def test_negative_control_a_stale_fp8_block_fails_the_load(results):
     assert "error" in r or _unplaced(r, "noblock") or r["inner_method"] == "fp8", r
     if "error" not in r:
         assert _same_methods(r["methods"], results["glm4-moe-nvfp4-modelopt-hf"]["engine_methods"]), r
+
+
+def test_v3_0324_as_shipped_is_built_as_block_fp8_by_the_engine_itself(results):
+    """nvidia/DeepSeek-V3-0324-FP4's config.json keeps the block-FP8 block of the model before FP4 export: the
+    engine's own config for that source is FP8 (it follows config.json, not hf_quant_config.json), so neither the
+    source nor its conversion is served; `validate` reports the block (structure.quant_config.stale_block) and
+    the fix, after which it is the deepseek-v3 case above (hf_quant_config.json only)."""
+    r = results["negative-v3-0324"]
+    assert "error" in r or (r["inner_method"] == "fp8" and r["engine_config"] == "Fp8Config"), r
+
+
+# what SGLang builds for a checkpoint: its own ModelConfig (with the plugin registered) and model-class choice
+_SGLANG_ARCH = """
+import sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.model_loader.utils import get_model_architecture
+for path in sys.argv[1:]:
+    config = ModelConfig(path, dtype="bfloat16")
+    print(config.quantization, get_model_architecture(config)[1])
+"""
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="only SGLang refuses a family (families.py ENGINE_REFUSES)")
+def test_sglang_refuses_mixtral_with_its_own_reason(tmp_path):
+    """SGLang 0.5.23 turns a quantised MixtralForCausalLM into QuantMixtralForCausalLM (per-expert linear layers,
+    no fused MoE) for the conversion and for the ModelOpt source alike: no layer for the plugin's Marlin MoE."""
+    import subprocess
+
+    assert ("sglang", "mixtral") in ENGINE_REFUSES
+    src, conv = make_family(tmp_path, "mixtral", "nvfp4-modelopt-hf", ENGINE)
+    stubs = str(Path(__file__).parent / "stubs")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([stubs, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", _SGLANG_ARCH, str(conv), str(src)], capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.split("\n")
+    assert "marlin_fp4 QuantMixtralForCausalLM" in lines and "modelopt_fp4 QuantMixtralForCausalLM" in lines, lines
 
 
 @pytest.mark.parametrize("which", ["converted", "stale"])

@@ -5,10 +5,20 @@ The facts per family, and where they come from:
 - qwen3-moe: Qwen3MoeForCausalLM, `model.layers.L.mlp.experts.E.*_proj`, router `mlp.gate`, no shared
   experts (transformers modeling_qwen3_moe.py; nvidia/Qwen3-30B-A3B-NVFP4 ModelOpt NVFP4, config
   `quant_method: modelopt`; RedHatAI/Qwen3-30B-A3B-NVFP4 compressed-tensors nvfp4-pack-quantized).
-- deepseek-v3 (DeepSeek-R1/V3, Kimi-K2): DeepseekV3ForCausalLM, `first_k_dense_replace` dense layers with
-  NVFP4 `mlp.{gate,up,down}_proj`, NVFP4 `mlp.shared_experts`, BF16 MLA attention; ModelOpt's
-  quantize_to_nvfp4.py deletes `quantization_config` from config.json, so only hf_quant_config.json says
-  NVFP4 (spec CHECKPOINT_FORMATS.md §4.1, §4.4; nvidia/DeepSeek-R1-0528-FP4 tensor list).
+- deepseek-v3 (nvidia/DeepSeek-R1-0528-FP4, R1-FP4): DeepseekV3ForCausalLM, `first_k_dense_replace` dense
+  layers with NVFP4 `mlp.{gate,up,down}_proj`, NVFP4 `mlp.shared_experts`, BF16 MLA attention (synth/mla.py;
+  the model card of nvidia/DeepSeek-R1-0528-FP4-v2: "additionally quantizes the wo module in attention layers",
+  so v1 keeps attention unquantised); ModelOpt's quantize_to_nvfp4.py deletes `quantization_config` from
+  config.json, so only hf_quant_config.json says NVFP4 (spec CHECKPOINT_FORMATS.md §4.1, §4.4;
+  nvidia/DeepSeek-R1-0528-FP4 tensor list `model.layers.0.mlp.down_proj.weight U8`).
+  Replicas of the same family: deepseek-v3-0324 (nvidia/DeepSeek-V3-0324-FP4: config.json keeps DeepSeek-V3's
+  block-FP8 `quantization_config` {quant_method fp8, fmt e4m3, activation_scheme dynamic, weight_block_size
+  [128, 128]} beside hf_quant_config.json; spec CHECKPOINT_FORMATS.md §4.4, validate's
+  structure.quant_config.stale_block); kimi-k2 (`model_type: kimi_k2`, see synth/mla.py; ModelOpt NVFP4 on
+  the routed experts only: attention, shared experts, the dense layer-0 MLP and lm_head stay BF16, the split
+  the model cards of nvidia/Kimi-K2.6-NVFP4 reproductions describe); deepseek-v32 (DeepseekV32ForCausalLM,
+  `model_type: deepseek_v32`, MLA plus the sparse-attention indexer, synth/mla.py; the NVFP4 release's
+  attention precision is this generator's assumption: BF16, as R1-FP4).
 - glm4-moe (GLM-4.5/4.6/4.7): Glm4MoeForCausalLM, `first_k_dense_replace`, `mlp.shared_experts`, router
   `mlp.gate` with `e_score_correction_bias`; the MTP layer `model.layers.<num_hidden_layers>.*` lives in
   `mtp.safetensors`, which model.safetensors.index.json does not list (vLLM 0.33 glm4_moe_mtp.py; the
@@ -18,7 +28,12 @@ The facts per family, and where they come from:
   nvidia's ModelOpt export is MIXED_PRECISION (FP8 attention, NVFP4 experts, unquantised MTP), config
   nested under `text_config` (vLLM 0.33 qwen3_5.py, qwen3_5_mtp.py).
 - minimax-m2 / mixtral: MiniMaxM2ForCausalLM / MixtralForCausalLM, `model.layers.L.block_sparse_moe.experts.E.
-  {w1,w3,w2}`, router `block_sparse_moe.gate` (vLLM 0.33 minimax_m2.py, mixtral.py).
+  {w1,w3,w2}`, router `block_sparse_moe.gate` (vLLM 0.33 minimax_m2.py, mixtral.py). MiniMax-M2 adds
+  `block_sparse_moe.e_score_correction_bias` (F32, sigmoid scoring, `use_routing_bias`), per-layer
+  `self_attn.{q_norm,k_norm}` over all heads, partial rotary `rotary_dim` = head_dim / 2 (MiniMaxAI/MiniMax-M2
+  config.json: head_dim 128, rotary_dim 64, scoring_func sigmoid, use_qk_norm, qk_norm_type per_layer; vLLM 0.33
+  minimax_m2.py MiniMaxM2MoE, MiniMaxM2Attention). Attention precision of the NVFP4 releases (BF16 here) is
+  this generator's assumption.
 - llama4: Llama4ForConditionalGeneration, text stack under `language_model.model.layers`, `feed_forward.router`,
   `feed_forward.shared_expert`, and ModelOpt's stacked experts `feed_forward.experts.{gate_up_proj,down_proj}`
   K-major with `_weight_scale`, `_weight_scale_2`, `_input_scale` (vLLM 0.33 llama4.py load_moe_expert_weights,
@@ -38,6 +53,7 @@ from dsv4_convert.formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_
 from dsv4_convert.synth.configs import _ct_config, _modelopt_groups
 from dsv4_convert.synth.experts import Tweaks, encode_layer_experts
 from dsv4_convert.synth.layouts import Dims
+from dsv4_convert.synth.mla import mla_config, mla_tensors
 from dsv4_convert.synth.seeded import dense, expert_matrix
 
 __all__ = ["FAMILY_SPECS", "FamilySpec", "MTP_FILE", "family_config_files", "family_tensors"]
@@ -61,22 +77,49 @@ class FamilySpec:
     lm_head: str = "lm_head.weight"
     stacked: bool = False          # all experts of a layer in K-major stacks (Llama-4 by ModelOpt)
     config: dict = field(default_factory=dict)
+    name: str = ""                 # the replica's own name when it is a release of `family` (kimi-k2)
+    attention: str = "gqa"         # gqa, mla, mla-indexer (synth/mla.py)
+    architecture: str = ""         # config.json `architectures` when not the family's first
+    routed_only: bool = False      # NVFP4 on the routed experts only (dense MLP and shared experts BF16)
+    stale_block: bool = False      # config.json keeps the pre-FP4 block-FP8 block (DeepSeek-V3-0324-FP4)
+    examples: str = ""             # the releases a replica stands for, when not all of its family's
+
+    @property
+    def key(self) -> str:
+        return self.name or self.family
 
     @property
     def prefix(self) -> str:
         return family_named(self.family).source_scheme.layer_prefixes[0]
 
 
-FAMILY_SPECS: dict[str, FamilySpec] = {s.family: s for s in (
+_DEEPSEEK = {"n_shared_experts": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "n_group": 1,
+             "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "moe_layer_freq": 1,
+             "hidden_act": "silu", "num_nextn_predict_layers": 0}
+_BLOCK_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     FamilySpec("qwen3-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_moe", "mlp",
                config={"norm_topk_prob": True, "decoder_sparse_step": 1}),
     FamilySpec("deepseek-v3", ("nvfp4-modelopt-hf",), "deepseek_v3", "mlp", shared="shared_experts",
-               dense_layers=1, hf_quant_only=True, config={"n_shared_experts": 1, "topk_method": "noaux_tc"}),
+               dense_layers=1, hf_quant_only=True, attention="mla", config=_DEEPSEEK,
+               examples="nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-R1-FP4 (no block in config.json)"),
+    FamilySpec("deepseek-v3", ("nvfp4-modelopt-hf",), "deepseek_v3", "mlp", shared="shared_experts",
+               dense_layers=1, stale_block=True, attention="mla", config=_DEEPSEEK, name="deepseek-v3-0324",
+               examples="nvidia/DeepSeek-V3-0324-FP4 (stale block-FP8 quantization_config in config.json)"),
+    FamilySpec("deepseek-v3", ("nvfp4-modelopt-hf",), "kimi_k2", "mlp", shared="shared_experts", dense_layers=1,
+               routed_only=True, attention="mla", name="kimi-k2", architecture="DeepseekV3ForCausalLM",
+               examples="Kimi-K2 NVFP4 (DeepseekV3ForCausalLM, model_type kimi_k2)",
+               config={**_DEEPSEEK, "routed_scaling_factor": 2.827, "rope_theta": 50000}),
+    FamilySpec("deepseek-v32", ("nvfp4-modelopt-hf",), "deepseek_v32", "mlp", shared="shared_experts",
+               dense_layers=1, attention="mla-indexer", config=_DEEPSEEK),
     FamilySpec("glm4-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "glm4_moe", "mlp", shared="shared_experts",
                dense_layers=1, mtp="file", config={"n_shared_experts": 1, "num_nextn_predict_layers": 1}),
     FamilySpec("qwen3.5-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_5_moe", "mlp", shared="shared_expert",
                mixed=True, mtp="unquantised", nested=True, config={"mtp_num_hidden_layers": 1}),
-    FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe"),
+    FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe",
+               config={"scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True,
+                       "qk_norm_type": "per_layer", "rotary_dim": 32, "rope_theta": 5000000, "rms_norm_eps": 1e-6}),
     FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
                router="router", lm_head="language_model.lm_head.weight", stacked=True,
@@ -114,20 +157,29 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
     quant = "nvfp4-ct" if fmt == "nvfp4-ct" else "nvfp4"
     out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
     attn = "fp8" if spec.mixed and fmt != "nvfp4-ct" else "bf16"
-    for proj, (n, k) in (("q_proj", (hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)),
-                         ("o_proj", (h, hd))):
-        _linear(out, seed, f"{p}.self_attn.{proj}", n, k, attn, dtype)
+    if spec.attention.startswith("mla"):
+        mla_tensors(out, seed, p, h, d.heads, d.q_lora_rank, dtype, indexer=spec.attention == "mla-indexer")
+    else:
+        for proj, (n, k) in (("q_proj", (hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)),
+                             ("o_proj", (h, hd))):
+            _linear(out, seed, f"{p}.self_attn.{proj}", n, k, attn, dtype)
+    if spec.config.get("use_qk_norm"):  # MiniMax-M2: one norm over all heads
+        out[f"{p}.self_attn.q_norm.weight"] = torch.ones(hd, dtype=dtype)
+        out[f"{p}.self_attn.k_norm.weight"] = torch.ones(d.head_dim, dtype=dtype)
     out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
     if layer < spec.dense_layers:
-        _mlp(out, seed, f"{p}.mlp", h, 2 * d.intermediate, quant, dtype)
+        _mlp(out, seed, f"{p}.mlp", h, 2 * d.intermediate, "bf16" if spec.routed_only else quant, dtype)
         return
     moe = f"{p}.{spec.moe}"
     out[f"{moe}.{spec.router}.weight"] = dense(seed, f"{moe}.{spec.router}", (d.experts, h), dtype=dtype)
-    if spec.family in ("deepseek-v3", "glm4-moe"):
+    if spec.family in ("deepseek-v3", "deepseek-v32", "glm4-moe"):
         out[f"{moe}.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
+    elif spec.config.get("use_routing_bias"):  # MiniMax-M2
+        out[f"{moe}.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
     if spec.shared is not None:
         # ModelOpt quantises shared experts with the rest; the compressed-tensors recipes ignore them
-        _mlp(out, seed, f"{moe}.{spec.shared}", h, d.intermediate, "bf16" if fmt == "nvfp4-ct" else quant, dtype)
+        _mlp(out, seed, f"{moe}.{spec.shared}", h, d.intermediate,
+             "bf16" if fmt == "nvfp4-ct" or spec.routed_only else quant, dtype)
         if spec.family == "qwen3.5-moe":
             out[f"{moe}.shared_expert_gate.weight"] = dense(seed, f"{moe}.shared_expert_gate", (1, h), dtype=dtype)
     if spec.stacked:
@@ -185,6 +237,9 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
     return out, outside
 
 
+_N_ROUTED = ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe")
+
+
 def _arch_config(spec: FamilySpec, d: Dims) -> dict:
     family = family_named(spec.family)
     text = {
@@ -198,14 +253,17 @@ def _arch_config(spec: FamilySpec, d: Dims) -> dict:
         text["moe_intermediate_size"] = d.intermediate
     if spec.stacked:  # Llama-4: intermediate_size is the experts', intermediate_size_mlp the dense MLPs'
         text["intermediate_size_mlp"] = 2 * d.intermediate
-    experts_key = {"deepseek_v3": "n_routed_experts", "glm4_moe": "n_routed_experts"}.get(
-        spec.model_type, "num_experts" if spec.moe == "mlp" else "num_local_experts")
+    if spec.attention.startswith("mla"):  # no head_dim: MLA's head sizes are its own (synth/mla.py)
+        del text["head_dim"]
+        text.update(mla_config(d.heads, d.q_lora_rank, indexer=spec.attention == "mla-indexer"), **spec.config)
+    experts_key = "n_routed_experts" if spec.model_type in _N_ROUTED else (
+        "num_experts" if spec.moe == "mlp" else "num_local_experts")
     text[experts_key] = d.experts
     if spec.dense_layers:
         text["first_k_dense_replace"] = spec.dense_layers
     if spec.shared == "shared_expert":
         text["shared_expert_intermediate_size"] = d.intermediate
-    config = {"architectures": [family.architectures[0]], "model_type": spec.model_type}
+    config = {"architectures": [spec.architecture or family.architectures[0]], "model_type": spec.model_type}
     if spec.nested:
         text["model_type"] = f"{spec.model_type}_text"
         config.update({"text_config": text, "torch_dtype": "bfloat16", "tie_word_embeddings": False})
@@ -222,6 +280,8 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
                "mtp*" if spec.mtp == "unquantised" else None,
                f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.family == "qwen3.5-moe" else None]
     exclude = [e for e in exclude if e]
+    if spec.routed_only:  # Kimi-K2 NVFP4: only the routed experts are FP4
+        exclude += [f"{lp}.*.{spec.moe}.{spec.shared}*", *(f"{lp}.{i}.{spec.moe}*" for i in range(spec.dense_layers))]
     if not spec.mixed:
         exclude.append(f"{lp}.*.self_attn*")
         hfq = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": exclude}
@@ -255,7 +315,9 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
         qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
     else:
         qc, hfq = _modelopt(spec, d)
-        if qc is not None:
+        if spec.stale_block:  # the pre-FP4 model's block, left in config.json (DeepSeek-V3-0324-FP4)
+            config["quantization_config"] = dict(_BLOCK_FP8)
+        elif qc is not None:
             config["quantization_config"] = qc
         files["hf_quant_config.json"] = hfq
     return files

@@ -30,6 +30,7 @@ from common import checkpoint_tensors
 from differential_state import model_state, run_diff_cases, state_diff, zero_fill
 from harness_gpt_oss import _register_mxfp4_as_on_cuda
 from harness_sglang import sglang_cpu
+from mla_cpu import use_cpu_rope_device
 
 
 def _model(path: str, dtype: str):
@@ -73,6 +74,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     load_plugins()
     _register_mxfp4_as_on_cuda()
     rope._is_cpu = True
+    use_cpu_rope_device()  # MLA families: serving_tests/sglang/mla_cpu.py
     out = {}
     for dtype in sorted({c["dtype"] for c in cases.values()}):  # the server's --dtype, one per context
         with sglang_cpu(world=world, rank=rank, ep=False, dtype=getattr(torch, dtype)), \

@@ -12,6 +12,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported: Ser
 import torch
 from common import checkpoint_tensors, model_summary, module_methods, run_model_cases
 from harness_sglang import sglang_cpu
+from mla_cpu import use_cpu_rope_device
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -76,6 +77,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
 
     load_plugins()
     rope._is_cpu = True  # SGLang's non-CUDA rotary path imports vllm._custom_ops; its CPU path does not
+    use_cpu_rope_device()  # serving_tests/sglang/mla_cpu.py (fam-mla)
     # compressed-tensors scheme selection asks torch.cuda for the GPU generation: the target's, sm_120
     torch.cuda.get_device_capability = lambda device=None: (12, 0)
     with sglang_cpu(world=world, rank=rank, ep=False, dtype=torch.bfloat16):

@@ -16,6 +16,7 @@ from common import checkpoint_tensors
 from differential_state import model_state, run_diff_cases, state_diff, zero_fill
 from harness_gpt_oss_rows import engine_rows_as_plugin
 from harness_models import _marlin_runs_here
+from mla_cpu import use_cpu_reference_kernels
 
 
 def _model(path: str, dtype: str):
@@ -54,6 +55,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     load_general_plugins()
     _marlin_runs_here()
+    use_cpu_reference_kernels()  # MLA families: serving_tests/vllm/mla_cpu.py
     ops.gptq_marlin_repack = _reference_repack
     # the CPU platform packs unquantised weights for its own GEMM (a CUDA GPU keeps them as loaded)
     layer_utils.dispatch_cpu_unquantized_gemm = lambda layer, remove_weight: None

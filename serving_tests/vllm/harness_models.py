@@ -12,6 +12,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import torch
 from common import checkpoint_tensors, model_summary, module_methods, run_model_cases
 from cpu_platform import allow_x86_without_triton
+from mla_cpu import use_cpu_reference_kernels
 
 allow_x86_without_triton()  # vLLM 0.34 on an x86 CPU (cpu_platform.py says why)
 
@@ -74,6 +75,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     load_general_plugins()
     _marlin_runs_here()
+    use_cpu_reference_kernels()  # serving_tests/vllm/mla_cpu.py (fam-mla)
     with set_current_vllm_config(VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=world))):
         init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
                                      distributed_init_method="env://")
