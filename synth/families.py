@@ -14,9 +14,19 @@ The facts per family, and where they come from:
   `mtp.safetensors`, which model.safetensors.index.json does not list (vLLM 0.33 glm4_moe_mtp.py; the
   GLM-4.6/4.7 NVFP4 releases' file lists).
 - qwen3.5-moe (Qwen3.5 / Qwen3.6 MoE): Qwen3_5MoeForConditionalGeneration, text stack under
-  `model.language_model.layers`, `mlp.shared_expert` + `mlp.shared_expert_gate`, MTP under `mtp.*`;
-  nvidia's ModelOpt export is MIXED_PRECISION (FP8 attention, NVFP4 experts, unquantised MTP), config
-  nested under `text_config` (vLLM 0.33 qwen3_5.py, qwen3_5_mtp.py).
+  `model.language_model.layers`, hybrid Gated-DeltaNet / gated full attention (synth/hybrid.py),
+  `mlp.shared_expert` + `mlp.shared_expert_gate`, MTP under `mtp.*` (`mtp.fc`, `mtp.pre_fc_norm_{embedding,
+  hidden}`, `mtp.layers.0.*` a full-attention MoE layer, `mtp.norm`: vLLM 0.33 qwen3_5_mtp.py); nvidia's
+  ModelOpt export is MIXED_PRECISION (FP8 attention and linear-attention projections, NVFP4 experts,
+  unquantised MTP: sgl-project/sglang PR #27906, atlas PR #121), config nested under `text_config`;
+  llm-compressor's compressed-tensors recipe quantises self_attn and the shared expert and skips the router,
+  the shared-expert gate and the linear attention (llm-compressor PR #2740, docs/key-models/qwen3.6).
+  Not modelled: the release's W4A16_NVFP4 `lm_head` (SGLang PR #27906) and its vision tower.
+- qwen3-next (Qwen3-Next / Qwen3-Coder-Next): Qwen3NextForCausalLM, `model.layers.L` with fused
+  `linear_attn.in_proj_qkvz` / `in_proj_ba`, `mlp.shared_expert` + `mlp.shared_expert_gate`, MTP under `mtp.*`
+  with `num_nextn_predict_layers` (vLLM 0.33 qwen3_next.py, qwen3_next_mtp.py). Which layers the NVFP4
+  releases quantise besides the experts is this generator's assumption (attention and linear attention kept
+  BF16, as ModelOpt's Qwen3-Next recipe keeps QKV out of NVFP4: NVIDIA/Model-Optimizer PR #735).
 - minimax-m2 / mixtral: MiniMaxM2ForCausalLM / MixtralForCausalLM, `model.layers.L.block_sparse_moe.experts.E.
   {w1,w3,w2}`, router `block_sparse_moe.gate` (vLLM 0.33 minimax_m2.py, mixtral.py).
 - llama4: Llama4ForConditionalGeneration, text stack under `language_model.model.layers`, `feed_forward.router`,
@@ -37,6 +47,7 @@ from dsv4_convert.core.naming import family_named
 from dsv4_convert.formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
 from dsv4_convert.synth.configs import _ct_config, _modelopt_groups
 from dsv4_convert.synth.experts import Tweaks, encode_layer_experts
+from dsv4_convert.synth.hybrid import LINEAR, gated_attention, gdn_layer, layer_types, linear_config
 from dsv4_convert.synth.layouts import Dims
 from dsv4_convert.synth.seeded import dense, expert_matrix
 
@@ -60,6 +71,8 @@ class FamilySpec:
     router: str = "gate"           # the router's module name under the MoE block
     lm_head: str = "lm_head.weight"
     stacked: bool = False          # all experts of a layer in K-major stacks (Llama-4 by ModelOpt)
+    linear: str | None = None      # hybrid linear attention: "split" (Qwen3.5) or "fused" (Qwen3-Next) in_proj
+    mtp_key: str = "mtp_num_hidden_layers"  # config key of the mtp.* block's layer count
     config: dict = field(default_factory=dict)
 
     @property
@@ -75,7 +88,10 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.family: s for s in (
     FamilySpec("glm4-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "glm4_moe", "mlp", shared="shared_experts",
                dense_layers=1, mtp="file", config={"n_shared_experts": 1, "num_nextn_predict_layers": 1}),
     FamilySpec("qwen3.5-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_5_moe", "mlp", shared="shared_expert",
-               mixed=True, mtp="unquantised", nested=True, config={"mtp_num_hidden_layers": 1}),
+               mixed=True, mtp="unquantised", nested=True, linear="split", config={"mtp_num_hidden_layers": 1}),
+    FamilySpec("qwen3-next", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_next", "mlp", shared="shared_expert",
+               mtp="unquantised", linear="fused", mtp_key="num_nextn_predict_layers",
+               config={"num_nextn_predict_layers": 1, "norm_topk_prob": True, "decoder_sparse_step": 1}),
     FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe"),
     FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
@@ -108,15 +124,37 @@ def _mlp(out: dict, seed: int, base: str, h: int, inter: int, kind: str, dtype: 
         _linear(out, seed, f"{base}.{proj}", n, k, kind, dtype)
 
 
+def _attn_kind(spec: FamilySpec, fmt: str) -> str:
+    """Attention's quantisation: FP8 in ModelOpt's MIXED_PRECISION, NVFP4 in llm-compressor's Qwen3.5 recipe."""
+    if spec.mixed:
+        return "nvfp4-ct" if fmt == "nvfp4-ct" else "fp8"
+    return "bf16"
+
+
+def _shared_kind(spec: FamilySpec, fmt: str) -> str:
+    """ModelOpt quantises shared experts with the rest; the compressed-tensors recipes ignore them, except
+    llm-compressor's Qwen3.5 / 3.6 one (it skips only the shared-expert gate)."""
+    if fmt == "nvfp4-ct":
+        return "nvfp4-ct" if spec.mixed else "bf16"
+    return "nvfp4"
+
+
 def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims, dtype: torch.dtype,
            *, experts_layer: bool = True) -> None:
     p, h, hd = f"{spec.prefix}.{layer}", d.hidden, d.heads * d.head_dim
     quant = "nvfp4-ct" if fmt == "nvfp4-ct" else "nvfp4"
     out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
-    attn = "fp8" if spec.mixed and fmt != "nvfp4-ct" else "bf16"
-    for proj, (n, k) in (("q_proj", (hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)),
-                         ("o_proj", (h, hd))):
-        _linear(out, seed, f"{p}.self_attn.{proj}", n, k, attn, dtype)
+    attn = _attn_kind(spec, fmt)
+    if spec.linear is not None:  # hybrid: Gated-DeltaNet or gated full attention (synth/hybrid.py)
+        if layer < d.layers and layer_types(d)[layer] == LINEAR:
+            gdn_layer(out, seed, p, d, _linear, split=spec.linear == "split", dtype=dtype,
+                      big="fp8" if spec.mixed and fmt != "nvfp4-ct" else "bf16")
+        else:
+            gated_attention(out, seed, p, d, _linear, kind=attn, dtype=dtype)
+    else:
+        for proj, (n, k) in (("q_proj", (hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)),
+                             ("o_proj", (h, hd))):
+            _linear(out, seed, f"{p}.self_attn.{proj}", n, k, attn, dtype)
     out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
     if layer < spec.dense_layers:
         _mlp(out, seed, f"{p}.mlp", h, 2 * d.intermediate, quant, dtype)
@@ -126,9 +164,8 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
     if spec.family in ("deepseek-v3", "glm4-moe"):
         out[f"{moe}.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
     if spec.shared is not None:
-        # ModelOpt quantises shared experts with the rest; the compressed-tensors recipes ignore them
-        _mlp(out, seed, f"{moe}.{spec.shared}", h, d.intermediate, "bf16" if fmt == "nvfp4-ct" else quant, dtype)
-        if spec.family == "qwen3.5-moe":
+        _mlp(out, seed, f"{moe}.{spec.shared}", h, d.intermediate, _shared_kind(spec, fmt), dtype)
+        if spec.shared == "shared_expert":
             out[f"{moe}.shared_expert_gate.weight"] = dense(seed, f"{moe}.shared_expert_gate", (1, h), dtype=dtype)
     if spec.stacked:
         out.update(_k_major_stacks(seed, f"{moe}.experts", str(layer), d, dtype))
@@ -174,15 +211,28 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
             outside[f"{spec.prefix}.{d.layers}.{name}.weight"] = torch.ones(d.hidden, dtype=dtype)
         outside[f"{spec.prefix}.{d.layers}.eh_proj.weight"] = dense(seed, "eh_proj", (d.hidden, 2 * d.hidden),
                                                                     dtype=dtype)
-    elif spec.mtp == "unquantised":  # Qwen3.5: BF16 MTP block under mtp.*, experts included
-        mtp = "mtp.layers.0"
-        out["mtp.fc.weight"] = dense(seed, "mtp.fc", (d.hidden, 2 * d.hidden), dtype=dtype)
-        for e in range(d.experts):
-            for proj, shape in (("gate_proj", (d.intermediate, d.hidden)), ("up_proj", (d.intermediate, d.hidden)),
-                                ("down_proj", (d.hidden, d.intermediate))):
-                name = f"{mtp}.mlp.experts.{e}.{proj}.weight"
-                out[name] = dense(seed, name, shape, dtype=dtype)
+    elif spec.mtp == "unquantised":  # Qwen3.5 / Qwen3-Next: a BF16 MTP block under mtp.*, experts included
+        out.update(_mtp_block(seed, spec, d, dtype))
     return out, outside
+
+
+def _mtp_block(seed: int, spec: FamilySpec, d: Dims, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`mtp.fc`, the two pre-fc norms, one full-attention MoE layer `mtp.layers.0.*` and `mtp.norm`, all BF16."""
+    h, out = d.hidden, {}
+    out["mtp.fc.weight"] = dense(seed, "mtp.fc", (h, 2 * h), dtype=dtype)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden"):
+        out[f"mtp.{norm}.weight"] = torch.ones(h, dtype=dtype)
+    p = "mtp.layers.0"
+    out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
+    gated_attention(out, seed, p, d, _linear, kind="bf16", dtype=dtype)
+    out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
+    out[f"{p}.mlp.gate.weight"] = dense(seed, f"{p}.mlp.gate", (d.experts, h), dtype=dtype)
+    _mlp(out, seed, f"{p}.mlp.shared_expert", h, d.intermediate, "bf16", dtype)
+    out[f"{p}.mlp.shared_expert_gate.weight"] = dense(seed, f"{p}.mlp.shared_expert_gate", (1, h), dtype=dtype)
+    for e in range(d.experts):
+        _mlp(out, seed, f"{p}.mlp.experts.{e}", h, d.intermediate, "bf16", dtype)
+    out["mtp.norm.weight"] = torch.ones(h, dtype=dtype)
+    return out
 
 
 def _arch_config(spec: FamilySpec, d: Dims) -> dict:
@@ -205,6 +255,8 @@ def _arch_config(spec: FamilySpec, d: Dims) -> dict:
         text["first_k_dense_replace"] = spec.dense_layers
     if spec.shared == "shared_expert":
         text["shared_expert_intermediate_size"] = d.intermediate
+    if spec.linear is not None:
+        text.update(linear_config(d))
     config = {"architectures": [family.architectures[0]], "model_type": spec.model_type}
     if spec.nested:
         text["model_type"] = f"{spec.model_type}_text"
@@ -220,18 +272,20 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
     lp = spec.prefix
     exclude = [spec.lm_head.removesuffix(".weight"), f"{lp}.*.{spec.moe}.{spec.router}",
                "mtp*" if spec.mtp == "unquantised" else None,
-               f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.family == "qwen3.5-moe" else None]
+               f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.shared == "shared_expert" else None]
     exclude = [e for e in exclude if e]
     if not spec.mixed:
-        exclude.append(f"{lp}.*.self_attn*")
+        exclude += [f"{lp}.*.self_attn*"] + ([f"{lp}.*.linear_attn*"] if spec.linear else [])
         hfq = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": exclude}
         qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "config_groups": _modelopt_groups(),
               "ignore": exclude, "producer": producer}
     else:
         layers = {}
+        kinds = layer_types(d) if spec.linear else ["full_attention"] * d.layers
         for i in range(d.layers):
-            layers |= {f"{lp}.{i}.self_attn.{p}": {"quant_algo": "FP8"} for p in ("q_proj", "k_proj", "v_proj",
-                                                                                     "o_proj")}
+            attn = (("linear_attn", ("in_proj_qkv", "in_proj_z", "out_proj")) if kinds[i] == LINEAR else
+                    ("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")))
+            layers |= {f"{lp}.{i}.{attn[0]}.{p}": {"quant_algo": "FP8"} for p in attn[1]}
             layers |= {f"{lp}.{i}.{spec.moe}.{spec.shared}.{p}": {"quant_algo": "NVFP4", "group_size": 16}
                        for p in ("gate_proj", "up_proj", "down_proj")}
             layers |= {f"{lp}.{i}.{spec.moe}.experts.{e}.{p}": {"quant_algo": "NVFP4", "group_size": 16}
@@ -250,8 +304,12 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
     files = {"config.json": config}
     if fmt == "nvfp4-ct":
         config["quantization_config"] = qc = _ct_config("nvfp4")
-        qc["ignore"] += [f"re:.*{spec.shared}\\..*"] if spec.shared else []
-        qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.family == "qwen3.5-moe" else []
+        if spec.mixed:  # llm-compressor's Qwen3.5 recipe quantises self_attn and the shared expert
+            qc["ignore"] = [i for i in qc["ignore"] if "self_attn" not in i and "shared_experts" not in i]
+        elif spec.shared:
+            qc["ignore"] += [f"re:.*{spec.shared}\\..*"]
+        qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.shared == "shared_expert" else []
+        qc["ignore"] += ["re:.*linear_attn.*"] if spec.linear else []
         qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
     else:
         qc, hfq = _modelopt(spec, d)
