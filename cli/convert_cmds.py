@@ -92,7 +92,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     ckpt = open_checkpoint(src)
     check_source(ckpt, quant)
     if not allow_unservable:
-        check_servable(ckpt)
+        check_servable(ckpt, tgt.engine)
     if out is not None and not dry_run:  # every path refusal before any work (runtime/paths.py)
         Staging(Path(out), force=force, resume=resume, source=ckpt.root).check()
     plan = build_plan(ckpt, tgt, max_shard_size=parse_size(max_shard_size),

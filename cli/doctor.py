@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from dsv4_convert.cli.report import emit, report_options
-from dsv4_convert.core.engines import ENGINES, LAYOUTS, version_tuple
+from dsv4_convert.core.engines import LAYOUTS, version_tuple
 from dsv4_convert.core.fatbin import FatbinError, read_cuda_code
 from dsv4_convert.validate.kernel_provider import MODULE_ENV
 
@@ -152,10 +152,10 @@ def _checkpoint(d: Doctor, path: str) -> None:
         d.findings.append(f"{path} needs {want}, which is not installed here")
     if ckpt.format is SourceFormat.MARLIN:
         for engine in served:
-            _ask_engine(d, path, engine, qc)
+            _ask_engine(d, path, engine, qc, ckpt.config)
 
 
-def _ask_engine(d: Doctor, path: str, engine: str, qc: dict) -> None:
+def _ask_engine(d: Doctor, path: str, engine: str, qc: dict, config: dict) -> None:
     """The installed engine builds the plugin's config from config.json, and inside it its own config for
     the non-expert layers (serving/probe.py, in a subprocess: doctor imports no engine). It must succeed
     and agree with validate's pre-flight (marlin.serving_methods)."""
@@ -164,6 +164,7 @@ def _ask_engine(d: Doctor, path: str, engine: str, qc: dict) -> None:
 
     from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
     from dsv4_convert.core.inner_methods import engine_inner_method
+    from dsv4_convert.core.served import engine_key, refusal
 
     proc = subprocess.run([sys.executable, "-m", "dsv4_convert.serving.probe", path, engine],
                           capture_output=True, text=True)
@@ -180,11 +181,13 @@ def _ask_engine(d: Doctor, path: str, engine: str, qc: dict) -> None:
     except ConvertedConfigError:
         return  # the engine accepted what validate refuses: validate reports it
     predicted = engine_inner_method(engine, serving_block(spec), spec.source_model_type)
-    facts = ENGINES[engine]
-    if answer["inner_method"] is not None and not facts.serves_inner(answer["inner_method"], spec.source_model_type):
-        d.findings.append(f"{engine} serves the non-expert layers of this {spec.source_model_type} checkpoint with "
-                          f"{answer['inner_method']!r}, which the plugin was not proven with: the launch would fail "
-                          "or load garbage (`dsv4-convert validate` names the cause: marlin.serving_methods)")
+    why = answer["inner_method"] and refusal(config, spec.source_format or "unknown",
+                                              engine_key(engine, answer["version"]), serving_block(spec),
+                                              method=answer["inner_method"])
+    if why:
+        d.findings.append(f"{engine} {answer['version']} serves the non-expert layers of this {spec.source_model_type} "
+                          f"checkpoint with {answer['inner_method']!r}, and the plugin is not proven there: {why} "
+                          "(`dsv4-convert validate` names the cause: marlin.serving_methods)")
     elif answer["inner_method"] != predicted:
         d.findings.append(f"{engine} {answer['version']} resolves the source's block to {answer['inner_method']!r}; "
                           f"validate's pre-flight expects {predicted!r} (this version's engine facts): serving is "

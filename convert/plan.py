@@ -12,7 +12,7 @@ from dsv4_convert import __version__
 from dsv4_convert.convert.safetensors_writer import TensorSpec
 from dsv4_convert.core.engines import FORMAT_VERSION, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.naming import family_of
+from dsv4_convert.core.served import refusal, source_block
 from dsv4_convert.core.structure import RULES as STRUCTURE_RULES
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.target import MarlinTarget
@@ -215,16 +215,17 @@ def refuse_converted(ckpt: Checkpoint) -> None:
                            file="config.json", hint="use it as it is, or `dsv4-convert marlin-to-source` to undo")
 
 
-def check_servable(ckpt: Checkpoint) -> None:
-    """Refuse a model family the serving plugins do not load yet (core/naming.py FAMILIES), with the reason,
-    instead of writing an output that fails at launch."""
-    family = family_of(ckpt.config)
-    if family is not None and not family.servable:
+def check_servable(ckpt: Checkpoint, engine: str) -> None:
+    """Refuse, before anything is written, a source whose conversion the `engine` plugin is not proven to serve
+    (core/served.py, the table validate's marlin.serving_methods reads too), with the reason."""
+    why = refusal(ckpt.config, ckpt.format.value, engine, source_block(ckpt.config, ckpt.hf_quant_config))
+    if why is not None:
         raise ContentError(
-            f"{ckpt.root} is a {family.name} checkpoint ({', '.join(family.architectures)}): {family.refusal}",
+            f"{ckpt.root} is not proven to serve on {engine} once converted: {why}",
             error_id="convert.unservable_family", file="config.json",
             hint="serve it unconverted, or pass --allow-unservable to convert anyway (the output is validated and "
-                 "reversible, but the plugins will not start it); docs/FORMAT.md lists the families they serve")
+                 "reversible, but the plugins are not proven to start it); the README's support matrix lists "
+                 "what is served")
 
 
 CONVERT_COMMAND = {Quant.NVFP4: "nvfp4-to-marlin", Quant.MXFP4: "mxfp4-to-marlin"}

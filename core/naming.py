@@ -3,9 +3,9 @@
 A *scheme* says where a checkpoint keeps its routed experts: one tensor per expert projection
 (`per-expert`) or all experts of a layer in one tensor (`stacked`), under which layer prefixes and
 experts module, with which projection (role) names, and in which orientation. A *family* is a model
-architecture: the scheme its releases use, the scheme the converted checkpoint keeps (the engine's
-own weight-name mapping for that architecture must place every converted tensor), and whether the
-serving plugins load it yet. Detection, grouping, the writer's index, validate, reverse and the
+architecture: the scheme its releases use and the scheme the converted checkpoint keeps (the engine's
+own weight-name mapping for that architecture must place every converted tensor); which of its formats
+the plugins serve is core/served.py. Detection, grouping, the writer's index, validate, reverse and the
 plugins all read names through this module (`parse_expert_name`, `converted_expert`).
 
 Each entry names the public source of its facts.
@@ -183,15 +183,12 @@ def converted_expert(name: str) -> tuple[str, int, Role] | None:
 # ------------------------------------------------------------------------------------------------ families
 @dataclass(frozen=True)
 class Family:
-    """A model architecture. `servable` says whether the plugins of this project load its converted
-    checkpoint (set from the serving results, serving_tests/); when False, `refusal` says why and the
-    converter refuses it unless told --allow-unservable."""
+    """A model architecture. Whether the plugins serve it is not a field here: core/served.py says which
+    source formats of it each engine release is proven to serve (a family without rows there is refused)."""
     name: str
     architectures: tuple[str, ...]
     scheme: str           # the scheme its releases use
     output_scheme: str    # the scheme the converted checkpoint keeps
-    servable: bool
-    refusal: str = ""
     examples: str = ""
     outside_index: Mapping[str, str] = field(default_factory=dict)  # file the index does not list -> what it is
 
@@ -204,33 +201,33 @@ class Family:
         return _BY_NAME[self.output_scheme]
 
 
-_NOT_PROVEN = ("no serving test loads this family through the plugins yet (the non-expert layers' quantisation "
-               "method and the architecture's weight-name mapping are not proven)")
-
 FAMILIES: tuple[Family, ...] = (
-    Family("deepseek-v4", ("DeepseekV4ForCausalLM",), "deepseek", "deepseek", True,
+    Family("deepseek-v4", ("DeepseekV4ForCausalLM",), "deepseek", "deepseek",
            examples="deepseek-ai/DeepSeek-V4-Flash, nvidia/DeepSeek-V4-Flash-NVFP4"),
-    Family("gpt-oss", ("GptOssForCausalLM",), "gpt-oss", "hf-mlp", True, examples="openai/gpt-oss-20b, -120b"),
-    Family("qwen3-moe", ("Qwen3MoeForCausalLM",), "hf-mlp", "hf-mlp", True, "",
-           "nvidia/Qwen3-30B-A3B-NVFP4, nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4, RedHatAI/Qwen3-30B-A3B-NVFP4"),
-    Family("deepseek-v3", ("DeepseekV3ForCausalLM", "KimiK2ForCausalLM"), "hf-mlp", "hf-mlp", False, _NOT_PROVEN,
-           "nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-V3-0324-FP4, Kimi-K2 NVFP4"),
-    Family("glm4-moe", ("Glm4MoeForCausalLM",), "hf-mlp", "hf-mlp", True, "",
-           "GLM-4.5 / 4.6 / 4.7 NVFP4 (MTP layer in mtp.safetensors)",
+    Family("gpt-oss", ("GptOssForCausalLM",), "gpt-oss", "hf-mlp", examples="openai/gpt-oss-20b, -120b"),
+    Family("qwen3-moe", ("Qwen3MoeForCausalLM",), "hf-mlp", "hf-mlp",
+           examples="nvidia/Qwen3-30B-A3B-NVFP4, nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4, "
+                    "RedHatAI/Qwen3-30B-A3B-NVFP4"),
+    # Kimi-K2 ships architectures [DeepseekV3ForCausalLM] with model_type kimi_k2 (vLLM 0.33
+    # transformers_utils/config.py kimi_k2 -> DeepseekV3Config; SGLang 0.5.23 _KimiK2ConfigAlias)
+    Family("deepseek-v3", ("DeepseekV3ForCausalLM",), "hf-mlp", "hf-mlp",
+           examples="nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-V3-0324-FP4, Kimi-K2 NVFP4"),
+    # DeepSeek-V3.2: V3's names plus the sparse-attention indexer (vLLM 0.33 deepseek_v2.py DeepseekV32ForCausalLM)
+    Family("deepseek-v32", ("DeepseekV32ForCausalLM",), "hf-mlp", "hf-mlp", examples="DeepSeek-V3.2 NVFP4"),
+    Family("glm4-moe", ("Glm4MoeForCausalLM",), "hf-mlp", "hf-mlp",
+           examples="GLM-4.5 / 4.6 / 4.7 NVFP4 (MTP layer in mtp.safetensors)",
            # GLM-4.6 / 4.7 FP4 releases keep the MTP layer in mtp.safetensors, outside the index; SGLang 0.5.23
            # adds it for Glm4MoeForCausalLM with num_nextn_predict_layers > 0 (model_loader/weight_utils.py
            # maybe_add_mtp_safetensors, citing baseten-admin/glm-4.7-fp4)
-           {"mtp.safetensors": "GLM's MTP layer (SGLang loads it for speculative decoding)"}),
+           outside_index={"mtp.safetensors": "GLM's MTP layer (SGLang loads it for speculative decoding)"}),
     Family("qwen3.5-moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), "hf-language-model",
-           "hf-language-model", False, _NOT_PROVEN, "nvidia/Qwen3.6-35B-A3B-NVFP4, RedHatAI Qwen3.5 NVFP4"),
-    Family("gemma4-moe", ("Gemma4ForConditionalGeneration",), "gemma4", "gemma4", False,
-           _NOT_PROVEN, "Gemma-4 MoE NVFP4"),
-    Family("minimax-m2", ("MiniMaxM2ForCausalLM",), "block-sparse-moe", "block-sparse-moe", False, _NOT_PROVEN,
-           "MiniMax-M2.x NVFP4"),
-    Family("mixtral", ("MixtralForCausalLM",), "block-sparse-moe", "block-sparse-moe", False, _NOT_PROVEN,
-           "Mixtral-style NVFP4"),
-    Family("llama4", ("Llama4ForConditionalGeneration",), "llama4-stacked", "llama4", False, _NOT_PROVEN,
-           "nvidia/Llama-4-Scout-17B-16E-Instruct-FP4"),
+           "hf-language-model", examples="nvidia/Qwen3.6-35B-A3B-NVFP4, RedHatAI Qwen3.5 NVFP4"),
+    Family("gemma4-moe", ("Gemma4ForConditionalGeneration",), "gemma4", "gemma4", examples="Gemma-4 MoE NVFP4"),
+    Family("minimax-m2", ("MiniMaxM2ForCausalLM",), "block-sparse-moe", "block-sparse-moe",
+           examples="MiniMax-M2.x NVFP4"),
+    Family("mixtral", ("MixtralForCausalLM",), "block-sparse-moe", "block-sparse-moe", examples="Mixtral-style NVFP4"),
+    Family("llama4", ("Llama4ForConditionalGeneration",), "llama4-stacked", "llama4",
+           examples="nvidia/Llama-4-Scout-17B-16E-Instruct-FP4"),
 )
 _FAMILY_BY_NAME = {f.name: f for f in FAMILIES}
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from dsv4_convert.core.converted_config import read_tp_layout
 from dsv4_convert.core.engines import DEFAULT_ENGINE, ENGINES, QUANT_METHOD, launch_command, registration_log_line
+from dsv4_convert.core.served import checkpoint_refusal
 from dsv4_convert.core.structure import model_dims
 from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
@@ -54,6 +55,8 @@ class ModelShape:
     converted: bool
     converted_for: str | None = None  # target engine of a converted checkpoint
     converted_layout: tuple[int, int] | None = None  # (TP, EP) of a --tp/--ep conversion (tp_layout)
+    # engine -> why its plugin is not proven to serve this model once converted (core/served.py), None: served
+    not_served: dict = field(default_factory=dict)
 
 
 def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
@@ -90,7 +93,9 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       expert_bytes=expert_bytes, other_bytes=total - expert_bytes,
                       largest_layer_expert_bytes=max(per_layer.values(), default=0),
                       converted=ckpt.format is SourceFormat.MARLIN, converted_for=qc.get("target_engine"),
-                      converted_layout=layout)
+                      converted_layout=layout,
+                      not_served={e: checkpoint_refusal(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e)
+                                  for e in ENGINES})
 
 
 @dataclass
@@ -250,6 +255,10 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
         f"vLLM may use this share; it profiles activations and CUDA graphs inside it, leaving "
         f"{RUNTIME_GIB:g} GiB for the CUDA context outside"))
     reasoning.append(f"MoE backend {backend}: {why}")
+    if shape.not_served.get(engine):
+        reasoning.append(f"NOT SERVED: the dsv4-convert plugin for {engine} is not proven to load this model "
+                         f"{'as converted' if shape.converted else 'once converted'}: {shape.not_served[engine]} "
+                         "(the converter refuses it: convert.unservable_family; serve the source unconverted)")
     if shape.converted and shape.converted_for and shape.converted_for != engine:
         reasoning.append(f"WARNING: this checkpoint was converted for {shape.converted_for}, not {engine}; "
                          "re-convert it or plan for the other engine")

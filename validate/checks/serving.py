@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
 from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.core.inner_methods import FP4_METHODS, engine_inner_method
+from dsv4_convert.core.served import refusal
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
 from dsv4_convert.validate.inputs import CheckpointInput, Options
@@ -58,20 +59,17 @@ def stale_quant_block(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
                       "so FP4 layers would be built as FP8 (or the reverse).", file="config.json")
 
 
-def _proven(engine) -> str:
-    return ", ".join(sorted(f"{m} ({t or 'any model'})" for m, t in engine.inner_methods))
-
-
 def _quantised_linears(c: CheckpointInput) -> list[str]:
     return [t.name for t in c.checkpoint.passthrough
             if t.name.endswith(".weight") and len(t.shape) == 2 and t.dtype in _QUANTISED]
 
 
 @check(id="marlin.serving_methods", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
-       hint="convert from a source whose quantisation block the engine resolves (run `dsv4-convert doctor` on "
-            "the launch machine to ask the installed engine itself), or fix the source's block and convert again")
+       hint="serve the source unconverted, or convert a source the README's support matrix lists as served (run "
+            "`dsv4-convert doctor` on the launch machine to ask the installed engine itself); a wrong block in the "
+            "source: fix it and convert again")
 def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
-    """The plugin serves the routed experts and hands every other layer to the method the engine builds from the source's own block; that method must exist in the engine, be one the plugin was proven with, and match the layers' tensors."""
+    """The plugin serves the routed experts and hands every other layer to the method the engine builds from the source's own block; the family, source format and that method must be proven for the engine (core/served.py), and the method must match the layers' tensors."""
     if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
         return
     try:
@@ -81,6 +79,10 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
     engine = ENGINES[spec.target_engine]
     block = serving_block(spec)
     method = engine_inner_method(engine.name, block, spec.source_model_type)
+    why = refusal(c.config, spec.source_format or "unknown", engine.name, block)
+    if why is not None:
+        yield Finding("config.json", f"the {engine.name} plugin is not proven to serve this checkpoint: {why} "
+                      "(core/served.py; `dsv4-convert nvfp4-to-marlin` refuses the same source).", file="config.json")
     quantised = _quantised_linears(c)
     if method is None:
         if quantised:
@@ -89,10 +91,6 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
                           "but the source recorded no quantisation block: the engine would build 16-bit layers "
                           "for them.", count=len(quantised))
         return
-    if not engine.serves_inner(method, spec.source_model_type):
-        yield Finding("config.json", f"{engine.name} resolves the source's block ({spec.source_model_type}) to "
-                      f"{method!r}; the plugin hands non-expert layers only to {_proven(engine)} (each proven "
-                      f"with {engine.name}'s code), so this checkpoint is not known to load.", file="config.json")
     fp4 = [n for n in quantised if next(t for t in c.checkpoint.passthrough if t.name == n).dtype == "U8"]
     if fp4 and method not in FP4_METHODS:
         yield Finding(fp4[0], f"{len(fp4)} non-expert linear weights are packed FP4, but {engine.name} builds "

@@ -2,7 +2,7 @@
 keeps block FP8 beside an NVFP4 hf_quant_config.json) on the source and on its conversion, and the
 pre-flight of the method the target engine builds for the non-expert layers.
 
-Checkpoints: `dsv4_convert.synth` nvfp4-modelopt-hf with one config edit each, converted by the real CLI
+Checkpoints: `dsv4_convert.synth` Qwen3-MoE nvfp4-modelopt-hf (a family the plugins serve) with one config edit each, converted by the real CLI
 in a subprocess. No substitutions.
 """
 
@@ -31,14 +31,14 @@ def _edit_config(root: Path, edit) -> None:
 def stale(tmp_path_factory):
     """(source, its vLLM conversion): config.json keeps the block-FP8 block of the model before export."""
     tmp = tmp_path_factory.mktemp("stale")
-    src, _ = synth(tmp / "src", format="nvfp4-modelopt-hf")
+    src, _ = synth(tmp / "src", format="nvfp4-modelopt-hf", family="qwen3-moe")
     _edit_config(src, lambda c: c.update(quantization_config=dict(BLOCK_FP8)))
     run_cli("nvfp4-to-marlin", src, tmp / "out", "--target", "vllm", "-q")
     return src, tmp / "out"
 
 
 def test_clean_source_and_conversion_pass(tmp_path):
-    src, _ = synth(tmp_path / "src", format="nvfp4-modelopt-hf")
+    src, _ = synth(tmp_path / "src", format="nvfp4-modelopt-hf", family="qwen3-moe")
     run_cli("nvfp4-to-marlin", src, tmp_path / "out", "--target", "sglang", "-q")
     for root in (src, tmp_path / "out"):
         cin = on_disk(root)
@@ -56,13 +56,13 @@ def test_stale_block_reported_on_the_source_and_on_the_output(stale):
 def test_pre_flight_refuses_the_method_the_stale_block_resolves_to(stale):
     (f,) = run(s.inner_method_resolves, on_disk(stale[1]))
     assert s.inner_method_resolves.severity_of(f) is Severity.ERROR
-    assert "vllm resolves the source's block (deepseek_v3) to 'fp8'" in f.message
+    assert "vllm builds 'fp8' for the non-expert layers of this qwen3-moe nvfp4-modelopt-hf source" in f.message
 
 
 def test_no_block_in_config_json_resolves_from_hf_quant_config(tmp_path):
     """The first nvidia/DeepSeek-R1-FP4 export: only hf_quant_config.json. The output records it, and the
-    pre-flight finds the engine's method from it (modelopt_fp4) instead of none."""
-    src, _ = synth(tmp_path / "src", format="nvfp4-modelopt-hf")
+    pre-flight finds the engine's method from it (modelopt_fp4, proven for Qwen3-MoE) instead of none."""
+    src, _ = synth(tmp_path / "src", format="nvfp4-modelopt-hf", family="qwen3-moe")
     _edit_config(src, lambda c: c.pop("quantization_config"))
     run_cli("nvfp4-to-marlin", src, tmp_path / "out", "--target", "vllm", "-q")
     qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]

@@ -1,0 +1,134 @@
+"""The served table (core/served.py): every entry names a proof that exists, every proof case has its entry,
+the README's matrix is the table, and the one verdict (`refusal`) is what the converter's gate, validate and
+plan give: nothing is served because its architecture is unknown, nothing proven is refused.
+
+Whether each proof passes is checked where the engines run: serving_tests/conftest.py fails an engine's run
+when a proof of an entry for that engine release is collected and does not pass. No substitutions.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from dsv4_convert.core.naming import FAMILIES
+from dsv4_convert.core.served import (
+    ENGINE_VERSIONS,
+    MATRIX_BEGIN,
+    MATRIX_END,
+    SERVED,
+    engine_key,
+    entries,
+    matrix_markdown,
+    refusal,
+)
+from dsv4_convert.core.tensor_model import SourceFormat
+
+ROOT = Path(__file__).resolve().parents[2]
+NVFP4_BLOCK = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
+MIXED_BLOCK = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+               "quantized_layers": {"model.layers.0.mlp.experts.0.gate_proj": {"quant_algo": "NVFP4", "group_size": 16}}}
+
+
+def _module(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
+def _functions(tree: ast.Module) -> set[str]:
+    return {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+
+
+def _cases() -> set[tuple[str, str]]:
+    """serving_tests/families.py CASES: the (family, format) pairs the whole-model proofs load."""
+    for node in _module(ROOT / "serving_tests/families.py").body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CASES" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError("serving_tests/families.py has no CASES")
+
+
+def test_every_entry_names_a_proof_that_exists():
+    case_ids = {f"{fam}-{fmt}" for fam, fmt in _cases()}
+    for s in SERVED:
+        assert s.proofs, s
+        for proof in s.proofs:
+            file, _, test = proof.partition("::")
+            name, _, param = test.partition("[")
+            path = ROOT / file
+            assert path.is_file(), proof
+            assert name in _functions(_module(path)), proof
+            param = param.rstrip("]")
+            # a case id is written in the test file, or built from families.py CASES (test_families.py)
+            assert not param or f'"{param}"' in path.read_text() or param in case_ids, proof
+
+
+def test_every_proof_case_has_its_entry_on_every_release():
+    for fam, fmt in _cases():
+        for key in ENGINE_VERSIONS:
+            assert entries(fam, fmt, key), f"serving_tests/families.py proves {fam} {fmt}; no entry for {key}"
+
+
+def test_entries_name_known_families_formats_and_releases_once():
+    families = {f.name for f in FAMILIES}
+    formats = {f.value for f in SourceFormat} - {"marlin"}
+    assert all(s.family in families and s.source_format in formats and s.engine in ENGINE_VERSIONS
+               for s in SERVED), [s for s in SERVED if s.engine not in ENGINE_VERSIONS]
+    keys = [(s.family, s.source_format, s.engine) for s in SERVED]
+    assert len(keys) == len(set(keys))
+    assert all(s.methods for s in SERVED)
+
+
+def test_readme_matrix_is_the_table():
+    readme = (ROOT / "README.md").read_text()
+    assert MATRIX_BEGIN in readme and MATRIX_END in readme
+    block = readme[readme.index(MATRIX_BEGIN):readme.index(MATRIX_END) + len(MATRIX_END)]
+    assert block == matrix_markdown(), (
+        "README.md's support matrix differs from core/served.py; paste the output of `python -c 'from "
+        "dsv4_convert.core.served import matrix_markdown; print(matrix_markdown())'`")
+
+
+def test_an_architecture_in_no_family_is_not_served():
+    config = {"architectures": ["SomethingNewForCausalLM"], "model_type": "x", "quantization_config": NVFP4_BLOCK}
+    for engine in ("sglang", "vllm"):
+        why = refusal(config, "nvfp4-modelopt-hf", engine, NVFP4_BLOCK)
+        assert why and "'SomethingNewForCausalLM'" in why and "no model family" in why, why
+
+
+@pytest.mark.parametrize("arch", ["DeepseekV32ForCausalLM", "Qwen3NextForCausalLM", "DeepseekV3ForCausalLM"])
+def test_served_exactly_where_an_entry_proves_it(arch):
+    """DeepSeek-V3.2 and Qwen3-Next converted with exit 0 and no proof: the verdict is the table's, whatever the
+    architecture string."""
+    from dsv4_convert.core.naming import family_of
+
+    config = {"architectures": [arch], "model_type": "x"}
+    family = family_of(config)
+    for engine in ("sglang", "vllm"):
+        proven = family is not None and any("modelopt_fp4" in s.methods
+                                            for s in entries(family.name, "nvfp4-modelopt-hf", engine))
+        assert (refusal(config, "nvfp4-modelopt-hf", engine, NVFP4_BLOCK) is None) == proven
+
+
+def test_every_entry_is_served_and_the_same_family_in_another_method_is_not():
+    for s in SERVED:
+        family = next(f for f in FAMILIES if f.name == s.family)
+        config = {"architectures": [family.architectures[0]]}
+        # the block is not consulted when `method` is given: each proven method is served on its release
+        for method in s.methods:
+            assert refusal(config, s.source_format, s.engine, None, method=method) is None, s
+        assert refusal(config, s.source_format, s.engine, None, method="not_a_method"), s
+
+
+def test_qwen3_mixed_precision_is_refused_where_nvfp4_is_served():
+    config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
+    for engine in ("sglang", "vllm"):
+        assert refusal(config, "nvfp4-modelopt-hf", engine, NVFP4_BLOCK) is None
+        why = refusal(config, "nvfp4-modelopt-hf", engine, MIXED_BLOCK)
+        assert why and "'modelopt_mixed'" in why and "modelopt_fp4" in why, why
+
+
+def test_an_installed_version_maps_to_its_release():
+    assert engine_key("vllm", "0.33.0") == "vllm 0.33" and engine_key("sglang", "0.5.23") == "sglang 0.5.23"
+    unknown = engine_key("vllm", "0.99.1")
+    config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
+    assert "no serving test" in refusal(config, "nvfp4-modelopt-hf", unknown, NVFP4_BLOCK)
