@@ -30,7 +30,22 @@ class MarlinFp4ConfigMixin:
         self.spec = spec
         self.inner = inner  # the engine's own config for every non-expert layer, or None
         self.inner_method = inner_method  # the name the engine resolved the source's block to
-        self.packed_modules_mapping = getattr(inner, "packed_modules_mapping", None) or {}
+
+    # The engine hands the model's fused-module map (`in_proj_qkvz` = in_proj_qkv + in_proj_z, ...) to the config
+    # it built: by assignment (vLLM's configure_quant_config, SGLang) or by updating the dict in place (vLLM's
+    # SupportsQuant). The inner config decides the non-expert layers, so both forms must reach its own dict.
+    @property
+    def packed_modules_mapping(self) -> dict:
+        inner = self.__dict__.get("inner")
+        return self.__dict__.setdefault("_packed", {}) if inner is None else inner.packed_modules_mapping
+
+    @packed_modules_mapping.setter
+    def packed_modules_mapping(self, value: dict) -> None:
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            self.__dict__["_packed"] = value
+        else:
+            inner.packed_modules_mapping = value
 
     def get_name(self) -> str:
         return QUANT_METHOD
