@@ -33,7 +33,10 @@ The facts per family, and where they come from:
   `feed_forward.shared_expert`, and ModelOpt's stacked experts `feed_forward.experts.{gate_up_proj,down_proj}`
   K-major with `_weight_scale`, `_weight_scale_2`, `_input_scale` (vLLM 0.33 llama4.py load_moe_expert_weights,
   mllama4.py _rename_weight_for_modelopt_checkpoint; nvidia/Llama-4-Scout-17B-16E-Instruct-FP4). One global and
-  one input scale per stack is this generator's assumption (not confirmed from a public tensor list).
+  one input scale per stack is this generator's assumption (not confirmed from a public tensor list). The replica
+  has Maverick's layout, experts on every other layer (`interleave_moe_layer_step: 2`, a dense NVFP4
+  `feed_forward.{gate,up,down}_proj` of `intermediate_size_mlp` between: vLLM 0.33 llama4.py is_moe_layer;
+  Scout has step 1); the dense layers' NVFP4 quantisation is this generator's assumption.
 Sizes, values and the tokenizer are synthetic; the generator never copies real weights.
 """
 
@@ -64,6 +67,7 @@ class FamilySpec:
     moe: str                       # the MoE block's module name: mlp, block_sparse_moe
     shared: str | None = None      # shared expert module: shared_experts, shared_expert
     dense_layers: int = 0          # first layers with a dense MLP instead of experts
+    moe_every: int = 1             # experts on every n-th layer, dense MLPs between (Llama-4 Maverick: 2)
     mixed: bool = False            # ModelOpt MIXED_PRECISION: FP8 attention, NVFP4 experts
     mtp: str | None = None         # "file": GLM's mtp.safetensors; "unquantised": Qwen3.5's BF16 mtp.*
     hf_quant_only: bool = False    # ModelOpt deleted quantization_config from config.json (DeepSeek-R1 FP4)
@@ -71,8 +75,8 @@ class FamilySpec:
     router: str = "gate"           # the router's module name under the MoE block
     lm_head: str = "lm_head.weight"
     stacked: bool = False          # all experts of a layer in K-major stacks (Llama-4 by ModelOpt)
+    shared_gate: bool = False      # a sigmoid gate over the shared expert, `shared_expert_gate` (Qwen)
     linear: str | None = None      # hybrid linear attention: "split" (Qwen3.5) or "fused" (Qwen3-Next) in_proj
-    mtp_key: str = "mtp_num_hidden_layers"  # config key of the mtp.* block's layer count
     config: dict = field(default_factory=dict)
 
     @property
@@ -88,15 +92,20 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.family: s for s in (
     FamilySpec("glm4-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "glm4_moe", "mlp", shared="shared_experts",
                dense_layers=1, mtp="file", config={"n_shared_experts": 1, "num_nextn_predict_layers": 1}),
     FamilySpec("qwen3.5-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_5_moe", "mlp", shared="shared_expert",
-               mixed=True, mtp="unquantised", nested=True, linear="split", config={"mtp_num_hidden_layers": 1}),
+               mixed=True, mtp="unquantised", nested=True, linear="split", shared_gate=True,
+               # Qwen3.5's interleaved M-RoPE over a quarter of the head (mrope_section [11, 11, 10] of head_dim 256 in
+               # the releases; scaled to this head_dim's 16 rotary dims)
+               config={"mtp_num_hidden_layers": 1, "rope_parameters": {
+                   "rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                   "mrope_section": [3, 3, 2], "mrope_interleaved": True}}),
     FamilySpec("qwen3-next", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_next", "mlp", shared="shared_expert",
-               mtp="unquantised", linear="fused", mtp_key="num_nextn_predict_layers",
+               mtp="unquantised", linear="fused", shared_gate=True,
                config={"num_nextn_predict_layers": 1, "norm_topk_prob": True, "decoder_sparse_step": 1}),
     FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe"),
     FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
                router="router", lm_head="language_model.lm_head.weight", stacked=True,
-               config={"interleave_moe_layer_step": 1}),
+               moe_every=2, config={"interleave_moe_layer_step": 2}),
 )}
 
 
@@ -156,8 +165,8 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
                              ("o_proj", (h, hd))):
             _linear(out, seed, f"{p}.self_attn.{proj}", n, k, attn, dtype)
     out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
-    if layer < spec.dense_layers:
-        _mlp(out, seed, f"{p}.mlp", h, 2 * d.intermediate, quant, dtype)
+    if layer < spec.dense_layers or (layer + 1) % spec.moe_every:
+        _mlp(out, seed, f"{p}.{spec.moe}", h, 2 * d.intermediate, quant, dtype)
         return
     moe = f"{p}.{spec.moe}"
     out[f"{moe}.{spec.router}.weight"] = dense(seed, f"{moe}.{spec.router}", (d.experts, h), dtype=dtype)
@@ -165,7 +174,7 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
         out[f"{moe}.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
     if spec.shared is not None:
         _mlp(out, seed, f"{moe}.{spec.shared}", h, d.intermediate, _shared_kind(spec, fmt), dtype)
-        if spec.shared == "shared_expert":
+        if spec.shared_gate:
             out[f"{moe}.shared_expert_gate.weight"] = dense(seed, f"{moe}.shared_expert_gate", (1, h), dtype=dtype)
     if spec.stacked:
         out.update(_k_major_stacks(seed, f"{moe}.experts", str(layer), d, dtype))
@@ -272,8 +281,10 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
     lp = spec.prefix
     exclude = [spec.lm_head.removesuffix(".weight"), f"{lp}.*.{spec.moe}.{spec.router}",
                "mtp*" if spec.mtp == "unquantised" else None,
-               f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.shared == "shared_expert" else None]
+               f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.shared_gate else None]
     exclude = [e for e in exclude if e]
+    if spec.stacked:  # Llama-4's vision tower and projector stay BF16 (an assumption: not from a public list)
+        exclude += ["vision_model*", "multi_modal_projector*"]
     if not spec.mixed:
         exclude += [f"{lp}.*.self_attn*"] + ([f"{lp}.*.linear_attn*"] if spec.linear else [])
         hfq = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": exclude}
@@ -308,9 +319,10 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
             qc["ignore"] = [i for i in qc["ignore"] if "self_attn" not in i and "shared_experts" not in i]
         elif spec.shared:
             qc["ignore"] += [f"re:.*{spec.shared}\\..*"]
-        qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.shared == "shared_expert" else []
+        qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.shared_gate else []
         qc["ignore"] += ["re:.*linear_attn.*"] if spec.linear else []
         qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
+        qc["ignore"] += ["re:.*visual.*"] if spec.nested else []  # the vision tower (llm-compressor PR #2740)
     else:
         qc, hfq = _modelopt(spec, d)
         if qc is not None:
