@@ -10,7 +10,8 @@ from dsv4_convert.core.converted_config import ConvertedQuantConfig
 from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.tensor_model import SourceFormat
 
-__all__ = ["TORCH_DTYPES", "MarlinFp4ConfigMixin", "drop_kept_globals", "register_kept_globals"]
+__all__ = ["TORCH_DTYPES", "MarlinFp4ConfigMixin", "drop_kept_globals", "keep_globals_as_engine",
+           "register_kept_globals"]
 
 TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -31,21 +32,26 @@ class MarlinFp4ConfigMixin:
         self.inner = inner  # the engine's own config for every non-expert layer, or None
         self.inner_method = inner_method  # the name the engine resolved the source's block to
 
-    # The engine hands the model's fused-module map (`in_proj_qkvz` = in_proj_qkv + in_proj_z, ...) to the config
-    # it built: by assignment (vLLM's configure_quant_config, SGLang) or by updating the dict in place (vLLM's
-    # SupportsQuant). The inner config decides the non-expert layers, so both forms must reach its own dict.
+    # The engine hands the model's fused-module mapping (`qkv_proj` -> q/k/v_proj) to the config it built:
+    # vLLM assigns it (configure_quant_config) or updates it in place (SupportsQuant), SGLang passes it to
+    # from_config. The inner config matches its per-layer excludes through it, so it is the inner's own
+    # dict that this name reads and writes (a copy taken at construction stays empty).
     @property
     def packed_modules_mapping(self) -> dict:
-        inner = self.__dict__.get("inner")
-        return self.__dict__.setdefault("_packed", {}) if inner is None else inner.packed_modules_mapping
+        inner = getattr(self, "inner", None)
+        if inner is None:
+            return self.__dict__.setdefault("_packed_modules_mapping", {})
+        if getattr(inner, "packed_modules_mapping", None) is None:
+            inner.packed_modules_mapping = {}
+        return inner.packed_modules_mapping
 
     @packed_modules_mapping.setter
-    def packed_modules_mapping(self, value: dict) -> None:
-        inner = self.__dict__.get("inner")
+    def packed_modules_mapping(self, mapping: dict) -> None:
+        inner = getattr(self, "inner", None)
         if inner is None:
-            self.__dict__["_packed"] = value
+            self.__dict__["_packed_modules_mapping"] = mapping
         else:
-            inner.packed_modules_mapping = value
+            inner.packed_modules_mapping = mapping
 
     def get_name(self) -> str:
         return QUANT_METHOD
@@ -67,13 +73,25 @@ def register_kept_globals(layer, register, spec: ConvertedQuantConfig, experts: 
     if spec.source_format != SourceFormat.NVFP4_CT.value:
         return
     for name in _CT_KEPT:
-        register(layer, f"w13_{name}", torch.zeros(experts, 2), attrs, loader)
-        register(layer, f"w2_{name}", torch.zeros(experts), attrs, loader)
+        # fp32, as the engines' compressed-tensors methods create them (a model builds under its bf16 default)
+        register(layer, f"w13_{name}", torch.zeros(experts, 2, dtype=torch.float32), attrs, loader)
+        register(layer, f"w2_{name}", torch.zeros(experts, dtype=torch.float32), attrs, loader)
 
 
 def drop_kept_globals(layer) -> None:
-    """After loading: the kernel never reads them, so they hold no memory while serving."""
+    """After loading, where the engine's own method keeps none of them: no memory while serving."""
     for name in _CT_KEPT:
         for stack in ("w13", "w2"):
             if hasattr(layer, f"{stack}_{name}"):
                 delattr(layer, f"{stack}_{name}")
+
+
+def keep_globals_as_engine(layer) -> None:
+    """After loading, where the engine's own compressed-tensors method keeps the source's globals as
+    parameters (vLLM: `w13_weight_global_scale` [E, 2] and `w13_input_global_scale`, fp32, as loaded):
+    the same parameters under the same names (the kernel reads neither)."""
+    for stack in ("w13", "w2"):
+        kept = getattr(layer, f"{stack}_ct_weight_global_scale", None)
+        if kept is not None:
+            delattr(layer, f"{stack}_ct_weight_global_scale")
+            layer.register_parameter(f"{stack}_weight_global_scale", kept)

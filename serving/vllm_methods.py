@@ -36,7 +36,7 @@ from dsv4_convert.serving.config import (
     rank_param_sizes,
 )
 from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader, w4a8_w13_final
-from dsv4_convert.serving.plugin_config import TORCH_DTYPES, drop_kept_globals, register_kept_globals
+from dsv4_convert.serving.plugin_config import TORCH_DTYPES, keep_globals_as_engine, register_kept_globals
 
 __all__ = ["PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "rank_rescale"]
 
@@ -197,13 +197,16 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
         self.padding_scale_bytes = {"w13": e * 2 * pad * (h // 16), "w2": e * h * (pad // 16)}
         loader, attrs = _create_marlin_params(layer, "nvfp4", e, h, i, dict(extra_weight_attrs))
         t = {**attrs, "quant_method": _TENSOR}
-        _register(layer, "w13_weight_global_scale", torch.zeros(e, 2), t, loader)  # processed, F32
-        _register(layer, "w2_weight_global_scale", torch.zeros(e), t, loader)
-        _register(layer, "w13_weight_scale_2", torch.zeros(e, 2), t, loader)  # the original ModelOpt globals
-        _register(layer, "w2_weight_scale_2", torch.zeros(e), t, loader)
+        # every global and input scale in fp32, as ModelOptNvFp4FusedMoE creates them: vLLM builds the
+        # model under its dtype, so a tensor created without one would be bf16 and round the globals
+        f32 = torch.float32
+        _register(layer, "w13_weight_global_scale", torch.zeros(e, 2, dtype=f32), t, loader)  # processed
+        _register(layer, "w2_weight_global_scale", torch.zeros(e, dtype=f32), t, loader)
+        _register(layer, "w13_weight_scale_2", torch.zeros(e, 2, dtype=f32), t, loader)  # ModelOpt's globals
+        _register(layer, "w2_weight_scale_2", torch.zeros(e, dtype=f32), t, loader)
         n_in = global_experts if self.use_global_sf else e
-        _register(layer, "w13_input_scale", torch.ones(n_in, 2), t, loader)
-        _register(layer, "w2_input_scale", torch.ones(n_in), t, loader)
+        _register(layer, "w13_input_scale", torch.ones(n_in, 2, dtype=f32), t, loader)
+        _register(layer, "w2_input_scale", torch.ones(n_in, dtype=f32), t, loader)
         register_kept_globals(layer, _register, self.spec, e, t, loader)
 
     def process_weights_after_loading(self, layer) -> None:
@@ -236,5 +239,7 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
                     )
             replace_parameter(layer, f"{stack}_weight_scale_2", processed.float().contiguous())
             delattr(layer, gname)
-        drop_kept_globals(layer)
+            # vLLM's Marlin path reads no input scale and sets both to None (convert_to_nvfp4_moe_kernel_format)
+            replace_parameter(layer, f"{stack}_input_scale", None)
+        keep_globals_as_engine(layer)  # compressed-tensors: vLLM's own method keeps the source's globals
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors

@@ -1,0 +1,91 @@
+"""The cases of the differential proof (serving_tests/test_differential.py): one entry per (family, source
+format), engine-free. Each case's source checkpoint is `dsv4-convert synth --family F --format FMT` (real
+tensor names and configs at shrunk sizes, synth/families.py), optionally edited by a named `edit` (a
+release's quantisation-config pattern the generator does not write itself), and its conversion is the
+real CLI (`nvfp4-to-marlin` / `mxfp4-to-marlin --target ENGINE --act-dtype DTYPE`).
+
+Adding a family: append a `Case` to CASES (and, if its source needs a pattern synth does not write, an
+edit function to EDITS). The engine harnesses (serving_tests/{vllm,sglang}/harness_differential.py)
+build both models with the engine's own construction from each checkpoint's config.json; a family whose
+model needs an engine step a CPU cannot run gets that step substituted there, listed in the test file.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from synth import converter_cli
+
+__all__ = ["CASES", "EDITS", "Case", "make_case"]
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str                 # synth --family (core/naming.py)
+    fmt: str                    # synth --format: the source's on-disk format
+    edit: str | None = None     # a name in EDITS: rewrites the synth source before conversion
+    dtypes: tuple[str, ...] = ("bfloat16",)  # model dtypes to build under (each converted for that act dtype)
+    engines: tuple[str, ...] = ("vllm", "sglang")
+
+    @property
+    def id(self) -> str:
+        return f"{self.family}-{self.fmt}" + (f"-{self.edit}" if self.edit else "")
+
+
+def _per_layer_attention_excludes(src: Path) -> None:
+    """nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4: BF16 attention listed per layer and projection
+    (`model.layers.N.self_attn.q_proj`, ...; sgl-project/sglang#18189 quotes the list) instead of the
+    30B release's `model.layers.*.self_attn*` wildcard. The engines fuse q/k/v into `qkv_proj`, so only
+    the packed-modules mapping can match these entries. Same tensors; only the two configs change."""
+    config = json.loads((src / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    per_layer = [f"model.layers.{i}.self_attn.{p}_proj" for i in range(layers) for p in ("q", "k", "v", "o")]
+
+    def rewrite(names: list[str]) -> list[str]:
+        assert "model.layers.*.self_attn*" in names, names  # the synth pattern this edit replaces
+        return [n for n in names if n != "model.layers.*.self_attn*"] + per_layer
+
+    qc = config["quantization_config"]
+    qc["ignore"] = rewrite(qc["ignore"])
+    (src / "config.json").write_text(json.dumps(config, indent=2))
+    hfq_path = src / "hf_quant_config.json"
+    hfq = json.loads(hfq_path.read_text())
+    hfq["quantization"]["exclude_modules"] = rewrite(hfq["quantization"]["exclude_modules"])
+    hfq_path.write_text(json.dumps(hfq, indent=2))
+
+
+EDITS = {"2507": _per_layer_attention_excludes}
+
+CASES = (
+    Case("deepseek-v4", "nvfp4-modelopt-dsv4"),
+    Case("deepseek-v4", "mxfp4-dsv4"),
+    Case("gpt-oss", "mxfp4-gptoss"),
+    Case("qwen3-moe", "nvfp4-modelopt-hf", dtypes=("bfloat16", "float16")),
+    Case("qwen3-moe", "nvfp4-ct"),
+    Case("qwen3-moe", "nvfp4-modelopt-hf", edit="2507"),
+    Case("glm4-moe", "nvfp4-modelopt-hf"),
+    Case("glm4-moe", "nvfp4-ct"),
+)
+
+
+def _run(*args) -> None:
+    proc = subprocess.run([*converter_cli(), *map(str, args)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
+
+
+def make_case(tmp, case: Case, engine: str, dtype: str) -> tuple[Path, Path]:
+    """(source, its conversion for `engine` at `dtype`), each written once per session."""
+    src = Path(tmp, f"src-{case.id}")
+    out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
+    if not src.exists():
+        _run("synth", src, "--family", case.family, "--format", case.fmt, "-q")
+        if case.edit:
+            EDITS[case.edit](src)
+    if not out.exists():
+        command = "mxfp4-to-marlin" if case.fmt.startswith("mxfp4") else "nvfp4-to-marlin"
+        _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q")
+    return src, out

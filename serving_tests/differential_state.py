@@ -1,0 +1,39 @@
+"""What the differential proof compares, engine-free: a built model's whole state (every parameter and
+buffer, by name), and the difference between the engine's and the plugin's (serving_tests/test_differential.py)."""
+
+from __future__ import annotations
+
+import torch
+from common import byte_diff
+
+__all__ = ["model_state", "run_diff_cases", "state_diff"]
+
+
+def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter and buffer by its full name (vLLM and SGLang hold no other tensor a kernel reads
+    that a checkpoint fills; workspaces are allocated, not loaded)."""
+    state = {name: p.data for name, p in model.named_parameters(remove_duplicate=False)}
+    state.update({name: b for name, b in model.named_buffers(remove_duplicate=False) if b is not None})
+    return state
+
+
+def state_diff(engine: dict[str, torch.Tensor], plugin: dict[str, torch.Tensor]) -> dict:
+    """{"only_engine", "only_plugin": names one model has and the other lacks, "differ": {name: what
+    differs (dtype, shape or the first differing byte)}, "compared": how many names both hold}."""
+    both = sorted(set(engine) & set(plugin))
+    differ = {n: d for n in both if (d := byte_diff(plugin[n], engine[n])) is not None}
+    return {"only_engine": sorted(set(engine) - set(plugin)), "only_plugin": sorted(set(plugin) - set(engine)),
+            "differ": differ, "compared": len(both)}
+
+
+def run_diff_cases(cases: dict, diff) -> dict:
+    """{case id: diff(**case)}, or {"error": "<Type>: <message>"} where building or loading raised."""
+    out = {}
+    for case_id, case in cases.items():
+        try:
+            out[case_id] = diff(**case)
+        except Exception as e:  # noqa: BLE001 - reported to the test, which fails the case on it
+            import traceback
+
+            out[case_id] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+    return out

@@ -1,0 +1,72 @@
+"""The differential proof: for each case of serving_tests/differential.py (family x source format) and the
+engine of this venv (vLLM or SGLang, found by distribution), the engine builds the whole model twice with
+its own construction under the model's dtype (bf16; fp16 where the case lists it): once from the source
+checkpoint through the engine's own quantisation method, once from the plugin's conversion of it; both
+are loaded by the model's own `load_weights` and processed by `process_weights_after_loading`. Every
+parameter and buffer must then exist in both, with the same dtype, shape and bytes: the experts (weights,
+block scales, global and input scales) and every other layer.
+
+CPU substitutions (each replaces one engine step that cannot run on a CPU, with the project's byte-exact
+equivalent; nothing else is changed):
+- vLLM and SGLang: the CUDA op `gptq_marlin_repack` (the engines' own repack of the source's experts)
+  -> the project's `to_marlin_weight` (formats/marlin_weight.py), pinned to both engines' bytes by the
+  golden cases (tests/formats/test_golden.py, /work/shared/golden made by the engines on a GPU).
+- vLLM: `dispatch_cpu_unquantized_gemm` -> nothing: the CPU platform's packing of unquantised linear and
+  embedding weights for its own GEMM (on a CUDA GPU those methods keep the weights as loaded).
+- vLLM: `VLLM_TARGET_DEVICE=cpu`; the Marlin MoE experts' device check -> True (`--moe-backend marlin`,
+  the documented sm_120 launch); vLLM's own `EmulationNvFp4LinearKernel` listed for the CPU platform
+  (vLLM lists no NVFP4 linear kernel there: "Failed to find a kernel"), so NVFP4 dense / shared-expert
+  layers are created, loaded and processed by vLLM's own code; they are the same method in both models.
+- SGLang: serving_tests/sglang/harness_differential.py lists its own (the platform override, the Marlin
+  workspace, the rotary embedding's CPU branch, the GPU generation asked by compressed-tensors).
+- One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
+What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from common import installed_engine, spawn_ranks
+from differential import CASES, make_case
+
+ENGINE = installed_engine()
+if ENGINE is None:
+    pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+sys.path.insert(0, str(Path(__file__).parent / ENGINE))  # the engine's harness_differential
+
+RUNS = [(case, dtype) for case in CASES if ENGINE in case.engines for dtype in case.dtypes]
+IDS = [f"{case.id}-{dtype}" for case, dtype in RUNS]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, request):
+    """Every selected case in one spawned rank (the engine import dominates the run time)."""
+    tmp = tmp_path_factory.mktemp("differential")
+    selected = {item.callspec.params.get("case") for item in request.session.items if hasattr(item, "callspec")}
+    cases = {}
+    for (case, dtype), case_id in zip(RUNS, IDS):
+        if case_id not in selected:
+            continue
+        src, conv = make_case(tmp, case, ENGINE, dtype)
+        cases[case_id] = {"source": str(src), "converted": str(conv), "dtype": dtype}
+    t0 = time.monotonic()
+    out = spawn_ranks("harness_differential:run", {"cases": cases}, tmp, world=1)[0]
+    print(f"\n[differential] {ENGINE}: {len(cases)} cases built twice in {time.monotonic() - t0:.0f} s")
+    return out
+
+
+@pytest.mark.parametrize("case", IDS)
+def test_plugin_load_equals_the_engines_load_of_the_source(results, case):
+    r = results[case]
+    assert "error" not in r, r.get("traceback", r)
+    assert r["compared"] > 0
+    problems = [f"only the engine's model has {n}" for n in r["only_engine"]]
+    problems += [f"only the plugin's model has {n}" for n in r["only_plugin"]]
+    problems += [f"{name}: {what}" for name, what in r["differ"].items()]
+    assert not problems, "\n".join(problems)

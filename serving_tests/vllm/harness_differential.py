@@ -1,0 +1,60 @@
+"""Runs inside a spawned gloo rank for serving_tests/test_differential.py (its header lists the
+substitutions): for each case, vLLM builds the whole model twice under the model's dtype, as its model
+loader does (`initialize_model` under `set_default_torch_dtype`, the model's own `load_weights`, then
+`process_weights_after_loading` over every module): once from the source checkpoint (vLLM's own
+quantisation method for it) and once from the conversion (the plugin); every parameter and buffer of
+the two is compared by name, dtype, shape and bytes."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import torch
+from common import checkpoint_tensors
+from differential_state import model_state, run_diff_cases, state_diff
+from harness_models import _marlin_runs_here
+
+
+def _model(path: str, dtype: str):
+    from vllm.config import KernelConfig, ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True)
+    vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
+    with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype):
+        model = initialize_model(vllm_config=vllm_config)
+        model.load_weights(checkpoint_tensors(path))
+        process_weights_after_loading(model, model_config, torch.device("cpu"))
+    return model
+
+
+def _diff(*, source: str, converted: str, dtype: str) -> dict:
+    engine = model_state(_model(source, dtype))
+    plugin = model_state(_model(converted, dtype))
+    return state_diff(engine, plugin)
+
+
+def run(rank: int, world: int, *, cases: dict) -> dict:
+    """cases: id -> {"source", "converted": checkpoint paths, "dtype": the model dtype}; a case whose build or load
+    raises reports {"error"} (the test fails on it)."""
+    from harness_vllm import _reference_repack
+    from vllm import _custom_ops as ops
+    from vllm.config import ParallelConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.layers import utils as layer_utils
+    from vllm.plugins import load_general_plugins
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    load_general_plugins()
+    _marlin_runs_here()
+    ops.gptq_marlin_repack = _reference_repack
+    # the CPU platform packs unquantised weights for its own GEMM (a CUDA GPU keeps them as loaded)
+    layer_utils.dispatch_cpu_unquantized_gemm = lambda layer, remove_weight: None
+    with set_current_vllm_config(VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=world))):
+        init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
+                                     distributed_init_method="env://")
+        initialize_model_parallel(tensor_model_parallel_size=world)
+    return run_diff_cases(cases, _diff)
