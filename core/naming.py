@@ -106,6 +106,11 @@ SCHEMES: tuple[Scheme, ...] = (
     # non-fused expert_params_mapping with gate_proj / up_proj / down_proj places them).
     _per_expert("llama4", ("language_model.model.layers",), "feed_forward.experts", _HF_ROLES,
                 "vLLM 0.33 llama4.py load_weights expert_params_mapping (non-fused)"),
+    # Nemotron-H / Nemotron-3-Nano: non-gated ReLU-squared experts, no gate_proj:
+    # `backbone.layers.L.mixer.experts.E.{up_proj,down_proj}.*` (vLLM 0.33 nemotron_h.py NemotronHMoE,
+    # hf_to_vllm_mapper backbone -> model; the NVFP4 release's names as issue #27 quotes them)
+    _per_expert("nemotron-h", ("backbone.layers",), "mixer.experts", {"up_proj": Role.UP, "down_proj": Role.DOWN},
+                "vLLM 0.33 nemotron_h.py NemotronHMoE (non-gated, mlp_hidden_act relu2)"),
     # gpt-oss: `model.layers.L.mlp.experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] with gate and up rows
     # interleaved (2i = gate, 2i+1 = up), `_scales` U8 [E, 2I, H/32] (spec CHECKPOINT_FORMATS.md §6;
     # openai/gpt-oss-20b tensor list; vLLM 0.33 gpt_oss.py).
@@ -226,6 +231,8 @@ FAMILIES: tuple[Family, ...] = (
     # qwen3_next.py load_weights expert_params_mapping gate_proj/down_proj/up_proj; qwen3_next_mtp.py)
     Family("qwen3-next", ("Qwen3NextForCausalLM",), "hf-mlp", "hf-mlp",
            examples="Qwen3-Next-80B-A3B / Qwen3-Coder-Next NVFP4"),
+    Family("nemotron-h", ("NemotronHForCausalLM",), "nemotron-h", "nemotron-h",
+           examples="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4"),
     Family("gemma4-moe", ("Gemma4ForConditionalGeneration",), "gemma4", "gemma4", examples="Gemma-4 MoE NVFP4"),
     Family("minimax-m2", ("MiniMaxM2ForCausalLM",), "block-sparse-moe", "block-sparse-moe",
            examples="MiniMax-M2.x NVFP4"),

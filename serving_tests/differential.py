@@ -29,6 +29,7 @@ class Case:
     edit: str | None = None     # a name in EDITS: rewrites the synth source before conversion
     dtypes: tuple[str, ...] = ("bfloat16",)  # model dtypes to build under (each converted for that act dtype)
     engines: tuple[str, ...] = ("vllm", "sglang")
+    text_only: bool = False     # a multimodal wrapper served text-only (vLLM --language-model-only): no tower built
 
     @property
     def id(self) -> str:
@@ -68,6 +69,12 @@ CASES = (
     Case("qwen3-moe", "nvfp4-modelopt-hf", edit="2507"),
     Case("glm4-moe", "nvfp4-modelopt-hf"),
     Case("glm4-moe", "nvfp4-ct"),
+    # fam-hybrid: the multimodal wrappers' replicas carry no vision tensors, so their towers are not built
+    Case("qwen3.5-moe", "nvfp4-modelopt-hf", text_only=True),
+    Case("qwen3.5-moe", "nvfp4-ct", text_only=True),
+    Case("qwen3-next", "nvfp4-modelopt-hf"),
+    Case("qwen3-next", "nvfp4-ct"),
+    Case("llama4", "nvfp4-modelopt-hf", text_only=True),
 )
 
 

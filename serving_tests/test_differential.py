@@ -54,7 +54,7 @@ def results(tmp_path_factory, request):
         if case_id not in selected:
             continue
         src, conv = make_case(tmp, case, ENGINE, dtype)
-        cases[case_id] = {"source": str(src), "converted": str(conv), "dtype": dtype}
+        cases[case_id] = {"source": str(src), "converted": str(conv), "dtype": dtype, "text_only": case.text_only}
     t0 = time.monotonic()
     out = spawn_ranks("harness_differential:run", {"cases": cases}, tmp, world=1)[0]
     print(f"\n[differential] {ENGINE}: {len(cases)} cases built twice in {time.monotonic() - t0:.0f} s")

@@ -52,6 +52,7 @@ from dsv4_convert.synth.configs import _ct_config, _modelopt_groups
 from dsv4_convert.synth.experts import Tweaks, encode_layer_experts
 from dsv4_convert.synth.hybrid import LINEAR, gated_attention, gdn_layer, layer_types, linear_config
 from dsv4_convert.synth.layouts import Dims
+from dsv4_convert.synth.nemotron import nemotron_config, nemotron_tensors
 from dsv4_convert.synth.seeded import dense, expert_matrix
 
 __all__ = ["FAMILY_SPECS", "FamilySpec", "MTP_FILE", "family_config_files", "family_tensors"]
@@ -77,11 +78,13 @@ class FamilySpec:
     stacked: bool = False          # all experts of a layer in K-major stacks (Llama-4 by ModelOpt)
     shared_gate: bool = False      # a sigmoid gate over the shared expert, `shared_expert_gate` (Qwen)
     linear: str | None = None      # hybrid linear attention: "split" (Qwen3.5) or "fused" (Qwen3-Next) in_proj
+    bf16: tuple[str, ...] = ()     # further modules the NVFP4 export keeps BF16 (globs under the layer prefix)
+    layer_prefix: str | None = None  # the layers' prefix where the naming table has no scheme for it yet
     config: dict = field(default_factory=dict)
 
     @property
     def prefix(self) -> str:
-        return family_named(self.family).source_scheme.layer_prefixes[0]
+        return self.layer_prefix or family_named(self.family).source_scheme.layer_prefixes[0]
 
 
 FAMILY_SPECS: dict[str, FamilySpec] = {s.family: s for s in (
@@ -101,6 +104,10 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.family: s for s in (
     FamilySpec("qwen3-next", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_next", "mlp", shared="shared_expert",
                mtp="unquantised", linear="fused", shared_gate=True,
                config={"num_nextn_predict_layers": 1, "norm_topk_prob": True, "decoder_sparse_step": 1}),
+    # Nemotron-H (synth/nemotron.py): Mamba-2 / attention / MoE layers, non-gated experts
+    FamilySpec("nemotron-h", ("nvfp4-modelopt-hf",), "nemotron_h", "mixer", shared="shared_experts",
+               layer_prefix="backbone.layers",
+               bf16=tuple(f"mixer.{p}" for p in ("in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj"))),
     FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe"),
     FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
@@ -206,6 +213,8 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
                    dtype: torch.dtype = torch.bfloat16) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(indexed tensors in file order, tensors of the file outside the index: GLM's mtp.safetensors)."""
     spec = FAMILY_SPECS[family]
+    if family == "nemotron-h":
+        return nemotron_tensors(fmt, seed, d, _linear, dtype), {}
     root = spec.prefix.rsplit(".layers", 1)[0]
     out: dict[str, torch.Tensor] = {}
     out[f"{root}.embed_tokens.weight"] = dense(seed, "embed", (d.vocab, d.hidden), dtype=dtype)
@@ -285,6 +294,7 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
     exclude = [e for e in exclude if e]
     if spec.stacked:  # Llama-4's vision tower and projector stay BF16 (an assumption: not from a public list)
         exclude += ["vision_model*", "multi_modal_projector*"]
+    exclude += [f"{lp}.*.{glob}" for glob in spec.bf16]
     if not spec.mixed:
         exclude += [f"{lp}.*.self_attn*"] + ([f"{lp}.*.linear_attn*"] if spec.linear else [])
         hfq = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": exclude}
@@ -311,7 +321,7 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
 def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
     """config.json and, for ModelOpt, hf_quant_config.json of a family checkpoint."""
     spec = FAMILY_SPECS[family]
-    config = _arch_config(spec, d)
+    config = nemotron_config(d) if family == "nemotron-h" else _arch_config(spec, d)
     files = {"config.json": config}
     if fmt == "nvfp4-ct":
         config["quantization_config"] = qc = _ct_config("nvfp4")

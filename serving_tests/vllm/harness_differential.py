@@ -17,12 +17,13 @@ from differential_state import model_state, run_diff_cases, state_diff
 from harness_models import _marlin_runs_here
 
 
-def _model(path: str, dtype: str):
+def _model(path: str, dtype: str, text_only: bool = False):
     from vllm.config import KernelConfig, ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True)
+    model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
+                               language_model_only=text_only)
     vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype):
         model = initialize_model(vllm_config=vllm_config)
@@ -31,9 +32,9 @@ def _model(path: str, dtype: str):
     return model
 
 
-def _diff(*, source: str, converted: str, dtype: str) -> dict:
-    engine = model_state(_model(source, dtype))
-    plugin = model_state(_model(converted, dtype))
+def _diff(*, source: str, converted: str, dtype: str, text_only: bool = False) -> dict:
+    engine = model_state(_model(source, dtype, text_only))
+    plugin = model_state(_model(converted, dtype, text_only))
     return state_diff(engine, plugin)
 
 
