@@ -75,6 +75,7 @@ CASES = (
     Case("qwen3-next", "nvfp4-modelopt-hf"),
     Case("qwen3-next", "nvfp4-ct"),
     Case("llama4", "nvfp4-modelopt-hf", text_only=True),
+    Case("gemma4-moe", "nvfp4-modelopt-hf", text_only=True),
 )
 
 

@@ -11,6 +11,10 @@ equivalent; nothing else is changed):
 - vLLM and SGLang: the CUDA op `gptq_marlin_repack` (the engines' own repack of the source's experts)
   -> the project's `to_marlin_weight` (formats/marlin_weight.py), pinned to both engines' bytes by the
   golden cases (tests/formats/test_golden.py, /work/shared/golden made by the engines on a GPU).
+- vLLM: `ops.scaled_fp8_quant` with a static per-tensor scale (the CUDA op `static_scaled_fp8_quant`, which
+  FP8 linear processing calls to requantise a fused layer's shards to one scale: Qwen3.5's ModelOpt FP8
+  `in_proj_qkvz`, `qkv_proj`) -> vLLM's own torch path for it, `QuantFP8.forward_native`; the same FP8
+  method processes those layers in both models.
 - vLLM: `dispatch_cpu_unquantized_gemm` -> nothing: the CPU platform's packing of unquantised linear and
   embedding weights for its own GEMM (on a CUDA GPU those methods keep the weights as loaded).
 - vLLM: `VLLM_TARGET_DEVICE=cpu`; the Marlin MoE experts' device check -> True (`--moe-backend marlin`,

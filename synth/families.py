@@ -50,6 +50,7 @@ from dsv4_convert.core.naming import family_named
 from dsv4_convert.formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
 from dsv4_convert.synth.configs import _ct_config, _modelopt_groups
 from dsv4_convert.synth.experts import Tweaks, encode_layer_experts
+from dsv4_convert.synth.gemma4 import gemma4_tensors, gemma4_text_config
 from dsv4_convert.synth.hybrid import LINEAR, gated_attention, gdn_layer, layer_types, linear_config
 from dsv4_convert.synth.layouts import Dims
 from dsv4_convert.synth.nemotron import nemotron_config, nemotron_tensors
@@ -108,6 +109,8 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.family: s for s in (
     FamilySpec("nemotron-h", ("nvfp4-modelopt-hf",), "nemotron_h", "mixer", shared="shared_experts",
                layer_prefix="backbone.layers",
                bf16=tuple(f"mixer.{p}" for p in ("in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj"))),
+    # Gemma-4 MoE (synth/gemma4.py): experts and router beside a dense MLP in every layer
+    FamilySpec("gemma4-moe", ("nvfp4-modelopt-hf",), "gemma4", "", router="router", nested=True),
     FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe"),
     FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
@@ -215,6 +218,8 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
     spec = FAMILY_SPECS[family]
     if family == "nemotron-h":
         return nemotron_tensors(fmt, seed, d, _linear, dtype), {}
+    if family == "gemma4-moe":
+        return gemma4_tensors(fmt, seed, d, _linear, family_named(family).source_scheme, dtype), {}
     root = spec.prefix.rsplit(".layers", 1)[0]
     out: dict[str, torch.Tensor] = {}
     out[f"{root}.embed_tokens.weight"] = dense(seed, "embed", (d.vocab, d.hidden), dtype=dtype)
@@ -288,7 +293,7 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
     """(config.json quantization_config or None, hf_quant_config.json), as ModelOpt writes them (§4.2-4.3)."""
     producer = {"name": "modelopt", "version": "0.37.0"}
     lp = spec.prefix
-    exclude = [spec.lm_head.removesuffix(".weight"), f"{lp}.*.{spec.moe}.{spec.router}",
+    exclude = [spec.lm_head.removesuffix(".weight"), f"{lp}.*.{spec.moe + '.' if spec.moe else ''}{spec.router}",
                "mtp*" if spec.mtp == "unquantised" else None,
                f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.shared_gate else None]
     exclude = [e for e in exclude if e]
@@ -322,6 +327,11 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
     """config.json and, for ModelOpt, hf_quant_config.json of a family checkpoint."""
     spec = FAMILY_SPECS[family]
     config = nemotron_config(d) if family == "nemotron-h" else _arch_config(spec, d)
+    if family == "gemma4-moe":
+        config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "torch_dtype": "bfloat16",
+                  "text_config": gemma4_text_config(d), "tie_word_embeddings": True,
+                  "vision_config": {"model_type": "gemma4_vision", "hidden_size": 64, "intermediate_size": 128,
+                                    "num_hidden_layers": 1, "num_attention_heads": 1}}  # no tensors: served text-only
     files = {"config.json": config}
     if fmt == "nvfp4-ct":
         config["quantization_config"] = qc = _ct_config("nvfp4")

@@ -38,6 +38,18 @@ def _diff(*, source: str, converted: str, dtype: str, text_only: bool = False) -
     return state_diff(engine, plugin)
 
 
+def _native_static_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None,
+                             use_per_token_if_dynamic=False, output=None, group_shape=None):
+    """`ops.scaled_fp8_quant` with a given per-tensor scale (what FP8 linear processing calls to requantise a
+    fused layer's shards to one scale), through vLLM's own torch path for it, QuantFP8.forward_native."""
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    assert scale is not None and scale.numel() == 1 and output is None, "only the static per-tensor form"
+    quantised, _ = QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR).forward_native(input, scale)
+    return quantised, scale
+
+
 def run(rank: int, world: int, *, cases: dict) -> dict:
     """cases: id -> {"source", "converted": checkpoint paths, "dtype": the model dtype}; a case whose build or load
     raises reports {"error"} (the test fails on it)."""
@@ -52,6 +64,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     load_general_plugins()
     _marlin_runs_here()
     ops.gptq_marlin_repack = _reference_repack
+    ops.scaled_fp8_quant = _native_static_fp8_quant  # its CUDA op static_scaled_fp8_quant (FP8 layers, both models)
     # the CPU platform packs unquantised weights for its own GEMM (a CUDA GPU keeps them as loaded)
     layer_utils.dispatch_cpu_unquantized_gemm = lambda layer, remove_weight: None
     with set_current_vllm_config(VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=world))):
