@@ -10,6 +10,7 @@ from dsv4_convert.cli.report import emit, report_options
 from dsv4_convert.core.detect import declared_group_size
 from dsv4_convert.core.dtypes import FP8_DTYPES
 from dsv4_convert.core.engines import QUANT_METHOD
+from dsv4_convert.core.index import natural_key
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Checkpoint
 from dsv4_convert.core.units import human_size
@@ -34,8 +35,17 @@ def _category(dtype: str) -> str:
     return "fp8" if dtype in FP8_DTYPES else "bf16" if dtype == "BF16" else "other"
 
 
-def _layer_key(layer: str):
-    return (layer.startswith("mtp."), int(layer.split(".")[-1]))
+def _mtp_layers(names) -> list[str]:
+    """The MTP / draft layers: `mtp.0` (DeepSeek), `mtp.layers.0` (Qwen3.5 / Qwen3-Next), i.e. a name under
+    `mtp.` up to its first numeric part; `mtp.fc`, `mtp.norm` and the like are the draft's shared modules."""
+    layers = set()
+    for n in names:
+        parts = n.split(".")
+        if parts[0] == "mtp":
+            index = next((i for i, p in enumerate(parts[1:], 1) if p.isdecimal()), None)
+            if index is not None:
+                layers.add(".".join(parts[:index + 1]))
+    return sorted(layers, key=natural_key)
 
 
 def _excluded(ckpt: Checkpoint) -> list[dict]:
@@ -63,7 +73,7 @@ def summarize(ckpt: Checkpoint) -> dict:
         if p.expert_index is not None:
             shape = f"{p.quant.value} [{p.n}, {p.k}] from stacked " + shape
         roles[p.role.value][(p.quant.value, p.n, p.k, shape)] += 1
-    layers = sorted(experts, key=_layer_key)
+    layers = sorted(experts, key=lambda layer: (layer.startswith("mtp."), natural_key(layer)))
     fp4 = ckpt.projection_names
     by_cat = Counter()
     dtypes = Counter()
@@ -73,8 +83,7 @@ def summarize(ckpt: Checkpoint) -> dict:
     qc = ckpt.config.get("quantization_config") or {}
     hq = (ckpt.hf_quant_config or {}).get("quantization") or {}
     declared = declared_group_size(ckpt.config, ckpt.hf_quant_config)
-    mtp = sorted({n.split(".")[0] + "." + n.split(".")[1] for n in ckpt.tensors if n.startswith("mtp.")},
-                 key=_layer_key)
+    mtp = _mtp_layers(ckpt.tensors)
     return {
         "schema_version": SCHEMA_VERSION,
         "root": str(ckpt.root),

@@ -31,6 +31,9 @@ __all__ = ["ALLOWED_QUANTS", "DETECTORS", "declared_group_size", "detect_format"
 
 _WEIGHT_SUFFIXES = ("weight", "weight_packed")
 _NVFP4_ALGOS = {"NVFP4", "W4A16_NVFP4", "NVFP4_AWQ", "W4A8_NVFP4_FP8", "NVFP4_SVD"}
+# ModelOpt 0.47 writes its MXFP4 export's algorithm lower-case, `"quant_algo": "mxfp4"`, in both config files
+# (modelopt/torch/export/quant_utils.py process_layer_quant_config: `{"quant_algo": v}` for "mxfp4")
+_MXFP4_ALGOS = {"MXFP4", "W4A8_MXFP4_FP8"}
 
 
 # ---------------------------------------------------------------------------------------------- signals
@@ -144,9 +147,17 @@ def _modelopt_dsv4(config, hfq, tensors) -> str | None:
     return None
 
 
+def _modelopt_algo(config, hfq) -> str:
+    """quant_algo of a ModelOpt export, upper-cased: config.json's block, else hf_quant_config.json's."""
+    qc = _qc(config)
+    return _upper(qc.get("quant_algo") if _lower(qc.get("quant_method")) == "modelopt" else _hfq(hfq).get("quant_algo"))
+
+
 def _modelopt_hf(config, hfq, tensors) -> str | None:
     qc, q = _qc(config), _hfq(hfq)
     signal = None
+    if _modelopt_algo(config, hfq) in _MXFP4_ALGOS:
+        return None  # _modelopt_mxfp4's
     if _lower(qc.get("quant_method")) == "modelopt":
         signal = f"quant_method modelopt, quant_algo {qc.get('quant_algo')}"
     elif _upper(q.get("quant_algo")) in _NVFP4_ALGOS or _mixed_nvfp4(q):
@@ -154,6 +165,17 @@ def _modelopt_hf(config, hfq, tensors) -> str | None:
     scheme = signal and _has(tensors, _HF, ("weight",))
     if scheme:
         return f"{signal}, {scheme.name} expert names ({_spelling(scheme)})"
+    return None
+
+
+def _modelopt_mxfp4(config, hfq, tensors) -> str | None:
+    """ModelOpt's MXFP4 export (MXFP4_DEFAULT_CFG, MXFP4_MLP_WEIGHT_ONLY_CFG): `<p>.weight` U8 [N, K/2] and
+    `<p>.weight_scale` U8 [N, K/32] holding E8M0 exponent bits (modelopt/torch/quantization/qtensor/mxfp4_tensor.py
+    MXFP4QTensor.quantize; checked on exports made by ModelOpt 0.47.0, tests/fixtures/producers)."""
+    algo = _modelopt_algo(config, hfq)
+    scheme = algo in _MXFP4_ALGOS and _has(tensors, _HF, ("weight",))
+    if scheme:
+        return f"ModelOpt quant_algo {algo.lower()}, {scheme.name} expert names ({_spelling(scheme)})"
     return None
 
 
@@ -196,6 +218,7 @@ DETECTORS: tuple[tuple[SourceFormat, Callable], ...] = (
     (SourceFormat.MARLIN, _marlin),
     (SourceFormat.NVFP4_MODELOPT_DSV4, _modelopt_dsv4),
     (SourceFormat.NVFP4_MODELOPT_HF, _modelopt_hf),
+    (SourceFormat.MXFP4_MODELOPT_HF, _modelopt_mxfp4),
     (SourceFormat.NVFP4_CT, _ct("nvfp4-pack-quantized")),
     (SourceFormat.MXFP4_CT, _ct("mxfp4-pack-quantized")),
     (SourceFormat.MXFP4_GPTOSS, _gptoss),
@@ -206,11 +229,13 @@ DETECTORS: tuple[tuple[SourceFormat, Callable], ...] = (
 ALLOWED_QUANTS = {
     SourceFormat.MXFP4_DSV4: {Quant.MXFP4}, SourceFormat.NVFP4_MODELOPT_DSV4: {Quant.NVFP4, Quant.MXFP4},
     SourceFormat.NVFP4_MODELOPT_HF: {Quant.NVFP4}, SourceFormat.NVFP4_CT: {Quant.NVFP4},
+    SourceFormat.MXFP4_MODELOPT_HF: {Quant.MXFP4},
     SourceFormat.MXFP4_CT: {Quant.MXFP4}, SourceFormat.MXFP4_GPTOSS: {Quant.MXFP4},
     SourceFormat.MARLIN: {Quant.NVFP4, Quant.MXFP4},
 }
 _TRUNK_QUANT = {SourceFormat.NVFP4_MODELOPT_DSV4: Quant.NVFP4, SourceFormat.NVFP4_MODELOPT_HF: Quant.NVFP4,
                 SourceFormat.NVFP4_CT: Quant.NVFP4, SourceFormat.MXFP4_CT: Quant.MXFP4,
+                SourceFormat.MXFP4_MODELOPT_HF: Quant.MXFP4,
                 SourceFormat.MXFP4_GPTOSS: Quant.MXFP4, SourceFormat.MXFP4_DSV4: Quant.MXFP4}
 
 
@@ -232,6 +257,7 @@ def detect_format(config: Mapping, hf_quant_config: Mapping | None,
         reason = detector(config, hf_quant_config, tensors)
         if reason:
             _check_consistency(fmt, config, hf_quant_config, tensors)
+            _check_unparsed(tensors)
             return fmt, reason
     hint = _unknown_hint(config, hf_quant_config, tensors)
     if _expert_dtype(config) == "fp8":
@@ -252,8 +278,26 @@ def _unknown_hint(config: Mapping, hfq: Mapping | None, tensors: Mapping[str, Te
                 f"expert naming schemes {known} (docs/FORMAT.md, Model families)")
     return ("the expert names are known, but the quantization config is not one dsv4-convert reads: DeepSeek-V4 "
             "MXFP4 (expert_dtype fp4), ModelOpt NVFP4 (quant_method modelopt or hf_quant_config.json NVFP4 / "
-            "MIXED_PRECISION), compressed-tensors nvfp4/mxfp4-pack-quantized, gpt-oss mxfp4, or its own Marlin "
+            "MIXED_PRECISION) or MXFP4 (quant_algo mxfp4), compressed-tensors nvfp4/mxfp4-pack-quantized, gpt-oss mxfp4, or its own Marlin "
             "output")
+
+
+def _check_unparsed(tensors: Mapping[str, TensorRef]) -> None:
+    """An FP4 expert tensor no scheme spells (packed codes in an `experts` module, with an FP4 block scale
+    beside it) would be copied unconverted next to its converted siblings: refuse it, naming the part of its
+    path not understood (`detect.unknown_expert_name`)."""
+    for name in tensors:
+        if not name.endswith(_WEIGHT_SUFFIXES) or first_expert_like((name,)) is None or parse_expert_name(name):
+            continue
+        ref, stem = tensors[name], name.rsplit(".", 1)[0]
+        scale = tensors.get(f"{stem}.weight_scale") or tensors.get(f"{stem}.scale")
+        if ref.dtype in PACKED and len(ref.shape) == 2 and scale is not None and scale.dtype in E8M0 | {"F8_E4M3"}:
+            raise ContentError(
+                f"{name} ({ref.dtype} {list(ref.shape)}, block scale {scale.name} {scale.dtype}) is an FP4 expert "
+                f"tensor, but {unknown_part(name)}", error_id="detect.unknown_expert_name", tensor=name,
+                file=ref.file, hint="dsv4-convert would copy it unconverted beside its converted siblings; if this "
+                                    "is a model family's real naming, report it with the checkpoint's tensor list "
+                                    "(docs/FORMAT.md, Model families)")
 
 
 def _check_consistency(fmt: SourceFormat, config, hfq, tensors) -> None:

@@ -22,7 +22,7 @@ from dsv4_convert.core.tensor_model import Role, TensorRef
 __all__ = [
     "PER_EXPERT", "STACKED", "N_MAJOR", "K_MAJOR", "Scheme", "SCHEMES", "Family", "FAMILIES", "ExpertName",
     "outside_index_note", "parse_expert_name", "expert_key", "per_expert_key", "converted_expert", "family_of", "family_named", "module_prefix", "first_expert_like",
-    "unknown_part", "ROLE_ORDER", "PACKED", "E8M0", "logical_k",
+    "unknown_part", "scheme_roles", "ROLE_ORDER", "PACKED", "E8M0", "logical_k",
 ]
 
 PER_EXPERT, STACKED = "per-expert", "stacked"
@@ -67,7 +67,8 @@ class Scheme:
         if self.layout == PER_EXPERT:
             return re.compile(rf"^(?P<prefix>{head}\.(?P<expert>\d+)\.(?P<proj>{roles}))\.(?P<suffix>[A-Za-z0-9_]+)$")
         tails = "|".join(re.escape(t) for t in sorted(self.tails, key=len, reverse=True) if t)
-        return re.compile(rf"^(?P<prefix>{head}\.(?P<proj>{roles}))(?P<tail>{tails})?$")
+        bare = "?" if "" in self.tails else ""  # a name without a tail is a part only where "" is one
+        return re.compile(rf"^(?P<prefix>{head}\.(?P<proj>{roles}))(?P<tail>{tails}){bare}$")
 
 
 def _per_expert(name, prefixes, module, roles, source) -> Scheme:
@@ -102,15 +103,23 @@ SCHEMES: tuple[Scheme, ...] = (
     # and minimax_m2.py: ckpt_names=("w1", "w2", "w3"); transformers modeling_mixtral.py MixtralBlockSparseTop2MLP).
     _per_expert("block-sparse-moe", ("model.layers",), "block_sparse_moe.experts", _W_ROLES,
                 "vLLM 0.33 mixtral.py, minimax_m2.py ckpt_names=(w1, w2, w3)"),
+    # The same experts module with Hugging Face projection names: llm-compressor 0.14 under transformers 5 writes
+    # Mixtral as `model.layers.L.block_sparse_moe.experts.E.{gate,up,down}_proj.*` (its per-expert calibration
+    # modules; tests/fixtures/producers). vLLM 0.33 mixtral.py hf_to_vllm_mapper maps `.gate_proj.` -> `.w1.`,
+    # `.up_proj.` -> `.w3.`, `.down_proj.` -> `.w2.` for them.
+    _per_expert("block-sparse-moe-hf", ("model.layers",), "block_sparse_moe.experts", _HF_ROLES,
+                "vLLM 0.33 mixtral.py hf_to_vllm_mapper orig_to_new_substr; llm-compressor 0.14 Mixtral export"),
     # Llama-4 per-expert names: what a converted Llama-4 keeps (vLLM 0.33 llama4.py load_weights: the
     # non-fused expert_params_mapping with gate_proj / up_proj / down_proj places them).
     _per_expert("llama4", ("language_model.model.layers",), "feed_forward.experts", _HF_ROLES,
                 "vLLM 0.33 llama4.py load_weights expert_params_mapping (non-fused)"),
-    # Nemotron-H / Nemotron-3-Nano: non-gated ReLU-squared experts, no gate_proj:
-    # `backbone.layers.L.mixer.experts.E.{up_proj,down_proj}.*` (vLLM 0.33 nemotron_h.py NemotronHMoE,
-    # hf_to_vllm_mapper backbone -> model; the NVFP4 release's names as issue #27 quotes them)
-    _per_expert("nemotron-h", ("backbone.layers",), "mixer.experts", {"up_proj": Role.UP, "down_proj": Role.DOWN},
-                "vLLM 0.33 nemotron_h.py NemotronHMoE (non-gated, mlp_hidden_act relu2)"),
+    # Nemotron-H / Nemotron-3-Nano (NemotronHForCausalLM): non-gated ReLU-squared experts
+    # `backbone.layers.L.mixer.experts.E.{up_proj,down_proj}` (nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4).
+    # vLLM 0.33 nemotron_h.py loads `up_proj` as the MoE's w1 (ckpt_gate_proj_name="up_proj", no up shard:
+    # "up_proj ... is what the activation is applied to"), so here it is the gate role: w13 holds it alone.
+    Scheme("nemotron-h", PER_EXPERT, ("backbone.layers",), "mixer.experts",
+           {"up_proj": (Role.GATE,), "down_proj": (Role.DOWN,)},
+           source="vLLM 0.33 nemotron_h.py NemotronHMoE ckpt_names=(up_proj, down_proj, None), get_expert_mapping"),
     # gpt-oss: `model.layers.L.mlp.experts.gate_up_proj_blocks` U8 [E, 2I, H/32, 16] with gate and up rows
     # interleaved (2i = gate, 2i+1 = up), `_scales` U8 [E, 2I, H/32] (spec CHECKPOINT_FORMATS.md §6;
     # openai/gpt-oss-20b tensor list; vLLM 0.33 gpt_oss.py).
@@ -164,6 +173,12 @@ def parse_expert_name(name: str, schemes: Iterable[Scheme] | None = None) -> Exp
             return ExpertName(scheme, m["prefix"], layer, int(m["expert"]), m["proj"], m["suffix"])
         return ExpertName(scheme, m["prefix"], layer, None, m["proj"], scheme.tails[m["tail"] or ""])
     return None
+
+
+def scheme_roles(scheme: Scheme) -> frozenset[Role]:
+    """Every projection an expert has in `scheme`: gate, up and down, or gate (the activated half) and down
+    for non-gated experts."""
+    return frozenset(r for roles in scheme.roles.values() for r in roles)
 
 
 def expert_key(scheme: Scheme, layer: int | str, expert: int, role: Role) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dsv4_convert.core.converted_config import read_tp_layout
+from dsv4_convert.core.naming import parse_expert_name, scheme_roles
 from dsv4_convert.core.tensor_model import Checkpoint, Projection, Role, SourceFormat
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
@@ -126,19 +127,32 @@ def _layer(ckpt: Checkpoint, container: str) -> str:
     return next(p.layer for p in ckpt.projections if p.container == container)
 
 
+def _roles(ckpt: Checkpoint, container: str) -> set[Role]:
+    """The projections each expert of `container` has in its naming scheme: gate, up and down, or for
+    non-gated experts (Nemotron-H) the two its scheme names (core/naming.py)."""
+    weight = next(p.weight.name for p in ckpt.projections if p.container == container)
+    parsed = parse_expert_name(weight)
+    return set(scheme_roles(parsed.scheme)) if parsed is not None else set(Role)
+
+
+_MAX_LISTED = 1 << 16  # no MoE has more experts a layer; a larger index or count is reported, never enumerated
+
+
 def experts_incomplete(ckpt: Checkpoint) -> Iterator[Violation]:
-    """The engine allocates n_routed_experts per layer, each with gate, up and down; a missing one fails the load or serves zeros."""
+    """The engine allocates n_routed_experts per layer, each with every projection of its scheme (gate, up and down; up and down for non-gated experts); a missing one fails the load or serves zeros."""
     want = model_dims(ckpt.config)["experts"]
     for container, experts in _experts(ckpt).items():
         layer = _layer(ckpt, container)
-        expected = set(range(want)) if want else set(range(max(experts) + 1))
+        count = want or max(experts) + 1
+        expected = set(range(count)) if count <= _MAX_LISTED else set(experts)
         missing = sorted(expected - set(experts))
         if missing:
             yield Violation(container, f"{container} has {len(set(experts) & expected)} of {len(expected)} experts "
                             f"(n_routed_experts={want}); missing experts {_ranges(missing)}.", count=len(missing),
                             file=ckpt.index_file, layer=layer, expert=missing[0])
-        for e in sorted(e for e, roles in experts.items() if roles != set(Role)):
-            lacking = sorted(r.value for r in set(Role) - experts[e])
+        roles = _roles(ckpt, container)
+        for e in sorted(e for e, have in experts.items() if have != roles):
+            lacking = sorted(r.value for r in roles - experts[e]) or ["(it has one its scheme does not name)"]
             yield Violation(f"{container}.{e}", f"expert {e} of {container} lacks projection(s) {', '.join(lacking)}.",
                             file=ckpt.index_file, layer=layer, expert=e)
 

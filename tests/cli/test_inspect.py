@@ -138,3 +138,19 @@ def test_synth_cli_then_inspect_cli(tmp_path):
     doc = json.loads(r.stdout)
     assert doc["format"] == "nvfp4-modelopt-dsv4" and doc["mtp_layers"] == ["mtp.0"]
     assert doc["projections"]["by_quant"] == {"nvfp4": 2 * 8 * 3, "mxfp4": 8 * 3}
+
+
+def test_qwen35_mtp_names_are_listed_not_a_traceback(tmp_path):
+    """Qwen3.5 / 3.6 and Qwen3-Next keep their draft under `mtp.fc`, `mtp.norm`, `mtp.layers.0.*` (vLLM 0.33
+    qwen3_5_mtp.py): inspect lists the layer and no traceback (was int('fc') in the layer sort)."""
+    from dsv4_convert.synth import write_synthetic_checkpoint
+
+    src = write_synthetic_checkpoint(tmp_path / "src", format="nvfp4-modelopt-hf", family="qwen3.5-moe", layers=2,
+                                     experts=4, hidden=128, intermediate=128, shards=1)
+    names = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    assert "mtp.fc.weight" in names
+    r = _cli("inspect", src, "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout)["mtp_layers"] == ["mtp.layers.0"]
+    r = _cli("inspect", src)
+    assert r.returncode == 0 and "MTP layers       mtp.layers.0" in r.stdout, r.stdout + r.stderr

@@ -184,3 +184,74 @@ def test_marlin_projection_shapes():
     assert (proj.n, proj.k, proj.quant) == (64, 128, Quant.NVFP4)
     assert proj.marlin_global.name.endswith("weight_global_scale")
     assert proj.global_scale.name.endswith("weight_scale_2")
+
+
+# ---- names and configs the real producers write (#27): ModelOpt's MXFP4 export, Nemotron-H's non-gated
+# experts, llm-compressor's Mixtral under transformers 5. tests/convert/test_producers.py runs the exports.
+def _mxfp4_modelopt(prefix, n=128, k=128):
+    return {f"{prefix}.weight": _ref(f"{prefix}.weight", "U8", [n, k // 2]),
+            f"{prefix}.weight_scale": _ref(f"{prefix}.weight_scale", "U8", [n, k // 32])}
+
+
+def _layer(make, prefix, roles=("gate_proj", "up_proj", "down_proj")):
+    return {k: v for e in range(2) for r in roles for k, v in make(f"{prefix}.{e}.{r}").items()}
+
+
+@pytest.mark.parametrize("where", ["config.json", "hf_quant_config.json"])
+def test_modelopt_mxfp4_export_reads_as_mxfp4(where):
+    """MXFP4_MLP_WEIGHT_ONLY_CFG: both files say quant_algo "mxfp4" (lower case); was a contradiction that blamed
+    a correct config."""
+    block = {"quant_method": "modelopt", "quant_algo": "mxfp4", "producer": {"name": "modelopt"}}
+    config = {"quantization_config": block} if where == "config.json" else {}
+    hfq = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "mxfp4"}}
+    tensors = _layer(_mxfp4_modelopt, "model.layers.0.mlp.experts")
+    fmt, reason = detect_format(config, hfq, tensors)
+    assert fmt is SourceFormat.MXFP4_MODELOPT_HF and "mxfp4" in reason
+    ps = group_projections(fmt, config, tensors)
+    assert {p.quant for p in ps} == {Quant.MXFP4} and len(ps) == 6 and all(p.group_size == 32 for p in ps)
+
+
+def test_modelopt_nvfp4_config_over_mxfp4_weights_is_still_a_contradiction():
+    config = {"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}
+    with pytest.raises(ContentError) as e:
+        detect_format(config, None, _layer(_mxfp4_modelopt, "model.layers.0.mlp.experts"))
+    assert e.value.error_id == "detect.contradiction" and "mxfp4" in e.value.message
+
+
+def test_nemotron_h_non_gated_experts_are_recognised():
+    """Nemotron-3-Nano NVFP4: `backbone.layers.L.mixer.experts.E.{up_proj,down_proj}`, no gate; vLLM loads
+    up_proj as the activated w1 shard (nemotron_h.py), so its role here is the gate's."""
+    hfq = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16}}
+    tensors = _layer(_nvfp4, "backbone.layers.1.mixer.experts", ("up_proj", "down_proj"))
+    fmt, reason = detect_format({"architectures": ["NemotronHForCausalLM"]}, hfq, tensors)
+    assert fmt is SourceFormat.NVFP4_MODELOPT_HF and "nemotron-h" in reason and "backbone.layers.L.mixer" in reason
+    ps = group_projections(fmt, {}, tensors)
+    assert {(p.expert, p.role) for p in ps} == {(0, Role.GATE), (0, Role.DOWN), (1, Role.GATE), (1, Role.DOWN)}
+    assert all(p.key.endswith(("up_proj", "down_proj")) for p in ps)
+
+
+@pytest.mark.parametrize("name, part", [
+    ("backbone.layers.1.mixer.experts.0.fc1.weight", "'0.fc1.weight'"),
+    ("backbone.layers.1.moe.experts.0.up_proj.weight", "'moe.experts'"),
+    ("backbone.blocks.1.mixer.experts.0.up_proj.weight", "'backbone.blocks.1.mixer'"),
+])
+def test_an_unknown_expert_path_names_the_tensor_and_the_part_not_understood(name, part):
+    hfq = {"quantization": {"quant_algo": "NVFP4"}}
+    with pytest.raises(ContentError) as e:
+        detect_format({}, hfq, {name: _ref(name, "U8", [64, 64])})
+    assert e.value.error_id == "detect.unknown_format" and name in e.value.hint and part in e.value.hint, e.value.hint
+
+
+def test_llm_compressor_mixtral_under_transformers_5_is_recognised():
+    """llm-compressor 0.14 / transformers 5: `block_sparse_moe.experts.E.{gate,up,down}_proj.weight_packed`."""
+    ct = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}
+    tensors = {}
+    for e in range(2):
+        for r in ("gate_proj", "up_proj", "down_proj"):
+            p = f"model.layers.0.block_sparse_moe.experts.{e}.{r}"
+            tensors |= {f"{p}.weight_packed": _ref(f"{p}.weight_packed", "U8", [64, 64]),
+                        f"{p}.weight_scale": _ref(f"{p}.weight_scale", "F8_E4M3", [64, 8]),
+                        f"{p}.weight_global_scale": _ref(f"{p}.weight_global_scale", "F32", [1])}
+    fmt, reason = detect_format({"quantization_config": ct}, None, tensors)
+    assert fmt is SourceFormat.NVFP4_CT and "block-sparse-moe-hf" in reason
+    assert len(group_projections(fmt, {}, tensors)) == 6

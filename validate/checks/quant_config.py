@@ -194,7 +194,8 @@ def experts_method(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
         if fmt is SourceFormat.NVFP4_MODELOPT_DSV4 or nvfp4_method:
             expected = "mxfp4" if is_excluded(name, pats) else "nvfp4"
             why = "excluded from" if expected == "mxfp4" else "not excluded from"
-        elif fmt in (SourceFormat.MXFP4_DSV4, SourceFormat.MXFP4_CT, SourceFormat.MXFP4_GPTOSS):
+        elif fmt in (SourceFormat.MXFP4_DSV4, SourceFormat.MXFP4_CT, SourceFormat.MXFP4_GPTOSS,
+                     SourceFormat.MXFP4_MODELOPT_HF):
             expected, why = "mxfp4", "loaded by"
         else:
             continue

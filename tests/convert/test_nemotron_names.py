@@ -1,0 +1,72 @@
+"""Nemotron-H / Nemotron-3-Nano NVFP4 names, end to end through the real CLI in subprocesses: non-gated experts
+`backbone.layers.L.mixer.experts.E.{up_proj,down_proj}` with an NVFP4 hf_quant_config.json are recognised
+(were `detect.unknown_format`), convert for both targets, validate against the source, and reverse byte for byte;
+and an FP4 expert tensor whose projection name no scheme knows, beside known siblings, is refused naming the tensor
+and the part not understood (it was copied unconverted).
+
+Substitution: the checkpoint is a `dsv4_convert.synth` Qwen3-MoE ModelOpt NVFP4 replica renamed to Nemotron-H's
+names (gate projections dropped, up_proj / down_proj kept, `model.layers` -> `backbone.layers`, `mlp` ->
+`mixer`) with architectures NemotronHForCausalLM: the names and the quantisation files are the release's, the
+rest of the model (Mamba layers) is not reproduced. Serving it is not claimed (no served-table entry), so the
+conversion passes --allow-unservable and validate's serving pre-flight is the one finding allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import restored_tree, run_cli, tree_hashes
+
+pytestmark = pytest.mark.slow
+
+
+def _nemotron(tmp, rename=lambda n: n):
+    q3 = write_synthetic_checkpoint(tmp / "q3", format="nvfp4-modelopt-hf", family="qwen3-moe", layers=2, experts=4,
+                                    hidden=128, intermediate=128, shards=1)
+    root = tmp / "nemotron"
+    root.mkdir()
+    tensors = {}
+    with safe_open(str(q3 / "model-00001-of-00001.safetensors"), "pt") as f:
+        for n in f.keys():
+            if ".experts." in n and ".gate_proj." in n:
+                continue  # non-gated
+            tensors[rename(n.replace("model.layers.", "backbone.layers.").replace(".mlp.", ".mixer."))] = f.get_tensor(n)
+    save_file(tensors, str(root / "model.safetensors"))
+    config = json.loads((q3 / "config.json").read_text())
+    config.update(architectures=["NemotronHForCausalLM"], model_type="nemotron_h")
+    config.pop("quantization_config")  # the release keeps its ModelOpt block in hf_quant_config.json here
+    (root / "config.json").write_text(json.dumps(config, indent=2))
+    shutil.copy(q3 / "hf_quant_config.json", root / "hf_quant_config.json")
+    return root
+
+
+def test_nemotron_h_non_gated_experts_convert_validate_and_reverse(tmp_path):
+    src = _nemotron(tmp_path)
+    doc = json.loads(run_cli("inspect", src, "--json").stdout)
+    assert doc["format"] == "nvfp4-modelopt-hf" and "nemotron-h" in doc["reason"], doc["reason"]
+    assert doc["projections"]["by_role"] == {"down": 8, "gate": 8}  # up_proj is the activated (w1) half
+    for target in ("sglang", "vllm"):
+        out = tmp_path / f"out-{target}"
+        run_cli("nvfp4-to-marlin", src, out, "--target", target, "--allow-unservable", "-q")
+        proc = run_cli("validate", out, "--against", src, "--json", check=False)
+        errors = {f["check"] for f in json.loads(proc.stdout)["findings"] if f["severity"] == "error"}
+        assert errors == {"marlin.serving_methods"}, proc.stdout[-3000:]
+        back = tmp_path / f"back-{target}"
+        run_cli("marlin-to-source", out, back, "-q")
+        assert restored_tree(back) == tree_hashes(src)
+
+
+def test_an_unknown_expert_projection_is_refused_naming_it(tmp_path):
+    src = _nemotron(tmp_path, lambda n: n.replace(".up_proj.", ".fc1_latent.") if ".experts." in n else n)
+    for argv in (["inspect", src, "--json"], ["nvfp4-to-marlin", src, tmp_path / "out", "--json"]):
+        proc = run_cli(*argv, check=False)
+        err = json.loads(proc.stdout)["error"]
+        assert proc.returncode == 4 and err["id"] == "detect.unknown_expert_name", proc.stdout
+        assert err["tensor"] == "backbone.layers.0.mixer.experts.0.fc1_latent.weight", err
+        assert "'0.fc1_latent.weight'" in err["message"] and "known projections" in err["message"], err["message"]
