@@ -30,6 +30,7 @@ from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
 from sglang.srt.utils import set_weight_attrs
 
 from dsv4_convert.core.converted_config import serving_block
+from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.formats.tiles import GROUP_SIZE
 from dsv4_convert.serving.config import (
     QUANT_METHOD,
@@ -249,6 +250,9 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
             layer.w2_weight_global_scale.data.clone(), requires_grad=False
         )
         del layer.w13_weight_global_scale, layer.w2_weight_global_scale
+        if self.spec.source_format == SourceFormat.NVFP4_CT.value:
+            # SGLang's own Marlin path for this source (CompressedTensorsW4A16Nvfp4MoE) keeps no input scale
+            del layer.w13_input_scale, layer.w2_input_scale
         drop_kept_globals(layer)
         layer.workspace = marlin_utils.marlin_make_workspace(layer.w13_weight.device, 4)
 

@@ -58,12 +58,22 @@ def _per_layer_attention_excludes(src: Path) -> None:
     hfq_path.write_text(json.dumps(hfq, indent=2))
 
 
-EDITS = {"2507": _per_layer_attention_excludes}
+def _kv_heads(src: Path) -> None:
+    """synth's gpt-oss config.json omits num_key_value_heads, so transformers' default (8) exceeds its 2
+    attention heads and no engine builds the model; the releases carry it (gpt-oss-20b: 8 of 64). Set
+    to what synth's k_proj / v_proj hold: one head."""
+    config = json.loads((src / "config.json").read_text())
+    assert "num_key_value_heads" not in config, "synth now writes num_key_value_heads: drop this edit"
+    config["num_key_value_heads"] = 1
+    (src / "config.json").write_text(json.dumps(config, indent=2))
+
+
+EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads}
 
 CASES = (
     Case("deepseek-v4", "nvfp4-modelopt-dsv4"),
     Case("deepseek-v4", "mxfp4-dsv4"),
-    Case("gpt-oss", "mxfp4-gptoss"),
+    Case("gpt-oss", "mxfp4-gptoss", edit="kv-heads"),
     Case("qwen3-moe", "nvfp4-modelopt-hf", dtypes=("bfloat16", "float16")),
     Case("qwen3-moe", "nvfp4-ct"),
     Case("qwen3-moe", "nvfp4-modelopt-hf", edit="2507"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from common import byte_diff
 
-__all__ = ["model_state", "run_diff_cases", "state_diff"]
+__all__ = ["model_state", "run_diff_cases", "state_diff", "zero_fill"]
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -15,6 +15,15 @@ def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     state = {name: p.data for name, p in model.named_parameters(remove_duplicate=False)}
     state.update({name: b for name, b in model.named_buffers(remove_duplicate=False) if b is not None})
     return state
+
+
+def zero_fill(model: torch.nn.Module) -> None:
+    """Before loading: every parameter zeroed, in both models. The engines create parameters with
+    torch.empty, so a region no checkpoint tensor fills (a tensor the synthetic source lacks, padding)
+    would otherwise hold whatever memory it got and differ from run to run."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data.view(torch.uint8).zero_() if p.data.is_contiguous() else p.data.zero_()
 
 
 def state_diff(engine: dict[str, torch.Tensor], plugin: dict[str, torch.Tensor]) -> dict:

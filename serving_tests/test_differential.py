@@ -58,11 +58,21 @@ def results(tmp_path_factory, request):
         if case_id not in selected:
             continue
         src, conv = make_case(tmp, case, ENGINE, dtype)
-        cases[case_id] = {"source": str(src), "converted": str(conv), "dtype": dtype, "text_only": case.text_only}
+        cases[case_id] = {"source": str(src), "converted": str(conv), "dtype": dtype, "fmt": case.fmt,
+                          "text_only": case.text_only}
     t0 = time.monotonic()
     out = spawn_ranks("harness_differential:run", {"cases": cases}, tmp, world=1)[0]
     print(f"\n[differential] {ENGINE}: {len(cases)} cases built twice in {time.monotonic() - t0:.0f} s")
     return out
+
+
+# Parameters the engine's own method creates that hold nothing (never loaded, never read by the Marlin
+# kernel; their bytes are whatever torch.empty gave): the plugin does not create them.
+UNINITIALISED = {
+    # SGLang's ModelOptNvFp4FusedMoEMethod.create_weights swizzles the still-empty block scales for its
+    # FlashInfer/CUTLASS kernels; its Marlin branch of process_weights_after_loading never touches them
+    "sglang": ("w13_blockscale_swizzled", "w2_blockscale_swizzled"),
+}
 
 
 @pytest.mark.parametrize("case", IDS)
@@ -70,7 +80,8 @@ def test_plugin_load_equals_the_engines_load_of_the_source(results, case):
     r = results[case]
     assert "error" not in r, r.get("traceback", r)
     assert r["compared"] > 0
-    problems = [f"only the engine's model has {n}" for n in r["only_engine"]]
+    empty = UNINITIALISED.get(ENGINE, ())
+    problems = [f"only the engine's model has {n}" for n in r["only_engine"] if n.rsplit(".", 1)[-1] not in empty]
     problems += [f"only the plugin's model has {n}" for n in r["only_plugin"]]
     problems += [f"{name}: {what}" for name, what in r["differ"].items()]
     assert not problems, "\n".join(problems)

@@ -13,7 +13,8 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
 from common import checkpoint_tensors
-from differential_state import model_state, run_diff_cases, state_diff
+from differential_state import model_state, run_diff_cases, state_diff, zero_fill
+from harness_gpt_oss_rows import engine_rows_as_plugin
 from harness_models import _marlin_runs_here
 
 
@@ -27,13 +28,16 @@ def _model(path: str, dtype: str, text_only: bool = False):
     vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype):
         model = initialize_model(vllm_config=vllm_config)
+        zero_fill(model)
         model.load_weights(checkpoint_tensors(path))
         process_weights_after_loading(model, model_config, torch.device("cpu"))
     return model
 
 
-def _diff(*, source: str, converted: str, dtype: str, text_only: bool = False) -> dict:
+def _diff(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:
     engine = model_state(_model(source, dtype, text_only))
+    if fmt == "mxfp4-gptoss":  # the plugin's one documented difference: w13 rows [gates; ups]
+        engine = engine_rows_as_plugin(engine)
     plugin = model_state(_model(converted, dtype, text_only))
     return state_diff(engine, plugin)
 

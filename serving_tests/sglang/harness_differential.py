@@ -1,0 +1,89 @@
+"""Runs inside a spawned gloo rank for serving_tests/test_differential.py: for each case, SGLang builds the
+whole model twice under the model's dtype, as its model loader does (ModelConfig, its quantisation
+lookup `_get_quantization_config`, `_initialize_model` under `set_default_torch_dtype`, the model's own
+`load_weights` and every module's `process_weights_after_loading`: DefaultModelLoader's
+`load_weights_and_postprocess`): once from the
+source (SGLang's own method for it), once from the conversion (the plugin); every parameter and buffer
+of the two is compared by name, dtype, shape and bytes.
+
+CPU substitutions, beyond those of test_differential.py's header (each one engine step, never compared):
+- the torchvision stand-in (serving_tests/stubs), `override_platform(is_sm120=True, is_blackwell=True)`
+  (what SGLang's probes answer on the target sm_120 GPU: `is_blackwell` covers majors 10, 11, 12),
+  `--moe-runner-backend marlin`, the parallel ranks written with `get_parallel().override_permanently`;
+- `marlin_make_workspace` -> a dummy tensor (it reads the CUDA SM count; a runtime buffer, not loaded);
+- the rotary embedding's CPU branch (its non-CUDA branch imports `vllm._custom_ops`, absent here);
+- `torch.cuda.get_device_capability` -> (12, 0) (sm_120), asked by compressed-tensors' scheme selection;
+  (9, 0) for a compressed-tensors source (CAPABILITY below: SGLang's only Marlin path for it);
+- SGLang's dense NVFP4 layers processed for `--fp4-gemm-backend marlin` (its sm_120 default,
+  flashinfer_cutlass, moves tensors to CUDA while processing); the same method in both models.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported: ServerArgs("dummy") stays local
+
+import torch
+from common import checkpoint_tensors
+from differential_state import model_state, run_diff_cases, state_diff, zero_fill
+from harness_sglang import sglang_cpu
+
+
+def _model(path: str, dtype: str):
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import DefaultModelLoader, _get_quantization_config, _initialize_model
+    from sglang.srt.model_loader.utils import set_default_torch_dtype
+
+    model_config = ModelConfig(path, dtype=dtype)
+    quant = _get_quantization_config(model_config, LoadConfig())
+    with set_default_torch_dtype(model_config.dtype):
+        model = _initialize_model(model_config, LoadConfig(), quant)
+        zero_fill(model)
+        DefaultModelLoader.load_weights_and_postprocess(model, checkpoint_tensors(path), torch.device("cpu"))
+    return model
+
+
+# SGLang serves a compressed-tensors W4A4 NVFP4 MoE through Marlin only below capability 10.0 (its
+# weight-only fallback, CompressedTensorsW4A16Nvfp4MoE); at 12.0 it picks its SM100 FlashInfer/CUTLASS
+# scheme, which is not Marlin. The Marlin reference for such a source is that fallback.
+CAPABILITY = {"nvfp4-ct": (9, 0)}
+SM120 = (12, 0)
+
+
+def _diff(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:
+    """`text_only` (a multimodal wrapper's replica has no vision tensors): SGLang builds its tower in both
+    models all the same, zero-filled and compared like the rest."""
+    capability = CAPABILITY.get(fmt, SM120)
+    torch.cuda.get_device_capability = lambda device=None: capability  # what scheme selection asks
+    engine = model_state(_model(source, dtype))
+    plugin = model_state(_model(converted, dtype))
+    return state_diff(engine, plugin)
+
+
+def run(rank: int, world: int, *, cases: dict) -> dict:
+    """cases: id -> {"source", "converted": checkpoint paths, "dtype": the model dtype}."""
+    import sglang.srt.layers.rotary_embedding.base as rope
+    from sglang.srt.distributed import init_distributed_environment, initialize_model_parallel
+    from sglang.srt.layers.quantization import fp4_utils
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.runtime_context import get_parallel, override_platform
+
+    load_plugins()
+    rope._is_cpu = True
+    out = {}
+    for dtype in sorted({c["dtype"] for c in cases.values()}):  # the server's --dtype, one per context
+        with sglang_cpu(world=world, rank=rank, ep=False, dtype=getattr(torch, dtype)), \
+                override_platform(is_blackwell=True):  # what SGLang says of sm_120 (major 12 is Blackwell)
+            # dense NVFP4 layers (the same SGLang method in both models): processed for --fp4-gemm-backend
+            # marlin, since sm_120's default (flashinfer_cutlass) moves the scales to CUDA while processing
+            fp4_utils.FP4_GEMM_RUNNER_BACKEND = fp4_utils.Fp4GemmRunnerBackend.MARLIN
+            get_parallel().override_permanently(pp_rank=0, attn_tp_rank=rank, attn_dp_rank=0, attn_cp_rank=0,
+                                                moe_dp_rank=0)
+            if not out:
+                init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="gloo",
+                                             distributed_init_method="env://")
+                initialize_model_parallel(backend="gloo")
+            out.update(run_diff_cases({k: c for k, c in cases.items() if c["dtype"] == dtype}, _diff))
+    return out
