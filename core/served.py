@@ -103,9 +103,28 @@ def _rows(key: str) -> tuple[Served, ...]:
     )
 
 
+_DIFF = "serving_tests/test_differential.py::test_plugin_load_equals_the_engines_load_of_the_source"
+
+# fam-hybrid: (family, source format, the engines' method for the non-expert layers, the engine releases whose
+# differential proof (serving_tests/differential.py CASES, bf16) passes)
+_HYBRID = (
+    ("qwen3.5-moe", "nvfp4-modelopt-hf", "modelopt_mixed", ("vllm",)),
+    ("qwen3.5-moe", "nvfp4-ct", "compressed-tensors", ("vllm",)),
+    ("qwen3-next", "nvfp4-modelopt-hf", "modelopt_fp4", ("vllm",)),
+    ("qwen3-next", "nvfp4-ct", "compressed-tensors", ("vllm",)),
+    ("llama4", "nvfp4-modelopt-hf", "modelopt_fp4", ("vllm",)),
+    ("gemma4-moe", "nvfp4-modelopt-hf", "modelopt_fp4", ("vllm",)),
+)
+
+
+def _hybrid_rows(key: str) -> tuple[Served, ...]:
+    return tuple(Served(family, fmt, key, frozenset({method}), (f"{_DIFF}[{family}-{fmt}-bfloat16]",))
+                 for family, fmt, method, engines in _HYBRID if _engine_of(key) in engines)
+
+
 # fam-mla / fam-hybrid: add a family's rows here (one per format and engine version) with the node ids of
 # its differential proof, and its case to serving_tests/families.py CASES.
-SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS for row in _rows(key))
+SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS for row in (*_rows(key), *_hybrid_rows(key)))
 
 
 def entries(family: str | None = None, source_format: str | None = None, engine: str | None = None) -> list[Served]:

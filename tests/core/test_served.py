@@ -48,8 +48,22 @@ def _cases() -> set[tuple[str, str]]:
     raise AssertionError("serving_tests/families.py has no CASES")
 
 
+def _differential_ids() -> set[str]:
+    """serving_tests/differential.py CASES as the differential proof names them: `family-fmt[-edit]-dtype`."""
+    for node in _module(ROOT / "serving_tests/differential.py").body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CASES" for t in node.targets):
+            ids = set()
+            for call in node.value.elts:
+                family, fmt = (ast.literal_eval(a) for a in call.args[:2])
+                kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+                base = f"{family}-{fmt}" + (f"-{kw['edit']}" if kw.get("edit") else "")
+                ids |= {f"{base}-{dtype}" for dtype in kw.get("dtypes", ("bfloat16",))}
+            return ids
+    raise AssertionError("serving_tests/differential.py has no CASES")
+
+
 def test_every_entry_names_a_proof_that_exists():
-    case_ids = {f"{fam}-{fmt}" for fam, fmt in _cases()}
+    case_ids = {f"{fam}-{fmt}" for fam, fmt in _cases()} | _differential_ids()
     for s in SERVED:
         assert s.proofs, s
         for proof in s.proofs:
