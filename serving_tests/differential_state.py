@@ -23,7 +23,7 @@ def zero_fill(model: torch.nn.Module) -> None:
     would otherwise hold whatever memory it got and differ from run to run."""
     with torch.no_grad():
         for p in model.parameters():
-            p.data.view(torch.uint8).zero_() if p.data.is_contiguous() else p.data.zero_()
+            p.data.view(torch.uint8).zero_() if p.data.is_contiguous() and p.dim() else p.data.zero_()
 
 
 def state_diff(engine: dict[str, torch.Tensor], plugin: dict[str, torch.Tensor]) -> dict:

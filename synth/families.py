@@ -119,7 +119,14 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.family: s for s in (
 )}
 
 
-def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: torch.dtype) -> None:
+def peak(seed: int, group: list[tuple[str, int, int]]) -> float:
+    """The largest |value| over layers the engines fuse (q/k/v, gate/up): both producers give such a group one
+    NVFP4 global (llm-compressor's fused global scales; SGLang's W4A16 NVFP4 linear refuses anything else)."""
+    return max(dense(seed, name, (n, k), dtype=torch.float32).abs().max().item() for name, n, k in group)
+
+
+def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: torch.dtype,
+            group_peak: float | None = None) -> None:
     """One linear layer's tensors: BF16, ModelOpt FP8 per-tensor, ModelOpt NVFP4 or compressed-tensors NVFP4."""
     w = dense(seed, name, (n, k), dtype=torch.float32)
     if kind == "bf16":
@@ -129,7 +136,7 @@ def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: t
         out[f"{name}.weight"] = (w / scale).to(torch.float8_e4m3fn)
         out[f"{name}.weight_scale"], out[f"{name}.input_scale"] = scale.reshape(()), torch.tensor(0.01)
     else:
-        packed, scale, g = quantize_nvfp4(w, nvfp4_global_for(w.abs().max().item()))
+        packed, scale, g = quantize_nvfp4(w, nvfp4_global_for(group_peak or w.abs().max().item()))
         if kind == "nvfp4-ct":
             out[f"{name}.weight_packed"], out[f"{name}.weight_scale"] = packed, scale
             out[f"{name}.weight_global_scale"], out[f"{name}.input_global_scale"] = global_to_ct(g), torch.ones(1)
@@ -139,8 +146,9 @@ def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: t
 
 
 def _mlp(out: dict, seed: int, base: str, h: int, inter: int, kind: str, dtype: torch.dtype) -> None:
+    fused = peak(seed, [(f"{base}.{proj}", inter, h) for proj in ("gate_proj", "up_proj")])
     for proj, (n, k) in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
-        _linear(out, seed, f"{base}.{proj}", n, k, kind, dtype)
+        _linear(out, seed, f"{base}.{proj}", n, k, kind, dtype, fused if proj != "down_proj" else None)
 
 
 def _attn_kind(spec: FamilySpec, fmt: str) -> str:
@@ -171,9 +179,10 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
         else:
             gated_attention(out, seed, p, d, _linear, kind=attn, dtype=dtype)
     else:
-        for proj, (n, k) in (("q_proj", (hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)),
-                             ("o_proj", (h, hd))):
-            _linear(out, seed, f"{p}.self_attn.{proj}", n, k, attn, dtype)
+        projs = (("q_proj", (hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)), ("o_proj", (h, hd)))
+        qkv = peak(seed, [(f"{p}.self_attn.{proj}", n, k) for proj, (n, k) in projs[:3]])
+        for proj, (n, k) in projs:
+            _linear(out, seed, f"{p}.self_attn.{proj}", n, k, attn, dtype, qkv if proj != "o_proj" else None)
     out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
     if layer < spec.dense_layers or (layer + 1) % spec.moe_every:
         _mlp(out, seed, f"{p}.{spec.moe}", h, 2 * d.intermediate, quant, dtype)
@@ -300,6 +309,8 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
     if spec.stacked:  # Llama-4's vision tower and projector stay BF16 (an assumption: not from a public list)
         exclude += ["vision_model*", "multi_modal_projector*"]
     exclude += [f"{lp}.*.{glob}" for glob in spec.bf16]
+    if spec.mixed and spec.linear:  # ModelOpt's qwen3_5 recipe keeps in_proj_a / in_proj_b unquantised
+        exclude += [f"{lp}.*.linear_attn.in_proj_a", f"{lp}.*.linear_attn.in_proj_b"]
     if not spec.mixed:
         exclude += [f"{lp}.*.self_attn*"] + ([f"{lp}.*.linear_attn*"] if spec.linear else [])
         hfq = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": exclude}

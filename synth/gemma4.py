@@ -58,9 +58,11 @@ def gemma4_tensors(fmt: str, seed: int, d: Dims, linear: Linear, scheme, dtype: 
             linear(out, seed, f"{p}.self_attn.{proj}", n, k, "bf16", dtype)
         out[f"{p}.self_attn.q_norm.weight"] = torch.ones(d.head_dim, dtype=dtype)
         out[f"{p}.self_attn.k_norm.weight"] = torch.ones(d.head_dim, dtype=dtype)
-        for proj, (n, k) in (("gate_proj", (2 * d.intermediate, h)), ("up_proj", (2 * d.intermediate, h)),
-                             ("down_proj", (h, 2 * d.intermediate))):
-            linear(out, seed, f"{p}.mlp.{proj}", n, k, quant, dtype)
+        i2 = 2 * d.intermediate  # gate and up share one NVFP4 global (the engines fuse them into gate_up_proj)
+        gu = max(dense(seed, f"{p}.mlp.{proj}", (i2, h), dtype=torch.float32).abs().max().item()
+                 for proj in ("gate_proj", "up_proj"))
+        for proj, (n, k) in (("gate_proj", (i2, h)), ("up_proj", (i2, h)), ("down_proj", (h, i2))):
+            linear(out, seed, f"{p}.mlp.{proj}", n, k, quant, dtype, gu if proj != "down_proj" else None)
         out[f"{p}.router.proj.weight"] = dense(seed, f"{p}.router.proj", (d.experts, h), dtype=dtype)
         out[f"{p}.router.scale"] = torch.ones(h, dtype=dtype)
         out[f"{p}.router.per_expert_scale"] = torch.ones(d.experts, dtype=dtype)

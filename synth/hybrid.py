@@ -75,8 +75,10 @@ def gdn_layer(out: dict, seed: int, p: str, d: Dims, linear: Linear, *, split: b
 def gated_attention(out: dict, seed: int, p: str, d: Dims, linear: Linear, *, kind: str, dtype: torch.dtype) -> None:
     """`p.self_attn.*` of a full-attention layer: q_proj holds the query and the output gate."""
     hd, h, s = d.heads * d.head_dim, d.hidden, f"{p}.self_attn"
-    for proj, (n, k) in (("q_proj", (2 * hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)),
-                         ("o_proj", (h, hd))):
-        linear(out, seed, f"{s}.{proj}", n, k, kind, dtype)
+    projs = (("q_proj", (2 * hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)), ("o_proj", (h, hd)))
+    # q/k/v share one NVFP4 global (the engines fuse them into qkv_proj)
+    qkv = max(dense(seed, f"{s}.{proj}", shape, dtype=torch.float32).abs().max().item() for proj, shape in projs[:3])
+    for proj, (n, k) in projs:
+        linear(out, seed, f"{s}.{proj}", n, k, kind, dtype, qkv if proj != "o_proj" else None)
     out[f"{s}.q_norm.weight"] = torch.ones(d.head_dim, dtype=dtype)
     out[f"{s}.k_norm.weight"] = torch.ones(d.head_dim, dtype=dtype)
