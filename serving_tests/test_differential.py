@@ -23,6 +23,10 @@ equivalent; nothing else is changed):
   layers are created, loaded and processed by vLLM's own code; they are the same method in both models.
 - SGLang: serving_tests/sglang/harness_differential.py lists its own (the platform override, the Marlin
   workspace, the rotary embedding's CPU branch, the GPU generation asked by compressed-tensors).
+- vLLM: the torchvision stand-in (serving_tests/stubs) also on the spawned ranks' PYTHONPATH: vLLM inspects a
+  multimodal wrapper's class (Qwen3.5, Llama-4, Gemma-4) in a subprocess that imports transformers' image
+  processors; no multimodal code runs. Those wrappers are built text-only (`text_only` cases: vLLM's own
+  `--language-model-only`), since their replicas hold no vision tensors.
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """
