@@ -59,7 +59,7 @@ An engine without the plugin refuses this checkpoint (`{QUANT_METHOD}` is unknow
 repacking the packed bytes a second time. To get the original checkpoint back, run
 `dsv4-convert marlin-to-source {shell_quote(out_name)} ORIGINAL`.
 
-## What `{t.layout_tag}` means
+{_mtp(plan)}## What `{t.layout_tag}` means
 NVFP4 block scales are {scales}. MXFP4 scales are permuted E8M0 bytes. The exact layout is in
 dsv4-convert's docs/FORMAT.md.
 """
@@ -85,3 +85,15 @@ def _splits(plan: ConvertPlan, layouts: list[tuple[int, int]]) -> str:
             f"the experts\n   are written padded per rank exactly as {plan.target.engine} pads them "
             f"(quantization_config.tp_layout; {sizes}).\n   The plugin refuses any other --tp/--ep; for another "
             "split, convert the source again with that --tp/--ep.")
+
+
+def _mtp(plan: ConvertPlan) -> str:
+    """A paragraph for an MTP (draft) block this conversion copied as the source holds it (Qwen3.5 / Qwen3-Next
+    `mtp.*`, unquantised in the releases): the engine's draft model loads it with the source's own method."""
+    copied = [n for n in plan.checkpoint.tensors if n.startswith("mtp.")]
+    if not copied or any(str(p.layer).startswith("mtp") for p in plan.projections):
+        return ""
+    return (f"## The MTP block\nThe `mtp.*` block ({len(copied)} tensors) is copied unconverted, as the source "
+            "holds it (unquantised): the main model does not load it. For the engine's MTP draft model "
+            f"(speculative decoding) {QUANT_METHOD} gives these layers the source's own method (its non-expert "
+            "config); no serving test of dsv4-convert loads the draft yet.\n\n")

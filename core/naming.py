@@ -242,6 +242,12 @@ FAMILIES: tuple[Family, ...] = (
            outside_index={"mtp.safetensors": "GLM's MTP layer (SGLang loads it for speculative decoding)"}),
     Family("qwen3.5-moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), "hf-language-model",
            "hf-language-model", examples="nvidia/Qwen3.6-35B-A3B-NVFP4, RedHatAI Qwen3.5 NVFP4"),
+    # Qwen3-Next / Qwen3-Coder-Next: HF per-expert names under model.layers, shared expert, BF16 mtp.* (vLLM 0.33
+    # qwen3_next.py load_weights expert_params_mapping gate_proj/down_proj/up_proj; qwen3_next_mtp.py)
+    Family("qwen3-next", ("Qwen3NextForCausalLM",), "hf-mlp", "hf-mlp",
+           examples="Qwen3-Next-80B-A3B / Qwen3-Coder-Next NVFP4"),
+    Family("nemotron-h", ("NemotronHForCausalLM",), "nemotron-h", "nemotron-h",
+           examples="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4"),
     Family("gemma4-moe", ("Gemma4ForConditionalGeneration",), "gemma4", "gemma4", examples="Gemma-4 MoE NVFP4"),
     Family("minimax-m2", ("MiniMaxM2ForCausalLM",), "block-sparse-moe", "block-sparse-moe",
            examples="MiniMax-M2.x NVFP4"),

@@ -91,7 +91,7 @@ def check_layout(
 
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-_MTP = re.compile(r"(?:^|\.)mtp\.(\d+)\.")
+_MTP = re.compile(r"(?:^|\.)mtp\.(?:layers\.)?(\d+)\.")  # DeepSeek `mtp.0.`, Qwen3.5 / Qwen3-Next `mtp.layers.0.`
 
 
 def expert_container(spec: MarlinFp4Spec, prefix: str, *, num_hidden_layers: int | None = None) -> str | None:

@@ -40,7 +40,10 @@ def spawn_ranks(target: str, args: dict, tmp_path: Path, world: int = 2) -> list
     return each rank's JSON result (a rank that raised returns {'__error__': traceback})."""
     sys.path.insert(0, str(Path(__file__).parent))
     os.environ.setdefault("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), os.environ["PYTHONPATH"]])
+    # the stand-ins too: vLLM inspects a multimodal wrapper's model class in a subprocess of its own, whose import
+    # of transformers' image processors needs the torchvision stand-in (serving_tests/stubs)
+    here = Path(__file__).parent
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(here), str(here / "stubs"), os.environ["PYTHONPATH"]])
     torch.multiprocessing.spawn(
         _rank_main, args=(world, _free_port(), target, args, str(tmp_path)), nprocs=world
     )

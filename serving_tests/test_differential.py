@@ -11,6 +11,10 @@ equivalent; nothing else is changed):
 - vLLM and SGLang: the CUDA op `gptq_marlin_repack` (the engines' own repack of the source's experts)
   -> the project's `to_marlin_weight` (formats/marlin_weight.py), pinned to both engines' bytes by the
   golden cases (tests/formats/test_golden.py, /work/shared/golden made by the engines on a GPU).
+- vLLM: `ops.scaled_fp8_quant` with a static per-tensor scale (the CUDA op `static_scaled_fp8_quant`, which
+  FP8 linear processing calls to requantise a fused layer's shards to one scale: Qwen3.5's ModelOpt FP8
+  `in_proj_qkvz`, `qkv_proj`) -> vLLM's own torch path for it, `QuantFP8.forward_native`; the same FP8
+  method processes those layers in both models.
 - vLLM: `dispatch_cpu_unquantized_gemm` -> nothing: the CPU platform's packing of unquantised linear and
   embedding weights for its own GEMM (on a CUDA GPU those methods keep the weights as loaded).
 - vLLM: `VLLM_TARGET_DEVICE=cpu`; the Marlin MoE experts' device check -> True (`--moe-backend marlin`,
@@ -24,6 +28,10 @@ equivalent; nothing else is changed):
   kernel lookup -> the dense CPU_MLA backend ("Sparse Attention is not supported on CPU."); SGLang: the rotary
   embedding's accelerator lookup -> "cpu" (YaRN's cos/sin cache). serving_tests/{vllm,sglang}/mla_cpu.py; the
   same stand-in in both models, never a compared tensor.
+- vLLM: the torchvision stand-in (serving_tests/stubs) also on the spawned ranks' PYTHONPATH: vLLM inspects a
+  multimodal wrapper's class (Qwen3.5, Llama-4, Gemma-4) in a subprocess that imports transformers' image
+  processors; no multimodal code runs. Those wrappers are built text-only (`text_only` cases: vLLM's own
+  `--language-model-only`), since their replicas hold no vision tensors.
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """
@@ -59,7 +67,8 @@ def results(tmp_path_factory, request):
         if case_id not in selected or case.blocked:
             continue
         src, conv = make_case(tmp, case, ENGINE, dtype)
-        cases[case_id] = {"source": str(src), "converted": str(conv), "dtype": dtype, "fmt": case.fmt}
+        cases[case_id] = {"source": str(src), "converted": str(conv), "dtype": dtype, "fmt": case.fmt,
+                          "text_only": case.text_only}
     t0 = time.monotonic()
     out = spawn_ranks("harness_differential:run", {"cases": cases}, tmp, world=1)[0]
     print(f"\n[differential] {ENGINE}: {len(cases)} cases built twice in {time.monotonic() - t0:.0f} s")

@@ -24,9 +24,19 @@ The facts per family, and where they come from:
   `mtp.safetensors`, which model.safetensors.index.json does not list (vLLM 0.33 glm4_moe_mtp.py; the
   GLM-4.6/4.7 NVFP4 releases' file lists).
 - qwen3.5-moe (Qwen3.5 / Qwen3.6 MoE): Qwen3_5MoeForConditionalGeneration, text stack under
-  `model.language_model.layers`, `mlp.shared_expert` + `mlp.shared_expert_gate`, MTP under `mtp.*`;
-  nvidia's ModelOpt export is MIXED_PRECISION (FP8 attention, NVFP4 experts, unquantised MTP), config
-  nested under `text_config` (vLLM 0.33 qwen3_5.py, qwen3_5_mtp.py).
+  `model.language_model.layers`, hybrid Gated-DeltaNet / gated full attention (synth/hybrid.py),
+  `mlp.shared_expert` + `mlp.shared_expert_gate`, MTP under `mtp.*` (`mtp.fc`, `mtp.pre_fc_norm_{embedding,
+  hidden}`, `mtp.layers.0.*` a full-attention MoE layer, `mtp.norm`: vLLM 0.33 qwen3_5_mtp.py); nvidia's
+  ModelOpt export is MIXED_PRECISION (FP8 attention and linear-attention projections, NVFP4 experts,
+  unquantised MTP: sgl-project/sglang PR #27906, atlas PR #121), config nested under `text_config`;
+  llm-compressor's compressed-tensors recipe quantises self_attn and the shared expert and skips the router,
+  the shared-expert gate and the linear attention (llm-compressor PR #2740, docs/key-models/qwen3.6).
+  Not modelled: the release's W4A16_NVFP4 `lm_head` (SGLang PR #27906) and its vision tower.
+- qwen3-next (Qwen3-Next / Qwen3-Coder-Next): Qwen3NextForCausalLM, `model.layers.L` with fused
+  `linear_attn.in_proj_qkvz` / `in_proj_ba`, `mlp.shared_expert` + `mlp.shared_expert_gate`, MTP under `mtp.*`
+  with `num_nextn_predict_layers` (vLLM 0.33 qwen3_next.py, qwen3_next_mtp.py). Which layers the NVFP4
+  releases quantise besides the experts is this generator's assumption (attention and linear attention kept
+  BF16, as ModelOpt's Qwen3-Next recipe keeps QKV out of NVFP4: NVIDIA/Model-Optimizer PR #735).
 - minimax-m2 / mixtral: MiniMaxM2ForCausalLM / MixtralForCausalLM, `model.layers.L.block_sparse_moe.experts.E.
   {w1,w3,w2}`, router `block_sparse_moe.gate` (vLLM 0.33 minimax_m2.py, mixtral.py). MiniMax-M2 adds
   `block_sparse_moe.e_score_correction_bias` (F32, sigmoid scoring, `use_routing_bias`), per-layer
@@ -38,7 +48,10 @@ The facts per family, and where they come from:
   `feed_forward.shared_expert`, and ModelOpt's stacked experts `feed_forward.experts.{gate_up_proj,down_proj}`
   K-major with `_weight_scale`, `_weight_scale_2`, `_input_scale` (vLLM 0.33 llama4.py load_moe_expert_weights,
   mllama4.py _rename_weight_for_modelopt_checkpoint; nvidia/Llama-4-Scout-17B-16E-Instruct-FP4). One global and
-  one input scale per stack is this generator's assumption (not confirmed from a public tensor list).
+  one input scale per stack is this generator's assumption (not confirmed from a public tensor list). The replica
+  has Maverick's layout, experts on every other layer (`interleave_moe_layer_step: 2`, a dense NVFP4
+  `feed_forward.{gate,up,down}_proj` of `intermediate_size_mlp` between: vLLM 0.33 llama4.py is_moe_layer;
+  Scout has step 1); the dense layers' NVFP4 quantisation is this generator's assumption.
 Sizes, values and the tokenizer are synthetic; the generator never copies real weights.
 """
 
@@ -52,8 +65,11 @@ from dsv4_convert.core.naming import family_named
 from dsv4_convert.formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
 from dsv4_convert.synth.configs import _ct_config, _modelopt_groups
 from dsv4_convert.synth.experts import Tweaks, encode_layer_experts
+from dsv4_convert.synth.gemma4 import gemma4_tensors, gemma4_text_config
+from dsv4_convert.synth.hybrid import LINEAR, gated_attention, gdn_layer, layer_types, linear_config
 from dsv4_convert.synth.layouts import Dims
 from dsv4_convert.synth.mla import mla_config, mla_tensors
+from dsv4_convert.synth.nemotron import nemotron_config, nemotron_tensors
 from dsv4_convert.synth.seeded import dense, expert_matrix
 
 __all__ = ["FAMILY_SPECS", "FamilySpec", "MTP_FILE", "family_config_files", "family_tensors"]
@@ -69,6 +85,7 @@ class FamilySpec:
     moe: str                       # the MoE block's module name: mlp, block_sparse_moe
     shared: str | None = None      # shared expert module: shared_experts, shared_expert
     dense_layers: int = 0          # first layers with a dense MLP instead of experts
+    moe_every: int = 1             # experts on every n-th layer, dense MLPs between (Llama-4 Maverick: 2)
     mixed: bool = False            # ModelOpt MIXED_PRECISION: FP8 attention, NVFP4 experts
     mtp: str | None = None         # "file": GLM's mtp.safetensors; "unquantised": Qwen3.5's BF16 mtp.*
     hf_quant_only: bool = False    # ModelOpt deleted quantization_config from config.json (DeepSeek-R1 FP4)
@@ -76,6 +93,10 @@ class FamilySpec:
     router: str = "gate"           # the router's module name under the MoE block
     lm_head: str = "lm_head.weight"
     stacked: bool = False          # all experts of a layer in K-major stacks (Llama-4 by ModelOpt)
+    shared_gate: bool = False      # a sigmoid gate over the shared expert, `shared_expert_gate` (Qwen)
+    linear: str | None = None      # hybrid linear attention: "split" (Qwen3.5) or "fused" (Qwen3-Next) in_proj
+    bf16: tuple[str, ...] = ()     # further modules the NVFP4 export keeps BF16 (globs under the layer prefix)
+    layer_prefix: str | None = None  # the layers' prefix where the naming table has no scheme for it yet
     config: dict = field(default_factory=dict)
     name: str = ""                 # the replica's own name when it is a release of `family` (kimi-k2)
     attention: str = "gqa"         # gqa, mla, mla-indexer (synth/mla.py)
@@ -90,7 +111,7 @@ class FamilySpec:
 
     @property
     def prefix(self) -> str:
-        return family_named(self.family).source_scheme.layer_prefixes[0]
+        return self.layer_prefix or family_named(self.family).source_scheme.layer_prefixes[0]
 
 
 _DEEPSEEK = {"n_shared_experts": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "n_group": 1,
@@ -116,18 +137,39 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     FamilySpec("glm4-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "glm4_moe", "mlp", shared="shared_experts",
                dense_layers=1, mtp="file", config={"n_shared_experts": 1, "num_nextn_predict_layers": 1}),
     FamilySpec("qwen3.5-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_5_moe", "mlp", shared="shared_expert",
-               mixed=True, mtp="unquantised", nested=True, config={"mtp_num_hidden_layers": 1}),
+               mixed=True, mtp="unquantised", nested=True, linear="split", shared_gate=True,
+               # Qwen3.5's interleaved M-RoPE over a quarter of the head (mrope_section [11, 11, 10] of head_dim 256 in
+               # the releases; scaled to this head_dim's 16 rotary dims)
+               config={"mtp_num_hidden_layers": 1, "rope_parameters": {
+                   "rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                   "mrope_section": [3, 3, 2], "mrope_interleaved": True}}),
+    FamilySpec("qwen3-next", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_next", "mlp", shared="shared_expert",
+               mtp="unquantised", linear="fused", shared_gate=True,
+               config={"num_nextn_predict_layers": 1, "norm_topk_prob": True, "decoder_sparse_step": 1}),
+    # Nemotron-H (synth/nemotron.py): Mamba-2 / attention / MoE layers, non-gated experts
+    FamilySpec("nemotron-h", ("nvfp4-modelopt-hf",), "nemotron_h", "mixer", shared="shared_experts",
+               layer_prefix="backbone.layers",
+               bf16=tuple(f"mixer.{p}" for p in ("in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj"))),
+    # Gemma-4 MoE (synth/gemma4.py): experts and router beside a dense MLP in every layer
+    FamilySpec("gemma4-moe", ("nvfp4-modelopt-hf",), "gemma4", "", router="router", nested=True),
     FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe",
                config={"scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True,
                        "qk_norm_type": "per_layer", "rotary_dim": 32, "rope_theta": 5000000, "rms_norm_eps": 1e-6}),
     FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
                router="router", lm_head="language_model.lm_head.weight", stacked=True,
-               config={"interleave_moe_layer_step": 1}),
+               moe_every=2, config={"interleave_moe_layer_step": 2}),
 )}
 
 
-def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: torch.dtype) -> None:
+def peak(seed: int, group: list[tuple[str, int, int]]) -> float:
+    """The largest |value| over layers the engines fuse (q/k/v, gate/up): both producers give such a group one
+    NVFP4 global (llm-compressor's fused global scales; SGLang's W4A16 NVFP4 linear refuses anything else)."""
+    return max(dense(seed, name, (n, k), dtype=torch.float32).abs().max().item() for name, n, k in group)
+
+
+def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: torch.dtype,
+            group_peak: float | None = None) -> None:
     """One linear layer's tensors: BF16, ModelOpt FP8 per-tensor, ModelOpt NVFP4 or compressed-tensors NVFP4."""
     w = dense(seed, name, (n, k), dtype=torch.float32)
     if kind == "bf16":
@@ -137,7 +179,7 @@ def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: t
         out[f"{name}.weight"] = (w / scale).to(torch.float8_e4m3fn)
         out[f"{name}.weight_scale"], out[f"{name}.input_scale"] = scale.reshape(()), torch.tensor(0.01)
     else:
-        packed, scale, g = quantize_nvfp4(w, nvfp4_global_for(w.abs().max().item()))
+        packed, scale, g = quantize_nvfp4(w, nvfp4_global_for(group_peak or w.abs().max().item()))
         if kind == "nvfp4-ct":
             out[f"{name}.weight_packed"], out[f"{name}.weight_scale"] = packed, scale
             out[f"{name}.weight_global_scale"], out[f"{name}.input_global_scale"] = global_to_ct(g), torch.ones(1)
@@ -147,8 +189,24 @@ def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: t
 
 
 def _mlp(out: dict, seed: int, base: str, h: int, inter: int, kind: str, dtype: torch.dtype) -> None:
+    fused = peak(seed, [(f"{base}.{proj}", inter, h) for proj in ("gate_proj", "up_proj")])
     for proj, (n, k) in (("gate_proj", (inter, h)), ("up_proj", (inter, h)), ("down_proj", (h, inter))):
-        _linear(out, seed, f"{base}.{proj}", n, k, kind, dtype)
+        _linear(out, seed, f"{base}.{proj}", n, k, kind, dtype, fused if proj != "down_proj" else None)
+
+
+def _attn_kind(spec: FamilySpec, fmt: str) -> str:
+    """Attention's quantisation: FP8 in ModelOpt's MIXED_PRECISION, NVFP4 in llm-compressor's Qwen3.5 recipe."""
+    if spec.mixed:
+        return "nvfp4-ct" if fmt == "nvfp4-ct" else "fp8"
+    return "bf16"
+
+
+def _shared_kind(spec: FamilySpec, fmt: str) -> str:
+    """ModelOpt quantises shared experts with the rest; the compressed-tensors recipes ignore them, except
+    llm-compressor's Qwen3.5 / 3.6 one (it skips only the shared-expert gate)."""
+    if fmt == "nvfp4-ct":
+        return "nvfp4-ct" if spec.mixed else "bf16"
+    return "nvfp4"
 
 
 def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims, dtype: torch.dtype,
@@ -156,19 +214,26 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
     p, h, hd = f"{spec.prefix}.{layer}", d.hidden, d.heads * d.head_dim
     quant = "nvfp4-ct" if fmt == "nvfp4-ct" else "nvfp4"
     out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
-    attn = "fp8" if spec.mixed and fmt != "nvfp4-ct" else "bf16"
+    attn = _attn_kind(spec, fmt)
     if spec.attention.startswith("mla"):
         mla_tensors(out, seed, p, h, d.heads, d.q_lora_rank, dtype, indexer=spec.attention == "mla-indexer")
+    elif spec.linear is not None:  # hybrid: Gated-DeltaNet or gated full attention (synth/hybrid.py)
+        if layer < d.layers and layer_types(d)[layer] == LINEAR:
+            gdn_layer(out, seed, p, d, _linear, split=spec.linear == "split", dtype=dtype,
+                      big="fp8" if spec.mixed and fmt != "nvfp4-ct" else "bf16")
+        else:
+            gated_attention(out, seed, p, d, _linear, kind=attn, dtype=dtype)
     else:
-        for proj, (n, k) in (("q_proj", (hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)),
-                             ("o_proj", (h, hd))):
-            _linear(out, seed, f"{p}.self_attn.{proj}", n, k, attn, dtype)
+        projs = (("q_proj", (hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)), ("o_proj", (h, hd)))
+        qkv = peak(seed, [(f"{p}.self_attn.{proj}", n, k) for proj, (n, k) in projs[:3]])
+        for proj, (n, k) in projs:
+            _linear(out, seed, f"{p}.self_attn.{proj}", n, k, attn, dtype, qkv if proj != "o_proj" else None)
     if spec.config.get("use_qk_norm"):  # MiniMax-M2: one norm over all heads
         out[f"{p}.self_attn.q_norm.weight"] = torch.ones(hd, dtype=dtype)
         out[f"{p}.self_attn.k_norm.weight"] = torch.ones(d.head_dim, dtype=dtype)
     out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
-    if layer < spec.dense_layers:
-        _mlp(out, seed, f"{p}.mlp", h, 2 * d.intermediate, "bf16" if spec.routed_only else quant, dtype)
+    if layer < spec.dense_layers or (layer + 1) % spec.moe_every:
+        _mlp(out, seed, f"{p}.{spec.moe}", h, 2 * d.intermediate, "bf16" if spec.routed_only else quant, dtype)
         return
     moe = f"{p}.{spec.moe}"
     out[f"{moe}.{spec.router}.weight"] = dense(seed, f"{moe}.{spec.router}", (d.experts, h), dtype=dtype)
@@ -177,10 +242,10 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
     elif spec.config.get("use_routing_bias"):  # MiniMax-M2
         out[f"{moe}.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
     if spec.shared is not None:
-        # ModelOpt quantises shared experts with the rest; the compressed-tensors recipes ignore them
+        # ModelOpt quantises shared experts with the rest; the compressed-tensors recipes ignore them (but Qwen3.5's)
         _mlp(out, seed, f"{moe}.{spec.shared}", h, d.intermediate,
-             "bf16" if fmt == "nvfp4-ct" or spec.routed_only else quant, dtype)
-        if spec.family == "qwen3.5-moe":
+             "bf16" if spec.routed_only else _shared_kind(spec, fmt), dtype)
+        if spec.shared_gate:
             out[f"{moe}.shared_expert_gate.weight"] = dense(seed, f"{moe}.shared_expert_gate", (1, h), dtype=dtype)
     if spec.stacked:
         out.update(_k_major_stacks(seed, f"{moe}.experts", str(layer), d, dtype))
@@ -212,6 +277,10 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
                    dtype: torch.dtype = torch.bfloat16) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(indexed tensors in file order, tensors of the file outside the index: GLM's mtp.safetensors)."""
     spec = FAMILY_SPECS[family]
+    if family == "nemotron-h":
+        return nemotron_tensors(fmt, seed, d, _linear, dtype), {}
+    if family == "gemma4-moe":
+        return gemma4_tensors(fmt, seed, d, _linear, family_named(family).source_scheme, dtype), {}
     root = spec.prefix.rsplit(".layers", 1)[0]
     out: dict[str, torch.Tensor] = {}
     out[f"{root}.embed_tokens.weight"] = dense(seed, "embed", (d.vocab, d.hidden), dtype=dtype)
@@ -226,15 +295,28 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
             outside[f"{spec.prefix}.{d.layers}.{name}.weight"] = torch.ones(d.hidden, dtype=dtype)
         outside[f"{spec.prefix}.{d.layers}.eh_proj.weight"] = dense(seed, "eh_proj", (d.hidden, 2 * d.hidden),
                                                                     dtype=dtype)
-    elif spec.mtp == "unquantised":  # Qwen3.5: BF16 MTP block under mtp.*, experts included
-        mtp = "mtp.layers.0"
-        out["mtp.fc.weight"] = dense(seed, "mtp.fc", (d.hidden, 2 * d.hidden), dtype=dtype)
-        for e in range(d.experts):
-            for proj, shape in (("gate_proj", (d.intermediate, d.hidden)), ("up_proj", (d.intermediate, d.hidden)),
-                                ("down_proj", (d.hidden, d.intermediate))):
-                name = f"{mtp}.mlp.experts.{e}.{proj}.weight"
-                out[name] = dense(seed, name, shape, dtype=dtype)
+    elif spec.mtp == "unquantised":  # Qwen3.5 / Qwen3-Next: a BF16 MTP block under mtp.*, experts included
+        out.update(_mtp_block(seed, spec, d, dtype))
     return out, outside
+
+
+def _mtp_block(seed: int, spec: FamilySpec, d: Dims, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """`mtp.fc`, the two pre-fc norms, one full-attention MoE layer `mtp.layers.0.*` and `mtp.norm`, all BF16."""
+    h, out = d.hidden, {}
+    out["mtp.fc.weight"] = dense(seed, "mtp.fc", (h, 2 * h), dtype=dtype)
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden"):
+        out[f"mtp.{norm}.weight"] = torch.ones(h, dtype=dtype)
+    p = "mtp.layers.0"
+    out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
+    gated_attention(out, seed, p, d, _linear, kind="bf16", dtype=dtype)
+    out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
+    out[f"{p}.mlp.gate.weight"] = dense(seed, f"{p}.mlp.gate", (d.experts, h), dtype=dtype)
+    _mlp(out, seed, f"{p}.mlp.shared_expert", h, d.intermediate, "bf16", dtype)
+    out[f"{p}.mlp.shared_expert_gate.weight"] = dense(seed, f"{p}.mlp.shared_expert_gate", (1, h), dtype=dtype)
+    for e in range(d.experts):
+        _mlp(out, seed, f"{p}.mlp.experts.{e}", h, d.intermediate, "bf16", dtype)
+    out["mtp.norm.weight"] = torch.ones(h, dtype=dtype)
+    return out
 
 
 _N_ROUTED = ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe")
@@ -263,6 +345,8 @@ def _arch_config(spec: FamilySpec, d: Dims) -> dict:
         text["first_k_dense_replace"] = spec.dense_layers
     if spec.shared == "shared_expert":
         text["shared_expert_intermediate_size"] = d.intermediate
+    if spec.linear is not None:
+        text.update(linear_config(d))
     config = {"architectures": [spec.architecture or family.architectures[0]], "model_type": spec.model_type}
     if spec.nested:
         text["model_type"] = f"{spec.model_type}_text"
@@ -276,22 +360,29 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
     """(config.json quantization_config or None, hf_quant_config.json), as ModelOpt writes them (§4.2-4.3)."""
     producer = {"name": "modelopt", "version": "0.37.0"}
     lp = spec.prefix
-    exclude = [spec.lm_head.removesuffix(".weight"), f"{lp}.*.{spec.moe}.{spec.router}",
+    exclude = [spec.lm_head.removesuffix(".weight"), f"{lp}.*.{spec.moe + '.' if spec.moe else ''}{spec.router}",
                "mtp*" if spec.mtp == "unquantised" else None,
-               f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.family == "qwen3.5-moe" else None]
+               f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.shared_gate else None]
     exclude = [e for e in exclude if e]
     if spec.routed_only:  # Kimi-K2 NVFP4: only the routed experts are FP4
         exclude += [f"{lp}.*.{spec.moe}.{spec.shared}*", *(f"{lp}.{i}.{spec.moe}*" for i in range(spec.dense_layers))]
+    if spec.stacked:  # Llama-4's vision tower and projector stay BF16 (an assumption: not from a public list)
+        exclude += ["vision_model*", "multi_modal_projector*"]
+    exclude += [f"{lp}.*.{glob}" for glob in spec.bf16]
+    if spec.mixed and spec.linear:  # ModelOpt's qwen3_5 recipe keeps in_proj_a / in_proj_b unquantised
+        exclude += [f"{lp}.*.linear_attn.in_proj_a", f"{lp}.*.linear_attn.in_proj_b"]
     if not spec.mixed:
-        exclude.append(f"{lp}.*.self_attn*")
+        exclude += [f"{lp}.*.self_attn*"] + ([f"{lp}.*.linear_attn*"] if spec.linear else [])
         hfq = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": exclude}
         qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "config_groups": _modelopt_groups(),
               "ignore": exclude, "producer": producer}
     else:
         layers = {}
+        kinds = layer_types(d) if spec.linear else ["full_attention"] * d.layers
         for i in range(d.layers):
-            layers |= {f"{lp}.{i}.self_attn.{p}": {"quant_algo": "FP8"} for p in ("q_proj", "k_proj", "v_proj",
-                                                                                     "o_proj")}
+            attn = (("linear_attn", ("in_proj_qkv", "in_proj_z", "out_proj")) if kinds[i] == LINEAR else
+                    ("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")))
+            layers |= {f"{lp}.{i}.{attn[0]}.{p}": {"quant_algo": "FP8"} for p in attn[1]}
             layers |= {f"{lp}.{i}.{spec.moe}.{spec.shared}.{p}": {"quant_algo": "NVFP4", "group_size": 16}
                        for p in ("gate_proj", "up_proj", "down_proj")}
             layers |= {f"{lp}.{i}.{spec.moe}.experts.{e}.{p}": {"quant_algo": "NVFP4", "group_size": 16}
@@ -306,13 +397,23 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
 def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
     """config.json and, for ModelOpt, hf_quant_config.json of a family checkpoint."""
     spec = FAMILY_SPECS[family]
-    config = _arch_config(spec, d)
+    config = nemotron_config(d) if family == "nemotron-h" else _arch_config(spec, d)
+    if family == "gemma4-moe":
+        config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "torch_dtype": "bfloat16",
+                  "text_config": gemma4_text_config(d), "tie_word_embeddings": True,
+                  "vision_config": {"model_type": "gemma4_vision", "hidden_size": 64, "intermediate_size": 128,
+                                    "num_hidden_layers": 1, "num_attention_heads": 1}}  # no tensors: served text-only
     files = {"config.json": config}
     if fmt == "nvfp4-ct":
         config["quantization_config"] = qc = _ct_config("nvfp4")
-        qc["ignore"] += [f"re:.*{spec.shared}\\..*"] if spec.shared else []
-        qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.family == "qwen3.5-moe" else []
+        if spec.mixed:  # llm-compressor's Qwen3.5 recipe quantises self_attn and the shared expert
+            qc["ignore"] = [i for i in qc["ignore"] if "self_attn" not in i and "shared_experts" not in i]
+        elif spec.shared:
+            qc["ignore"] += [f"re:.*{spec.shared}\\..*"]
+        qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.shared_gate else []
+        qc["ignore"] += ["re:.*linear_attn.*"] if spec.linear else []
         qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
+        qc["ignore"] += ["re:.*visual.*"] if spec.nested else []  # the vision tower (llm-compressor PR #2740)
     else:
         qc, hfq = _modelopt(spec, d)
         if spec.stale_block:  # the pre-FP4 model's block, left in config.json (DeepSeek-V3-0324-FP4)

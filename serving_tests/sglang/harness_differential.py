@@ -15,6 +15,9 @@ CPU substitutions, beyond those of test_differential.py's header (each one engin
 - the rotary embedding's CPU branch (its non-CUDA branch imports `vllm._custom_ops`, absent here);
 - `torch.cuda.get_device_capability` -> (12, 0) (sm_120), asked by compressed-tensors' scheme selection;
   (9, 0) for a compressed-tensors source (CAPABILITY below: SGLang's only Marlin path for it);
+- `scaled_fp8_quant` with a static per-tensor scale (CUDA op `sgl_per_tensor_quant_fp8`; FP8 processing
+  requantises a fused layer's shards with it: Qwen3.5's ModelOpt FP8 `in_proj_qkvz`, `qkv_proj`) -> SGLang's
+  own torch fallback for it (`_native_static_quant_fp8`); the same FP8 method in both models;
 - SGLang's dense NVFP4 layers processed for `--fp4-gemm-backend marlin` (its sm_120 default,
   flashinfer_cutlass, moves tensors to CUDA while processing); the same method in both models.
 """
@@ -55,12 +58,24 @@ CAPABILITY = {"nvfp4-ct": (9, 0)}
 SM120 = (12, 0)
 
 
-def _diff(*, source: str, converted: str, dtype: str, fmt: str) -> dict:
+def _diff(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:
+    """`text_only` (a multimodal wrapper's replica has no vision tensors): SGLang builds its tower in both
+    models all the same, zero-filled and compared like the rest."""
     capability = CAPABILITY.get(fmt, SM120)
     torch.cuda.get_device_capability = lambda device=None: capability  # what scheme selection asks
     engine = model_state(_model(source, dtype))
     plugin = model_state(_model(converted, dtype))
     return state_diff(engine, plugin)
+
+
+def _native_static_fp8_quant(input, scale=None, num_token_padding=None, use_per_token_if_dynamic=False):
+    """`scaled_fp8_quant` with a given per-tensor scale (FP8 linear processing requantises a fused layer's
+    shards to one scale with it): SGLang's own torch fallback for that step (fp8_kernel.py
+    `_native_static_quant_fp8`, its non-CUDA path), in place of the CUDA op `sgl_per_tensor_quant_fp8`."""
+    assert scale is not None and scale.numel() == 1 and not num_token_padding, "only the static per-tensor form"
+    fp8 = torch.float8_e4m3fn
+    info = torch.finfo(fp8)
+    return torch.clamp(input / scale, info.min, info.max).to(fp8), scale
 
 
 def run(rank: int, world: int, *, cases: dict) -> dict:
@@ -75,6 +90,12 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     _register_mxfp4_as_on_cuda()
     rope._is_cpu = True
     use_cpu_rope_device()  # MLA families: serving_tests/sglang/mla_cpu.py
+    from sglang.srt.layers.quantization import modelopt_quant
+    from sglang.srt.layers.quantization import utils as quant_utils
+
+    for module in (quant_utils, modelopt_quant):  # FP8 layers (both models): the CUDA per-tensor quant op
+        if hasattr(module, "scaled_fp8_quant"):
+            module.scaled_fp8_quant = _native_static_fp8_quant
     out = {}
     for dtype in sorted({c["dtype"] for c in cases.values()}):  # the server's --dtype, one per context
         with sglang_cpu(world=world, rank=rank, ep=False, dtype=getattr(torch, dtype)), \

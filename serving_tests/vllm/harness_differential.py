@@ -19,12 +19,13 @@ from harness_models import _marlin_runs_here
 from mla_cpu import use_cpu_reference_kernels
 
 
-def _model(path: str, dtype: str):
+def _model(path: str, dtype: str, text_only: bool = False):
     from vllm.config import KernelConfig, ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True)
+    model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
+                               language_model_only=text_only)
     vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype):
         model = initialize_model(vllm_config=vllm_config)
@@ -34,12 +35,24 @@ def _model(path: str, dtype: str):
     return model
 
 
-def _diff(*, source: str, converted: str, dtype: str, fmt: str) -> dict:
-    engine = model_state(_model(source, dtype))
+def _diff(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:
+    engine = model_state(_model(source, dtype, text_only))
     if fmt == "mxfp4-gptoss":  # the plugin's one documented difference: w13 rows [gates; ups]
         engine = engine_rows_as_plugin(engine)
-    plugin = model_state(_model(converted, dtype))
+    plugin = model_state(_model(converted, dtype, text_only))
     return state_diff(engine, plugin)
+
+
+def _native_static_fp8_quant(input, scale=None, num_token_padding=None, scale_ub=None,
+                             use_per_token_if_dynamic=False, output=None, group_shape=None):
+    """`ops.scaled_fp8_quant` with a given per-tensor scale (what FP8 linear processing calls to requantise a
+    fused layer's shards to one scale), through vLLM's own torch path for it, QuantFP8.forward_native."""
+    from vllm.model_executor.layers.quantization.input_quant_fp8 import QuantFP8
+    from vllm.model_executor.layers.quantization.utils.quant_utils import GroupShape
+
+    assert scale is not None and scale.numel() == 1 and output is None, "only the static per-tensor form"
+    quantised, _ = QuantFP8(static=True, group_shape=GroupShape.PER_TENSOR).forward_native(input, scale)
+    return quantised, scale
 
 
 def run(rank: int, world: int, *, cases: dict) -> dict:
@@ -57,6 +70,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     _marlin_runs_here()
     use_cpu_reference_kernels()  # MLA families: serving_tests/vllm/mla_cpu.py
     ops.gptq_marlin_repack = _reference_repack
+    ops.scaled_fp8_quant = _native_static_fp8_quant  # its CUDA op static_scaled_fp8_quant (FP8 layers, both models)
     # the CPU platform packs unquantised weights for its own GEMM (a CUDA GPU keeps them as loaded)
     layer_utils.dispatch_cpu_unquantized_gemm = lambda layer, remove_weight: None
     with set_current_vllm_config(VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=world))):

@@ -33,6 +33,7 @@ from dsv4_convert.core.tensor_model import Role, SourceFormat, TensorRef
 from dsv4_convert.formats.nvfp4 import quantize_nvfp4
 from dsv4_convert.synth import SYNTH_FAMILIES
 from dsv4_convert.synth.families import FAMILY_SPECS, MTP_FILE
+from dsv4_convert.synth.nemotron import PATTERN as NEMOTRON_PATTERN
 from dsv4_convert.synth.seeded import expert_matrix
 from tests.helpers.cli import CLI, restored_tree, run_cli, tree_hashes
 from tests.helpers.compare import assert_bytes_equal
@@ -84,8 +85,12 @@ def test_family_is_recognised_with_its_names(family_source, fam, fmt):
     assert ckpt.format is (SourceFormat.NVFP4_CT if fmt == "nvfp4-ct" else SourceFormat.NVFP4_MODELOPT_HF)
     assert family.scheme in ckpt.format_reason
     spec = FAMILY_SPECS[fam]
-    moe_layers = range(spec.dense_layers, _SIZES["layers"])
-    assert len(ckpt.projections) == len(moe_layers) * _SIZES["experts"] * 3
+    if fam == "nemotron-h":  # its replica's own layer pattern (synth/nemotron.py)
+        moe_layers = [i for i, kind in enumerate(NEMOTRON_PATTERN) if kind == "E"]
+    else:  # dense layers first (DeepSeek, GLM), or between the MoE layers (Llama-4 Maverick)
+        moe_layers = [i for i in range(spec.dense_layers, _SIZES["layers"]) if (i + 1) % spec.moe_every == 0]
+    roles = {r for rs in family.source_scheme.roles.values() for r in rs}  # Nemotron-H: non-gated, two
+    assert len(ckpt.projections) == len(moe_layers) * _SIZES["experts"] * len(roles)
     for p in ckpt.projections:
         parsed = parse_expert_name(p.weight.name)
         assert parsed is not None and parsed.scheme.name == family.scheme, p.weight.name

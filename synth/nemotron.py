@@ -1,0 +1,90 @@
+"""The Nemotron-H replica (`synth --family nemotron-h`): NVIDIA Nemotron-H / Nemotron-3-Nano-30B-A3B, a hybrid of
+Mamba-2 mixers, attention and MoE layers with non-gated ReLU-squared experts.
+
+Facts and sources:
+- `NemotronHForCausalLM`, model_type `nemotron_h`; the layer kinds come from `hybrid_override_pattern`, one
+  character a layer: `M` Mamba-2, `*` attention, `E` MoE, `-` dense MLP (vLLM 0.33 nemotron_h.py
+  NemotronHModel, ALL_DECODER_LAYER_TYPES; transformers configuration_nemotron_h.py).
+- Names: `backbone.embeddings`, `backbone.layers.L.norm`, `backbone.layers.L.mixer.*`, `backbone.norm_f`,
+  `lm_head` (vLLM hf_to_vllm_mapper `backbone` -> `model`, `embeddings` -> `embed_tokens`, `A_log` -> `A`).
+- Mamba-2 mixer: `in_proj` [2*Di + 2*G*N + Hm, H], `conv1d.weight` [Di + 2*G*N, 1, kernel] and `.bias`,
+  `dt_bias` / `A_log` / `D` [Hm], `norm.weight` [Di], `out_proj` [H, Di] (Di = mamba_num_heads x mamba_head_dim,
+  G = n_groups, N = ssm_state_size: vLLM mamba_mixer2.py MambaMixer2).
+- MoE: router `mixer.gate.weight` [E, H] with `gate.e_score_correction_bias` fp32 [E], routed experts
+  `mixer.experts.E.{up_proj,down_proj}` (no gate_proj: `mlp_hidden_act: relu2`, non-gated), shared expert
+  `mixer.shared_experts.{up_proj,down_proj}` (vLLM NemotronHMoE, NemotronHMLP; the release's names as issue #27
+  quotes them for nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4).
+- Which non-expert layers the NVFP4 release quantises is this generator's assumption (experts and shared
+  experts NVFP4; attention, Mamba and the router BF16): no public tensor list was available to confirm it.
+The replica always has four layers, `M*EE`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from dsv4_convert.synth.layouts import Dims
+from dsv4_convert.synth.seeded import dense
+
+__all__ = ["PATTERN", "nemotron_tensors", "nemotron_config"]
+
+PATTERN = "M*EE"
+PREFIX = "backbone.layers"
+_MAMBA = {"mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4}
+Linear = Callable[..., None]  # families._linear(out, seed, name, n, k, kind, dtype)
+
+
+def _mamba(out: dict, seed: int, m: str, d: Dims, linear: Linear, dtype: torch.dtype) -> None:
+    heads, di = _MAMBA["mamba_num_heads"], _MAMBA["mamba_num_heads"] * _MAMBA["mamba_head_dim"]
+    gn = 2 * _MAMBA["n_groups"] * _MAMBA["ssm_state_size"]
+    linear(out, seed, f"{m}.in_proj", 2 * di + gn + heads, d.hidden, "bf16", dtype)
+    out[f"{m}.conv1d.weight"] = dense(seed, f"{m}.conv1d", (di + gn, 1, _MAMBA["conv_kernel"]), dtype=dtype)
+    out[f"{m}.conv1d.bias"] = torch.zeros(di + gn, dtype=dtype)
+    out[f"{m}.dt_bias"] = torch.ones(heads, dtype=dtype)
+    out[f"{m}.A_log"] = dense(seed, f"{m}.A_log", (heads,), dtype=torch.float32)
+    out[f"{m}.D"] = torch.ones(heads, dtype=torch.float32)
+    out[f"{m}.norm.weight"] = torch.ones(di, dtype=dtype)
+    linear(out, seed, f"{m}.out_proj", d.hidden, di, "bf16", dtype)
+
+
+def nemotron_tensors(fmt: str, seed: int, d: Dims, linear: Linear, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    quant = "nvfp4-ct" if fmt == "nvfp4-ct" else "nvfp4"
+    h, hd, out = d.hidden, d.heads * d.head_dim, {}
+    out["backbone.embeddings.weight"] = dense(seed, "embed", (d.vocab, h), dtype=dtype)
+    for i, kind in enumerate(PATTERN):
+        p = f"{PREFIX}.{i}"
+        out[f"{p}.norm.weight"] = torch.ones(h, dtype=dtype)
+        m = f"{p}.mixer"
+        if kind == "M":
+            _mamba(out, seed, m, d, linear, dtype)
+        elif kind == "*":
+            for proj, (n, k) in (("q_proj", (hd, h)), ("k_proj", (d.head_dim, h)), ("v_proj", (d.head_dim, h)),
+                                 ("o_proj", (h, hd))):
+                linear(out, seed, f"{m}.{proj}", n, k, "bf16", dtype)
+        else:
+            out[f"{m}.gate.weight"] = dense(seed, f"{m}.gate", (d.experts, h), dtype=dtype)
+            out[f"{m}.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
+            for e in [*range(d.experts), None]:
+                base = f"{m}.experts.{e}" if e is not None else f"{m}.shared_experts"
+                linear(out, seed, f"{base}.up_proj", d.intermediate, h, quant, dtype)
+                linear(out, seed, f"{base}.down_proj", h, d.intermediate, quant, dtype)
+    out["backbone.norm_f.weight"] = torch.ones(h, dtype=dtype)
+    out["lm_head.weight"] = dense(seed, "lm_head", (d.vocab, h), dtype=dtype)
+    return out
+
+
+def nemotron_config(d: Dims) -> dict:
+    return {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "torch_dtype": "bfloat16",
+        "hidden_size": d.hidden, "num_hidden_layers": len(PATTERN), "hybrid_override_pattern": PATTERN,
+        "num_attention_heads": d.heads, "num_key_value_heads": 1, "head_dim": d.head_dim,
+        "intermediate_size": 2 * d.intermediate, "vocab_size": d.vocab, "tie_word_embeddings": False,
+        "n_routed_experts": d.experts, "num_experts_per_tok": d.top_k, "moe_intermediate_size": d.intermediate,
+        "n_shared_experts": 1, "moe_shared_expert_intermediate_size": d.intermediate, "n_group": 1,
+        "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": True, "mlp_hidden_act": "relu2",
+        "mamba_hidden_act": "silu", "expand": 2, "use_conv_bias": True, "use_bias": False,
+        "layer_norm_epsilon": 1e-5, "residual_in_fp32": False, "rescale_prenorm_residual": True,
+        "chunk_size": 128, **_MAMBA,
+    }
