@@ -93,16 +93,17 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     check_source(ckpt, quant)
     if not allow_unservable:
         check_servable(ckpt)
-    if out is not None and not dry_run:  # every path refusal before any work (runtime/paths.py)
-        Staging(Path(out), force=force, resume=resume, source=ckpt.root).check()
+    staging = None
+    if out is not None and not dry_run:  # OUT's owner, from here to publish: every refusal before any work
+        staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root)
+        staging.check()
     plan = build_plan(ckpt, tgt, max_shard_size=parse_size(max_shard_size),
                       options={"command": CONVERT_COMMAND[quant]}, tp=tp, ep=ep)
     if dry_run:
         summary = _plan_summary(plan)
         emit(summary, _plan_text(plan, summary), **report)
         return
-    result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force,
-                            progress=show_progress(report["quiet"], force_progress), executor=executor, devices=devices)
+    result = run_conversion(plan, staging, workers=workers, progress=show_progress(report["quiet"], force_progress), executor=executor, devices=devices)
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
             f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "

@@ -30,7 +30,6 @@ from dsv4_convert.core.units import human_size
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
-from dsv4_convert.runtime.paths import staging_path
 from dsv4_convert.runtime.profiling import mark, profile_dir, profiled_job
 from dsv4_convert.runtime.side_files import protect
 from dsv4_convert.runtime.staging import Staging
@@ -153,18 +152,17 @@ def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> di
 
 
 # -- parent side ---------------------------------------------------------------------------------
-def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, resume: bool = False,
-                   force: bool = False, progress: bool = True, executor: ExecutorSpec = ExecutorSpec(),
-                   devices: tuple[str, ...] = ()) -> ConvertResult:
-    """Convert `plan` into `out`. `devices`: the GPUs ("cuda:N", cli/options.py use_device) whose jobs
-    run as threads of this process, each on the GPU its index picks (convert/cuda_route.py); () for the
-    CPU."""
+def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None = None, progress: bool = True,
+                   executor: ExecutorSpec = ExecutorSpec(), devices: tuple[str, ...] = ()) -> ConvertResult:
+    """Convert `plan` into `staging.out` (the Staging the CLI built and checked: OUT's one owner, with
+    --force/--resume). `devices`: the GPUs ("cuda:N", cli/options.py use_device) whose jobs run as
+    threads of this process, each on the GPU its index picks (convert/cuda_route.py); () for the CPU."""
     start = time.perf_counter()
     freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
-    protect([ckpt.root, out, staging_path(Path(out))])  # side files (profiles) stay off them
+    protect([ckpt.root], outputs=[staging.out, staging.path])  # side files (profiles) stay off them
     profile_dir()  # refused before any work when it points into them
-    staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root, fence=RunDir.fence)
+    staging.fence, resume = RunDir.fence, staging.resume
     pool = None
     run = RunDir(staging.path)
     try:  # open() inside: a signal that lands in it is still answered (discard() cleans only what open() took)
@@ -200,18 +198,23 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         if pool:
             pool.shutdown(cancel=True)
         staging.discard(keep_verified=resume and isinstance(e, KeyboardInterrupt))  # nothing looks complete
-        mapped = _user_error(e, staging.path, plan)
+        mapped = _user_error(e, staging, plan)
         if mapped is None:
             raise
         raise mapped from (None if isinstance(e, KeyboardInterrupt) else e)
-    return ConvertResult(Path(out), len(plan.shards), len(done), sum(len(s.tensors) for s in plan.shards),
+    return ConvertResult(staging.out, len(plan.shards), len(done), sum(len(s.tensors) for s in plan.shards),
                          len(plan.projections), sum(t.nbytes for t in ckpt.tensors.values()), plan.output_bytes,
                          time.perf_counter() - start, rescale, lost)
 
 
-def _user_error(e: BaseException, staging_path: Path, plan: ConvertPlan):
+def _user_error(e: BaseException, staging: Staging, plan: ConvertPlan):
     """The typed error to show for an exception that aborted a run, or None to re-raise it as is."""
+    staging_path = staging.path
     if isinstance(e, KeyboardInterrupt):
+        if staging.published:  # the signal came after the rename: the output is complete
+            return Interrupted(f"interrupted after {staging.out} was published; that output is complete",
+                               error_id="convert.interrupted", file=str(staging.out),
+                               hint=f"run `dsv4-convert validate {staging.out}` to check it")
         if staging_path.exists():  # Ctrl-C during --resume keeps the verified shards (Staging.discard)
             return Interrupted(f"interrupted; the verified shards stay in {staging_path}",
                                error_id="convert.interrupted", file=str(staging_path),

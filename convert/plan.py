@@ -28,6 +28,7 @@ from dsv4_convert.core.tensor_model import (
 from dsv4_convert.formats.constants import MARLIN_TILE_K
 from dsv4_convert.formats.padded_layout import padded_nk, rank_nk
 from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
+from dsv4_convert.runtime.paths import refuse_reserved_names
 
 __all__ = ["check_structure", "refuse_converted", "check_source", "check_servable", "kept_input_name", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
            "build_plan", "FORMAT_VERSION",
@@ -249,6 +250,7 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
     With `tp` (--tp/--ep), containers the engine pads at that split are written in the padded
     per-rank layout (formats/padded_layout.py); the others keep the layout-agnostic bytes."""
     refuse_converted(ckpt)
+    refuse_reserved_names(ckpt.root)  # an input file the tool's own would overwrite: refused before any write
     check_structure(ckpt)
     rank_tiles = {} if tp is None else layout_tiles(ckpt, target.engine, tp, ep)
     pads = {c: v for c, v in rank_tiles.items() if v.status == PAD}

@@ -49,7 +49,7 @@ from dsv4_convert.formats.padded_layout import decode_rank_blocks, padded_nk, un
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
-from dsv4_convert.runtime.paths import record_name_ok
+from dsv4_convert.runtime.paths import record_name_ok, refuse_reserved_names
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
@@ -248,6 +248,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
     ckpt = open_checkpoint(src)
     staging = Staging(Path(out), force=force, source=ckpt.root, fence=RunDir.fence)
     staging.check()  # before any work: OUT must not alias IN, and must be replaceable
+    refuse_reserved_names(ckpt.root, converted=True)
     _refuse_unverified(ckpt.root)
     block = ckpt.config.get("quantization_config") or {}
     try:
