@@ -218,7 +218,8 @@ def test_force_during_another_runs_publish_waits_its_turn(src, tmp_path):
     run_cli("nvfp4-to-marlin", src, out, *ARGS)  # B's --force has an output of ours to replace
     b_log, state = tmp_path / "b.json", tmp_path / "state"
     partial = f"{out}.partial"
-    b = " ".join([*map(str, CLI), "nvfp4-to-marlin", str(src), str(out), *ARGS, "--force", "--json"])
+    b = " ".join(["env -u DSV4_CONVERT_RUN_AT timeout 300",  # B runs no hook itself (else: a chain of Bs)
+                  *map(str, CLI), "nvfp4-to-marlin", str(src), str(out), *ARGS, "--force", "--json"])
     where = f"test -d {partial} && ! test -e {partial}/{LOCK} && touch {state}; "  # A is where the test says
     proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, "--force", "--json",
                    env={"DSV4_CONVERT_RUN_AT": f"{_publish_step(src)}:{where}{b} > {b_log} || true"}, check=False)
