@@ -174,14 +174,33 @@ def open_checkpoint(source: str | Path) -> Checkpoint:
     fmt, reason = detect_format(config, hf_quant, tensors)
     projections = group_projections(fmt, config, tensors)
     skip = set(shards) | ({INDEX_FILE} if index_file else set())
-    files = [p.relative_to(root) for p in root.rglob("*") if p.is_file()]
-    files = [f for f in files if f.as_posix() not in skip and not is_download_metadata(f)]
+    entries = [p.relative_to(root) for p in root.rglob("*")]
+    entries = [f for f in entries if f.as_posix() not in skip and not is_download_metadata(f)]
+    _refuse_unreadable_files(root, [f for f in entries if f.parts[0] not in LEFT_OUT_DIRS])
+    files = [f for f in entries if (root / f).is_file()]
     others = sorted(f.as_posix() for f in files if f.parts[0] not in LEFT_OUT_DIRS)
     left_out = sorted(f.as_posix() for f in files if f.parts[0] in LEFT_OUT_DIRS)
     return Checkpoint(root=root, format=fmt, config=config, hf_quant_config=hf_quant, tensors=tensors,
                       projections=projections, other_files=tuple(others), left_out=tuple(left_out),
                       index_file=index_file,
                       format_reason=reason)
+
+
+def _refuse_unreadable_files(root: Path, entries: list[Path]) -> None:
+    """Every non-weight file is copied byte for byte, so each must be one: a dangling symlink (a Hub
+    snapshot with a lost blob), a FIFO or a device is refused by name, never dropped in silence; a
+    `.safetensors` outside the index (GLM's mtp.safetensors) must be a readable safetensors file."""
+    for rel in entries:
+        p = root / rel
+        if p.is_dir() and rel.suffix != ".safetensors" or p.is_file() and rel.suffix != ".safetensors":
+            continue
+        what = ("a directory" if p.is_dir() else "a dangling symlink" if p.is_symlink() and not p.exists()
+                else None if p.is_file() else "a FIFO, socket or device")
+        if what is not None:
+            raise InputError(f"{rel.as_posix()} in {root} is {what}: every file beside the weights is copied byte "
+                             "for byte, and this one cannot be", error_id="input.not_a_regular_file", file=str(p),
+                             hint="restore the file (a Hub snapshot's lost blob: download it again), or remove it")
+        read_header(p, file=rel.as_posix())  # a weights file the index does not list: it must be one
 
 
 # ----------------------------------------------------------------------------------------------- tensors
