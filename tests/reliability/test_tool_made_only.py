@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.cli import CLI, run_cli, tree_hashes
@@ -156,6 +158,8 @@ def test_reserved_names_in_the_input_are_refused_before_anything_is_written(tmp_
         if name == "dsv4-convert-source":
             (root / name).mkdir()
             (root / name / "headers.json").write_text("{}")
+        elif name.endswith(".safetensors"):  # a real one: the reader checks every .safetensors it copies
+            save_file({"t": torch.zeros(2)}, root / name)
         else:
             (root / name).write_text("the user's file")
         roots.append((root, tree_hashes(root)))
