@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import json
 import os
+import stat
 from pathlib import Path, PurePosixPath
 
 from dsv4_convert.core.errors import InputError, OutputError, UsageError
-from dsv4_convert.core.files import LOCK, RECORDS, STAGING_SUFFIX, SYNTH_MANIFEST, reserved_input_names
+from dsv4_convert.core.files import LOCK, RECORDS, REPLACED, STAGING_SUFFIX, SYNTH_MANIFEST, reserved_input_names
 from dsv4_convert.core.small_files import read_small
 
 __all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "recorded_files", "record_name_ok",
-           "unlisted_entries", "refuse_reserved_names"]
+           "unlisted_entries", "refuse_reserved_names", "partial_not_ours_error", "plain_file", "replaced_leftovers"]
 
 def out_path(out) -> Path:
     """OUT with its parent resolved and its own name kept: OUT itself must not be a symlink (checked
@@ -219,3 +221,38 @@ def refuse_reserved_names(root: Path, *, converted: bool = False) -> None:
                          error_id="input.reserved_name", file=str(root / clash[0]),
                          hint="rename or move that file out of the input (docs/ERRORS.md lists the reserved "
                               "names); the tool would overwrite or delete it in the output")
+
+
+def partial_not_ours_error(path: Path):
+    def error(why: str, file: Path | None = None) -> OutputError:
+        return OutputError(f"{path} exists but is not an interrupted run of this tool: {why}",
+                           error_id="paths.partial_not_ours", file=str(file or path),
+                           hint="move or remove it yourself, or choose another OUT; it is never deleted for you")
+    return error
+
+
+def plain_file(p) -> bool:
+    """A regular file with one link (a path, not followed, or an open descriptor)."""
+    try:
+        st = os.fstat(p) if isinstance(p, int) else os.stat(p, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def replaced_leftovers(out: Path) -> list[Path]:
+    """`OUT.replaced-*` beside OUT that publish made and a kill left: the holder with exactly OUT
+    inside (or, from older versions, OUT renamed), holding our record and nothing it does not list.
+    Anything else of that name is the user's: never reported, never deleted."""
+    found = []
+    for holder in sorted(out.parent.glob(glob.escape(out.name + REPLACED) + "*")):
+        if holder.is_symlink() or not holder.is_dir():
+            continue
+        inner = holder / out.name
+        try:
+            nested = os.listdir(holder) == [out.name] and inner.is_dir() and not inner.is_symlink()
+        except OSError:
+            continue
+        if not unlisted_entries(inner if nested else holder):
+            found.append(holder)
+    return found

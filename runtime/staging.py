@@ -9,16 +9,11 @@ verifies it)."""
 from __future__ import annotations
 
 import fcntl
-import glob
 import hashlib
 import json
 import os
 import shutil
-import signal
-import stat
 import tempfile
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 from dsv4_convert.core.errors import InputError, OutputError
@@ -31,10 +26,14 @@ from dsv4_convert.runtime.paths import (
     check_replaceable,
     is_disk_full,
     out_path,
+    partial_not_ours_error,
+    plain_file,
     record_name_ok,
+    replaced_leftovers,
     staging_path,
     unlisted_entries,
 )
+from dsv4_convert.runtime.signals import signals_deferred
 
 __all__ = ["Staging", "source_stamp", "write_json_atomic"]
 
@@ -57,33 +56,6 @@ def write_json_atomic(path: Path, obj) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-@contextmanager
-def signals_deferred():
-    """A Ctrl-C, SIGTERM or SIGHUP that lands inside is answered when the block ends: a claim (the
-    mkdir and the lock) or a publication (the rename and its bookkeeping) is never cut in half, so
-    the clean-up always knows what this run made. (A handler runs between any two bytecodes: after
-    os.mkdir returned but before the caller recorded it, the directory would be nobody's.)"""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    caught: list[int] = []
-    old = {s: signal.signal(s, lambda n, f: caught.append(n)) for s in _SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-        if caught:
-            handler = old[caught[0]]
-            if callable(handler):
-                handler(caught[0], None)
-            elif handler != signal.SIG_IGN:
-                os.kill(os.getpid(), caught[0])
 
 
 def source_stamp(root: Path) -> dict[str, list[int]]:
@@ -197,7 +169,7 @@ class Staging:
         names = {e.name for e in self.path.iterdir()}
         not_ours = partial_not_ours_error(self.path)
         lock = self.path / LOCK
-        if LOCK in names and not _plain_file(lock):
+        if LOCK in names and not plain_file(lock):
             raise not_ours(f"its lock {lock} is not a plain file this tool made (a link, a hard link or a special file)")
         if LOCK in names and (names <= {LOCK} or _read_json(self.path / PROGRESS).get("fingerprint")):
             extra = sorted(n for n in names if not staging_entry_ok(n, self._source_names()))
@@ -231,6 +203,8 @@ class Staging:
             fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise locked from None
+        except OSError:  # NFS emulates flock with POSIX locks, which need a writable fd: the lock file still guards
+            pass
         path = self.path / LOCK
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
@@ -240,7 +214,7 @@ class Staging:
                 fd = os.open(path, flags)
             except OSError as e:  # ELOOP: a symlink
                 raise partial_not_ours_error(self.path)(f"its lock {path} is a link ({e.strerror})") from None
-            if not _plain_file(fd):
+            if not plain_file(fd):
                 os.close(fd)
                 raise partial_not_ours_error(self.path)(
                     f"its lock {path} is not a plain file this tool made (a hard link or a special file)")
@@ -279,7 +253,7 @@ class Staging:
         algorithm = state.get("hash_algorithm", "sha256")
         for name, rec in keep.items():
             f = self.path / name
-            if not _plain_file(f):  # a link (or a hard link: not a file a run wrote alone) is dropped, by name
+            if not plain_file(f):  # a link (or a hard link: not a file a run wrote alone) is dropped, by name
                 if os.path.lexists(f):
                     _remove(f)
                 continue
@@ -407,41 +381,6 @@ class Staging:
                 fcntl.flock(fd, fcntl.LOCK_UN)
                 os.close(fd)
                 setattr(self, attr, None)
-
-
-def partial_not_ours_error(path: Path):
-    def error(why: str, file: Path | None = None) -> OutputError:
-        return OutputError(f"{path} exists but is not an interrupted run of this tool: {why}",
-                           error_id="paths.partial_not_ours", file=str(file or path),
-                           hint="move or remove it yourself, or choose another OUT; it is never deleted for you")
-    return error
-
-
-def _plain_file(p) -> bool:
-    """A regular file with one link (a path, not followed, or an open descriptor)."""
-    try:
-        st = os.fstat(p) if isinstance(p, int) else os.stat(p, follow_symlinks=False)
-    except OSError:
-        return False
-    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
-
-
-def replaced_leftovers(out: Path) -> list[Path]:
-    """`OUT.replaced-*` beside OUT that publish made and a kill left: the holder with exactly OUT
-    inside (or, from older versions, OUT renamed), holding our record and nothing it does not list.
-    Anything else of that name is the user's: never reported, never deleted."""
-    found = []
-    for holder in sorted(out.parent.glob(glob.escape(out.name + REPLACED) + "*")):
-        if holder.is_symlink() or not holder.is_dir():
-            continue
-        inner = holder / out.name
-        try:
-            nested = os.listdir(holder) == [out.name] and inner.is_dir() and not inner.is_symlink()
-        except OSError:
-            continue
-        if not unlisted_entries(inner if nested else holder):
-            found.append(holder)
-    return found
 
 
 def _read_json(path: Path) -> dict:
