@@ -103,6 +103,10 @@ def test_force_keeps_a_users_replaced_named_folder(src, tmp_path):
     before = _snapshot(backup, flat)
     run_cli("nvfp4-to-marlin", src, out, *ARGS, "--force")
     assert _snapshot(backup, flat) == before
+    (out / "my-empty-folder").mkdir()  # a folder its record does not list is the user's, even empty
+    proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, "--force", check=False)
+    assert proc.returncode == 5 and "error[paths.unlisted_files]" in proc.stderr, proc.stderr
+    assert (out / "my-empty-folder").is_dir()
 
 
 # -- item 3: --resume adopts X.partial only with the tool's own record and nothing else -------------
