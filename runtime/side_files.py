@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import BinaryIO
 
 from dsv4_convert.core.errors import OutputError, UsageError
-from dsv4_convert.core.reader import hub_cache_dir
 
 __all__ = ["protect", "reset", "guard", "write_side_file", "FLAGS"]
 
@@ -58,6 +57,9 @@ def protect(paths: Iterable[str | os.PathLike | None]) -> None:
     for raw in paths:
         if raw is None or str(raw) == "":
             continue
+        # imported here: --help and --version protect nothing and import no numpy
+        from dsv4_convert.core.reader import hub_cache_dir
+
         hub = hub_cache_dir(raw)
         given = Path(os.path.abspath(os.path.expanduser(os.fspath(raw))))
         root = hub or (given.parent if given.is_file() else given)  # a file names its checkpoint folder
