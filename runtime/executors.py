@@ -21,7 +21,8 @@ from pathlib import Path
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.runtime.jobs import RunDir, one_thread_per_job
 
-__all__ = ["ExecutorSpec", "LocalExecutor", "ThreadExecutor", "auto_workers", "make_executor", "refuse_device"]
+__all__ = ["ExecutorSpec", "LocalExecutor", "ThreadExecutor", "auto_workers", "make_executor", "physical_cores",
+           "refuse_device"]
 
 EXECUTORS = ("local", "ray")
 _BYTES_PER_WORKER = 256 << 20  # below this much work per worker, another process is not worth starting
@@ -41,11 +42,28 @@ def refuse_device(spec: ExecutorSpec, device: str | None) -> None:
                          error_id="usage.flags", hint="drop --device, or run with --executor local")
 
 
+def physical_cores() -> int:
+    """The cores this process may run on, a core's hyper-threads counted once (Linux's topology; each
+    usable CPU where it is not readable). The conversion streams bytes through memory: a core's second
+    hardware thread adds contention, not speed."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        try:
+            cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
+
+
 def auto_workers(workers: int | None, total_bytes: int, jobs: int | None) -> int:
-    """`workers` if given, else the cores, but no more than the jobs (None: not known yet), and in
-    auto mode one process per 256 MiB of work at most: a worker costs a fork and its own start-up,
-    not worth it for small inputs."""
-    n = workers or min(os.cpu_count() or 1, 1 + total_bytes // _BYTES_PER_WORKER)
+    """`workers` if given, else one per physical core, but no more than the jobs (None: not known yet),
+    and in auto mode one process per 256 MiB of work at most: a worker costs a fork and its own
+    start-up, not worth it for small inputs. docs/PERFORMANCE.md has the measurements behind it."""
+    n = workers or min(physical_cores(), 1 + total_bytes // _BYTES_PER_WORKER)
     return max(1, n if jobs is None else min(n, jobs))
 
 
