@@ -111,13 +111,13 @@ def _synth(out: Path, fmt: str, layers: int, shard_gib: float) -> float:
     return time.perf_counter() - t
 
 
-def _copies(src: Path, tmp: Path) -> tuple[float, float]:
-    """(single-stream cp -r + sync, one cp per file at once + sync) seconds."""
-    single = measured(["cp", "-r", str(src), str(tmp / "copy")]).seconds
+def _copies(src: Path, tmp: Path) -> tuple[Run, Run]:
+    """(single-stream cp -r + sync, one cp per file at once + sync)."""
+    single = measured(["cp", "-r", str(src), str(tmp / "copy")])
     shutil.rmtree(tmp / "copy")
     (tmp / "copy").mkdir()
     script = f'for f in "{src}"/*; do cp "$f" "{tmp / "copy"}"/ & done; wait'
-    parallel = measured(["sh", "-c", script]).seconds
+    parallel = measured(["sh", "-c", script])
     shutil.rmtree(tmp / "copy")
     return single, parallel
 
@@ -200,7 +200,8 @@ def layout_table(tmp: Path, args, layers: int, shard_gib: float, routes: list[st
         c1, cn = _copies(src, tmp)
         singles.append(c1)
         parallels.append(cn)
-    t1, tn = statistics.median(singles), statistics.median(parallels)
+    t1, tn = statistics.median(r.seconds for r in singles), statistics.median(r.seconds for r in parallels)
+    cpu1, cpun = statistics.median(r.cpu_seconds for r in singles), statistics.median(r.cpu_seconds for r in parallels)
     print(f"  {'route':<12}{'workers':>8}{'seconds':>9}{'GB/s':>7}{'t/cp1':>7}{'t/cpN':>7}{'CPU s':>8}{MEM_HEAD}"
           f"{'start-up':>9}", flush=True)
     for route in routes:
@@ -217,9 +218,9 @@ def layout_table(tmp: Path, args, layers: int, shard_gib: float, routes: list[st
             print(f"  {route:<12}{label:>8}{t:>9.2f}{size / t / 1e9:>7.2f}{t / t1:>7.2f}{t / tn:>7.2f}"
                   f"{statistics.median(r.cpu_seconds for r in runs):>8.1f}{_mem(worst)}"
                   f"{statistics.median(starts):>9.2f}", flush=True)
-    print(f"  {'cp -r':<12}{'1':>8}{t1:>9.2f}{size / t1 / 1e9:>7.2f}{1:>7.2f}{t1 / tn:>7.2f}   (medians of "
+    print(f"  {'cp -r':<12}{'1':>8}{t1:>9.2f}{size / t1 / 1e9:>7.2f}{1:>7.2f}{t1 / tn:>7.2f}{cpu1:>8.1f}   (medians of "
           f"{args.copies}, made before the rows)\n  {'cp per shard':<12}{shards:>8}{tn:>9.2f}{size / tn / 1e9:>7.2f}"
-          f"{tn / t1:>7.2f}{1:>7.2f}", flush=True)
+          f"{tn / t1:>7.2f}{1:>7.2f}{cpun:>8.1f}", flush=True)
     if args.profile:
         for route in routes:
             _profile(command, src, tmp, args.target, route, args.workers[-1])

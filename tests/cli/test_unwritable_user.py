@@ -87,8 +87,10 @@ def test_a_user_who_cannot_write_the_install_or_home_converts_and_validates(pyth
         assert "locator" not in r.stderr
     shards = sorted(p.name for p in (out_root / "m0").glob("*.safetensors"))
     assert shards and all((out_root / "m0" / s).read_bytes() == (out_root / "m1" / s).read_bytes() for s in shards)
-    r = _as_nobody([*python_for_nobody, "validate", str(out_root / "m1"), "--against", str(src), "-q"], env, cwd=world)
-    assert r.returncode == 0, r.stdout + r.stderr
+    if tmp_owner == "nobody":  # validate imports the same kernels (and torch): once is enough
+        r = _as_nobody([*python_for_nobody, "validate", str(out_root / "m1"), "--against", str(src), "-q"], env,
+                       cwd=world)
+        assert r.returncode == 0, r.stdout + r.stderr
     cache = tmpdir / f"dsv4-convert-numba-{NOBODY}"
     if tmp_owner == "nobody":
         st = cache.stat()
