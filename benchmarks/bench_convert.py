@@ -36,10 +36,12 @@ import os
 import platform
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -100,15 +102,56 @@ MEM_HEAD = f"{'VmHWM':>7}{'anon':>7}{'anon/t':>7}"
 
 
 def _synth(out: Path, fmt: str, layers: int, shard_gib: float) -> float:
-    """Write `layers` real-size layers in shards of `shard_gib`; seconds taken."""
+    """Write `layers` real-size layers in shards of `shard_gib` (one written by synth, the others
+    _replicate's); seconds taken."""
     code = ("import sys; from pathlib import Path; from dataclasses import replace\n"
             "from dsv4_convert.synth import write_synthetic_checkpoint\n"
             "from dsv4_convert.synth.realsize import REAL_SIZE\n"
             f"write_synthetic_checkpoint(Path({str(out)!r}), format={fmt!r}, real_size=True, force=True, "
-            f"real_size_dims=replace(REAL_SIZE, layers={layers}), shard_bytes=int({shard_gib} * 2**30))")
+            f"real_size_dims=replace(REAL_SIZE, layers=1), "
+            f"shard_bytes=int({shard_gib} * 2**30))")
     t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True)
+    one = out.with_name(out.name + "-1") if layers > 1 else out
+    subprocess.run([sys.executable, "-c", code.replace(f"Path({str(out)!r})", f"Path({str(one)!r})")], check=True)
+    if layers > 1:
+        _replicate(one, out, layers)
+        shutil.rmtree(one)
     return time.perf_counter() - t
+
+
+def _replicate(one: Path, out: Path, layers: int) -> None:
+    """`layers` real-size layers made from the one-layer checkpoint `one` in seconds, not minutes of
+    random numbers: layer L's shards hold layer 0's bytes under the names layers.L.* (random codes either
+    way; the converter treats every layer alike). One thread per new shard (copy_file_range)."""
+    shutil.copytree(one, out)
+    index = json.loads((one / "model.safetensors.index.json").read_text())
+    shards = sorted(one.glob("*.safetensors"))
+
+    def copy(job):
+        layer, shard = job
+        with open(shard, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            renamed = {k.replace("layers.0.", f"layers.{layer}.", 1): v for k, v in header.items()}
+            text = json.dumps(renamed, separators=(",", ":")).encode()
+            text += b" " * (-len(text) % 8)
+            with open(out / f"layer{layer}-{shard.name}", "wb") as g:
+                g.write(struct.pack("<Q", len(text)) + text)
+                g.flush()
+                left, src_at = shard.stat().st_size - 8 - n, 8 + n
+                while left:
+                    done = os.copy_file_range(f.fileno(), g.fileno(), left, src_at)
+                    left, src_at = left - done, src_at + done
+        return {k: f"layer{layer}-{shard.name}" for k in renamed if k != "__metadata__"}
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        for names in pool.map(copy, [(layer, s) for layer in range(1, layers) for s in shards]):
+            index["weight_map"].update(names)
+    index["metadata"]["total_size"] *= layers
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config = json.loads((one / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
 def _copies(src: Path, tmp: Path) -> tuple[Run, Run]:
