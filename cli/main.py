@@ -31,6 +31,11 @@ import errno  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 
+# numpy's OpenBLAS starts a thread per core when numpy is imported, and each spins before it sleeps: on
+# the 16-core GPU box `inspect` took 3.5 CPU seconds for 1.6 s of wall (docs/PERFORMANCE.md). No command
+# multiplies matrices with numpy (torch has its own threads), so one BLAS thread, unless the user says.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import click  # noqa: E402
 
 from dsv4_convert import __version__  # noqa: E402
