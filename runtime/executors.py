@@ -26,7 +26,7 @@ __all__ = ["ExecutorSpec", "LocalExecutor", "ThreadExecutor", "auto_workers", "m
            "refuse_device"]
 
 EXECUTORS = ("local", "ray")
-_BYTES_PER_WORKER = 256 << 20  # below this much work per worker, another process is not worth starting
+_BYTES_PER_WORKER = 128 << 20  # below this much work per worker, another process is not worth starting
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def physical_cores() -> int:
 
 def auto_workers(workers: int | None, total_bytes: int, jobs: int | None) -> int:
     """`workers` if given, else one per physical core, but no more than the jobs (None: not known yet),
-    and in auto mode one process per 256 MiB of work at most: a worker costs a fork and its own
+    and in auto mode one process per 128 MiB of work at most: a worker costs a fork and its own
     start-up, not worth it for small inputs. docs/PERFORMANCE.md has the measurements behind it."""
     n = workers or min(physical_cores(), 1 + total_bytes // _BYTES_PER_WORKER)
     return max(1, n if jobs is None else min(n, jobs))
