@@ -44,6 +44,10 @@ Examples:
   dsv4-convert {cmd} IN OUT --target vllm --tp 2   # for TP 2 only, padded as vLLM pads it
   dsv4-convert {cmd} IN OUT --json --report r.json   # one JSON object, on stdout and in r.json
 
+It runs on the CPU, by design: a GPU route (--device cuda) was measured and withdrawn, 0.39x the CPU
+route on an H100 box with the same bytes (the GPU could take only the weight repack, while reading,
+writing and start-up stay and two PCIe copies are added; docs/PERFORMANCE.md).
+
 \b
 Exit codes: 0 converted, 2 usage error, 3 unreadable input, 4 input not convertible by this command,
 5 output cannot be written, 130 interrupted (Ctrl-C, SIGTERM, SIGHUP). docs/ERRORS.md lists every id.

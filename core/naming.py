@@ -13,6 +13,7 @@ Each entry names the public source of its facts.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -59,7 +60,7 @@ class Scheme:
     tails: Mapping[str, str] = field(default_factory=dict)  # stacked: name tail -> part ("" = the weight)
     source: str = ""
 
-    @property
+    @functools.cached_property  # built once: parse_expert_name runs for every tensor of a checkpoint
     def pattern(self) -> re.Pattern:
         prefixes = "|".join(re.escape(p) for p in self.layer_prefixes)
         roles = "|".join(re.escape(r) for r in self.roles)

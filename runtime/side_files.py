@@ -23,7 +23,6 @@ from typing import BinaryIO
 
 from dsv4_convert.core.errors import OutputError, UsageError
 from dsv4_convert.core.files import LOCK
-from dsv4_convert.core.reader import hub_cache_dir
 
 __all__ = ["protect", "reset", "guard", "write_side_file", "FLAGS"]
 
@@ -63,6 +62,9 @@ def protect(paths: Iterable[str | os.PathLike | None], *, outputs: Iterable[str 
     for raw, output in [*((p, False) for p in paths), *((p, True) for p in outputs)]:
         if raw is None or str(raw) == "":
             continue
+        # imported here: --help and --version protect nothing and import no numpy
+        from dsv4_convert.core.reader import hub_cache_dir
+
         hub = None if output else hub_cache_dir(raw)
         given = Path(os.path.abspath(os.path.expanduser(os.fspath(raw))))
         as_file = not output and not given.is_dir() and (os.path.lexists(given) or given.suffix in _FILE_SUFFIXES)
