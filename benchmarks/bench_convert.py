@@ -36,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from _measure import measured  # noqa: E402
 
-from dsv4_convert.runtime.profiling import MARKS_ENV, PROFILE_ENV, breakdown  # noqa: E402
+from dsv4_convert.runtime.profiling import breakdown  # noqa: E402
+from dsv4_convert.runtime.settings import MARKS_ENV, PROFILE_ENV  # noqa: E402
 
 FULL_CHECKPOINT_GB = 148.66 * 2**30 / 1e9
 COMMANDS = {"nvfp4-modelopt-dsv4": "nvfp4-to-marlin", "nvfp4-modelopt-hf": "nvfp4-to-marlin",
