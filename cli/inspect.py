@@ -7,11 +7,11 @@ from collections import Counter, defaultdict
 import click
 
 from dsv4_convert.cli.report import emit, report_options
+from dsv4_convert.core.converted_config import record_or_none
 from dsv4_convert.core.detect import declared_group_size
 from dsv4_convert.core.dtypes import FP8_DTYPES
-from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.core.tensor_model import Checkpoint
+from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.core.units import human_size
 
 __all__ = ["SCHEMA_VERSION", "inspect", "render_table", "summarize"]
@@ -38,9 +38,17 @@ def _layer_key(layer: str):
     return (layer.startswith("mtp."), int(layer.split(".")[-1]))
 
 
+def _quant_block(ckpt: Checkpoint) -> dict:
+    """config.json's quantization_config; a converted checkpoint's through its record (the one reader)."""
+    if ckpt.format is SourceFormat.MARLIN:
+        record = record_or_none(ckpt.config)
+        return record.as_dict() if record else {}
+    return ckpt.config.get("quantization_config") or {}
+
+
 def _excluded(ckpt: Checkpoint) -> list[dict]:
-    qc = ckpt.config.get("quantization_config") or {}
-    if qc.get("quant_method") == QUANT_METHOD:
+    qc = _quant_block(ckpt)
+    if ckpt.format is SourceFormat.MARLIN:
         qc = qc.get("original_quantization_config") or {}
     out = []
     for key in ("ignore", "modules_to_not_convert", "exclude_modules"):
@@ -70,7 +78,7 @@ def summarize(ckpt: Checkpoint) -> dict:
     for ref in ckpt.tensors.values():
         by_cat["fp4_experts" if ref.name in fp4 else _category(ref.dtype)] += ref.nbytes
         dtypes[ref.dtype] += 1
-    qc = ckpt.config.get("quantization_config") or {}
+    qc = _quant_block(ckpt)
     hq = (ckpt.hf_quant_config or {}).get("quantization") or {}
     declared = declared_group_size(ckpt.config, ckpt.hf_quant_config)
     mtp = sorted({n.split(".")[0] + "." + n.split(".")[1] for n in ckpt.tensors if n.startswith("mtp.")},
