@@ -230,6 +230,5 @@ def doctor(path, kernel_module, as_json, report_file, quiet):
     _engines(d, kernel_module or settings().marlin_module)
     if path is not None:
         _checkpoint(d, path)  # an unreadable PATH: main() answers (exit 2 for doctor, its JSON object)
-    emit({**asdict(d), "exit_code": d.exit_code}, _render(d), as_json=as_json, report_file=report_file,
-         quiet=False)
+    emit(asdict(d), _render(d), as_json=as_json, report_file=report_file, quiet=False, exit_code=d.exit_code)
     sys.exit(d.exit_code)
