@@ -48,7 +48,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _measure import Run, measured  # noqa: E402
 
 from dsv4_convert.runtime.executors import auto_workers, physical_cores  # noqa: E402
-from dsv4_convert.runtime.profiling import MARKS_ENV, PROFILE_ENV, breakdown  # noqa: E402
+from dsv4_convert.runtime.profiling import breakdown  # noqa: E402
+from dsv4_convert.runtime.settings import MARKS_ENV, PROFILE_ENV  # noqa: E402
 
 LAYER_GB = 3.6238848  # one real-size NVFP4 layer
 COMMANDS = {"nvfp4-modelopt-dsv4": "nvfp4-to-marlin", "nvfp4-modelopt-hf": "nvfp4-to-marlin",
@@ -56,7 +57,7 @@ COMMANDS = {"nvfp4-modelopt-dsv4": "nvfp4-to-marlin", "nvfp4-modelopt-hf": "nvfp
 ROUTES = {  # name -> (extra CLI arguments, extra environment)
     "cpu": ([], {}),
     "cuda": (["--device", "cuda"], {}),
-    "cpu-threads": ([], {"DSV4_CONVERT_THREADS": "1"}),  # the CPU route in --device cuda's thread executor
+    "cpu-threads": ([], {"DSV4_CONVERT_THREADS": "1", "PYTHONPATH": "tests/hooks"}),  # the CPU route in the thread executor (a test hook: tests/hooks)
     "ray": (["--executor", "ray"], {"RAY_USAGE_STATS_ENABLED": "0"}),
 }
 CLI = [sys.executable, "-m", "dsv4_convert.cli"]

@@ -29,6 +29,7 @@ from dsv4_convert.core.units import human_rate, human_size
 from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.runtime.executors import refuse_device
 from dsv4_convert.runtime.paths import out_path
+from dsv4_convert.runtime.settings import ALLOW_UNSERVABLE_ENV, settings
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
@@ -178,10 +179,10 @@ def _command(quant: Quant, name: str, suffix: str, repo: str, doc: str):
     @run_options
     @device_option
     @executor_options
-    @click.option("--allow-unservable", is_flag=True, envvar="DSV4_CONVERT_ALLOW_UNSERVABLE",
+    @click.option("--allow-unservable", is_flag=True, default=lambda: settings().allow_unservable,
                   help="Convert a model family the serving plugins do not load yet (refused by default, with the "
                        "reason; docs/FORMAT.md lists the families). The output validates and reverses byte for "
-                       "byte, but will not start in the plugins. Env: DSV4_CONVERT_ALLOW_UNSERVABLE=1.")
+                       f"byte, but will not start in the plugins. Env: {ALLOW_UNSERVABLE_ENV}=1.")
     def command(src, out, target, act_dtype, tp, ep, workers, max_shard_size, resume, force, dry_run, as_json,
                 report_file, quiet, force_progress, device, executor, allow_unservable, w4a8=False):
         if out is None and not dry_run:

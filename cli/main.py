@@ -29,7 +29,6 @@ for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
 
 import errno  # noqa: E402
 import json  # noqa: E402
-import os  # noqa: E402
 
 # numpy's OpenBLAS starts a thread per core when numpy is imported, and each spins before it sleeps: on
 # the 16-core GPU box `inspect` took 3.5 CPU seconds for 1.6 s of wall (docs/PERFORMANCE.md). No command
@@ -43,7 +42,7 @@ from dsv4_convert.cli import commands  # noqa: E402
 from dsv4_convert.cli.command_paths import guard_command_line, parsed_params  # noqa: E402
 from dsv4_convert.cli.report import write_report  # noqa: E402
 from dsv4_convert.core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
-from dsv4_convert.runtime.settings import check_environment  # noqa: E402
+from dsv4_convert.runtime import settings  # noqa: E402
 
 __all__ = ["cli", "main", "error_object"]
 
@@ -157,10 +156,18 @@ def _answer(doc: dict, argv: list[str], to_report: bool = True) -> None:
         click.echo(json.dumps(doc, indent=2))
 
 
+def _debug() -> bool:
+    """DSV4_DEBUG as parsed at start-up (off when the environment itself was the error)."""
+    try:
+        return settings.settings().debug
+    except DsvError:
+        return False
+
+
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        check_environment()  # before numba's import reads NUMBA_NUM_THREADS
+        settings.load()  # every variable, once; before numba's import reads NUMBA_NUM_THREADS
         _register(args)  # the heavy imports, under _early_interrupt
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _interrupt)
@@ -170,7 +177,7 @@ def main(argv=None):
             guard_command_line(_params)
         cli.main(args=args, prog_name="dsv4-convert", standalone_mode=False)
     except DsvError as e:
-        if os.environ.get("DSV4_DEBUG"):
+        if _debug():
             raise
         _fail(e, args)
     except (click.exceptions.Abort, KeyboardInterrupt):
@@ -182,7 +189,7 @@ def main(argv=None):
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except OSError as e:
-        if os.environ.get("DSV4_DEBUG"):
+        if _debug():
             raise
         _fail(from_os_error(e), args)
     except SystemExit:
@@ -190,6 +197,6 @@ def main(argv=None):
     except BaseException:
         # an interrupt that lands inside an import (numba, numpy) can surface as another exception
         # (a half-initialised module, a RecursionError): it is still the interrupt, not a bug
-        if not _signalled or os.environ.get("DSV4_DEBUG"):
+        if not _signalled or _debug():
             raise
         _fail(Interrupted("interrupted", error_id="cli.interrupted"), args)

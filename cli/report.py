@@ -64,9 +64,12 @@ def write_report(path: str, doc: dict) -> None:
     write_side_file(path, "report", lambda f: f.write(data))
 
 
-def emit(doc: dict, text: str | None, *, as_json: bool, report_file: str | None, quiet: bool) -> None:
+def emit(doc: dict, text: str | None, *, as_json: bool, report_file: str | None, quiet: bool,
+         exit_code: int = 0) -> None:
     """The one way a command reports: the file first (so its failure is the one JSON object on stdout),
-    then the JSON object, then the human text (stderr under --json; nothing under --quiet)."""
+    then the JSON object, then the human text (stderr under --json; nothing under --quiet). Every object
+    carries the command's `exit_code`, as the error objects do (cli/main.py)."""
+    doc = {**doc, "exit_code": exit_code}
     if report_file:
         write_report(report_file, doc)
     if as_json:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-import os
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -14,12 +13,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dsv4_convert import __version__
 from dsv4_convert.convert.cpu_path import convert_on_cpu, load_kernels
 from dsv4_convert.convert.cuda_route import job_device
 from dsv4_convert.convert.pieces import Piece, piece_sidecar, seal, split_shards
-from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan
+from dsv4_convert.convert.plan import ConvertPlan
 from dsv4_convert.convert.publish import finalize
+from dsv4_convert.convert.quant_config import build_record
 from dsv4_convert.convert.safetensors_writer import ShardWriter
 from dsv4_convert.core.errors import Interrupted, OutputError
 from dsv4_convert.core.files import LOST_SUFFIX
@@ -35,8 +34,6 @@ from dsv4_convert.runtime.side_files import protect
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers"]
-
-THREADS_ENV = "DSV4_CONVERT_THREADS"  # "1": the CPU route's jobs in threads too (tests, benchmarks)
 
 
 @dataclass
@@ -177,20 +174,19 @@ def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None =
         if local and len(pieces) > 1:
             load_kernels()  # once here, inherited by every forked worker (or shared by the threads)
         pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers,
-                             threads=bool(devices) or os.environ.get(THREADS_ENV) == "1")
+                             threads=bool(devices))
         mark("start")
         pool.check_paths(run, [ckpt.root / f for f in sorted({t.file for t in ckpt.tensors.values()})])
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
         mark("rescale")
-        meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,
-                "format_version": str(FORMAT_VERSION), "marlin_layout": plan.target.layout_tag}
-        _write_pieces(pool, pieces, run, staging, [str(ckpt.root), ckpt.format, plan.target], rescale, meta,
-                      devices)
+        record = build_record(plan, rescale)  # the config block, the shards' metadata, the manifest's fields
+        _write_pieces(pool, pieces, run, staging, [str(ckpt.root), ckpt.format, plan.target], rescale,
+                      record.shard_metadata(), devices)
         mark("shards")
         bar.close()
         pool.shutdown()
         run.remove()
-        lost = finalize(plan, staging, rescale, step=_step)
+        lost = finalize(plan, staging, record, step=_step)
         mark("finalize")
         staging.publish(step=_step)
         mark("publish")

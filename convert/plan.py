@@ -10,8 +10,9 @@ from pathlib import Path
 
 from dsv4_convert import __version__
 from dsv4_convert.convert.safetensors_writer import TensorSpec
-from dsv4_convert.core.engines import FORMAT_VERSION, MXFP4_NEEDS_BF16, mxfp4_dtype_problem
+from dsv4_convert.core.engines import MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG, shard_name
 from dsv4_convert.core.naming import family_of
 from dsv4_convert.core.structure import RULES as STRUCTURE_RULES
 from dsv4_convert.core.structure import model_dims
@@ -31,7 +32,7 @@ from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankT
 from dsv4_convert.runtime.paths import refuse_reserved_names
 
 __all__ = ["check_structure", "refuse_converted", "check_source", "check_servable", "kept_input_name", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
-           "build_plan", "FORMAT_VERSION",
+           "build_plan",
            "serving_layouts", "layout_tiles"]
 
 
@@ -86,7 +87,7 @@ class ConvertPlan:
                              self.target.w4a8], "options": self.options}, sort_keys=True).encode())
         for t in self.checkpoint.tensors.values():
             h.update(f"{t.name}|{t.file}|{t.dtype}|{t.shape}|{t.begin}|{t.end}\n".encode())
-        for name in ("config.json", "hf_quant_config.json"):
+        for name in (CONFIG, HF_QUANT_CONFIG):
             p = self.checkpoint.root / name
             if p.exists():
                 h.update(p.read_bytes())
@@ -302,4 +303,4 @@ def _pack_shards(items, max_bytes: int) -> tuple[ShardPlan, ...]:
         groups[-1].append(o)
         size += o.spec.nbytes
     n = len(groups)
-    return tuple(ShardPlan(f"model-{i + 1:05d}-of-{n:05d}.safetensors", tuple(g)) for i, g in enumerate(groups))
+    return tuple(ShardPlan(shard_name(i, n), tuple(g)) for i, g in enumerate(groups))

@@ -4,7 +4,7 @@ publish, marlin-to-source, validate, synth and the path-safety rules all name fi
 __all__ = [
     "CONFIG", "HF_QUANT_CONFIG", "INDEX_FILE", "LOCK", "LOST", "LOST_SUFFIX", "MANIFEST", "MARKER", "PROGRESS",
     "RECORDS", "REPLACED", "RUN_PREFIX", "SERVING_NOTES", "SINGLE_FILE", "SOURCE_DIR", "SOURCE_HEADERS", "STAGING_SUFFIX",
-    "SYNTH_MANIFEST", "TMP_SUFFIX", "reserved_input_names", "staging_entry_ok",
+    "SYNTH_MANIFEST", "TMP_SUFFIX", "reserved_input_names", "staging_entry_ok", "MTP_FILE", "shard_name",
 ]
 
 # A Hugging Face checkpoint's own files (read in the source, rewritten in the output)
@@ -12,6 +12,13 @@ CONFIG = "config.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt's
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"  # an unsharded checkpoint
+MTP_FILE = "mtp.safetensors"  # GLM-4.6 / 4.7 FP4: the MTP layer, outside the index (core/naming.py's GLM entry)
+
+
+def shard_name(i: int, n: int) -> str:
+    """File name of shard i (0-based) of n, as Hugging Face names them: model-00001-of-00003.safetensors."""
+    return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
 
 # What dsv4-convert adds to a converted checkpoint
 SERVING_NOTES = "SERVING.md"  # how to serve it (convert/serving_notes.py)

@@ -89,6 +89,7 @@ def hub_cache_dir(source: str | Path) -> Path | None:
 
 
 def _snapshot(repo_id: str) -> Path:
+    from huggingface_hub import constants as hub_constants
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -110,7 +111,7 @@ def _snapshot(repo_id: str) -> Path:
         partial = getattr(e, "snapshot_path", None)
         if partial and _has_weights(Path(partial)):
             return Path(partial).resolve()
-        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no", "off")
+        offline = hub_constants.HF_HUB_OFFLINE  # the hub's own reading of HF_HUB_OFFLINE
         raise InputError(f"there is no directory {repo_id} here, and as a Hugging Face repo id it is not in the "
                          "local cache and cannot be downloaded (" + ("HF_HUB_OFFLINE is set)" if offline
                                                                       else "no connection)"),
@@ -124,7 +125,7 @@ def _snapshot(repo_id: str) -> Path:
 
 def _has_weights(root: Path) -> bool:
     """config.json and every shard the index names (or model.safetensors) are there."""
-    if not (root / "config.json").is_file():
+    if not (root / CONFIG).is_file():
         return False
     if (root / INDEX_FILE).is_file():
         try:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG
 from dsv4_convert.core.naming import family_named
 from dsv4_convert.formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
 from dsv4_convert.synth.configs import _ct_config, _modelopt_groups
@@ -40,9 +41,8 @@ from dsv4_convert.synth.experts import Tweaks, encode_layer_experts
 from dsv4_convert.synth.layouts import Dims
 from dsv4_convert.synth.seeded import dense, expert_matrix
 
-__all__ = ["FAMILY_SPECS", "FamilySpec", "MTP_FILE", "family_config_files", "family_tensors"]
+__all__ = ["FAMILY_SPECS", "FamilySpec", "family_config_files", "family_tensors"]
 
-MTP_FILE = "mtp.safetensors"  # GLM: the MTP layer, outside the index
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
     """config.json and, for ModelOpt, hf_quant_config.json of a family checkpoint."""
     spec = FAMILY_SPECS[family]
     config = _arch_config(spec, d)
-    files = {"config.json": config}
+    files = {CONFIG: config}
     if fmt == "nvfp4-ct":
         config["quantization_config"] = qc = _ct_config("nvfp4")
         qc["ignore"] += [f"re:.*{spec.shared}\\..*"] if spec.shared else []
@@ -257,5 +257,5 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
         qc, hfq = _modelopt(spec, d)
         if qc is not None:
             config["quantization_config"] = qc
-        files["hf_quant_config.json"] = hfq
+        files[HF_QUANT_CONFIG] = hfq
     return files
