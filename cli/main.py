@@ -29,6 +29,7 @@ for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
 
 import errno  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 
 # numpy's OpenBLAS starts a thread per core when numpy is imported, and each spins before it sleeps: on
 # the 16-core GPU box `inspect` took 3.5 CPU seconds for 1.6 s of wall (docs/PERFORMANCE.md). No command
