@@ -1,23 +1,31 @@
-"""The converter's speed on this machine: one real-size DeepSeek-V4-Flash MoE layer (`synth --real-size`:
-256 experts, H 4096, I 2048; 3.6 GB NVFP4, 3.4 GB MXFP4) converted by every route (the CPU route in
-worker processes; `--device cuda` where a GPU is visible; on request the CPU route in threads and
-`--executor ray` on a one-node cluster) at several --workers, against a plain copy
-of the same bytes (`cp -r` + `sync`) in the same run, alternating, so the disk and the load are the
-same for both. The numbers in docs/PERFORMANCE.md come from this script.
+"""The converter's speed and memory on this machine, in one table, against copies of the same bytes
+made in the same run. The numbers in docs/PERFORMANCE.md come from this script.
 
-Printed: a line naming the machine (cores, CPU, memory, GPUs, the filesystem the files live on, the
-load), then one row per route x workers with the medians of --repeat runs: seconds, GB/s of input,
-the time over the copy's (t/cp: below 1 converts faster than `cp -r` copies), CPU seconds (user + sys of the whole process tree), peak RSS (summed over the
-tree, and of the largest process), and the start-up (process start to the first job: imports,
-planning, the pool; runtime/profiling.py's driver marks). A warm-up conversion first (untimed):
-compiled kernels cached, page cache warm, as on a machine that converts more than once.
+Printed, in order:
+1. the machine (cores, CPU, memory, GPUs, the filesystem the files live on, the load);
+2. start-up: `--help`, `--version`, `inspect` and `plan` on the benchmark's real-size checkpoint
+   (headers only), medians of 5, beside `python -c pass` (the interpreter alone);
+3. the README's small synthetic checkpoint converted on the CPU route: cold (an empty numba cache:
+   the first run on a fresh machine compiles the kernels) and warm (median of 3);
+4. per input layout (--layers real-size DeepSeek-V4-Flash NVFP4 MoE layers of 3.62 GB each, cut into
+   shards of --shard-gib): the first conversion right after the input was written (cold: page cache
+   dirty, numba cache as found), then every route x --workers ("auto": no --workers, the converter's
+   own choice) --repeat times, after --copies rounds of the two copy baselines: one `cp -r` of the
+   checkpoint (single stream) and one `cp` per shard all at once (the parallel copy: about what the
+   machine can move, the honest ceiling). Every command is followed by `sync`.
+Columns: seconds (median), GB/s of input, t / cp1 and t / cpN (the time over the single-stream and
+the parallel copy's of the same round; below 1 is faster), CPU seconds (user + sys of the process
+tree), memory in MiB: the largest process's peak VmRSS (exact, its VmHWM), its peak RssAnon
+(sampled every 20 ms; anonymous memory is what an out-of-memory kill counts: VmRSS also counts
+mapped file pages, RssFile / RssShmem), and the summed RssAnon of the tree; start-up (process start to
+the first job). Each row's bytes are the same; tests/convert prove the routes byte-identical.
 
-With --profile, one more (untimed) run per route at the most workers, under DSV4_CONVERT_PROFILE:
-the driver's phases and, summed over the jobs, the seconds in read, weights, scales, globals, hash,
-write and Python, their CPU seconds and their idle seconds (wall - CPU).
+    python benchmarks/bench_convert.py [--dir /dev/shm] [--layers 8|auto] [--shard-gib 1 4]
+        [--workers auto 4 8 16] [--routes cpu cuda] [--cuda-workers 4] [--repeat 2] [--copies 2]
+        [--format nvfp4-modelopt-dsv4]
+        [--target sglang] [--profile] [--skip-small]
 
-    python benchmarks/bench_convert.py [--dir /dev/shm] [--workers 1 4 16] [--routes cpu cuda]
-        [--repeat 3] [--format nvfp4-modelopt-dsv4] [--target sglang] [--profile]
+--layers auto: as many as --dir holds with room for the output (2.1x the input), at most 8.
 """
 
 from __future__ import annotations
@@ -28,24 +36,29 @@ import os
 import platform
 import shutil
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _measure import measured  # noqa: E402
+from _measure import Run, measured  # noqa: E402
 
-from dsv4_convert.runtime.profiling import MARKS_ENV, PROFILE_ENV, breakdown  # noqa: E402
+from dsv4_convert.runtime.executors import auto_workers, physical_cores  # noqa: E402
+from dsv4_convert.runtime.profiling import breakdown  # noqa: E402
+from dsv4_convert.runtime.settings import MARKS_ENV, PROFILE_ENV  # noqa: E402
 
-FULL_CHECKPOINT_GB = 148.66 * 2**30 / 1e9
+LAYER_GB = 3.6238848  # one real-size NVFP4 layer
 COMMANDS = {"nvfp4-modelopt-dsv4": "nvfp4-to-marlin", "nvfp4-modelopt-hf": "nvfp4-to-marlin",
             "nvfp4-ct": "nvfp4-to-marlin", "mxfp4-dsv4": "mxfp4-to-marlin", "mxfp4-ct": "mxfp4-to-marlin"}
 ROUTES = {  # name -> (extra CLI arguments, extra environment)
     "cpu": ([], {}),
     "cuda": (["--device", "cuda"], {}),
-    "cpu-threads": ([], {"DSV4_CONVERT_THREADS": "1"}),  # the CPU route in --device cuda's thread executor
-    "ray": (["--executor", "ray"], {"RAY_USAGE_STATS_ENABLED": "0"}),  # a one-node cluster started by the run
+    "cpu-threads": ([], {"DSV4_CONVERT_THREADS": "1", "PYTHONPATH": "tests/hooks"}),  # the CPU route in the thread executor (a test hook: tests/hooks)
+    "ray": (["--executor", "ray"], {"RAY_USAGE_STATS_ENABLED": "0"}),
 }
 CLI = [sys.executable, "-m", "dsv4_convert.cli"]
 
@@ -64,75 +77,197 @@ def _machine(where: Path) -> str:
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else "?"
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     fs = subprocess.run(["df", "-T", str(where)], capture_output=True, text=True).stdout.splitlines()[-1].split()
-    gpus = _gpus()
-    return (f"machine: {os.cpu_count()} cores ({cpu}), {mem:.0f} GiB; GPU: {'; '.join(gpus) or 'none'}; files in "
-            f"{where} ({fs[1]} on {fs[0]}); load {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
-            f"Python {platform.python_version()}")
-
-
-def _convert(command, src, out, target, route, workers, env_extra=None):
-    args, env = ROUTES[route]
-    cmd = [*CLI, command, str(src), str(out), "--target", target, "--workers", str(workers), "-q", *args]
-    return measured(cmd, env=dict(os.environ, **env, **(env_extra or {})))
+    import numba
+    topo = subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+    threads = next((line.split(":")[1].strip() for line in topo if line.startswith("Thread(s) per core")), "?")
+    return (f"machine: {os.cpu_count()} cores ({physical_cores()} physical, {threads} thread(s) per core; {cpu}), "
+            f"{mem:.0f} GiB; GPU: {'; '.join(_gpus()) or 'none'}; files in "
+            f"{where} ({fs[1]}, {int(fs[4]) / 2**20:.0f} GiB free); load {' '.join(f'{x:.2f}' for x in os.getloadavg())};"
+            f" Python {platform.python_version()}, numba {numba.__version__}")
 
 
 def _startup(marks_dir: Path, started: float) -> float:
-    marks = dict(json.loads((marks_dir / "driver.json").read_text()))
+    try:
+        marks = dict(json.loads((marks_dir / "driver.json").read_text()))
+    except FileNotFoundError:
+        return float("nan")
     shutil.rmtree(marks_dir)
     return marks["start"] - started  # perf_counter is CLOCK_MONOTONIC in both processes
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    cores = os.cpu_count() or 1
-    ap.add_argument("--dir", default=None, help="where the files live (needs ~3x 3.6 GB; /dev/shm: no disk)")
-    ap.add_argument("--workers", type=int, nargs="+", default=sorted({1, min(4, cores), cores}))
-    ap.add_argument("--routes", nargs="+", choices=list(ROUTES), default=None,
-                    help="default: cpu, and cuda where nvidia-smi sees a GPU")
-    ap.add_argument("--repeat", type=int, default=3, help="alternating copy / convert pairs per row (medians)")
-    ap.add_argument("--format", default="nvfp4-modelopt-dsv4", choices=list(COMMANDS))
-    ap.add_argument("--target", default="sglang", choices=["sglang", "vllm"])
-    ap.add_argument("--profile", action="store_true", help="one more run per route: where the time goes")
-    args = ap.parse_args()
-    routes = args.routes or (["cpu", "cuda"] if _gpus() else ["cpu"])
+def _mem(r: Run) -> str:
+    return f"{r.hwm_largest_mib:>7.0f}{r.anon_largest_mib:>7.0f}{r.anon_tree_mib:>7.0f}"
+
+
+MEM_HEAD = f"{'VmHWM':>7}{'anon':>7}{'anon/t':>7}"
+
+
+def _synth(out: Path, fmt: str, layers: int, shard_gib: float) -> float:
+    """Write `layers` real-size layers in shards of `shard_gib` (one written by synth, the others
+    _replicate's); seconds taken."""
+    code = ("import sys; from pathlib import Path; from dataclasses import replace\n"
+            "from dsv4_convert.synth import write_synthetic_checkpoint\n"
+            "from dsv4_convert.synth.realsize import REAL_SIZE\n"
+            f"write_synthetic_checkpoint(Path({str(out)!r}), format={fmt!r}, real_size=True, force=True, "
+            f"real_size_dims=replace(REAL_SIZE, layers=1), "
+            f"shard_bytes=int({shard_gib} * 2**30))")
+    t = time.perf_counter()
+    one = out.with_name(out.name + "-1") if layers > 1 else out
+    subprocess.run([sys.executable, "-c", code.replace(f"Path({str(out)!r})", f"Path({str(one)!r})")], check=True)
+    if layers > 1:
+        _replicate(one, out, layers)
+        shutil.rmtree(one)
+    return time.perf_counter() - t
+
+
+def _replicate(one: Path, out: Path, layers: int) -> None:
+    """`layers` real-size layers made from the one-layer checkpoint `one` in seconds, not minutes of
+    random numbers: layer L's shards hold layer 0's bytes under the names layers.L.* (random codes either
+    way; the converter treats every layer alike). One thread per new shard (copy_file_range)."""
+    shutil.copytree(one, out)
+    index = json.loads((one / "model.safetensors.index.json").read_text())
+    shards = sorted(one.glob("*.safetensors"))
+
+    def copy(job):
+        layer, shard = job
+        with open(shard, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            renamed = {k.replace("layers.0.", f"layers.{layer}.", 1): v for k, v in header.items()}
+            text = json.dumps(renamed, separators=(",", ":")).encode()
+            text += b" " * (-len(text) % 8)
+            with open(out / f"layer{layer}-{shard.name}", "wb") as g:
+                g.write(struct.pack("<Q", len(text)) + text)
+                g.flush()
+                left, src_at = shard.stat().st_size - 8 - n, 8 + n
+                while left:
+                    done = os.copy_file_range(f.fileno(), g.fileno(), left, src_at)
+                    left, src_at = left - done, src_at + done
+        return {k: f"layer{layer}-{shard.name}" for k in renamed if k != "__metadata__"}
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        for names in pool.map(copy, [(layer, s) for layer in range(1, layers) for s in shards]):
+            index["weight_map"].update(names)
+    index["metadata"]["total_size"] *= layers
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config = json.loads((one / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def _copies(src: Path, tmp: Path) -> tuple[Run, Run]:
+    """(single-stream cp -r + sync, one cp per file at once + sync)."""
+    single = measured(["cp", "-r", str(src), str(tmp / "copy")])
+    shutil.rmtree(tmp / "copy")
+    (tmp / "copy").mkdir()
+    script = f'for f in "{src}"/*; do cp "$f" "{tmp / "copy"}"/ & done; wait'
+    parallel = measured(["sh", "-c", script])
+    shutil.rmtree(tmp / "copy")
+    return single, parallel
+
+
+def _convert(command, src, out, target, route, workers, env_extra=None, cold_cache: Path | None = None) -> Run:
+    args, env = ROUTES[route]
+    cmd = [*CLI, command, str(src), str(out), "--target", target, "-q", *args]
+    if workers != "auto":
+        cmd += ["--workers", str(workers)]
+    env = dict(os.environ, **env, **(env_extra or {}))
+    if cold_cache is not None:  # an empty numba cache: the kernels are compiled, as on a fresh machine
+        env["NUMBA_CACHE_DIR"] = str(cold_cache)
+    return measured(cmd, env=env)
+
+
+def startup_table(src: Path) -> None:
+    print("start-up (median of 5, seconds wall / CPU):", flush=True)
+    cases = [("python -c pass", [sys.executable, "-c", "pass"]), ("--help", [*CLI, "--help"]),
+             ("--version", [*CLI, "--version"]), ("inspect", [*CLI, "inspect", str(src)]),
+             ("plan", [*CLI, "plan", str(src)])]
+    for name, cmd in cases:
+        runs = []
+        for _ in range(5):
+            try:
+                runs.append(measured(cmd, sync=False))
+            except SystemExit:  # plan exits 1 when no split fits its default GPUs: still timed below
+                runs.append(_timed_anyway(cmd))
+        print(f"  {name:<16}{statistics.median(r.seconds for r in runs):>6.2f} s"
+              f"{statistics.median(r.cpu_seconds for r in runs):>6.2f} CPU s", flush=True)
+
+
+def _timed_anyway(cmd) -> Run:
+    t = time.perf_counter()
+    u0 = os.times()
+    subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    u1 = os.times()
+    return Run(time.perf_counter() - t, 0, 0, cpu_seconds=u1.children_user + u1.children_system
+               - u0.children_user - u0.children_system)
+
+
+def small_table(tmp: Path) -> None:
+    src = tmp / "demo"
+    subprocess.run([*CLI, "synth", str(src), "--force", "-q"], check=True)
+    cache = tmp / "numba-cold"
+    cold = _convert("nvfp4-to-marlin", src, tmp / "demo-out", "sglang", "cpu", "auto", cold_cache=cache)
+    shutil.rmtree(tmp / "demo-out")
+    warm = []
+    for _ in range(3):
+        warm.append(_convert("nvfp4-to-marlin", src, tmp / "demo-out", "sglang", "cpu", "auto", cold_cache=cache))
+        shutil.rmtree(tmp / "demo-out")
+    shutil.rmtree(cache)
+    w = min(warm, key=lambda r: r.seconds)
+    print(f"small conversion (README synth, {_size(src) / 1e6:.1f} MB, CPU route): cold (empty numba cache) "
+          f"{cold.seconds:.2f} s, {cold.cpu_seconds:.2f} CPU s; warm median {statistics.median(r.seconds for r in warm):.2f}"
+          f" s, {statistics.median(r.cpu_seconds for r in warm):.2f} CPU s; largest process VmHWM / RssAnon MiB: "
+          f"cold {cold.hwm_largest_mib:.0f} / {cold.anon_largest_mib:.0f}, warm {w.hwm_largest_mib:.0f} / "
+          f"{w.anon_largest_mib:.0f}", flush=True)
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def layout_table(tmp: Path, args, layers: int, shard_gib: float, routes: list[str]) -> None:
     command = COMMANDS[args.format]
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        tmp = Path(tmp)
-        print(_machine(tmp), flush=True)
-        src = tmp / "src"
-        measured([*CLI, "synth", str(src), "--format", args.format, "--real-size", "--force", "-q"])
-        size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
-        shards = len(list(src.glob("*.safetensors")))
-        print(f"input: {args.format}, {size / 1e9:.2f} GB in {shards} shards -> {args.target}; medians of "
-              f"{args.repeat}; RSS in MiB", flush=True)
-        _convert(command, src, tmp / "out", args.target, routes[-1], max(args.workers))  # warm-up
-        shutil.rmtree(tmp / "out")
-        print(f"{'route':<12}{'workers':>8}{'seconds':>9}{'GB/s':>7}{'t/cp':>7}{'CPU s':>8}{'RSS tree':>10}"
-              f"{'largest':>9}{'start-up':>10}{'149 GB':>9}", flush=True)
-        copies = []
+    src = tmp / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    synth_s = _synth(src, args.format, layers, shard_gib)
+    size, shards = _size(src), len(list(src.glob("*.safetensors")))
+    cold = _convert(command, src, tmp / "out", args.target, "cpu", "auto")  # just written: dirty pages
+    shutil.rmtree(tmp / "out")
+    print(f"\ninput: {layers} real-size layer(s), {args.format}, {size / 1e9:.2f} GB in {shards} shards "
+          f"(written in {synth_s:.1f} s) -> {args.target}; medians of {args.repeat}; memory in MiB\n"
+          f"  first conversion right after writing it (cpu, auto = {auto_workers(None, size, None)} workers): "
+          f"{cold.seconds:.2f} s, {size / cold.seconds / 1e9:.2f} GB/s, {cold.cpu_seconds:.1f} CPU s, largest "
+          f"VmHWM {cold.hwm_largest_mib:.0f}, RssAnon {cold.anon_largest_mib:.0f}, mapped file pages "
+          f"{cold.file_largest_mib:.0f}; tree RssAnon {cold.anon_tree_mib:.0f}", flush=True)
+    singles, parallels = [], []
+    for _ in range(args.copies):
+        c1, cn = _copies(src, tmp)
+        singles.append(c1)
+        parallels.append(cn)
+    t1, tn = statistics.median(r.seconds for r in singles), statistics.median(r.seconds for r in parallels)
+    cpu1, cpun = statistics.median(r.cpu_seconds for r in singles), statistics.median(r.cpu_seconds for r in parallels)
+    print(f"  {'route':<12}{'workers':>8}{'seconds':>9}{'GB/s':>7}{'t/cp1':>7}{'t/cpN':>7}{'CPU s':>8}{MEM_HEAD}"
+          f"{'start-up':>9}", flush=True)
+    for route in routes:
+        for w in args.cuda_workers if route == "cuda" and args.cuda_workers else args.workers:
+            runs, starts = [], []
+            for _ in range(args.repeat):
+                r = _convert(command, src, tmp / "out", args.target, route, w, {MARKS_ENV: str(tmp / "marks")})
+                shutil.rmtree(tmp / "out")
+                starts.append(_startup(tmp / "marks", r.started))
+                runs.append(r)
+            t = statistics.median(r.seconds for r in runs)
+            label = f"auto={auto_workers(None, size, None)}" if w == "auto" else w
+            worst = max(runs, key=lambda r: r.anon_largest_mib)
+            print(f"  {route:<12}{label:>8}{t:>9.2f}{size / t / 1e9:>7.2f}{t / t1:>7.2f}{t / tn:>7.2f}"
+                  f"{statistics.median(r.cpu_seconds for r in runs):>8.1f}{_mem(worst)}"
+                  f"{statistics.median(starts):>9.2f}", flush=True)
+    print(f"  {'cp -r':<12}{'1':>8}{t1:>9.2f}{size / t1 / 1e9:>7.2f}{1:>7.2f}{t1 / tn:>7.2f}{cpu1:>8.1f}   (medians of "
+          f"{args.copies}, made before the rows)\n  {'cp per shard':<12}{shards:>8}{tn:>9.2f}{size / tn / 1e9:>7.2f}"
+          f"{tn / t1:>7.2f}{1:>7.2f}{cpun:>8.1f}", flush=True)
+    if args.profile:
         for route in routes:
-            for w in args.workers:
-                runs, starts = [], []
-                for _ in range(args.repeat):
-                    copies.append(measured(["cp", "-r", str(src), str(tmp / "copy")]).seconds)
-                    shutil.rmtree(tmp / "copy")
-                    r = _convert(command, src, tmp / "out", args.target, route, w, {MARKS_ENV: str(tmp / "marks")})
-                    starts.append(_startup(tmp / "marks", r.started))
-                    runs.append(r)
-                    shutil.rmtree(tmp / "out")
-                t = statistics.median(r.seconds for r in runs)
-                rate = size / t / 1e9
-                print(f"{route:<12}{w:>8}{t:>9.2f}{rate:>7.2f}{t / statistics.median(copies[-args.repeat:]):>7.2f}"
-                      f"{statistics.median(r.cpu_seconds for r in runs):>8.1f}{max(r.tree_mib for r in runs):>10.0f}"
-                      f"{max(r.largest_mib for r in runs):>9.0f}{statistics.median(starts):>10.2f}"
-                      f"{FULL_CHECKPOINT_GB / rate / 60:>6.1f} min", flush=True)
-        t_copy = statistics.median(copies)
-        print(f"{'cp -r+sync':<12}{'':>8}{t_copy:>9.2f}{size / t_copy / 1e9:>7.2f}{1:>7.2f}   (all "
-              f"{len(copies)} copies)", flush=True)
-        if args.profile:
-            for route in routes:
-                _profile(command, src, tmp, args.target, route, max(args.workers))
-    print(f"load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            _profile(command, src, tmp, args.target, route, args.workers[-1])
 
 
 def _profile(command, src, tmp, target, route, workers) -> None:
@@ -147,9 +282,48 @@ def _profile(command, src, tmp, target, route, workers) -> None:
     b = breakdown(prof)
     shutil.rmtree(prof)
     cats = ["read", "weights", "scales", "globals", "hash", "write", "python"]
-    print(f"profile {route} x{workers} (cProfile adds overhead): wall {r.seconds:.2f} s = {', '.join(phases)}, "
+    print(f"  profile {route} x{workers} (cProfile adds overhead): wall {r.seconds:.2f} s = {', '.join(phases)}, "
           f"exit+sync {r.started + r.seconds - last:.2f}; jobs (s, summed): wall {b['jobs_wall']:.2f} = "
           f"{', '.join(f'{c} {b[c]:.2f}' for c in cats)}; CPU {b['jobs_cpu']:.2f}, idle {b['idle']:.2f}", flush=True)
+
+
+def _auto_layers(where: Path, most: int = 8) -> int:
+    free = shutil.disk_usage(where).free / 1e9
+    return max(1, min(most, int(free / (2.1 * LAYER_GB))))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cores = os.cpu_count() or 1
+    ap.add_argument("--dir", default=None, help="where the files live (/dev/shm: no disk)")
+    ap.add_argument("--layers", default="1", help="real-size layers in the input, or 'auto'")
+    ap.add_argument("--shard-gib", type=float, nargs="+", default=[1.0], help="input shard sizes, one table each")
+    ap.add_argument("--workers", nargs="+", default=["auto", *sorted({min(4, cores), cores})],
+                    help="worker counts ('auto': the converter's choice)")
+    ap.add_argument("--routes", nargs="+", choices=list(ROUTES), default=None,
+                    help="default: cpu, and cuda where nvidia-smi sees a GPU")
+    ap.add_argument("--repeat", type=int, default=2, help="conversions per row (medians)")
+    ap.add_argument("--copies", type=int, default=2, help="rounds of both copy baselines per input (medians)")
+    ap.add_argument("--cuda-workers", nargs="+", default=None, help="worker counts of the cuda route (default: --workers)")
+    ap.add_argument("--format", default="nvfp4-modelopt-dsv4", choices=list(COMMANDS))
+    ap.add_argument("--target", default="sglang", choices=["sglang", "vllm"])
+    ap.add_argument("--profile", action="store_true", help="one more run per route: where the time goes")
+    ap.add_argument("--skip-small", action="store_true", help="no start-up and small-conversion sections")
+    args = ap.parse_args()
+    args.workers = [w if w == "auto" else int(w) for w in args.workers]
+    args.cuda_workers = [w if w == "auto" else int(w) for w in args.cuda_workers or []]
+    routes = args.routes or (["cpu", "cuda"] if _gpus() else ["cpu"])
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        tmp = Path(tmp)
+        print(_machine(tmp), flush=True)
+        layers = _auto_layers(tmp) if args.layers == "auto" else int(args.layers)
+        if not args.skip_small:
+            small_table(tmp)
+        for i, gib in enumerate(args.shard_gib):
+            layout_table(tmp, args, layers, gib, routes)
+            if i == 0 and not args.skip_small:
+                startup_table(tmp / "src")
+    print(f"load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

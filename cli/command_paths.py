@@ -11,7 +11,7 @@ from dsv4_convert.runtime.side_files import guard, protect, reset
 
 __all__ = ["parsed_params", "guard_command_line"]
 
-CHECKPOINT_PARAMS = ("src", "path", "against", "out")  # the parameter names every command uses for them
+INPUT_PARAMS = ("src", "path", "against")  # the parameter names every command uses for them
 SIDE_FILE_PARAMS = {"report_file": "report", "plot_file": "plot"}
 
 
@@ -36,7 +36,7 @@ def guard_command_line(params: dict) -> None:
     any work: a refusal here costs nothing."""
     reset()
     out = params.get("out")
-    protect([*(params.get(p) for p in CHECKPOINT_PARAMS), staging_path(out_path(out)) if out else None])
+    protect([params.get(p) for p in INPUT_PARAMS], outputs=[out, staging_path(out_path(out)) if out else None])
     for param, kind in SIDE_FILE_PARAMS.items():
         if params.get(param):
             guard(params[param], kind)

@@ -29,6 +29,7 @@ from dsv4_convert.core.units import human_rate, human_size
 from dsv4_convert.formats.tiles import PAD
 from dsv4_convert.runtime.executors import refuse_device
 from dsv4_convert.runtime.paths import out_path
+from dsv4_convert.runtime.settings import ALLOW_UNSERVABLE_ENV, settings
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
@@ -43,6 +44,10 @@ Examples:
   dsv4-convert {cmd} IN OUT --resume           # after an interruption
   dsv4-convert {cmd} IN OUT --target vllm --tp 2   # for TP 2 only, padded as vLLM pads it
   dsv4-convert {cmd} IN OUT --json --report r.json   # one JSON object, on stdout and in r.json
+
+It runs on the CPU, by design: a GPU route (--device cuda) was measured and withdrawn, 0.39x the CPU
+route on an H100 box with the same bytes (the GPU could take only the weight repack, while reading,
+writing and start-up stay and two PCIe copies are added; docs/PERFORMANCE.md).
 
 \b
 Exit codes: 0 converted, 2 usage error, 3 unreadable input, 4 input not convertible by this command,
@@ -93,16 +98,17 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     check_source(ckpt, quant)
     if not allow_unservable:
         check_servable(ckpt, tgt.engine)
-    if out is not None and not dry_run:  # every path refusal before any work (runtime/paths.py)
-        Staging(Path(out), force=force, resume=resume, source=ckpt.root).check()
+    staging = None
+    if out is not None and not dry_run:  # OUT's owner, from here to publish: every refusal before any work
+        staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root)
+        staging.check()
     plan = build_plan(ckpt, tgt, max_shard_size=parse_size(max_shard_size),
                       options={"command": CONVERT_COMMAND[quant]}, tp=tp, ep=ep)
     if dry_run:
         summary = _plan_summary(plan)
         emit(summary, _plan_text(plan, summary), **report)
         return
-    result = run_conversion(plan, Path(out), workers=workers, resume=resume, force=force,
-                            progress=show_progress(report["quiet"], force_progress), executor=executor, devices=devices)
+    result = run_conversion(plan, staging, workers=workers, progress=show_progress(report["quiet"], force_progress), executor=executor, devices=devices)
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
             f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "
@@ -173,10 +179,10 @@ def _command(quant: Quant, name: str, suffix: str, repo: str, doc: str):
     @run_options
     @device_option
     @executor_options
-    @click.option("--allow-unservable", is_flag=True, envvar="DSV4_CONVERT_ALLOW_UNSERVABLE",
+    @click.option("--allow-unservable", is_flag=True, default=lambda: settings().allow_unservable,
                   help="Convert a model family the serving plugins do not load yet (refused by default, with the "
                        "reason; docs/FORMAT.md lists the families). The output validates and reverses byte for "
-                       "byte, but will not start in the plugins. Env: DSV4_CONVERT_ALLOW_UNSERVABLE=1.")
+                       f"byte, but will not start in the plugins. Env: {ALLOW_UNSERVABLE_ENV}=1.")
     def command(src, out, target, act_dtype, tp, ep, workers, max_shard_size, resume, force, dry_run, as_json,
                 report_file, quiet, force_progress, device, executor, allow_unservable, w4a8=False):
         if out is None and not dry_run:

@@ -23,7 +23,7 @@ import click
 from dsv4_convert.cli.report import emit, report_options
 from dsv4_convert.core.engines import ENGINES, LAYOUTS, EngineError, engine_inner_method, release_for, w4a8_problem
 from dsv4_convert.core.fatbin import FatbinError, read_cuda_code
-from dsv4_convert.validate.kernel_provider import MODULE_ENV
+from dsv4_convert.runtime.settings import MARLIN_MODULE_ENV, settings
 
 __all__ = ["doctor"]
 
@@ -122,18 +122,20 @@ def _engines(d: Doctor, extra_module: str | None) -> None:
 
 
 def _checkpoint(d: Doctor, path: str) -> None:
+    from dsv4_convert.core.converted_config import ConvertedConfigError, converted_record
     from dsv4_convert.core.reader import open_checkpoint, resolve_source
     from dsv4_convert.core.tensor_model import SourceFormat
     ckpt = open_checkpoint(resolve_source(path))
-    qc = ckpt.config.get("quantization_config") or {}
     info = {"path": path, "format": ckpt.format.value}
-    engines = list(LAYOUTS)
+    engines, record = list(LAYOUTS), None
     if ckpt.format is SourceFormat.MARLIN:
-        tag = qc.get("marlin_layout")
-        info.update(layout=tag, act_dtype=qc.get("act_dtype"))
-        engines = [tag] if tag in LAYOUTS else []
-        if tag not in LAYOUTS:
-            d.findings.append(f"{path}: unknown marlin_layout {tag!r}; this version knows {sorted(LAYOUTS)}")
+        try:
+            record = converted_record(ckpt.config)
+        except ConvertedConfigError as e:
+            record = None
+            d.findings.append(f"{path}: {e.message}")
+        info.update(layout=record and record.marlin_layout, act_dtype=record and record.act_dtype)
+        engines = [record.marlin_layout] if record else []
     d.checkpoint = info
     served, installed = [], []
     for tag in engines:
@@ -151,7 +153,7 @@ def _checkpoint(d: Doctor, path: str) -> None:
             continue
         served.append(engine)
         info.setdefault("releases", {})[engine] = rel.key
-        if qc.get("w4a8") and (why := w4a8_problem(engine, v)):
+        if record is not None and record.w4a8 and (why := w4a8_problem(engine, v)):
             d.findings.append(f"{engine} {v}: {why}")
         elif v != rel.verified:
             d.findings.append(f"{engine} {v} is installed; release {rel.key} was verified byte for byte on "
@@ -161,17 +163,18 @@ def _checkpoint(d: Doctor, path: str) -> None:
         d.findings.append(f"{path} needs {want}, which is not installed here")
     if ckpt.format is SourceFormat.MARLIN:
         for engine in served:
-            _ask_engine(d, path, engine, qc, ckpt.config)
+            if record is not None:
+                _ask_engine(d, path, engine, record, ckpt.config)
 
 
-def _ask_engine(d: Doctor, path: str, engine: str, qc: dict, config: dict) -> None:
+def _ask_engine(d: Doctor, path: str, engine: str, spec, config: dict) -> None:
     """The installed engine builds the plugin's config from config.json, and inside it its own config for
     the non-expert layers (serving/probe.py, in a subprocess: doctor imports no engine). It must succeed
     and agree with validate's pre-flight (marlin.serving_methods)."""
     import json
     import subprocess
 
-    from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
+    from dsv4_convert.core.converted_config import serving_block
     from dsv4_convert.core.served import engine_key, refusal
 
     proc = subprocess.run([sys.executable, "-m", "dsv4_convert.serving.probe", path, engine],
@@ -184,10 +187,6 @@ def _ask_engine(d: Doctor, path: str, engine: str, qc: dict, config: dict) -> No
     if "error" in answer:
         d.findings.append(f"{engine} cannot build this checkpoint's quantisation config: {answer['error']}")
         return
-    try:
-        spec = ConvertedQuantConfig.parse(qc)
-    except ConvertedConfigError:
-        return  # the engine accepted what validate refuses: validate reports it
     predicted = engine_inner_method(engine, serving_block(spec), spec.source_model_type)
     why = answer["inner_method"] and refusal(config, spec.source_format or "unknown",
                                               engine_key(engine, answer["version"]), serving_block(spec),
@@ -236,16 +235,15 @@ def _render(d: Doctor) -> str:
                     "is one), 2 doctor cannot run (bad arguments, unreadable PATH).")
 @click.argument("path", required=False)
 @click.option("--kernel-module", metavar="PATH", default=None,
-              help=f"also read this Marlin extension's fatbinary [default: ${MODULE_ENV} if set]")
+              help=f"also read this Marlin extension's fatbinary [default: ${MARLIN_MODULE_ENV} if set]")
 @report_options
 def doctor(path, kernel_module, as_json, report_file, quiet):
     if path is not None and not os.path.exists(path):
         raise click.BadParameter(f"{path} does not exist", param_hint="PATH")
     d = Doctor()
     _gpus(d)
-    _engines(d, kernel_module or os.environ.get(MODULE_ENV))
+    _engines(d, kernel_module or settings().marlin_module)
     if path is not None:
         _checkpoint(d, path)  # an unreadable PATH: main() answers (exit 2 for doctor, its JSON object)
-    emit({**asdict(d), "exit_code": d.exit_code}, _render(d), as_json=as_json, report_file=report_file,
-         quiet=False)
+    emit(asdict(d), _render(d), as_json=as_json, report_file=report_file, quiet=False, exit_code=d.exit_code)
     sys.exit(d.exit_code)

@@ -7,12 +7,12 @@ from collections import Counter, defaultdict
 import click
 
 from dsv4_convert.cli.report import emit, report_options
+from dsv4_convert.core.converted_config import record_or_none
 from dsv4_convert.core.detect import declared_group_size
-from dsv4_convert.core.dtypes import FP8_DTYPES
-from dsv4_convert.core.engines import QUANT_METHOD
+from dsv4_convert.core.dtypes import FP8_DTYPES, SCALE_DTYPES, WEIGHT_DTYPES
 from dsv4_convert.core.index import natural_key
 from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.core.tensor_model import Checkpoint
+from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
 from dsv4_convert.core.units import human_size
 
 __all__ = ["SCHEMA_VERSION", "inspect", "render_table", "summarize"]
@@ -48,9 +48,17 @@ def _mtp_layers(names) -> list[str]:
     return sorted(layers, key=natural_key)
 
 
+def _quant_block(ckpt: Checkpoint) -> dict:
+    """config.json's quantization_config; a converted checkpoint's through its record (the one reader)."""
+    if ckpt.format is SourceFormat.MARLIN:
+        record = record_or_none(ckpt.config)
+        return record.as_dict() if record else {}
+    return ckpt.config.get("quantization_config") or {}
+
+
 def _excluded(ckpt: Checkpoint) -> list[dict]:
-    qc = ckpt.config.get("quantization_config") or {}
-    if qc.get("quant_method") == QUANT_METHOD:
+    qc = _quant_block(ckpt)
+    if ckpt.format is SourceFormat.MARLIN:
         qc = qc.get("original_quantization_config") or {}
     out = []
     for key in ("ignore", "modules_to_not_convert", "exclude_modules"):
@@ -59,6 +67,19 @@ def _excluded(ckpt: Checkpoint) -> list[dict]:
     hq = (ckpt.hf_quant_config or {}).get("quantization") or {}
     if isinstance(hq.get("exclude_modules"), list):
         out.append({"source": "hf_quant_config.json quantization.exclude_modules", "modules": hq["exclude_modules"]})
+    return out
+
+
+def _fp4_layers(ckpt: Checkpoint) -> set[str]:
+    """Tensors of the FP4 layers that are not routed experts (ModelOpt NVFP4 attention and shared experts):
+    a packed weight with an FP4 block scale beside it. Their F8_E4M3 scales are not FP8 layers."""
+    out = set()
+    scales = {*SCALE_DTYPES["nvfp4"], *SCALE_DTYPES["mxfp4"]}
+    for name, ref in ckpt.tensors.items():
+        if name.endswith(".weight_scale") and ref.dtype in scales:
+            weight = ckpt.tensors.get(name[: -len("_scale")])
+            if weight is not None and weight.dtype in WEIGHT_DTYPES:
+                out.update({name, weight.name})
     return out
 
 
@@ -74,13 +95,14 @@ def summarize(ckpt: Checkpoint) -> dict:
             shape = f"{p.quant.value} [{p.n}, {p.k}] from stacked " + shape
         roles[p.role.value][(p.quant.value, p.n, p.k, shape)] += 1
     layers = sorted(experts, key=lambda layer: (layer.startswith("mtp."), natural_key(layer)))
-    fp4 = ckpt.projection_names
+    fp4, fp4_layers = ckpt.projection_names, _fp4_layers(ckpt)
     by_cat = Counter()
     dtypes = Counter()
     for ref in ckpt.tensors.values():
-        by_cat["fp4_experts" if ref.name in fp4 else _category(ref.dtype)] += ref.nbytes
+        by_cat["fp4_experts" if ref.name in fp4 else "fp4_other" if ref.name in fp4_layers
+               else _category(ref.dtype)] += ref.nbytes
         dtypes[ref.dtype] += 1
-    qc = ckpt.config.get("quantization_config") or {}
+    qc = _quant_block(ckpt)
     hq = (ckpt.hf_quant_config or {}).get("quantization") or {}
     declared = declared_group_size(ckpt.config, ckpt.hf_quant_config)
     mtp = _mtp_layers(ckpt.tensors)
@@ -108,7 +130,8 @@ def summarize(ckpt: Checkpoint) -> dict:
         },
         "group_sizes": sorted({p.group_size for p in projections}),
         "declared_group_size": declared[0] if declared else None,
-        "bytes": {"fp4_experts": by_cat["fp4_experts"], "fp8": by_cat["fp8"], "bf16": by_cat["bf16"],
+        "bytes": {"fp4_experts": by_cat["fp4_experts"], "fp4_other": by_cat["fp4_other"], "fp8": by_cat["fp8"],
+                  "bf16": by_cat["bf16"],
                   "other": by_cat["other"], "total": sum(by_cat.values())},
         "quantization_config": {k: qc[k] for k in _QUANT_KEYS if k in qc},
         "hf_quant_config": ({k: hq[k] for k in ("quant_algo", "kv_cache_quant_algo", "group_size") if k in hq}
@@ -142,7 +165,7 @@ def render_table(s: dict) -> str:
     sizes = ", ".join(map(str, s["group_sizes"])) or "-"
     rows.append(("group size", sizes + (f" (declared {declared})" if declared else "")))
     b = s["bytes"]
-    sizes = (f"FP4 experts {human_size(b['fp4_experts'])}, FP8 {human_size(b['fp8'])}, BF16 {human_size(b['bf16'])}, "
+    sizes = (f"FP4 experts {human_size(b['fp4_experts'])}, other FP4 layers {human_size(b['fp4_other'])}, FP8 {human_size(b['fp8'])}, BF16 {human_size(b['bf16'])}, "
              f"other {human_size(b['other'])}; total {human_size(b['total'])}")
     rows.append(("bytes", sizes))
     rows.append(("quantization", ", ".join(f"{k}={v}" for k, v in s["quantization_config"].items()) or "none"))

@@ -31,13 +31,19 @@ import errno  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 
+# numpy's OpenBLAS starts a thread per core when numpy is imported, and each spins before it sleeps: on
+# the 16-core GPU box `inspect` took 3.5 CPU seconds for 1.6 s of wall (docs/PERFORMANCE.md). No command
+# multiplies matrices with numpy (torch has its own threads), so one BLAS thread, unless the user says.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import click  # noqa: E402
 
 from dsv4_convert import __version__  # noqa: E402
+from dsv4_convert.cli import commands  # noqa: E402
 from dsv4_convert.cli.command_paths import guard_command_line, parsed_params  # noqa: E402
 from dsv4_convert.cli.report import write_report  # noqa: E402
 from dsv4_convert.core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
-from dsv4_convert.runtime.settings import check_environment  # noqa: E402
+from dsv4_convert.runtime import settings  # noqa: E402
 
 __all__ = ["cli", "main", "error_object"]
 
@@ -58,25 +64,40 @@ Set DSV4_DEBUG=1 to see tracebacks.
 """
 
 
-class _OrderedGroup(click.Group):
-    """List commands in workflow order (commands.ALL), not alphabetically."""
+class _LazyGroup(click.Group):
+    """The commands of commands.ALL, in workflow order; a command's module is imported only when that
+    command is asked for, so `--help`, `--version` and a mistyped name import none of them."""
 
     def list_commands(self, ctx):
-        return list(self.commands)
+        return list(commands.NAMES)
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in commands.NAMES:
+            self.add_command(commands.load(name))
+        return self.commands.get(name)
+
+    def format_commands(self, ctx, formatter):
+        with formatter.section("Commands"):
+            formatter.write_dl(commands.SUMMARIES)
+
+    def resolve_command(self, ctx, args):
+        name = click.utils.make_str(args[0])
+        if name not in commands.NAMES and not ctx.resilient_parsing and not name.startswith("-"):
+            raise click.exceptions.NoSuchCommand(name, possibilities=commands.NAMES, ctx=ctx)
+        return super().resolve_command(ctx, args)
 
 
-@click.group(cls=_OrderedGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_LazyGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="dsv4-convert")
 def cli():
     pass
 
 
 def _register(args: list[str]):
-    # Explicit list (cli/commands.py): nothing registers itself; only the command being run is imported.
-    from dsv4_convert.cli import commands
-
-    for command in commands.load(next((a for a in args if not a.startswith("-")), None)):
-        cli.add_command(command)
+    """Import the module of the command being run (only that one: cli/commands.py)."""
+    name = next((a for a in args if not a.startswith("-")), None)
+    if name is not None:
+        cli.get_command(None, name)
 
 
 _params: dict = {}  # the command's parsed parameters (cli/command_paths.py), for the error path
@@ -136,10 +157,18 @@ def _answer(doc: dict, argv: list[str], to_report: bool = True) -> None:
         click.echo(json.dumps(doc, indent=2))
 
 
+def _debug() -> bool:
+    """DSV4_DEBUG as parsed at start-up (off when the environment itself was the error)."""
+    try:
+        return settings.settings().debug
+    except DsvError:
+        return False
+
+
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        check_environment()  # before numba's import reads NUMBA_NUM_THREADS
+        settings.load()  # every variable, once; before numba's import reads NUMBA_NUM_THREADS
         _register(args)  # the heavy imports, under _early_interrupt
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, _interrupt)
@@ -149,7 +178,7 @@ def main(argv=None):
             guard_command_line(_params)
         cli.main(args=args, prog_name="dsv4-convert", standalone_mode=False)
     except DsvError as e:
-        if os.environ.get("DSV4_DEBUG"):
+        if _debug():
             raise
         _fail(e, args)
     except (click.exceptions.Abort, KeyboardInterrupt):
@@ -161,7 +190,7 @@ def main(argv=None):
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)
     except OSError as e:
-        if os.environ.get("DSV4_DEBUG"):
+        if _debug():
             raise
         _fail(from_os_error(e), args)
     except SystemExit:
@@ -169,6 +198,6 @@ def main(argv=None):
     except BaseException:
         # an interrupt that lands inside an import (numba, numpy) can surface as another exception
         # (a half-initialised module, a RecursionError): it is still the interrupt, not a bug
-        if not _signalled or os.environ.get("DSV4_DEBUG"):
+        if not _signalled or _debug():
             raise
         _fail(Interrupted("interrupted", error_id="cli.interrupted"), args)

@@ -49,5 +49,7 @@ def plan(path, gpus, gpu_mem_gib, arch, target, engine, act_dtype, as_json, repo
     ckpt = open_checkpoint(path)  # unreadable: main() answers exit 2, plan's class as validate's
     result = make_plan(shape_from_checkpoint(ckpt), gpus=gpus, gpu_mem_gib=gpu_mem_gib, arch=arch,
                        engine=target or engine or DEFAULT_ENGINE, act_dtype=act_dtype, path=str(path))
-    emit(result.to_json(), result.render_text(), as_json=as_json, report_file=report_file, quiet=False)
-    sys.exit(0 if result.chosen is not None else 1)
+    code = 0 if result.chosen is not None else 1
+    emit(result.to_json(), result.render_text(), as_json=as_json, report_file=report_file, quiet=False,
+         exit_code=code)
+    sys.exit(code)

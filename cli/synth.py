@@ -9,10 +9,10 @@ from pathlib import Path
 import click
 
 from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
+from dsv4_convert.core.files import SYNTH_MANIFEST
 from dsv4_convert.core.naming import family_named
 from dsv4_convert.synth import (
     DEFECT_NAMES,
-    MANIFEST,
     REAL_SIZE,
     SYNTH_FAMILIES,
     SYNTH_FORMATS,
@@ -122,7 +122,7 @@ def synth(out, fmt, family, layers, experts, hidden, intermediate, shards, seed,
     finally:
         if bar is not None:
             bar.close()
-    m = json.loads((path / MANIFEST).read_text())
+    m = json.loads((path / SYNTH_MANIFEST).read_text())
     fmt = m["format"]
     extra = f", defects: {', '.join(defects)}" if defects else ""
     emit({"out": str(path), "format": fmt, "family": family, "files": m["files"], "tensors": m["tensors"],

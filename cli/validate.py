@@ -106,5 +106,5 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
         from dsv4_convert.validate.plot import plot_report
         click.echo(plot_report(report, plot_file), err=True)
     emit(report.to_json(strict=strict), report.render_text(strict=strict, quiet=quiet), as_json=as_json,
-         report_file=report_file, quiet=False)  # the findings are validate's result: -q keeps them
+         report_file=report_file, quiet=False, exit_code=report.exit_code(strict=strict))  # -q keeps the findings
     sys.exit(report.exit_code(strict=strict))

@@ -22,7 +22,7 @@ from dsv4_convert.formats.constants import E4M3_NAN_BYTES, E8M0_NAN
 from dsv4_convert.formats.fp4_kernels import byte_presence
 from dsv4_convert.formats.marlin_words import a16_forward
 from dsv4_convert.formats.scale_tables import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table
-from dsv4_convert.runtime.settings import TORCH_ROUTE_ENV, env_flag
+from dsv4_convert.runtime.settings import TORCH_ROUTE_ENV, settings
 
 __all__ = ["TORCH_ROUTE_ENV", "convert_on_cpu", "load_kernels"]
 
@@ -43,7 +43,7 @@ def load_kernels() -> None:
 
 def _routable(p: Projection, target) -> bool:
     """Whether this module converts `p` (else the torch route does)."""
-    if env_flag(TORCH_ROUTE_ENV, False):
+    if settings().torch_route:
         return False
     if target.w4a8 or p.marlin_global is not None:
         return False

@@ -17,10 +17,9 @@ from pathlib import Path
 from dsv4_convert.convert.plan import ShardPlan
 from dsv4_convert.runtime.digest import file_digest
 
-__all__ = ["Piece", "split_shards", "seal", "piece_sidecar", "PIECE_MIN_BYTES", "PIECE_BYTES_ENV"]
+__all__ = ["Piece", "split_shards", "seal", "piece_sidecar", "PIECE_MIN_BYTES"]
 
 PIECE_MIN_BYTES = 64 << 20  # a smaller piece costs more in job overhead than its parallelism gives
-PIECE_BYTES_ENV = "DSV4_CONVERT_PIECE_BYTES"  # test hook: a smaller floor, so that small checkpoints split
 _PIECES_PER_WORKER = 2  # pieces differ in size and speed: two per worker keeps the tail short
 
 
@@ -67,7 +66,7 @@ def split_shards(shards: list[ShardPlan], workers: int, *, min_bytes: int | None
         return [Piece(s, 0, len(s.tensors)) for s in shards]
     total = sum(s.nbytes for s in shards)
     if min_bytes is None:
-        min_bytes = int(os.environ.get(PIECE_BYTES_ENV) or PIECE_MIN_BYTES)
+        min_bytes = PIECE_MIN_BYTES
     target = max(min_bytes, math.ceil(total / (_PIECES_PER_WORKER * workers)))
     pieces: list[Piece] = []
     for s in shards:

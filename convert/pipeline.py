@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import errno
 import itertools
-import os
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -14,12 +13,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dsv4_convert import __version__
 from dsv4_convert.convert.cpu_path import convert_on_cpu, load_kernels
 from dsv4_convert.convert.cuda_route import job_device
 from dsv4_convert.convert.pieces import Piece, piece_sidecar, seal, split_shards
-from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan
+from dsv4_convert.convert.plan import ConvertPlan
 from dsv4_convert.convert.publish import finalize
+from dsv4_convert.convert.quant_config import build_record
 from dsv4_convert.convert.safetensors_writer import ShardWriter
 from dsv4_convert.core.errors import Interrupted, OutputError
 from dsv4_convert.core.files import LOST_SUFFIX
@@ -30,14 +29,11 @@ from dsv4_convert.core.units import human_size
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
-from dsv4_convert.runtime.paths import staging_path
 from dsv4_convert.runtime.profiling import mark, profile_dir, profiled_job
 from dsv4_convert.runtime.side_files import protect
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers"]
-
-THREADS_ENV = "DSV4_CONVERT_THREADS"  # "1": the CPU route's jobs in threads too (tests, benchmarks)
 
 
 @dataclass
@@ -153,18 +149,17 @@ def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> di
 
 
 # -- parent side ---------------------------------------------------------------------------------
-def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, resume: bool = False,
-                   force: bool = False, progress: bool = True, executor: ExecutorSpec = ExecutorSpec(),
-                   devices: tuple[str, ...] = ()) -> ConvertResult:
-    """Convert `plan` into `out`. `devices`: the GPUs ("cuda:N", cli/options.py use_device) whose jobs
-    run as threads of this process, each on the GPU its index picks (convert/cuda_route.py); () for the
-    CPU."""
+def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None = None, progress: bool = True,
+                   executor: ExecutorSpec = ExecutorSpec(), devices: tuple[str, ...] = ()) -> ConvertResult:
+    """Convert `plan` into `staging.out` (the Staging the CLI built and checked: OUT's one owner, with
+    --force/--resume). `devices`: the GPUs ("cuda:N", cli/options.py use_device) whose jobs run as
+    threads of this process, each on the GPU its index picks (convert/cuda_route.py); () for the CPU."""
     start = time.perf_counter()
     freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
-    protect([ckpt.root, out, staging_path(Path(out))])  # side files (profiles) stay off them
+    protect([ckpt.root], outputs=[staging.out, staging.path])  # side files (profiles) stay off them
     profile_dir()  # refused before any work when it points into them
-    staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root, fence=RunDir.fence)
+    staging.fence, resume = RunDir.fence, staging.resume
     pool = None
     run = RunDir(staging.path)
     try:  # open() inside: a signal that lands in it is still answered (discard() cleans only what open() took)
@@ -179,20 +174,19 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         if local and len(pieces) > 1:
             load_kernels()  # once here, inherited by every forked worker (or shared by the threads)
         pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers,
-                             threads=bool(devices) or os.environ.get(THREADS_ENV) == "1")
+                             threads=bool(devices))
         mark("start")
         pool.check_paths(run, [ckpt.root / f for f in sorted({t.file for t in ckpt.tensors.values()})])
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
         mark("rescale")
-        meta = {"format": "pt", "producer": "dsv4-convert", "producer_version": __version__,
-                "format_version": str(FORMAT_VERSION), "marlin_layout": plan.target.layout_tag}
-        _write_pieces(pool, pieces, run, staging, [str(ckpt.root), ckpt.format, plan.target], rescale, meta,
-                      devices)
+        record = build_record(plan, rescale)  # the config block, the shards' metadata, the manifest's fields
+        _write_pieces(pool, pieces, run, staging, [str(ckpt.root), ckpt.format, plan.target], rescale,
+                      record.shard_metadata(), devices)
         mark("shards")
         bar.close()
         pool.shutdown()
         run.remove()
-        lost = finalize(plan, staging, rescale, step=_step)
+        lost = finalize(plan, staging, record, step=_step)
         mark("finalize")
         staging.publish(step=_step)
         mark("publish")
@@ -200,18 +194,23 @@ def run_conversion(plan: ConvertPlan, out: Path, *, workers: int | None = None, 
         if pool:
             pool.shutdown(cancel=True)
         staging.discard(keep_verified=resume and isinstance(e, KeyboardInterrupt))  # nothing looks complete
-        mapped = _user_error(e, staging.path, plan)
+        mapped = _user_error(e, staging, plan)
         if mapped is None:
             raise
         raise mapped from (None if isinstance(e, KeyboardInterrupt) else e)
-    return ConvertResult(Path(out), len(plan.shards), len(done), sum(len(s.tensors) for s in plan.shards),
+    return ConvertResult(staging.out, len(plan.shards), len(done), sum(len(s.tensors) for s in plan.shards),
                          len(plan.projections), sum(t.nbytes for t in ckpt.tensors.values()), plan.output_bytes,
                          time.perf_counter() - start, rescale, lost)
 
 
-def _user_error(e: BaseException, staging_path: Path, plan: ConvertPlan):
+def _user_error(e: BaseException, staging: Staging, plan: ConvertPlan):
     """The typed error to show for an exception that aborted a run, or None to re-raise it as is."""
+    staging_path = staging.path
     if isinstance(e, KeyboardInterrupt):
+        if staging.published:  # the signal came after the rename: the output is complete
+            return Interrupted(f"interrupted after {staging.out} was published; that output is complete",
+                               error_id="convert.interrupted", file=str(staging.out),
+                               hint=f"run `dsv4-convert validate {staging.out}` to check it")
         if staging_path.exists():  # Ctrl-C during --resume keeps the verified shards (Staging.discard)
             return Interrupted(f"interrupted; the verified shards stay in {staging_path}",
                                error_id="convert.interrupted", file=str(staging_path),

@@ -10,8 +10,9 @@ from pathlib import Path
 
 from dsv4_convert import __version__
 from dsv4_convert.convert.safetensors_writer import TensorSpec
-from dsv4_convert.core.engines import FORMAT_VERSION, MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
+from dsv4_convert.core.engines import MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG, shard_name
 from dsv4_convert.core.served import refusal, source_block
 from dsv4_convert.core.structure import RULES as STRUCTURE_RULES
 from dsv4_convert.core.structure import model_dims
@@ -28,9 +29,10 @@ from dsv4_convert.core.tensor_model import (
 from dsv4_convert.formats.constants import MARLIN_TILE_K
 from dsv4_convert.formats.padded_layout import padded_nk, rank_nk
 from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
+from dsv4_convert.runtime.paths import refuse_reserved_names
 
 __all__ = ["check_structure", "refuse_converted", "check_source", "check_servable", "kept_input_name", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
-           "build_plan", "FORMAT_VERSION",
+           "build_plan",
            "serving_layouts", "layout_tiles"]
 
 
@@ -85,7 +87,7 @@ class ConvertPlan:
                              self.target.w4a8], "options": self.options}, sort_keys=True).encode())
         for t in self.checkpoint.tensors.values():
             h.update(f"{t.name}|{t.file}|{t.dtype}|{t.shape}|{t.begin}|{t.end}\n".encode())
-        for name in ("config.json", "hf_quant_config.json"):
+        for name in (CONFIG, HF_QUANT_CONFIG):
             p = self.checkpoint.root / name
             if p.exists():
                 h.update(p.read_bytes())
@@ -250,6 +252,7 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
     With `tp` (--tp/--ep), containers the engine pads at that split are written in the padded
     per-rank layout (formats/padded_layout.py); the others keep the layout-agnostic bytes."""
     refuse_converted(ckpt)
+    refuse_reserved_names(ckpt.root)  # an input file the tool's own would overwrite: refused before any write
     check_structure(ckpt)
     rank_tiles = {} if tp is None else layout_tiles(ckpt, target.engine, tp, ep)
     pads = {c: v for c, v in rank_tiles.items() if v.status == PAD}
@@ -301,4 +304,4 @@ def _pack_shards(items, max_bytes: int) -> tuple[ShardPlan, ...]:
         groups[-1].append(o)
         size += o.spec.nbytes
     n = len(groups)
-    return tuple(ShardPlan(f"model-{i + 1:05d}-of-{n:05d}.safetensors", tuple(g)) for i, g in enumerate(groups))
+    return tuple(ShardPlan(shard_name(i, n), tuple(g)) for i, g in enumerate(groups))

@@ -8,10 +8,10 @@ from __future__ import annotations
 import json
 import shutil
 
-from dsv4_convert import __version__
-from dsv4_convert.convert.plan import FORMAT_VERSION, ConvertPlan
-from dsv4_convert.convert.quant_config import marlin_quant_config, rewrite_config, rewrite_hf_quant_config
+from dsv4_convert.convert.plan import ConvertPlan
+from dsv4_convert.convert.quant_config import rewrite_config, rewrite_hf_quant_config
 from dsv4_convert.convert.serving_notes import serving_markdown
+from dsv4_convert.core.converted_config import ConvertedQuantConfig
 from dsv4_convert.core.files import (
     CONFIG,
     HF_QUANT_CONFIG,
@@ -26,7 +26,7 @@ from dsv4_convert.runtime.staging import Staging, write_json_atomic
 
 __all__ = ["finalize"]
 
-def finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float], *, step=lambda: None) -> int:
+def finalize(plan: ConvertPlan, staging: Staging, record: ConvertedQuantConfig, *, step=lambda: None) -> int:
     """Write everything but the shards; returns the number of lost (clamped) scale bytes recorded.
     `step` is the converter's crash hook, called between the writes (tests kill the run there)."""
     ckpt, dst = plan.checkpoint, staging.path
@@ -52,18 +52,15 @@ def finalize(plan: ConvertPlan, staging: Staging, rescale: dict[str, float], *, 
             f.unlink()
         save_file(lost, src_dir / LOST)
     (src_dir / SOURCE_HEADERS).write_text(json.dumps(_source_headers(ckpt), indent=1) + "\n")
-    block = marlin_quant_config(plan, ckpt.config.get("quantization_config"), ckpt.hf_quant_config, rescale)
-    (dst / CONFIG).write_text(rewrite_config(ckpt.config, block))
+    (dst / CONFIG).write_text(rewrite_config(ckpt.config, record))
     if ckpt.hf_quant_config is not None:
-        (dst / HF_QUANT_CONFIG).write_text(rewrite_hf_quant_config(ckpt.hf_quant_config, block))
+        (dst / HF_QUANT_CONFIG).write_text(rewrite_hf_quant_config(ckpt.hf_quant_config, record))
     step()
     weight_map = {o.spec.name: s.file for s in plan.shards for o in s.tensors}
     write_json_atomic(dst / INDEX_FILE, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
     (dst / SERVING_NOTES).write_text(serving_markdown(plan, staging.out.name))
     step()
-    manifest = {"format_version": FORMAT_VERSION, "producer": {"name": "dsv4-convert", "version": __version__},
-                "fingerprint": staging.fingerprint, "marlin_layout": plan.target.layout_tag,
-                "source_format": ckpt.format.value, "shards": staging.done}
+    manifest = {**record.manifest_fields(), "fingerprint": staging.fingerprint, "shards": staging.done}
     staging.write_manifest(manifest)
     step()
     return sum(v.numel() for k, v in lost.items() if k.endswith(".bytes"))

@@ -1,25 +1,26 @@
-"""The `quantization_config` of a converted checkpoint (docs/FORMAT.md) and the config rewrites."""
+"""The converted record of a conversion (core/converted_config.py renders it: the config block, the
+shards' metadata, the manifest's fields) and the config rewrites."""
 
 from __future__ import annotations
 
 import json
 
-from dsv4_convert import __version__
 from dsv4_convert.convert.plan import ConvertPlan
 from dsv4_convert.core.converted_config import ConvertedQuantConfig, TpLayout
-from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.index import natural_key
 from dsv4_convert.core.tensor_model import Quant
 
-__all__ = ["QUANT_METHOD", "marlin_quant_config", "rewrite_config", "rewrite_hf_quant_config"]
+__all__ = ["build_record", "rewrite_config", "rewrite_hf_quant_config"]
 
 
 def _pattern(key: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in key.split("."))
 
 
-def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: dict | None,
-                        rescale_factors: dict[str, float]) -> dict:
+def build_record(plan: ConvertPlan, rescale_factors: dict[str, float]) -> ConvertedQuantConfig:
+    """The record of this conversion, built once per run (before the shards: their metadata is part of it)."""
+    original = plan.checkpoint.config.get("quantization_config")
+    original_hf = plan.checkpoint.hf_quant_config
     projections = plan.projections
     experts = {p.container: p.quant.value for p in projections}
     main = plan.checkpoint.routed_quant or Quant.NVFP4
@@ -40,16 +41,16 @@ def marlin_quant_config(plan: ConvertPlan, original: dict | None, original_hf: d
         packed_modules=tuple(sorted({_pattern(p.key) for p in projections})),
         rescale_factors=dict(sorted(rescale_factors.items(), key=by_name)),
         original_quantization_config=original, original_hf_quant_config=original_hf,
-        producer={"name": "dsv4-convert", "version": __version__},
     )
-    return block.as_dict()
+    return block
 
 
-def rewrite_config(config: dict, block: dict) -> str:
+def rewrite_config(config: dict, record: ConvertedQuantConfig) -> str:
     out = dict(config)
-    out["quantization_config"] = block
+    out["quantization_config"] = record.as_dict()
     return json.dumps(out, indent=2) + "\n"
 
 
-def rewrite_hf_quant_config(hf: dict, block: dict) -> str:
-    return json.dumps({"producer": block["producer"], "quantization": block, "original": hf}, indent=2) + "\n"
+def rewrite_hf_quant_config(hf: dict, record: ConvertedQuantConfig) -> str:
+    return json.dumps({"producer": record.producer, "quantization": record.as_dict(), "original": hf},
+                      indent=2) + "\n"

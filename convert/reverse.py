@@ -24,7 +24,7 @@ from dsv4_convert.convert.lost_record import bad_record, check_lost_record, rest
 from dsv4_convert.convert.pipeline import _report
 from dsv4_convert.convert.plan import kept_input_name
 from dsv4_convert.convert.transform import scale_round_trip
-from dsv4_convert.core.converted_config import ConvertedQuantConfig, read_tp_layout
+from dsv4_convert.core.converted_config import converted_record
 from dsv4_convert.core.errors import ContentError, InputError
 from dsv4_convert.core.files import (
     CONFIG,
@@ -49,7 +49,7 @@ from dsv4_convert.formats.padded_layout import decode_rank_blocks, padded_nk, un
 from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
 from dsv4_convert.runtime.jobs import RunDir
 from dsv4_convert.runtime.manifest import verify
-from dsv4_convert.runtime.paths import record_name_ok
+from dsv4_convert.runtime.paths import record_name_ok, refuse_reserved_names
 from dsv4_convert.runtime.staging import Staging
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
@@ -248,13 +248,13 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
     ckpt = open_checkpoint(src)
     staging = Staging(Path(out), force=force, source=ckpt.root, fence=RunDir.fence)
     staging.check()  # before any work: OUT must not alias IN, and must be replaceable
+    refuse_reserved_names(ckpt.root, converted=True)
     _refuse_unverified(ckpt.root)
-    block = ckpt.config.get("quantization_config") or {}
     try:
-        spec = ConvertedQuantConfig.parse(block)  # the one strict parser (the plugins use it too)
+        spec = converted_record(ckpt.config)  # the one strict parser (the plugins use it too)
         target = MarlinTarget(spec.target_engine, spec.act_dtype, spec.w4a8)
         fmt = SourceFormat(spec.source_format)
-        layout = read_tp_layout(block)
+        layout = spec.split()
     except (KeyError, ValueError) as e:
         raise ContentError(f"config.json quantization_config is not a dsv4-convert block ({e})",
                            error_id="reverse.bad_config", file=CONFIG,
@@ -282,7 +282,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
                            hint="the converted checkpoint is incomplete or was edited")
     _check_shapes([sp for uses in decoded_by.values() for sp, part in uses if part == "weight"], converted,
                   layout[2] if layout else {})
-    job = _Job(str(ckpt.root), target, block.get("rescale_factors") or {}, lost, converted, ckpt.tensors,
+    job = _Job(str(ckpt.root), target, dict(spec.rescale_factors), lost, converted, ckpt.tensors,
                decoded_by, kept_as, layout[2] if layout else {})
     run = RunDir(staging.path)
     try:

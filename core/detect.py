@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
 from dsv4_convert.core.engines import QUANT_METHOD
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.naming import (
-    E8M0,
-    PACKED,
     PER_EXPERT,
     SCHEMES,
     Scheme,
@@ -129,7 +128,7 @@ def _marlin_words(config, tensors) -> str | None:
         k, n = ref.shape[0] * 16, ref.shape[1] // 2
         if scale is not None and len(scale.shape) == 2 and scale.shape[1] == n and n and scale.shape[0] and (
                 (scale.dtype == "F8_E4M3" and scale.shape[0] * Quant.NVFP4.group_size == k)
-                or (scale.dtype in E8M0 and scale.shape[0] * Quant.MXFP4.group_size == k)):
+                or (scale.dtype in SCALE_DTYPES["mxfp4"] and scale.shape[0] * Quant.MXFP4.group_size == k)):
             qm = _qc(config).get("quant_method")
             return (f"{name} is Marlin words (I32 {list(ref.shape)}, weight_scale {scale.dtype} "
                     f"{list(scale.shape)}), although config.json quantization_config.quant_method is {qm!r}")
@@ -307,7 +306,7 @@ def _check_consistency(fmt: SourceFormat, config, hfq, tensors) -> None:
     found = None
     for name, ref in tensors.items():
         parsed = parse_expert_name(name, _PER_EXPERT)
-        if parsed and parsed.suffix in _WEIGHT_SUFFIXES and ref.dtype in PACKED and not parsed.layer.startswith("mtp."):
+        if parsed and parsed.suffix in _WEIGHT_SUFFIXES and ref.dtype in WEIGHT_DTYPES and not parsed.layer.startswith("mtp."):
             found = _sibling_quant(parsed.prefix, ref, tensors)
             if found:
                 break
@@ -334,7 +333,7 @@ def _sibling_quant(prefix: str, weight: TensorRef, tensors) -> tuple[Quant, Tens
     for suffix in ("weight_scale", "scale"):
         s = tensors.get(f"{prefix}.{suffix}")
         if s is not None and s.shape and s.shape[-1]:
-            quant = Quant.NVFP4 if s.dtype == "F8_E4M3" else Quant.MXFP4 if s.dtype in E8M0 else None
+            quant = Quant.NVFP4 if s.dtype == "F8_E4M3" else Quant.MXFP4 if s.dtype in SCALE_DTYPES["mxfp4"] else None
             return (quant, s, k // s.shape[-1]) if quant else None
     return None
 

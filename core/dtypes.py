@@ -21,7 +21,11 @@ ACT_DTYPE_NAMES = {"bfloat16": "BF16", "float16": "F16"}  # activation dtype (to
 # Sub-byte dtypes: only ever handled as packed bytes (dsv4-convert never writes them)
 SUB_BYTE_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 
-# An FP4 projection's source tensors, by Quant value: packed E2M1 weight bytes, and block scales stored
-# as their float8 type or as raw bytes (compressed-tensors writes U8; the codecs view I8 the same way).
+# The one table of an FP4 projection's source tensor dtypes (grouping and detection decide with it, the
+# converter routes by it, validate checks by it; /work/shared/spec CHECKPOINT_FORMATS.md has the producers):
+# packed E2M1 weights are bytes of two codes (DeepSeek writes I8, every other producer U8); block scales,
+# by Quant value, are NVFP4 F8_E4M3 (ModelOpt, compressed-tensors) and MXFP4 F8_E8M0 or its raw bits as U8
+# (compressed-tensors, gpt-oss), so a U8 scale is always MXFP4. safetensors' own F4 dtype (one code per
+# element) is not read as FP4: no known producer writes it, and no route here decodes it.
 WEIGHT_DTYPES = ("U8", "I8")
-SCALE_DTYPES = {"nvfp4": ("F8_E4M3", "U8", "I8"), "mxfp4": ("F8_E8M0", "U8", "I8")}
+SCALE_DTYPES = {"nvfp4": ("F8_E4M3",), "mxfp4": ("F8_E8M0", "U8")}

@@ -11,11 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from dsv4_convert.core.detect import ALLOWED_QUANTS
+from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.naming import (
-    E8M0,
     K_MAJOR,
-    PACKED,
     PER_EXPERT,
     ROLE_ORDER,
     SCHEMES,
@@ -104,7 +103,7 @@ def _projection(fmt: SourceFormat, parts: _Parts) -> Projection | None:
         return None
     if fmt is SourceFormat.MARLIN:
         return _marlin_projection(parts, weight)
-    if weight.dtype not in PACKED:
+    if weight.dtype not in WEIGHT_DTYPES:
         return None  # FP8 / BF16 experts: passthrough, their `.scale` is not an FP4 scale
     if len(weight.shape) != 2:
         raise _shape_error(weight, ["N", "K/2"], "packed FP4 expert weights are 2-D", error_id="group.weight_shape")
@@ -120,7 +119,7 @@ def _projection(fmt: SourceFormat, parts: _Parts) -> Projection | None:
     scale = refs[scale_names[0]]
     if scale.dtype == "F8_E4M3":
         quant = Quant.NVFP4
-    elif scale.dtype in E8M0:
+    elif scale.dtype in SCALE_DTYPES["mxfp4"]:
         quant = Quant.MXFP4
     else:
         raise ContentError(f"{scale.name} is {scale.dtype}; an FP4 block scale is F8_E4M3 (NVFP4) or "
@@ -155,7 +154,7 @@ def _marlin_projection(parts: _Parts, weight: TensorRef) -> Projection | None:
     if scale is None:
         raise ContentError(f"{weight.name} has no {parts.prefix}.weight_scale", error_id="group.missing_scale",
                            tensor=weight.name, file=weight.file, hint="the checkpoint is incomplete")
-    quant = Quant.NVFP4 if scale.dtype == "F8_E4M3" else Quant.MXFP4 if scale.dtype in E8M0 else None
+    quant = Quant.NVFP4 if scale.dtype == "F8_E4M3" else Quant.MXFP4 if scale.dtype in SCALE_DTYPES["mxfp4"] else None
     if quant is None:
         raise ContentError(f"{scale.name} is {scale.dtype}; Marlin scales are F8_E4M3 (NVFP4) or F8_E8M0 (MXFP4)",
                            error_id="group.bad_scale_dtype", tensor=scale.name, file=scale.file,
@@ -204,7 +203,7 @@ def _k_major_projections(parsed: ExpertName, parts: dict[str, TensorRef]) -> lis
         raise ContentError(f"{weight.name} has no block scale ({parsed.prefix}_weight_scale is missing)",
                            error_id="group.missing_scale", tensor=weight.name, file=weight.file,
                            hint="the checkpoint is incomplete: re-download or re-export it")
-    if weight.dtype not in PACKED or len(weight.shape) != 3:
+    if weight.dtype not in WEIGHT_DTYPES or len(weight.shape) != 3:
         raise _shape_error(weight, ["E", "K/2", "rows"], "stacked K-major NVFP4 experts are U8",
                            error_id="group.weight_shape")
     e, k2, rows = weight.shape

@@ -55,12 +55,13 @@ def read_weight_map(root: Path) -> dict[str, str]:
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise InputError(f"{path} must have a \"weight_map\" object mapping tensor names to shard files",
                          error_id="index.bad_schema", file=str(path), hint="re-download or rebuild the index")
-    unsafe = sorted({f for f in wm.values() if Path(f).is_absolute() or ".." in Path(f).parts or not f})
+    files = set(wm.values())  # a few shards named by thousands of tensors: check each file once
+    unsafe = sorted({f for f in files if Path(f).is_absolute() or ".." in Path(f).parts or not f})
     if unsafe:  # a shard is a file inside the checkpoint, never a path that leads out of it
         raise InputError(f"{path} maps tensors to files outside the checkpoint directory: {listing(unsafe)}",
                          error_id="index.unsafe_path", file=str(path),
                          hint="shard names must be relative paths inside the checkpoint; rebuild the index")
-    nested = sorted({f for f in wm.values() if "/" in f or "\\" in f})
+    nested = sorted({f for f in files if "/" in f or "\\" in f})
     if nested:  # the output keeps one folder of shards: a/x and b/x would become one file
         raise InputError(f"{path} maps tensors to shard files in subfolders: {listing(nested)}",
                          error_id="index.nested_shard", file=str(path),

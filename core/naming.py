@@ -13,16 +13,18 @@ Each entry names the public source of its facts.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from dsv4_convert.core.files import MTP_FILE
 from dsv4_convert.core.tensor_model import Role, TensorRef
 
 __all__ = [
     "PER_EXPERT", "STACKED", "N_MAJOR", "K_MAJOR", "Scheme", "SCHEMES", "Family", "FAMILIES", "ExpertName",
     "outside_index_note", "parse_expert_name", "expert_key", "per_expert_key", "converted_expert", "family_of", "family_named", "module_prefix", "first_expert_like",
-    "unknown_part", "scheme_roles", "ROLE_ORDER", "PACKED", "E8M0", "logical_k",
+    "unknown_part", "scheme_roles", "ROLE_ORDER", "logical_k",
 ]
 
 PER_EXPERT, STACKED = "per-expert", "stacked"
@@ -30,8 +32,6 @@ N_MAJOR = "N-major"  # a projection is [N, K/2] (rows = output features), as nn.
 K_MAJOR = "K-major"  # a stacked projection is [E, K/2, N]: transposed relative to the per-expert layout
 
 ROLE_ORDER = {Role.GATE: 0, Role.UP: 1, Role.DOWN: 2}
-PACKED = {"I8", "U8", "F4"}           # packed E2M1 codes
-E8M0 = {"F8_E8M0", "U8"}              # E8M0 scale bytes (compressed-tensors stores them as U8)
 _HF_ROLES = {"gate_proj": Role.GATE, "up_proj": Role.UP, "down_proj": Role.DOWN}
 _HF_NAMES = {role: name for name, role in _HF_ROLES.items()}
 _W_ROLES = {"w1": Role.GATE, "w3": Role.UP, "w2": Role.DOWN}  # w1 = gate, w3 = up, w2 = down
@@ -59,7 +59,7 @@ class Scheme:
     tails: Mapping[str, str] = field(default_factory=dict)  # stacked: name tail -> part ("" = the weight)
     source: str = ""
 
-    @property
+    @functools.cached_property  # built once: parse_expert_name runs for every tensor of a checkpoint
     def pattern(self) -> re.Pattern:
         prefixes = "|".join(re.escape(p) for p in self.layer_prefixes)
         roles = "|".join(re.escape(r) for r in self.roles)
@@ -239,7 +239,7 @@ FAMILIES: tuple[Family, ...] = (
            # GLM-4.6 / 4.7 FP4 releases keep the MTP layer in mtp.safetensors, outside the index; SGLang 0.5.23
            # adds it for Glm4MoeForCausalLM with num_nextn_predict_layers > 0 (model_loader/weight_utils.py
            # maybe_add_mtp_safetensors, citing baseten-admin/glm-4.7-fp4)
-           outside_index={"mtp.safetensors": "GLM's MTP layer (SGLang loads it for speculative decoding)"}),
+           outside_index={MTP_FILE: "GLM's MTP layer (SGLang loads it for speculative decoding)"}),
     Family("qwen3.5-moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), "hf-language-model",
            "hf-language-model", examples="nvidia/Qwen3.6-35B-A3B-NVFP4, RedHatAI Qwen3.5 NVFP4"),
     # Qwen3-Next / Qwen3-Coder-Next: HF per-expert names under model.layers, shared expert, BF16 mtp.* (vLLM 0.33

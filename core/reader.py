@@ -89,6 +89,7 @@ def hub_cache_dir(source: str | Path) -> Path | None:
 
 
 def _snapshot(repo_id: str) -> Path:
+    from huggingface_hub import constants as hub_constants
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -110,7 +111,7 @@ def _snapshot(repo_id: str) -> Path:
         partial = getattr(e, "snapshot_path", None)
         if partial and _has_weights(Path(partial)):
             return Path(partial).resolve()
-        offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("", "0", "false", "no", "off")
+        offline = hub_constants.HF_HUB_OFFLINE  # the hub's own reading of HF_HUB_OFFLINE
         raise InputError(f"there is no directory {repo_id} here, and as a Hugging Face repo id it is not in the "
                          "local cache and cannot be downloaded (" + ("HF_HUB_OFFLINE is set)" if offline
                                                                       else "no connection)"),
@@ -124,7 +125,7 @@ def _snapshot(repo_id: str) -> Path:
 
 def _has_weights(root: Path) -> bool:
     """config.json and every shard the index names (or model.safetensors) are there."""
-    if not (root / "config.json").is_file():
+    if not (root / CONFIG).is_file():
         return False
     if (root / INDEX_FILE).is_file():
         try:
@@ -174,14 +175,33 @@ def open_checkpoint(source: str | Path) -> Checkpoint:
     fmt, reason = detect_format(config, hf_quant, tensors)
     projections = group_projections(fmt, config, tensors)
     skip = set(shards) | ({INDEX_FILE} if index_file else set())
-    files = [p.relative_to(root) for p in root.rglob("*") if p.is_file()]
-    files = [f for f in files if f.as_posix() not in skip and not is_download_metadata(f)]
+    entries = [p.relative_to(root) for p in root.rglob("*")]
+    entries = [f for f in entries if f.as_posix() not in skip and not is_download_metadata(f)]
+    _refuse_unreadable_files(root, [f for f in entries if f.parts[0] not in LEFT_OUT_DIRS])
+    files = [f for f in entries if (root / f).is_file()]
     others = sorted(f.as_posix() for f in files if f.parts[0] not in LEFT_OUT_DIRS)
     left_out = sorted(f.as_posix() for f in files if f.parts[0] in LEFT_OUT_DIRS)
     return Checkpoint(root=root, format=fmt, config=config, hf_quant_config=hf_quant, tensors=tensors,
                       projections=projections, other_files=tuple(others), left_out=tuple(left_out),
                       index_file=index_file,
                       format_reason=reason)
+
+
+def _refuse_unreadable_files(root: Path, entries: list[Path]) -> None:
+    """Every non-weight file is copied byte for byte, so each must be one: a dangling symlink (a Hub
+    snapshot with a lost blob), a FIFO or a device is refused by name, never dropped in silence; a
+    `.safetensors` outside the index (GLM's mtp.safetensors) must be a readable safetensors file."""
+    for rel in entries:
+        p = root / rel
+        if p.is_dir() and rel.suffix != ".safetensors" or p.is_file() and rel.suffix != ".safetensors":
+            continue
+        what = ("a directory" if p.is_dir() else "a dangling symlink" if p.is_symlink() and not p.exists()
+                else None if p.is_file() else "a FIFO, socket or device")
+        if what is not None:
+            raise InputError(f"{rel.as_posix()} in {root} is {what}: every file beside the weights is copied byte "
+                             "for byte, and this one cannot be", error_id="input.not_a_regular_file", file=str(p),
+                             hint="restore the file (a Hub snapshot's lost blob: download it again), or remove it")
+        read_header(p, file=rel.as_posix())  # a weights file the index does not list: it must be one
 
 
 # ----------------------------------------------------------------------------------------------- tensors

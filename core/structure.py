@@ -81,7 +81,7 @@ def padded_containers(ckpt: Checkpoint) -> dict:
     if ckpt.format is not SourceFormat.MARLIN:
         return {}
     try:
-        layout = read_tp_layout(ckpt.config.get("quantization_config") or {})
+        layout = read_tp_layout(ckpt.config)
     except ValueError:
         return {}
     return layout[2] if layout else {}

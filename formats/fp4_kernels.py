@@ -2,7 +2,10 @@
 
 Each kernel does in one pass what the numpy reference in marlin_words (`a16_forward(compiled=False)`)
 or marlin_scales does in many; tests compare both byte for byte. Compiled once per machine and
-cached beside this file (`cache=True`), so a later start costs an import, not a compile.
+cached (numba's `cache=True`: beside this file, else in the user's cache folder), so a later start
+costs an import, not a compile. A user who can write neither (a read-only install and no writable
+$HOME: a service account, a container's non-root user) gets a private folder of their own under the
+temporary directory, else compiles in every process: never numba's "no locator available" at import.
   repack_a16      W4A16 weight repack (the bit exchanges of marlin_words, per group of 4 words
                   held in registers, written straight to their final place)
   permute_scales  [N, G] -> Marlin [G, N] with the 64-column permutation (transpose + perm in one),
@@ -13,12 +16,50 @@ cached beside this file (`cache=True`), so a later start costs an import, not a 
 
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
+
 import numba as nb
 import numpy as np
 
 __all__ = ["repack_a16", "permute_scales", "byte_presence", "lookup"]
 
-_jit = nb.njit(cache=True, nogil=True, boundscheck=False)
+_OPTIONS = dict(nogil=True, boundscheck=False)
+
+
+def _private_cache_dir() -> str | None:
+    """TMPDIR/dsv4-convert-numba-UID, made 0700 and checked to be this user's own real folder that no
+    one else can write (a cache file is code this process would load), or None."""
+    path = os.path.join(tempfile.gettempdir(), f"dsv4-convert-numba-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        return None
+    return path
+
+
+def _jit(fn):
+    """numba.njit with the compiled code cached where this user can write one (see the module doc)."""
+    try:
+        return nb.njit(cache=True, **_OPTIONS)(fn)
+    except RuntimeError as e:  # numba found no folder it may write ("no locator available")
+        if "no locator" not in str(e):
+            raise
+    saved, nb.config.CACHE_DIR = nb.config.CACHE_DIR, _private_cache_dir()
+    try:
+        if nb.config.CACHE_DIR:
+            return nb.njit(cache=True, **_OPTIONS)(fn)
+    except RuntimeError:
+        pass
+    finally:
+        nb.config.CACHE_DIR = saved  # numba's setting, as found, for any other user of numba in this process
+    return nb.njit(**_OPTIONS)(fn)
 
 
 @_jit

@@ -30,7 +30,7 @@ import os
 import queue
 import threading
 
-from dsv4_convert.runtime.settings import DIRECT_IO_ENV, env_flag
+from dsv4_convert.runtime.settings import DIRECT_IO_ENV, settings
 
 __all__ = ["BLOCK", "BUFFER_BYTES", "BUFFERS", "DIRECT_IO_ENV", "open_direct", "DirectSink"]
 
@@ -43,7 +43,7 @@ _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
 def open_direct(path) -> int | None:
     """`path` created (truncated) for writing with O_DIRECT, or None where direct I/O is off or the
     filesystem refuses it (then the caller writes through the page cache)."""
-    if not env_flag(DIRECT_IO_ENV, True) or not hasattr(os, "O_DIRECT"):
+    if not settings().direct_io or not hasattr(os, "O_DIRECT"):
         return None
     try:
         return os.open(path, _FLAGS | os.O_DIRECT, 0o644)

@@ -14,6 +14,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,10 +22,11 @@ from pathlib import Path
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.runtime.jobs import RunDir, one_thread_per_job
 
-__all__ = ["ExecutorSpec", "LocalExecutor", "ThreadExecutor", "auto_workers", "make_executor", "refuse_device"]
+__all__ = ["ExecutorSpec", "LocalExecutor", "ThreadExecutor", "auto_workers", "make_executor", "physical_cores",
+           "refuse_device"]
 
 EXECUTORS = ("local", "ray")
-_BYTES_PER_WORKER = 256 << 20  # below this much work per worker, another process is not worth starting
+_BYTES_PER_WORKER = 128 << 20  # below this much work per worker, another process is not worth starting
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,28 @@ def refuse_device(spec: ExecutorSpec, device: str | None) -> None:
                          error_id="usage.flags", hint="drop --device, or run with --executor local")
 
 
+def physical_cores() -> int:
+    """The cores this process may run on, a core's hyper-threads counted once (Linux's topology; each
+    usable CPU where it is not readable). The conversion streams bytes through memory: a core's second
+    hardware thread adds contention, not speed."""
+    try:
+        cpus = os.sched_getaffinity(0)
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        try:
+            cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip())
+        except OSError:
+            cores.add(str(cpu))
+    return max(1, len(cores))
+
+
 def auto_workers(workers: int | None, total_bytes: int, jobs: int | None) -> int:
-    """`workers` if given, else the cores, but no more than the jobs (None: not known yet), and in
-    auto mode one process per 256 MiB of work at most: a worker costs a fork and its own start-up,
-    not worth it for small inputs."""
-    n = workers or min(os.cpu_count() or 1, 1 + total_bytes // _BYTES_PER_WORKER)
+    """`workers` if given, else one per physical core, but no more than the jobs (None: not known yet),
+    and in auto mode one process per 128 MiB of work at most: a worker costs a fork and its own
+    start-up, not worth it for small inputs. docs/PERFORMANCE.md has the measurements behind it."""
+    n = workers or min(physical_cores(), 1 + total_bytes // _BYTES_PER_WORKER)
     return max(1, n if jobs is None else min(n, jobs))
 
 
@@ -60,8 +79,32 @@ def _init_worker(q) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
 
 
+class _Batched:
+    """A worker's progress, sent to the parent at most every 0.1 s and at the end: one message per
+    tensor was 30,000 messages for 8 DeepSeek-V4 layers, seconds of the parent's CPU spent draining."""
+
+    def __init__(self, put):
+        self.put, self.pending, self.sent = put, 0, time.monotonic()
+
+    def __call__(self, nbytes: int) -> None:
+        self.pending += nbytes
+        if time.monotonic() - self.sent >= 0.1:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.put(self.pending)
+            self.pending, self.sent = 0, time.monotonic()
+
+
 def _call_with_queue(fn, args, reports_progress: bool):
-    return fn(*args, callback=_progress_queue.put) if reports_progress else fn(*args)
+    if not reports_progress:
+        return fn(*args)
+    callback = _Batched(_progress_queue.put)
+    try:
+        return fn(*args, callback=callback)
+    finally:
+        callback.flush()
 
 
 class LocalExecutor:

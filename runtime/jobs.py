@@ -7,17 +7,15 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 import uuid
 from pathlib import Path
 
 from dsv4_convert.core.errors import OutputError
 
-__all__ = ["RunDir", "one_thread_per_job", "pause_hook", "task_memory"]
+__all__ = ["RunDir", "one_thread_per_job", "task_memory"]
 
 _WORKER_BYTES = 768 << 20  # a worker process (torch imported if the torch route runs), plus one copy chunk
 _STREAM_BOUND = 512 << 20  # a job streams: it never holds more than about this much of its shard at once
-_PAUSE_ENV = "DSV4_CONVERT_PAUSE_TASK"  # test hook: the first job to report progress writes its pid there, sleeps
 _RUN_PREFIX = ".run-"
 
 
@@ -78,22 +76,3 @@ def one_thread_per_job() -> None:
     torch = sys.modules.get("torch")  # never imported for this: the CPU route does not need torch
     if torch is not None:
         torch.set_num_threads(1)
-
-
-
-
-def pause_hook() -> None:
-    """Test hook (DSV4_CONVERT_PAUSE_TASK=FILE): the first job to get here, cluster-wide, writes its pid
-    to FILE and sleeps up to 60 s, so a test can SIGKILL that worker by pid mid-run."""
-    path = os.environ.get(_PAUSE_ENV)
-    if not path:
-        return
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        return
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        time.sleep(0.1)

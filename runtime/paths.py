@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import json
 import os
-from pathlib import Path
+import stat
+from pathlib import Path, PurePosixPath
 
-from dsv4_convert.core.errors import OutputError, UsageError
-from dsv4_convert.core.files import LOCK, RECORDS, STAGING_SUFFIX, SYNTH_MANIFEST
+from dsv4_convert.core.errors import InputError, OutputError, UsageError
+from dsv4_convert.core.files import LOCK, RECORDS, REPLACED, STAGING_SUFFIX, SYNTH_MANIFEST, reserved_input_names
 from dsv4_convert.core.small_files import read_small
 
-__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "recorded_files", "record_name_ok"]
+__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "recorded_files", "record_name_ok",
+           "unlisted_entries", "refuse_reserved_names", "partial_not_ours_error", "plain_file", "replaced_leftovers"]
 
 def out_path(out) -> Path:
     """OUT with its parent resolved and its own name kept: OUT itself must not be a symlink (checked
@@ -153,7 +156,7 @@ def check_replaceable(out: Path, *, force: bool, allow_empty: bool = False) -> N
                           "--force replaces only this tool's outputs", error_id="paths.not_our_output",
                           file=str(out), hint="choose another OUT, or empty or remove that directory yourself")
     if listed:
-        extra = [e for e in _walk(out) if e not in listed]
+        extra = unlisted_entries(out)
         if extra:
             raise OutputError(f"OUT {out} holds {len(extra)} files its dsv4-convert record does not list, e.g. "
                               f"{extra[0]}; --force would delete them", error_id="paths.unlisted_files",
@@ -176,8 +179,16 @@ def _refuse_locked(d: Path) -> None:
         os.close(fd)
 
 
-def _walk(root: Path) -> list[str]:
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if not p.is_dir() or p.is_symlink())
+def unlisted_entries(root: Path) -> list[str]:
+    """What `root` holds beyond its dsv4-convert record's list (the unlisted-files rule): files, links,
+    and folders no listed file lies in. Everything, when no record of ours itemises its files."""
+    listed = recorded_files(root)
+    folders = {parent.as_posix() for name in listed for parent in PurePosixPath(name).parents}
+    entries = sorted(p.relative_to(root).as_posix() for p in root.rglob("*"))
+    if not listed or listed == {"<none>"}:
+        return entries or ["(no record)"]
+    return [e for e in entries if e not in listed and not (e in folders and (root / e).is_dir()
+                                                           and not (root / e).is_symlink())]
 
 
 def record_name_ok(name, *, nested: bool = False) -> bool:
@@ -193,3 +204,55 @@ def record_name_ok(name, *, nested: bool = False) -> bool:
 
 def is_disk_full(e: OSError) -> bool:
     return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def refuse_reserved_names(root: Path, *, converted: bool = False) -> None:
+    """Before anything is written: an input file named like one the tool writes (its lock, progress
+    record, manifest, SERVING.md, a `.tmp`, ... core/files.py) would be overwritten or deleted by the
+    tool's own, and the output published without it."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return  # the reader reports an unreadable input
+    clash = reserved_input_names(names, converted=converted)
+    if clash:
+        raise InputError(f"the input holds {root / clash[0]}, a name dsv4-convert reserves for its own files"
+                         + (f" (and {len(clash) - 1} more: {', '.join(clash[1:4])})" if len(clash) > 1 else ""),
+                         error_id="input.reserved_name", file=str(root / clash[0]),
+                         hint="rename or move that file out of the input (docs/ERRORS.md lists the reserved "
+                              "names); the tool would overwrite or delete it in the output")
+
+
+def partial_not_ours_error(path: Path):
+    def error(why: str, file: Path | None = None) -> OutputError:
+        return OutputError(f"{path} exists but is not an interrupted run of this tool: {why}",
+                           error_id="paths.partial_not_ours", file=str(file or path),
+                           hint="move or remove it yourself, or choose another OUT; it is never deleted for you")
+    return error
+
+
+def plain_file(p) -> bool:
+    """A regular file with one link (a path, not followed, or an open descriptor)."""
+    try:
+        st = os.fstat(p) if isinstance(p, int) else os.stat(p, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+
+
+def replaced_leftovers(out: Path) -> list[Path]:
+    """`OUT.replaced-*` beside OUT that publish made and a kill left: the holder with exactly OUT
+    inside (or, from older versions, OUT renamed), holding our record and nothing it does not list.
+    Anything else of that name is the user's: never reported, never deleted."""
+    found = []
+    for holder in sorted(out.parent.glob(glob.escape(out.name + REPLACED) + "*")):
+        if holder.is_symlink() or not holder.is_dir():
+            continue
+        inner = holder / out.name
+        try:
+            nested = os.listdir(holder) == [out.name] and inner.is_dir() and not inner.is_symlink()
+        except OSError:
+            continue
+        if not unlisted_entries(inner if nested else holder):
+            found.append(holder)
+    return found

@@ -24,12 +24,11 @@ import time
 from pathlib import Path
 
 from dsv4_convert.core.errors import OutputError
+from dsv4_convert.runtime.settings import PROFILE_ENV, settings
 from dsv4_convert.runtime.side_files import guard, write_side_file
 
-__all__ = ["PROFILE_ENV", "MARKS_ENV", "profile_dir", "profiled_job", "mark", "breakdown"]
+__all__ = ["profile_dir", "profiled_job", "mark", "breakdown"]
 
-PROFILE_ENV = "DSV4_CONVERT_PROFILE"
-MARKS_ENV = "DSV4_CONVERT_MARKS"  # a directory: the driver's phase marks only (no cProfile; the benchmark's start-up)
 _marks: list[tuple[str, float]] = []
 
 # category -> functions whose cumulative time counts there (file suffix, function name); disjoint call trees
@@ -54,10 +53,10 @@ _SELF = {  # category -> builtins whose own time counts there
 }
 
 
-def profile_dir(env: str = PROFILE_ENV) -> Path | None:
-    """The profile directory (or, with MARKS_ENV, the marks-only one), guarded like every side file
-    (never inside IN or OUT), created."""
-    d = os.environ.get(env)
+def profile_dir(marks: bool = False) -> Path | None:
+    """The profile directory (with `marks`, the marks-only one: DSV4_CONVERT_MARKS), guarded like every
+    side file (never inside IN or OUT), created."""
+    d = settings().marks if marks else settings().profile
     if not d:
         return None
     real = guard(d, "profile", directory=True)
@@ -102,7 +101,7 @@ def profiled_job(name: str):
 
 def mark(phase: str) -> None:
     """Driver side: note the wall clock at the end of `phase`; written out at once (a crash keeps it)."""
-    d = profile_dir() or profile_dir(MARKS_ENV)
+    d = profile_dir() or profile_dir(marks=True)
     if d is None:
         return
     _marks.append((phase, time.perf_counter()))

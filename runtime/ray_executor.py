@@ -15,12 +15,12 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dsv4_convert.core.errors import DsvError, OutputError, UsageError
-from dsv4_convert.runtime.jobs import RunDir, one_thread_per_job, pause_hook, task_memory
+from dsv4_convert.runtime.jobs import RunDir, one_thread_per_job, task_memory
+from dsv4_convert.runtime.settings import settings
 
 __all__ = ["RayExecutor"]
 
 MAX_RETRIES = 3  # a job whose worker or node dies is run again, up to this many times
-_FORWARD = ("DSV4_CONVERT_PAUSE_TASK",)  # test hooks the driver hands to the workers
 _PROBE_TIMEOUT_S = 120
 _CONNECT_TIMEOUT_S = 5  # a TCP connect to the head node: an answer comes within milliseconds on a LAN
 _FLUSH_S = 0.25
@@ -49,7 +49,6 @@ def _run_job(fn, args, job: int, progress, token_file: str, token: str, reports_
 
     def tick(n: int) -> None:
         state["n"] += n
-        pause_hook()
         if time.monotonic() - state["sent"] > _FLUSH_S:
             progress.set.remote(job, state["n"])
             state["sent"] = time.monotonic()
@@ -101,10 +100,9 @@ class RayExecutor:
         if not self.owned:
             return
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        address = address or os.environ.get("RAY_ADDRESS") or "local"  # "local": always a new cluster, never
+        address = address or settings().ray_address or "local"  # "local": always a new cluster, never
         # one that a `ray start` left on this machine
-        env = {k: os.environ[k] for k in _FORWARD if k in os.environ}
-        kwargs = dict(logging_level="ERROR", log_to_driver=False, runtime_env={"env_vars": env} if env else None)
+        kwargs = dict(logging_level="ERROR", log_to_driver=False)
         if address == "local":  # a cluster of this machine alone, for this run
             kwargs.update(include_dashboard=False, _node_ip_address="127.0.0.1")
         elif _is_loopback(address):

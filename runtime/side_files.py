@@ -16,18 +16,20 @@ converter with the resolved IN; a forked worker inherits it."""
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
 from dsv4_convert.core.errors import OutputError, UsageError
-from dsv4_convert.core.reader import hub_cache_dir
+from dsv4_convert.core.files import LOCK
 
 __all__ = ["protect", "reset", "guard", "write_side_file", "FLAGS"]
 
 FLAGS = {"report": "--report", "plot": "--plot", "profile": "DSV4_CONVERT_PROFILE"}
 _WALK_LIMIT = 100_000  # entries per protected tree; past it only name and ancestor checks apply
 
+_FILE_SUFFIXES = (".safetensors", ".json")  # an input named so is a file of a checkpoint folder, there or not
 _dirs: set[Path] = set()
 _idents: set[tuple[int, int]] = set()
 
@@ -53,14 +55,20 @@ def reset() -> None:
     _idents.clear()
 
 
-def protect(paths: Iterable[str | os.PathLike | None]) -> None:
-    """Add checkpoint paths (a directory, a file in one, a Hub repo id, or a path not yet created)."""
-    for raw in paths:
+def protect(paths: Iterable[str | os.PathLike | None], *, outputs: Iterable[str | os.PathLike | None] = ()) -> None:
+    """Add the inputs (a directory, a file in one, a Hub repo id) and the outputs (OUT, OUT.partial,
+    as named: they may not exist yet). An input spelled as a file (`DIR/model.safetensors`) names its
+    folder whether or not the file exists: the command may still read that folder, or fail on it."""
+    for raw, output in [*((p, False) for p in paths), *((p, True) for p in outputs)]:
         if raw is None or str(raw) == "":
             continue
-        hub = hub_cache_dir(raw)
+        # imported here: --help and --version protect nothing and import no numpy
+        from dsv4_convert.core.reader import hub_cache_dir
+
+        hub = None if output else hub_cache_dir(raw)
         given = Path(os.path.abspath(os.path.expanduser(os.fspath(raw))))
-        root = hub or (given.parent if given.is_file() else given)  # a file names its checkpoint folder
+        as_file = not output and not given.is_dir() and (os.path.lexists(given) or given.suffix in _FILE_SUFFIXES)
+        root = hub or (given.parent if as_file else given)
         _add_dir(root)
         if root.is_dir():
             _walk(root)
@@ -87,12 +95,17 @@ def _inside_protected(p: Path) -> bool:
     return any(_ident(a) in _idents for a in (p, *p.parents) if os.path.lexists(a))
 
 
+def _inside_staging(p: Path) -> bool:
+    """Inside a directory that holds this tool's lock: another run's OUT.partial, which it publishes."""
+    return any(os.path.lexists(d / LOCK) for d in p.parents)
+
+
 def guard(path: str | os.PathLike, kind: str, *, directory: bool = False) -> Path:
     """The real path to write `kind`'s file (or, with `directory`, folder) at, or a typed error."""
     flag = FLAGS[kind]
     given = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
     real = Path(os.path.realpath(given))
-    if any(_inside_protected(p) for p in (given, real)):
+    if any(_inside_protected(p) or _inside_staging(p) for p in (given, real)):
         raise UsageError(f"{flag} {path} is, or lies inside, a checkpoint this command reads or writes "
                          f"(resolved: {real}); writing there would change it",
                          error_id=f"{kind}.inside_checkpoint", file=str(path),
@@ -116,7 +129,7 @@ def guard(path: str | os.PathLike, kind: str, *, directory: bool = False) -> Pat
 def write_side_file(path: str | os.PathLike, kind: str, write: Callable[[BinaryIO], None]) -> Path:
     """Guard `path`, then write it whole through a temporary file and a rename; `write(f)` fills it."""
     real = guard(path, kind)
-    tmp = real.with_name(f".{real.name[:200]}.{os.getpid()}.tmp")
+    tmp = real.with_name(f".dsv4-convert-{kind}.{os.getpid()}.{secrets.token_hex(4)}.tmp")  # short: NAME_MAX
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         with os.fdopen(fd, "wb") as f:

@@ -9,7 +9,6 @@ verifies it)."""
 from __future__ import annotations
 
 import fcntl
-import glob
 import hashlib
 import json
 import os
@@ -18,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from dsv4_convert.core.errors import InputError, OutputError
-from dsv4_convert.core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS, REPLACED
+from dsv4_convert.core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS, REPLACED, staging_entry_ok
 from dsv4_convert.core.reader import is_download_metadata
 from dsv4_convert.core.small_files import read_small
 from dsv4_convert.runtime.digest import HASH_ALGORITHM, file_digest
@@ -27,10 +26,14 @@ from dsv4_convert.runtime.paths import (
     check_replaceable,
     is_disk_full,
     out_path,
+    partial_not_ours_error,
+    plain_file,
     record_name_ok,
-    recorded_files,
+    replaced_leftovers,
     staging_path,
+    unlisted_entries,
 )
+from dsv4_convert.runtime.signals import signals_deferred
 
 __all__ = ["Staging", "source_stamp", "write_json_atomic"]
 
@@ -43,8 +46,11 @@ def _fsync_dir(path: Path) -> None:
 
 
 def write_json_atomic(path: Path, obj) -> None:
+    """Through a fresh temporary file (O_EXCL, never through a link a stale one may be) and a rename."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
+    tmp.unlink(missing_ok=True)  # a name, never what it links to
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()
@@ -74,6 +80,9 @@ def _first_change(old: dict, new: dict) -> str | None:
 
 
 class Staging:
+    """The one owner of OUT's life cycle: the CLI builds it and checks it before any work, the
+    converter (or marlin-to-source) opens, fills, publishes or discards the same object."""
+
     def __init__(self, out: Path, *, force: bool = False, resume: bool = False, source: Path | None = None,
                  fence=None):
         self.out = out_path(out)
@@ -83,7 +92,9 @@ class Staging:
         self.source = Path(source).resolve() if source is not None else None
         self.stamp: dict = {}
         self._lock_fd: int | None = None
+        self._dir_fd: int | None = None  # the staging directory itself, flock'd: held through publish's rename
         self._owned = False  # from taking the lock in open() until the publishing rename: discard() may clean up
+        self.published = False
         self.done: dict[str, dict] = {}
         self.leftovers: list[Path] = []  # holders of an output a killed --force run was replacing
 
@@ -115,21 +126,23 @@ class Staging:
         if self.source is not None:
             self.stamp = source_stamp(self.source)
             fingerprint = hashlib.sha256((fingerprint + json.dumps(self.stamp, sort_keys=True)).encode()).hexdigest()
-        existed = self.path.exists()
+        existed = os.path.lexists(self.path)
         if existed:
             self._refuse_foreign()
         made = False
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
-            self.path.mkdir(exist_ok=existed)  # not existed: a directory that appears meanwhile is not ours
-            made = not existed
-            self._take_lock()
-            self._owned = True
+            with signals_deferred():  # the mkdir and `made` together: a signal never orphans the directory
+                if not existed:
+                    self.path.mkdir()  # a directory that appears meanwhile is not ours: FileExistsError
+                    made = True
+                self._take_lock()
+                self._owned = True
             if existed:
                 self._adopt(fingerprint)
             self.fingerprint = fingerprint
             self._save_progress()
-        except BaseException as e:  # a signal too: it can land between the mkdir and the first record
+        except BaseException as e:  # a signal too: it can land between the lock and the first record
             self._release()
             if made:  # leave nothing behind that a later run would take for an interrupted one
                 shutil.rmtree(self.path, ignore_errors=True)
@@ -150,27 +163,66 @@ class Staging:
                                                   "hash_algorithm": HASH_ALGORITHM, "shards": self.done})
 
     def _refuse_foreign(self) -> None:
-        """OUT.partial is adopted only when it carries this tool's lock and progress record."""
+        """OUT.partial is adopted (and what it holds deleted) only when this tool's own records prove
+        it wrote it: its lock and progress record, and nothing but names a run writes there; or, killed
+        inside publish, our manifest and nothing it does not list (the unlisted-files rule)."""
         names = {e.name for e in self.path.iterdir()}
-        ours = LOCK in names and (names <= {LOCK} or _read_json(self.path / PROGRESS).get("fingerprint"))
-        # killed inside publish: lock and progress record are gone, our manifest (written last) is there
-        ours = ours or _read_json(self.path / MANIFEST).get("producer", {}).get("name") == "dsv4-convert"
-        if not ours:
-            raise OutputError(f"{self.path} exists but holds no dsv4-convert lock and progress record; it is not "
-                              "an interrupted run of this tool", error_id="paths.partial_not_ours",
-                              file=str(self.path),
-                              hint="move or remove it yourself, or choose another OUT; it is never deleted for you")
+        not_ours = partial_not_ours_error(self.path)
+        lock = self.path / LOCK
+        if LOCK in names and not plain_file(lock):
+            raise not_ours(f"its lock {lock} is not a plain file this tool made (a link, a hard link or a special file)")
+        if LOCK in names and (names <= {LOCK} or _read_json(self.path / PROGRESS).get("fingerprint")):
+            extra = sorted(n for n in names if not staging_entry_ok(n, self._source_names()))
+            if extra:
+                raise not_ours(f"it holds {extra[0]!r}, which no run of this tool writes there", file=self.path / extra[0])
+            return
+        if _read_json(self.path / MANIFEST).get("producer", {}).get("name") == "dsv4-convert":
+            extra = unlisted_entries(self.path)  # killed inside publish: lock and progress gone, manifest written last
+            if not extra:
+                return
+            raise not_ours(f"it holds {extra[0]!r}, which its dsv4-convert manifest does not list",
+                           file=self.path / extra[0])
+        raise not_ours("it holds no dsv4-convert lock and progress record; it is not an interrupted run of this tool")
+
+    def _source_names(self) -> set[str]:
+        """The top-level names of the input: a run copies these into its staging directory."""
+        try:
+            return {e.name for e in self.source.iterdir()} if self.source is not None else set()
+        except OSError:
+            return set()
 
     def _take_lock(self) -> None:
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        """flock the staging directory (held until publish's rename is done) and its lock file, which
+        is created here (O_EXCL) or, adopted, proven a plain file of its own (one link, no symlink)
+        before it is written: a hard link to a user's file is never truncated."""
+        locked = OutputError(f"another dsv4-convert run is writing {self.out} (lock held on {self.path})",
+                             error_id="output.locked",
+                             hint="wait for it to finish, or stop it; two runs never share one output")
+        self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise locked from None
+        except OSError:  # NFS emulates flock with POSIX locks, which need a writable fd: the lock file still guards
+            pass
+        path = self.path / LOCK
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                fd = os.open(path, flags)
+            except OSError as e:  # ELOOP: a symlink
+                raise partial_not_ours_error(self.path)(f"its lock {path} is a link ({e.strerror})") from None
+            if not plain_file(fd):
+                os.close(fd)
+                raise partial_not_ours_error(self.path)(
+                    f"its lock {path} is not a plain file this tool made (a hard link or a special file)")
+        self._lock_fd = fd
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
-            raise OutputError(f"another dsv4-convert run is writing {self.out} (lock held on {self.path / LOCK})",
-                              error_id="output.locked",
-                              hint="wait for it to finish, or stop it; two runs never share one output") from None
-        self._lock_fd = fd
+            raise locked from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
 
@@ -201,14 +253,14 @@ class Staging:
         algorithm = state.get("hash_algorithm", "sha256")
         for name, rec in keep.items():
             f = self.path / name
-            if f.is_symlink():
-                f.unlink()
+            if not plain_file(f):  # a link (or a hard link: not a file a run wrote alone) is dropped, by name
+                if os.path.lexists(f):
+                    _remove(f)
                 continue
             digest = rec.get("hash", rec.get("sha256"))
-            if algorithm == HASH_ALGORITHM and f.exists() and f.stat().st_size == rec["size"] \
-                    and file_digest(f, algorithm) == digest:
+            if algorithm == HASH_ALGORITHM and f.stat().st_size == rec["size"] and file_digest(f, algorithm) == digest:
                 self.done[name] = {"hash": digest, "size": rec["size"]}
-            elif f.exists():
+            else:
                 f.unlink()
 
     def _refuse_bad_record(self, keep) -> None:
@@ -248,7 +300,8 @@ class Staging:
         write_json_atomic(self.path / name, manifest)
 
     def publish(self, step=lambda: None) -> None:
-        """fsync everything, then rename `<out>.partial` to `<out>` (replacing `<out>` under --force)."""
+        """fsync everything, then rename `<out>.partial` to `<out>` (replacing `<out>` under --force).
+        The staging directory stays flock'd until the rename is done: no other run adopts it meanwhile."""
         if self.source is not None and self.stamp:
             changed = _first_change(self.stamp, source_stamp(self.source))
             if changed:
@@ -256,26 +309,43 @@ class Staging:
                                  error_id="input.changed_during_run", file=str(self.source / changed),
                                  hint="leave the input alone while a run reads it, then run again")
         for f in self.path.rglob("*"):
-            if f.is_file():
+            if f.is_file() and not f.is_symlink():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
         if (self.path / PROGRESS).exists():
             (self.path / PROGRESS).unlink()
         _fsync_dir(self.path)
         check_replaceable(self.out, force=self.force, allow_empty=True)  # again: it may have changed since
-        self._release(remove_lock_file=True)
+        self._drop_lock_file()
         step()  # (the crash tests' step points: each state a kill can leave here is recovered or explained)
+        self._refuse_replaced()
         old = None
         if self.out.exists():  # a fresh holder each time: a leftover (or pid 1 in a container) never collides
             old = Path(tempfile.mkdtemp(prefix=f"{self.out.name}{REPLACED}", dir=self.out.parent))
             os.rename(self.out, old / self.out.name)
             step()
-        os.rename(self.path, self.out)
+        with signals_deferred():  # published and `published` together: an interrupt after it says so
+            os.rename(self.path, self.out)
+            self._owned = False
+            self.published = True
+        self._release()
         step()
-        self._owned = False
         _fsync_dir(self.out.parent)
         for holder in ([old] if old is not None else []) + self.leftovers:  # --force asked to replace them
             shutil.rmtree(holder)
+
+    def _refuse_replaced(self) -> None:
+        """The directory at self.path must still be the one this run locked (another run, or a user,
+        may have moved or replaced it): never publish someone else's directory."""
+        try:
+            same = os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(self._dir_fd).st_ino
+        except OSError:
+            same = False
+        if not same:
+            raise OutputError(f"{self.path} was replaced or removed by another run (or by hand) while this run "
+                              "wrote it; nothing was published", error_id="output.staging_replaced",
+                              file=str(self.path), hint=f"check {self.out}: the other run's output may be there; "
+                                                        "run again if it is not")
 
     def discard(self, keep_verified: bool = False) -> None:
         """Remove the staging directory (after an error or Ctrl-C): nothing that looks complete remains.
@@ -283,6 +353,7 @@ class Staging:
         --resume; only unfinished temporaries go. A no-op unless this run took the directory in open()
         (another run's lock, or a directory open() refused, is never removed here)."""
         if not self._owned:
+            self._release()
             return
         if keep_verified and self._lock_fd is not None and self.path.exists():
             for f in self.path.glob("*.tmp"):
@@ -290,29 +361,26 @@ class Staging:
             self._release()
             self._owned = False
             return
-        self._release()
-        if self.path.exists():
+        if self.path.exists() and self._dir_fd is not None:  # still the directory this run locked
             shutil.rmtree(self.path, ignore_errors=True)
+        self._release()
         self._owned = False
 
-    def _release(self, remove_lock_file: bool = False) -> None:
+    def _drop_lock_file(self) -> None:
+        """Before publishing: the lock file must not be in the output (the directory lock stays)."""
         if self._lock_fd is not None:
-            if remove_lock_file:
-                os.unlink(self.path / LOCK)
+            os.unlink(self.path / LOCK)
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None
 
-
-def replaced_leftovers(out: Path) -> list[Path]:
-    """`OUT.replaced-*` beside OUT that hold an output of this tool: what a run killed between
-    publish's two renames left (the holder with OUT inside, or, from older versions, OUT renamed)."""
-    found = []
-    for holder in sorted(out.parent.glob(glob.escape(out.name + REPLACED) + "*")):
-        inner = holder / out.name
-        if holder.is_dir() and not holder.is_symlink() and recorded_files(inner if inner.is_dir() else holder) != {"<none>"}:
-            found.append(holder)
-    return found
+    def _release(self) -> None:
+        for attr in ("_lock_fd", "_dir_fd"):
+            fd = getattr(self, attr)
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+                setattr(self, attr, None)
 
 
 def _read_json(path: Path) -> dict:

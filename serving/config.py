@@ -12,13 +12,10 @@ import re
 from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig
 from dsv4_convert.core.engines import (
     ENGINES,
-    FORMAT_VERSION,
     LAYOUTS,
-    QUANT_METHOD,
     EngineError,
     engine_facts,
     parallel_flags,
-    registration_log_line,
     release_for,
     version_tuple,
     w4a8_problem,
@@ -26,10 +23,6 @@ from dsv4_convert.core.engines import (
 from dsv4_convert.formats.tiles import OK, PAD, moe_rank_tiles, working_layouts
 
 __all__ = [
-    "FORMAT_VERSION",
-    "LAYOUTS",
-    "QUANT_METHOD",
-    "MarlinFp4Spec",
     "PluginConfigError",
     "check_layout",
     "check_rank_shape",
@@ -37,16 +30,12 @@ __all__ = [
     "rank_param_sizes",
     "expert_container",
     "parse_quant_config",
-    "registration_log_line",
     "working_tp_sizes",
 ]
 
 
 class PluginConfigError(ValueError):
     """The checkpoint's quantization_config cannot be served by this engine; the message says why."""
-
-
-MarlinFp4Spec = ConvertedQuantConfig  # the plugins' name for the parsed block
 
 
 def parse_quant_config(cfg: dict) -> ConvertedQuantConfig:
@@ -58,7 +47,7 @@ def parse_quant_config(cfg: dict) -> ConvertedQuantConfig:
 
 
 def check_layout(
-    spec: MarlinFp4Spec, *, engine: str, engine_version: str, model_dtype: str | None = None
+    spec: ConvertedQuantConfig, *, engine: str, engine_version: str, model_dtype: str | None = None
 ) -> None:
     """Refuse a checkpoint whose bytes were laid out for another engine (or an older version)."""
     facts = LAYOUTS[spec.marlin_layout]
@@ -94,7 +83,7 @@ _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _MTP = re.compile(r"(?:^|\.)mtp\.(?:layers\.)?(\d+)\.")  # DeepSeek `mtp.0.`, Qwen3.5 / Qwen3-Next `mtp.layers.0.`
 
 
-def expert_container(spec: MarlinFp4Spec, prefix: str, *, num_hidden_layers: int | None = None) -> str | None:
+def expert_container(spec: ConvertedQuantConfig, prefix: str, *, num_hidden_layers: int | None = None) -> str | None:
     """The checkpoint's experts container for an engine layer prefix, or None if it holds no FP4 experts.
 
     Engines rename modules (`model.layers.3.mlp.experts`, `model.layers.3.ffn.experts`) and put MTP
@@ -144,7 +133,7 @@ def _layout_text(tp: int, ep: int) -> str:
     return f"TP {tp} / EP {ep}"
 
 
-def check_tp_layout(spec: MarlinFp4Spec, *, tp: int, ep: int) -> None:
+def check_tp_layout(spec: ConvertedQuantConfig, *, tp: int, ep: int) -> None:
     """A checkpoint written padded for one (TP, EP) (`--tp/--ep`) serves exactly that split: each rank's
     block holds that rank's padded slice. `tp` is the engine's whole TP (MoE TP x EP)."""
     if not spec.padded:
@@ -162,7 +151,7 @@ def check_tp_layout(spec: MarlinFp4Spec, *, tp: int, ep: int) -> None:
     )
 
 
-def rank_param_sizes(spec: MarlinFp4Spec, container: str, engine: str, *, hidden: int, i_shard: int,
+def rank_param_sizes(spec: ConvertedQuantConfig, container: str, engine: str, *, hidden: int, i_shard: int,
                      moe_tp: int, ep: int = 1) -> tuple[int, int]:
     """(H, I) per rank of the plugin's expert parameters for `container`, given the layer's unpadded
     hidden size and per-rank intermediate size. A padded `tp_layout` gives its recorded sizes (after

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
-from dsv4_convert.core.converted_config import read_tp_layout
+from dsv4_convert.core.converted_config import record_or_none
 from dsv4_convert.core.engines import (
     DEFAULT_ENGINE,
     ENGINES,
@@ -81,27 +81,23 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
     per_layer = {layer: sum(refs.values()) for layer, refs in per_layer.items()}
     expert_bytes = sum(per_layer.values())
     total = sum(t.nbytes for t in ckpt.tensors.values())
-    qc = ckpt.config.get("quantization_config") or {}
+    record = record_or_none(ckpt.config) if ckpt.format is SourceFormat.MARLIN else None
     experts = dims["experts"] or len({p.expert for p in ckpt.projections})
     layout = None
-    if ckpt.format is SourceFormat.MARLIN:
-        try:
-            rec = read_tp_layout(qc)
-        except ValueError:
-            rec = None  # validate's structure.tile.tp reports it
-        if rec is not None:
-            layout = rec[0], rec[1]
-            padded = next(iter(rec[2].values()), None)  # a padded tensor's shape is not the model's H / I
-            if padded is not None:
-                hidden, intermediate = padded.hidden, padded.intermediate
+    rec = record.split() if record else None  # a block that does not parse: validate's marlin.config says why
+    if rec is not None:
+        layout = rec[0], rec[1]
+        padded = next(iter(rec[2].values()), None)  # a padded tensor's shape is not the model's H / I
+        if padded is not None:
+            hidden, intermediate = padded.hidden, padded.intermediate
     return ModelShape(name=ckpt.root.name, format=ckpt.format.value,
                       quant=max(quants, key=quants.get) if quants else "mxfp4",
                       hidden=dims["hidden"] or hidden or 0, intermediate=dims["intermediate"] or intermediate or 0,
                       experts=experts, layers=len([layer for layer in per_layer if not layer.startswith("mtp")]),
                       expert_bytes=expert_bytes, other_bytes=total - expert_bytes,
                       largest_layer_expert_bytes=max(per_layer.values(), default=0),
-                      converted=ckpt.format is SourceFormat.MARLIN, converted_for=qc.get("target_engine"),
-                      converted_layout=layout, w4a8=ckpt.format is SourceFormat.MARLIN and bool(qc.get("w4a8")),
+                      converted=ckpt.format is SourceFormat.MARLIN, converted_for=record.target_engine if record else None,
+                      converted_layout=layout, w4a8=bool(record and record.w4a8),
                       not_served={e: checkpoint_refusal(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e)
                                   for e in ENGINES})
 

@@ -8,12 +8,10 @@ import torch
 
 from dsv4_convert.core.converted_config import ConvertedQuantConfig
 from dsv4_convert.core.engines import QUANT_METHOD
+from dsv4_convert.core.tensor_io import act_torch_dtype
 from dsv4_convert.core.tensor_model import SourceFormat
 
-__all__ = ["TORCH_DTYPES", "MarlinFp4ConfigMixin", "drop_kept_globals", "keep_globals_as_engine",
-           "register_kept_globals"]
-
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+__all__ = ["MarlinFp4ConfigMixin", "drop_kept_globals", "keep_globals_as_engine", "register_kept_globals"]
 
 # compressed-tensors NVFP4 keeps its own weight global and the input global per expert projection
 # (convert/plan.py writes `<proj>.ct_weight_global_scale` and `<proj>.input_global_scale`): the Marlin
@@ -57,7 +55,7 @@ class MarlinFp4ConfigMixin:
         return QUANT_METHOD
 
     def get_supported_act_dtypes(self) -> list[torch.dtype]:
-        return [TORCH_DTYPES[self.spec.act_dtype]]
+        return [act_torch_dtype(self.spec.act_dtype)]
 
     @classmethod
     def get_min_capability(cls) -> int:

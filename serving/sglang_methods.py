@@ -30,10 +30,11 @@ from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
 from sglang.srt.utils import set_weight_attrs
 
 from dsv4_convert.core.converted_config import serving_block
+from dsv4_convert.core.engines import QUANT_METHOD
+from dsv4_convert.core.tensor_io import act_torch_dtype
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.formats.tiles import GROUP_SIZE
 from dsv4_convert.serving.config import (
-    QUANT_METHOD,
     PluginConfigError,
     check_layout,
     expert_container,
@@ -42,7 +43,6 @@ from dsv4_convert.serving.config import (
 )
 from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader
 from dsv4_convert.serving.plugin_config import (
-    TORCH_DTYPES,
     MarlinFp4ConfigMixin,
     drop_kept_globals,
     register_kept_globals,
@@ -300,7 +300,7 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
                 nvfp4 = ModelOptFp4Config(
                     is_checkpoint_nvfp4_serialized=True, group_size=GROUP_SIZE["nvfp4"], exclude_modules=[]
                 )
-                return PrepackedNvFp4MarlinMoEMethod(nvfp4, TORCH_DTYPES[self.spec.act_dtype], spec=self.spec,
+                return PrepackedNvFp4MarlinMoEMethod(nvfp4, act_torch_dtype(self.spec.act_dtype), spec=self.spec,
                                                      container=container)
         if self.inner is None:
             return None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from dsv4_convert.serving.config import QUANT_METHOD, registration_log_line
+from dsv4_convert.core.engines import QUANT_METHOD, registration_log_line
 
 __all__ = ["register"]
 

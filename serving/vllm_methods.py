@@ -22,7 +22,8 @@ from vllm.model_executor.layers.quantization.utils import marlin_utils
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
-from dsv4_convert.core.engines import ENGINES, release_for, version_tuple
+from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, release_for, version_tuple
+from dsv4_convert.core.tensor_io import act_torch_dtype
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.formats.marlin_scales import (
     nvfp4_global_to_marlin,
@@ -32,12 +33,11 @@ from dsv4_convert.formats.marlin_scales import (
 )
 from dsv4_convert.formats.tiles import GROUP_SIZE
 from dsv4_convert.serving.config import (
-    QUANT_METHOD,
     PluginConfigError,
     rank_param_sizes,
 )
 from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader, w4a8_w13_final
-from dsv4_convert.serving.plugin_config import TORCH_DTYPES, keep_globals_as_engine, register_kept_globals
+from dsv4_convert.serving.plugin_config import keep_globals_as_engine, register_kept_globals
 
 __all__ = ["PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "rank_rescale"]
 
@@ -186,7 +186,7 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
         params_dtype,
         **extra_weight_attrs,
     ):
-        if params_dtype != TORCH_DTYPES[self.spec.act_dtype]:
+        if params_dtype != act_torch_dtype(self.spec.act_dtype):
             raise PluginConfigError(
                 f"this NVFP4 checkpoint was converted for {self.spec.act_dtype} activations "
                 f"but vLLM runs {params_dtype}; use --dtype {self.spec.act_dtype} or re-convert"

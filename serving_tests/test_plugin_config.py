@@ -14,9 +14,9 @@ import pytest
 from common import installed_engine
 
 import synth
-from dsv4_convert.core.engines import ENGINES
+from dsv4_convert.core.engines import ENGINES, registration_log_line
 from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.serving.config import PluginConfigError, registration_log_line
+from dsv4_convert.serving.config import PluginConfigError
 
 ENGINE = installed_engine()
 if ENGINE is None:

@@ -24,21 +24,19 @@ from safetensors.torch import save_file
 
 from dsv4_convert import __version__
 from dsv4_convert.core.errors import UsageError
-from dsv4_convert.core.files import INDEX_FILE, SYNTH_MANIFEST
+from dsv4_convert.core.files import INDEX_FILE, MTP_FILE, SYNTH_MANIFEST, shard_name
 from dsv4_convert.runtime.paths import check_replaceable, out_path
 from dsv4_convert.synth.configs import config_files
 from dsv4_convert.synth.defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
-from dsv4_convert.synth.families import FAMILY_SPECS, MTP_FILE, family_config_files, family_tensors
+from dsv4_convert.synth.families import FAMILY_SPECS, family_config_files, family_tensors
 from dsv4_convert.synth.layouts import DSV4_FORMATS, Dims, build_tensors
 from dsv4_convert.synth.realsize import REAL_SIZE, real_size_plan
 
 __all__ = [
     "DEFECT_NAMES",
-    "MANIFEST",
     "REAL_SIZE",
     "SYNTH_FAMILIES",
     "SYNTH_FORMATS",
-    "shard_name",
     "write_synthetic_checkpoint",
 ]
 
@@ -48,14 +46,8 @@ SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp
 SYNTH_FAMILIES = {"deepseek-v4": ("nvfp4-modelopt-dsv4", "mxfp4-dsv4"), "gpt-oss": ("mxfp4-gptoss",),
                   **{name: spec.formats for name, spec in FAMILY_SPECS.items()}}
 DEFECT_NAMES = tuple(DEFECTS)
-MANIFEST = SYNTH_MANIFEST  # its name outside this package: core.files.SYNTH_MANIFEST
 
 Progress = Callable[[int, int], None]  # (bytes of the tensor just produced, total bytes of the checkpoint)
-
-
-def shard_name(i: int, n: int) -> str:
-    """File name of shard i (0-based) of n: model-00001-of-00003.safetensors."""
-    return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -228,7 +220,7 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
             if rec.tensors and rec.tensors[0] in weight_map:
                 rec.file = weight_map[rec.tensors[0]]
         apply_file_defects(staging, files, records)
-        _write_json(staging / MANIFEST, {
+        _write_json(staging / SYNTH_MANIFEST, {
             "generator": "dsv4-convert synth", "version": __version__, "format": format, "family": family,
             "seed": seed,
             "real_size": real_size, "random_codes": real_size, "dtype": str(dtype_torch).removeprefix("torch."),
@@ -237,7 +229,7 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
                      "vocab": dims.vocab},
             "files": files, "tensors": len(names), "total_size": total,
             # every file synth wrote: a later --force replaces the directory only while it holds no other
-            "written": sorted([*_written(staging), MANIFEST]),
+            "written": sorted([*_written(staging), SYNTH_MANIFEST]),
             "defects": [r.as_json() for r in records]})
         _publish(staging, out, force)
     except BaseException:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG
 from dsv4_convert.synth.layouts import Dims
 
 __all__ = ["config_files"]
@@ -117,7 +118,7 @@ def config_files(fmt: str, dims: Dims) -> dict[str, dict]:
     """file name -> JSON object, for every non-tensor file of the checkpoint."""
     config, hf_quant = _model_config(fmt, dims)
     files = {
-        "config.json": config,
+        CONFIG: config,
         "generation_config.json": {"_from_model_config": True, "bos_token_id": 0, "eos_token_id": 1,
                                    "do_sample": True, "temperature": 0.6, "top_p": 0.95},
         "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>",
@@ -125,5 +126,5 @@ def config_files(fmt: str, dims: Dims) -> dict[str, dict]:
                                   "synthetic": "dsv4-convert synth (no real vocabulary)"},
     }
     if hf_quant is not None:
-        files["hf_quant_config.json"] = hf_quant
+        files[HF_QUANT_CONFIG] = hf_quant
     return files

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from dsv4_convert.core.errors import UsageError
+from dsv4_convert.core.files import CONFIG
 from dsv4_convert.synth.experts import ROLES, Tweaks, expert_quant, expert_slot
 
 __all__ = [
@@ -204,7 +205,7 @@ def apply_file_defects(root: Path, shard_files: list[str], records: list[DefectR
     last = root / shard_files[-1]
     for rec in records:
         if rec.defect in _CONFIG_EDITS:
-            _edit_config(root / "config.json", rec)
+            _edit_config(root / CONFIG, rec)
         if rec.defect == "truncated-shard":
             size = last.stat().st_size
             with open(last, "rb") as f:

@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG
 from dsv4_convert.core.naming import family_named
 from dsv4_convert.formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
 from dsv4_convert.synth.configs import _ct_config, _modelopt_groups
@@ -72,9 +73,8 @@ from dsv4_convert.synth.mla import mla_config, mla_tensors
 from dsv4_convert.synth.nemotron import nemotron_config, nemotron_tensors
 from dsv4_convert.synth.seeded import dense, expert_matrix
 
-__all__ = ["FAMILY_SPECS", "FamilySpec", "MTP_FILE", "family_config_files", "family_tensors"]
+__all__ = ["FAMILY_SPECS", "FamilySpec", "family_config_files", "family_tensors"]
 
-MTP_FILE = "mtp.safetensors"  # GLM: the MTP layer, outside the index
 
 
 @dataclass(frozen=True)
@@ -403,7 +403,7 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
                   "text_config": gemma4_text_config(d), "tie_word_embeddings": True,
                   "vision_config": {"model_type": "gemma4_vision", "hidden_size": 64, "intermediate_size": 128,
                                     "num_hidden_layers": 1, "num_attention_heads": 1}}  # no tensors: served text-only
-    files = {"config.json": config}
+    files = {CONFIG: config}
     if fmt == "nvfp4-ct":
         config["quantization_config"] = qc = _ct_config("nvfp4")
         if spec.mixed:  # llm-compressor's Qwen3.5 recipe quantises self_attn and the shared expert
@@ -420,5 +420,5 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
             config["quantization_config"] = dict(_BLOCK_FP8)
         elif qc is not None:
             config["quantization_config"] = qc
-        files["hf_quant_config.json"] = hfq
+        files[HF_QUANT_CONFIG] = hfq
     return files

@@ -46,24 +46,27 @@ def _scalar(seed: int, key: str, low: float, high: float) -> float:
 
 
 def _dsv4_or_hf_specs(fmt: str, d: Dims) -> dict[str, tuple]:
-    """name -> (kind, shape, torch dtype, value key) for every expert tensor, in file order."""
+    """name -> (kind, shape, torch dtype, value key) for every expert tensor of the d.layers MoE layers
+    (benchmarks ask for several), in file order. Layer 0's names and bytes do not depend on d.layers."""
     specs: dict[str, tuple] = {}
     nvfp4 = expert_quant(fmt, "0") == "nvfp4"
     ds = fmt.endswith("dsv4")
     group = 16 if nvfp4 else 32
-    for e in range(d.experts):
-        for role in ("gate", "down", "up") if ds else ROLES:
-            n, k = (d.hidden, d.intermediate) if role == "down" else (d.intermediate, d.hidden)
-            slot = expert_slot(fmt, "0", e, role)
-            fused = f"{e}/{'down' if role == 'down' else 'w13'}"
-            specs[slot.weight] = ("codes", (n, k // 2), torch.int8 if ds and not nvfp4 else torch.uint8, None)
-            if nvfp4:
-                specs[slot.scale] = ("e4m3", (n, k // group), torch.float8_e4m3fn, None)
-                shape = (1,) if fmt == "nvfp4-ct" else ()
-                specs[slot.global_scale] = ("global", shape, torch.float32, fused)
-                specs[slot.input_scale] = ("input", shape, torch.float32, f"{e}/{'down' if role == 'down' else 'w13'}")
-            else:
-                specs[slot.scale] = ("e8m0", (n, k // group), torch.float8_e8m0fnu if ds else torch.uint8, None)
+    for layer in range(d.layers):
+        at = f"{layer}/" if layer else ""  # a layer's globals and input scales: its own values
+        for e in range(d.experts):
+            for role in ("gate", "down", "up") if ds else ROLES:
+                n, k = (d.hidden, d.intermediate) if role == "down" else (d.intermediate, d.hidden)
+                slot = expert_slot(fmt, str(layer), e, role)
+                fused = f"{at}{e}/{'down' if role == 'down' else 'w13'}"
+                specs[slot.weight] = ("codes", (n, k // 2), torch.int8 if ds and not nvfp4 else torch.uint8, None)
+                if nvfp4:
+                    specs[slot.scale] = ("e4m3", (n, k // group), torch.float8_e4m3fn, None)
+                    shape = (1,) if fmt == "nvfp4-ct" else ()
+                    specs[slot.global_scale] = ("global", shape, torch.float32, fused)
+                    specs[slot.input_scale] = ("input", shape, torch.float32, fused)
+                else:
+                    specs[slot.scale] = ("e8m0", (n, k // group), torch.float8_e8m0fnu if ds else torch.uint8, None)
     return specs
 
 

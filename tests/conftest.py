@@ -98,7 +98,8 @@ def synth_source(tmp_path_factory):
             os.chmod(p, 0o755 if p.is_dir() else 0o644)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: pytest starts without xdist too (then in one process)
 def pytest_xdist_auto_num_workers(config):
-    """`-n auto` (pyproject addopts): one worker per core this process may use, at most 8 (each worker
+    """`-n auto` (the README's test command): one worker per core this process may use, at most 8 (each worker
     imports torch and builds its own session fixtures; the CLI tests start more processes anyway)."""
     return max(1, min(len(os.sched_getaffinity(0)), 8))

@@ -2,7 +2,8 @@
 inside a function) of every file, parsed with ast, must follow an allowed arrow, and no two modules
 may import each other through any chain (no circles). No exceptions are listed: there are none.
 
-The layers are the folders, and each folder is the subpackage of its name (pyproject.toml's
+Imports may be absolute (`from dsv4_convert.core.files import X`) or relative (`from ..core.files
+import X`); relative ones are resolved as Python resolves them. The layers are the folders, and each folder is the subpackage of its name (pyproject.toml's
 package-dir, read here, is the one home of that mapping):
 
   formats  -> nothing of the project (pure codecs)
@@ -54,12 +55,22 @@ def _module_name(root: Path, layer: str, folder: str, path: Path) -> str:
     return ".".join([ROOT_PACKAGE, layer, *parts])
 
 
-def _imports(path: Path):
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module a `from` import names: relative ones (`from ..core.files import X`) resolved against
+    the importing module's package, as Python resolves them."""
+    if node.level == 0:
+        return node.module
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    assert node.level <= len(package), f"{module}: relative import beyond the top-level package"
+    return ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+
+
+def _imports(path: Path, module: str):
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom):
-            assert node.level == 0, f"{path}: relative import (every import is absolute)"
-            yield node.module
-            yield from (f"{node.module}.{a.name}" for a in node.names)  # `from pkg import module`
+            target = _absolute(node, module, path.name == "__init__.py")
+            yield target
+            yield from (f"{target}.{a.name}" for a in node.names)  # `from pkg import module`
         elif isinstance(node, ast.Import):
             yield from (a.name for a in node.names)
 
@@ -72,7 +83,10 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
             files[_module_name(root, layer, folder, path)] = path
     graph = {}
     for module, path in files.items():
-        graph[module] = {m for m in _imports(path) if m in files and m != module}
+        # a module's own packages are imported before it (Python imports every parent first), so naming one
+        # (`from . import sibling`, `from dsv4_convert.formats import codec`) is no arrow of its own
+        ancestors = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)}
+        graph[module] = {m for m in _imports(path, module) if m in files and m != module and m not in ancestors}
     return graph
 
 
@@ -164,6 +178,21 @@ def test_the_checker_sees_an_arrow_up_and_a_circle(tmp_path):
     graph = import_graph(root)
     assert bad_arrows(graph) == ["dsv4_convert.formats.codec -> dsv4_convert.core.reader"]
     assert circles(graph) == [["dsv4_convert.core.index", "dsv4_convert.core.reader"]]
+
+
+def test_the_checker_reads_relative_imports(tmp_path):
+    """The same arrow up and circle, spelled relative (`from ..core.reader`, `from .reader`, `from . import`)."""
+    root = _tiny_tree(tmp_path, {
+        "formats/__init__.py": "",
+        "formats/codec.py": "from ..core.reader import read\n",
+        "core/__init__.py": "",
+        "core/reader.py": "def read():\n    from . import index\n",
+        "core/index.py": "from .reader import read\n",
+    })
+    graph = import_graph(root)
+    assert bad_arrows(graph) == ["dsv4_convert.formats.codec -> dsv4_convert.core.reader"]
+    assert circles(graph) == [["dsv4_convert.core.index", "dsv4_convert.core.reader"]]
+    assert graph["dsv4_convert.core.reader"] == {"dsv4_convert.core.index"}  # its own package is no arrow
 
 
 def test_the_checker_passes_a_clean_tree(tmp_path):

@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4_convert.core.engines import ENGINES, LAYOUTS, RELEASES, KernelOps
 from dsv4_convert.core.errors import UsageError
+from dsv4_convert.runtime.settings import MARLIN_MODULE_ENV, settings
 
-__all__ = ["KernelProvider", "providers", "select_provider", "MODULE_ENV", "schema_names"]
-
-MODULE_ENV = "DSV4_MARLIN_MODULE"
-
+__all__ = ["KernelProvider", "providers", "select_provider", "schema_names"]
 
 def _kernels() -> dict[str, KernelOps]:
     """--kernel-provider name -> the engine's ops, from the engine table (read at call time)."""
@@ -181,7 +178,7 @@ def select_provider(choice: str, layout_tag: str | None) -> KernelProvider:
         raise UsageError(f"unknown kernel provider {choice!r}; choose one of {', '.join(providers())} or module:PATH",
                          error_id="kernel.provider_unknown")
     if kind == "module":
-        path = path or os.environ.get(MODULE_ENV, "")
+        path = path or settings().marlin_module
         if not path:
             raise UsageError("--kernel-provider module needs a path (module:PATH or DSV4_MARLIN_MODULE)",
                              error_id="kernel.provider_missing")
@@ -197,9 +194,9 @@ def select_provider(choice: str, layout_tag: str | None) -> KernelProvider:
                                      error_id="kernel.provider_broken",
                                      hint="check that the engine build matches this torch and CUDA "
                                           "(dsv4-convert doctor)") from None
-    if kind == "auto" and os.environ.get(MODULE_ENV):
-        return load_module(os.environ[MODULE_ENV])
-    looked = ", ".join(names) + (f", ${MODULE_ENV}" if kind == "auto" else "")
+    if kind == "auto" and settings().marlin_module:
+        return load_module(settings().marlin_module)
+    looked = ", ".join(names) + (f", ${MARLIN_MODULE_ENV}" if kind == "auto" else "")
     raise UsageError(f"no Marlin kernel provider found (looked for {looked})", error_id="kernel.provider_missing",
                      hint="install the engine you will serve with (vLLM or SGLang) on this machine, or pass "
                           "--kernel-provider module:PATH to a built extension")

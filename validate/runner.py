@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dsv4_convert.core.engines import ACT_DTYPES, ENGINES
+from dsv4_convert.core.converted_config import record_or_none
 from dsv4_convert.core.errors import DsvError, InputError, UsageError
 from dsv4_convert.core.index import read_json
 from dsv4_convert.core.reader import TensorReader, open_checkpoint, resolve_source
@@ -54,15 +54,13 @@ def resolve_options(opts: Options, ckpt: Checkpoint | None) -> Options:
     disagreement with --target / --act-dtype)."""
     if ckpt is None or ckpt.format is not SourceFormat.MARLIN:
         return opts
-    qc = ckpt.config.get("quantization_config") or {}
-    engine = qc.get("target_engine") if qc.get("target_engine") in ENGINES else opts.engine
-    act = qc.get("act_dtype") if qc.get("act_dtype") in ACT_DTYPES else opts.act_dtype
+    record = record_or_none(ckpt.config)
+    if record is None:  # the block does not parse: marlin.config names every problem; decode as asked
+        return opts
     tp, ep = opts.tp, opts.ep
-    rec = qc.get("tp_layout")
-    if not opts.layout_requested and isinstance(rec, dict) and isinstance(rec.get("tp"), int) \
-            and isinstance(rec.get("ep"), int):
-        tp, ep = rec["tp"], rec["ep"]  # a --tp/--ep output: its layout is the default (structure.tile.tp)
-    return replace(opts, engine=engine, act_dtype=act, w4a8=bool(qc.get("w4a8", opts.w4a8)), tp=tp, ep=ep)
+    if not opts.layout_requested and record.tp_layout is not None:
+        tp, ep = record.tp_layout.tp, record.tp_layout.ep  # a --tp/--ep output: its layout is the default
+    return replace(opts, engine=record.target_engine, act_dtype=record.act_dtype, w4a8=record.w4a8, tp=tp, ep=ep)
 
 
 _WORKER: _Worker | None = None  # one per worker process (set by the pool initializer)
@@ -111,8 +109,8 @@ def rescale_factors(ckpt: Checkpoint, opts: Options, reader: TensorReader, proje
     """`container.stack` -> sf. Converted checkpoints record it; for an NVFP4 source served by vLLM
     with bf16 it is computed as the converter's planning pass does (core/rescale.py)."""
     if ckpt.format is SourceFormat.MARLIN:
-        recorded = (ckpt.config.get("quantization_config") or {}).get("rescale_factors") or {}
-        return {k: float(v) for k, v in recorded.items()}
+        record = record_or_none(ckpt.config)
+        return dict(record.rescale_factors) if record else {}
     if not opts.target().rescales:
         return {}
     return stack_rescale_factors(reader, projections, opts.act_dtype, skip_unreadable=True)

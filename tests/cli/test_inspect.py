@@ -46,7 +46,7 @@ def test_json_document(tmp_path, fmt):
     assert doc["projections"]["by_role"] == {r: 4 * (3 if mtp else 2) for r in ("down", "gate", "up")}
     assert doc["shards"] == 3 and doc["index_file"] == "model.safetensors.index.json"
     b = doc["bytes"]
-    assert b["total"] == b["fp4_experts"] + b["fp8"] + b["bf16"] + b["other"] > 0
+    assert b["total"] == b["fp4_experts"] + b["fp4_other"] + b["fp8"] + b["bf16"] + b["other"] > 0
     assert b["fp4_experts"] > 0
     ckpt = open_checkpoint(tmp_path)
     assert doc["tensors"] == len(ckpt.tensors)
@@ -61,7 +61,7 @@ def test_cli_json_is_the_documented_document(tmp_path):
     make_checkpoint(tmp_path, "mxfp4-gptoss", layers=2, experts=4)
     r = _cli("inspect", tmp_path, "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == json.loads(json.dumps(summarize(open_checkpoint(tmp_path))))
+    assert json.loads(r.stdout) == {**json.loads(json.dumps(summarize(open_checkpoint(tmp_path)))), "exit_code": 0}
 
 
 def test_help_has_an_example():
@@ -154,3 +154,19 @@ def test_qwen35_mtp_names_are_listed_not_a_traceback(tmp_path):
     assert json.loads(r.stdout)["mtp_layers"] == ["mtp.layers.0"]
     r = _cli("inspect", src)
     assert r.returncode == 0 and "MTP layers       mtp.layers.0" in r.stdout, r.stdout + r.stderr
+def test_nvfp4_attention_is_counted_as_fp4_not_fp8(tmp_path):
+    """#29 item 8: ModelOpt's NVFP4 attention (a packed U8 weight beside an F8_E4M3 block scale) was
+    counted as FP8. A real safetensors shard with such a layer is added to the index."""
+    from safetensors.torch import save_file
+
+    make_checkpoint(tmp_path, "nvfp4-modelopt-hf", layers=1, experts=4)
+    before = summarize(open_checkpoint(tmp_path))["bytes"]
+    attn = {"model.layers.0.self_attn.q_proj.weight": torch.zeros(64, 32, dtype=torch.uint8),
+            "model.layers.0.self_attn.q_proj.weight_scale": torch.ones(64, 4).to(torch.float8_e4m3fn)}
+    save_file(attn, tmp_path / "attn.safetensors")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    index["weight_map"].update(dict.fromkeys(attn, "attn.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    after = summarize(open_checkpoint(tmp_path))["bytes"]
+    assert after["fp4_other"] - before["fp4_other"] == 64 * 32 + 64 * 4
+    assert after["fp8"] == before["fp8"] and after["other"] == before["other"]

@@ -20,6 +20,7 @@ import pytest
 
 from dsv4_convert.core.detect import detect_format
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.files import MTP_FILE
 from dsv4_convert.core.naming import (
     converted_expert,
     family_named,
@@ -32,7 +33,7 @@ from dsv4_convert.core.served import entries
 from dsv4_convert.core.tensor_model import Role, SourceFormat, TensorRef
 from dsv4_convert.formats.nvfp4 import quantize_nvfp4
 from dsv4_convert.synth import SYNTH_FAMILIES
-from dsv4_convert.synth.families import FAMILY_SPECS, MTP_FILE
+from dsv4_convert.synth.families import FAMILY_SPECS
 from dsv4_convert.synth.nemotron import PATTERN as NEMOTRON_PATTERN
 from dsv4_convert.synth.seeded import expert_matrix
 from tests.helpers.cli import CLI, restored_tree, run_cli, tree_hashes

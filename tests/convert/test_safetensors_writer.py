@@ -14,7 +14,7 @@ from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec
 from dsv4_convert.core.reader import TensorReader
 from dsv4_convert.core.safetensors_header import read_header
 from dsv4_convert.core.tensor_io import safetensors_dtype
-from dsv4_convert.runtime import direct_io
+from dsv4_convert.runtime import direct_io, settings
 from dsv4_convert.runtime.digest import HASH_ALGORITHM
 from tests.helpers.compare import assert_bytes_equal
 
@@ -25,6 +25,7 @@ DTYPES = [torch.float8_e4m3fn, torch.float8_e8m0fnu, torch.int32, torch.uint8, t
 @pytest.fixture(autouse=True, params=["direct", "buffered"])
 def io_path(request, monkeypatch):
     monkeypatch.setenv(direct_io.DIRECT_IO_ENV, "1" if request.param == "direct" else "0")
+    monkeypatch.setattr(settings, "_current", None)  # parsed again at the next read (then restored)
     return request.param
 
 

@@ -14,13 +14,15 @@ import xxhash
 
 from dsv4_convert.convert import safetensors_writer
 from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec
-from dsv4_convert.runtime import direct_io
-from dsv4_convert.runtime.profiling import PROFILE_ENV, breakdown
+from dsv4_convert.runtime import direct_io, settings
+from dsv4_convert.runtime.profiling import breakdown
+from dsv4_convert.runtime.settings import PROFILE_ENV
 from tests.helpers.cli import run_cli, tree_hashes
 
 
 def test_writeback_is_started_and_the_bytes_are_unchanged(tmp_path, monkeypatch):
     monkeypatch.setenv(direct_io.DIRECT_IO_ENV, "0")  # the buffered path (O_DIRECT has no writeback to start)
+    monkeypatch.setattr(settings, "_current", None)  # parsed again at the next read (then restored)
     assert safetensors_writer._start_writeback is not None, "Linux libc has sync_file_range"
     n = safetensors_writer._KICK + 12345  # more than one kick, and a tail
     data = np.random.default_rng(0).integers(0, 256, size=n, dtype=np.uint8)

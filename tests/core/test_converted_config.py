@@ -11,7 +11,8 @@ import shutil
 
 import pytest
 
-from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, model_config_problems
+from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig
+from dsv4_convert.core.converted_rules import model_config_problems
 from tests.helpers.cli import rerecord, run_cli
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dsv4_convert.core.errors import ContentError, InputError
-from dsv4_convert.synth import MANIFEST, write_synthetic_checkpoint
+from dsv4_convert.core.files import SYNTH_MANIFEST
+from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.corrupt import (
     INDEX,
     add_tensor,
@@ -269,7 +270,7 @@ def nan_global_scale(root: Path) -> None:
 def synth_defect(defect: str) -> Callable[[Path], None]:
     """Rewrite the synth checkpoint at root with the same arguments plus `synth --defect DEFECT`."""
     def build(root: Path) -> None:
-        rec = json.loads((root / MANIFEST).read_text())
+        rec = json.loads((root / SYNTH_MANIFEST).read_text())
         d = rec["dims"]
         write_synthetic_checkpoint(root, format=rec["format"], layers=d["layers"], experts=d["experts"],
                                    hidden=d["hidden"], intermediate=d["intermediate"], shards=len(rec["files"]),

@@ -20,15 +20,22 @@ class NotMarkedSlow(UserWarning):
     """A test started the CLI without the slow marker (CONTRIBUTING.md, "Slow tests")."""
 
 
-HOOKS = Path(__file__).resolve().parents[1] / "hooks"  # test-only crash hook (sitecustomize.py there)
+HOOKS = Path(__file__).resolve().parents[1] / "hooks"  # the test-only hooks (sitecustomize.py there)
+HOOK_VARS = ("DSV4_CONVERT_KILL_AT", "DSV4_CONVERT_RUN_AT", "DSV4_CONVERT_PIECE_BYTES", "DSV4_CONVERT_THREADS",
+             "DSV4_CONVERT_PAUSE_TASK")  # as tests/hooks/sitecustomize.py reads them
+
+
+def with_hooks(pythonpath: str | None) -> str:
+    """PYTHONPATH with tests/hooks first (its sitecustomize.py acts only on the variables it reads)."""
+    return os.pathsep.join(filter(None, [str(HOOKS), pythonpath]))
 
 
 def run_cli(*args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     if UNMARKED_TEST:
         warnings.warn(NotMarkedSlow(f"{UNMARKED_TEST} starts the CLI: mark it slow (CONTRIBUTING.md)"), stacklevel=2)
     e = dict(os.environ, **(env or {}))
-    if {"DSV4_CONVERT_KILL_AT", "DSV4_CONVERT_RUN_AT"} & set(env or {}):  # tests/hooks, never shipped code
-        e["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOKS), e.get("PYTHONPATH")]))
+    if set(HOOK_VARS) & set(env or {}):  # tests/hooks, never shipped code
+        e["PYTHONPATH"] = with_hooks(e.get("PYTHONPATH"))
     proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=e)
     if check and proc.returncode != 0:
         raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")

@@ -161,7 +161,8 @@ def test_a_signal_in_the_first_second_is_exit_130_without_a_traceback(tmp_path, 
         if p.returncode == 0:  # finished between the observation and the signal
             continue
         assert p.returncode == 130 and "Traceback" not in err, (phase, err)
-        assert not out.exists() and not partial.exists()
+        assert not partial.exists(), (phase, err)  # test_signal_windows.py: the race this once lost
+        assert not out.exists() or "was published; that output is complete" in err, (phase, err)
     assert tree_hashes(src) == before
 
 

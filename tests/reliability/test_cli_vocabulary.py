@@ -100,6 +100,16 @@ def test_a_report_that_cannot_be_written_is_the_answer_on_stdout(ckpts, tmp_path
         assert doc["error"]["id"] == "report.not_writable" and doc["error"]["file"] == bad
 
 
+def test_every_json_answer_carries_its_exit_code(ckpts, tmp_path):
+    """#29 item 8: a success carries `exit_code` as an error object and validate's report do."""
+    for args in (["nvfp4-to-marlin", ckpts["src"], tmp_path / "out", "-q", *FAST], ["inspect", ckpts["src"]],
+                 ["validate", ckpts["src"], *VALIDATE], ["marlin-to-source", ckpts["marlin"], tmp_path / "back", "-q"],
+                 ["synth", tmp_path / "s", "--layers", "1", "--experts", "4"],
+                 ["nvfp4-to-marlin", ckpts["src"], "--dry-run"]):
+        proc = run_cli(*args, "--json", check=False)
+        assert proc.returncode == 0 == _one_object(proc)["exit_code"], (args, proc.stderr)
+
+
 def test_json_sends_the_human_text_to_stderr(ckpts):
     proc = run_cli("validate", ckpts["src"], *VALIDATE, "--json")
     assert _one_object(proc)["summary"]["exit_code"] == 0 and "OK" in proc.stderr + proc.stdout.upper()

@@ -35,7 +35,7 @@ from safetensors import safe_open
 
 from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec, header_bytes
 from dsv4_convert.core.tensor_io import safetensors_dtype
-from dsv4_convert.runtime import direct_io
+from dsv4_convert.runtime import direct_io, settings
 from tests.helpers.compare import assert_bytes_equal
 
 SMALL = 64 << 10
@@ -108,6 +108,7 @@ def test_direct_and_buffered_write_the_same_bytes(case, tmp_path, monkeypatch):
     monkeypatch.setattr(direct_io, "BUFFER_BYTES", buf)
     d = _write(tmp_path / "d.safetensors", tensors, chunks=3)
     monkeypatch.setenv(direct_io.DIRECT_IO_ENV, "0")
+    monkeypatch.setattr(settings, "_current", None)  # parsed again at the next read (then restored)
     b = _write(tmp_path / "b.safetensors", tensors)
     raw = (tmp_path / "d.safetensors").read_bytes()
     assert raw == (tmp_path / "b.safetensors").read_bytes()

@@ -5,9 +5,10 @@ mid-run is retried by Ray with identical output, and a driver SIGKILLed mid-run 
 that --resume (ray or local) completes to the same bytes.
 
 Substitutions: the two "nodes" are two raylets on one machine (so the shared filesystem is the local
-disk), with token authentication off (RAY_AUTH_MODE=disabled, see ENV); DSV4_CONVERT_PAUSE_TASK (a test hook) makes one task write its pid and wait so the test can
-kill it at a known moment; the format sweep calls the CLI's main() for all six formats in one
-subprocess that connected to Ray once (one Ray job: its workers import torch once, not six times, to
+disk), with token authentication off (RAY_AUTH_MODE=disabled, see ENV); the nodes run with the test
+hooks (tests/hooks/sitecustomize.py on their PYTHONPATH) and DSV4_CONVERT_PAUSE_TASK naming an arm file:
+while a test arms it, one task writes its pid and waits so the test can kill it at a known moment; the
+format sweep calls the CLI's main() for all six formats in one subprocess that connected to Ray once (one Ray job: its workers import torch once, not six times, to
 keep CI short). Everything else is real: Ray, the CLI in subprocesses, files on disk."""
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from tests.helpers.cli import CLI, restored_tree, run_cli, tree_hashes
+from tests.helpers.cli import CLI, restored_tree, run_cli, tree_hashes, with_hooks
 
 RAY = Path(sys.executable).with_name("ray")
 COMMAND = {"mxfp4": "mxfp4-to-marlin", "nvfp4": "nvfp4-to-marlin"}
@@ -34,6 +35,7 @@ SMALL = ("--max-shard-size", "120KB", "-q")  # several shards from a tiny checkp
 # by an earlier `ray get-auth-token --generate` on the machine) while a client that was not told the
 # mode connects without a token and is refused; the test cluster is private to the test, so say it.
 ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+ARM = "pause-arm"  # in the cluster's folder: holds the path of the pid file the next paused task writes
 
 
 def _free_port() -> int:
@@ -48,13 +50,19 @@ def _start(args: list[str], tmp: Path, name: str) -> subprocess.Popen:
     # whose nodes would then import that tree's dsv4_convert
     return subprocess.Popen([sys.executable, str(RAY), "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1",
                              "--object-store-memory=80000000", *args], stdout=log, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, **ENV), start_new_session=True)
+                            env=dict(os.environ, **ENV, DSV4_CONVERT_PAUSE_TASK=str(tmp / ARM),
+                                     PYTHONPATH=with_hooks(os.environ.get("PYTHONPATH"))), start_new_session=True)
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def ray_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_dir):
     """A head and one worker node; yields the address. Stopped by process group (only what it started)."""
-    tmp = tmp_path_factory.mktemp("ray")
+    tmp = ray_dir
     port = _free_port()
     address = f"127.0.0.1:{port}"
     procs = [_start(["--head", f"--port={port}", "--include-dashboard=false", "--disable-usage-stats"], tmp, "head")]
@@ -154,16 +162,20 @@ def test_marlin_to_source_on_ray_gives_the_input_back(tmp_path, synth_source, cl
     assert restored_tree(back) == tree_hashes(src)
 
 
-def _start_paused(src: Path, out: Path, pid_file: Path, address: str) -> tuple[subprocess.Popen, int]:
+def _start_paused(src: Path, out: Path, pid_file: Path, address: str, ray_dir: Path) -> tuple[subprocess.Popen, int]:
     """Start a ray conversion whose first task stops mid-shard; returns the driver and that worker's pid."""
-    env = dict(os.environ, **ENV, DSV4_CONVERT_PAUSE_TASK=str(pid_file))
-    driver = subprocess.Popen([*CLI, "nvfp4-to-marlin", str(src), str(out), *SMALL, "--resume", *_ray(address)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 120
-    while not (pid_file.exists() and pid_file.read_text()):
-        assert driver.poll() is None, driver.communicate()[1]
-        assert time.monotonic() < deadline, "no task reached the pause hook"
-        time.sleep(0.1)
+    arm = ray_dir / ARM
+    arm.write_text(str(pid_file))
+    try:
+        driver = subprocess.Popen([*CLI, "nvfp4-to-marlin", str(src), str(out), *SMALL, "--resume", *_ray(address)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **ENV))
+        deadline = time.monotonic() + 120
+        while not (pid_file.exists() and pid_file.read_text()):
+            assert driver.poll() is None, driver.communicate()[1]
+            assert time.monotonic() < deadline, "no task reached the pause hook"
+            time.sleep(0.1)
+    finally:
+        arm.unlink()  # the retried task, and every later test, runs unpaused
     return driver, int(pid_file.read_text())
 
 
@@ -173,10 +185,10 @@ def reference(tmp_path_factory, synth_source):
     return src, _converted(tmp_path_factory.mktemp("ref"), "local", src, "nvfp4-modelopt-dsv4")
 
 
-def test_a_worker_killed_mid_run_is_retried_and_the_output_is_identical(tmp_path, reference, cluster):
+def test_a_worker_killed_mid_run_is_retried_and_the_output_is_identical(tmp_path, reference, cluster, ray_dir):
     src, expected = reference
     out = tmp_path / "ray" / "out"
-    driver, worker = _start_paused(src, out, tmp_path / "pid", cluster)
+    driver, worker = _start_paused(src, out, tmp_path / "pid", cluster, ray_dir)
     assert worker != driver.pid
     os.kill(worker, signal.SIGKILL)
     _, err = driver.communicate(timeout=180)
@@ -185,11 +197,12 @@ def test_a_worker_killed_mid_run_is_retried_and_the_output_is_identical(tmp_path
 
 
 @pytest.mark.parametrize("resume_on", ["ray", "local"])
-def test_a_driver_killed_mid_run_leaves_a_partial_that_resume_completes(tmp_path, reference, cluster, resume_on):
+def test_a_driver_killed_mid_run_leaves_a_partial_that_resume_completes(tmp_path, reference, cluster, resume_on,
+                                                                       ray_dir):
     src, expected = reference
     out = tmp_path / "ray" / "out"
     partial = out.with_name("out.partial")
-    driver, _ = _start_paused(src, out, tmp_path / "pid", cluster)
+    driver, _ = _start_paused(src, out, tmp_path / "pid", cluster, ray_dir)
     progress = partial / "dsv4-convert.progress.json"
     deadline = time.monotonic() + 120
     while not json.loads(progress.read_text() if progress.exists() else "{}").get("shards"):

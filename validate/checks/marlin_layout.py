@@ -4,6 +4,7 @@ themselves). On a mismatch the message names the likely cause (validate/diagnose
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -98,6 +99,11 @@ def layout_global(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
                           f"source's {src.tolist()}.", cause="kept global", **_where(m))
     g = m.reference.global_scale if m.reference is not None else m.kept_global
     if g is None:
+        return
+    value = float(g.float().reshape(-1)[0])
+    if not math.isfinite(value) or value <= 0:  # no processed global follows from it (nvfp4.global.invalid too)
+        yield Finding(f"{m.proj.key}.weight_scale_2", f"the global scale is {value!r}, not a finite value > 0: no "
+                      "processed global can be checked against it.", value=value, cause="invalid global", **_where(m))
         return
     expected = nvfp4_global_to_marlin(g.float().reshape(-1)[0], fp32_global=ENGINES[m.engine].fp32_global,
                                       act_dtype=m.act_dtype, sf=m.sf)

@@ -8,13 +8,10 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 
-from dsv4_convert.core.converted_config import (
-    EXPERTS_MAP,
-    ConvertedConfigError,
-    ConvertedQuantConfig,
-    model_config_problems,
-)
+from dsv4_convert.core.converted_config import ConvertedConfigError, converted_record, record_or_none
+from dsv4_convert.core.converted_rules import EXPERTS_MAP, model_config_problems
 from dsv4_convert.core.engines import mxfp4_dtype_problem
+from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import SourceFormat
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
@@ -113,7 +110,7 @@ _ALGO = {"NVFP4": "nvfp4", "MXFP4": "mxfp4"}
 def quantized_layer_entries(c: CheckpointInput) -> list[tuple[str, str, dict]]:
     """(file, module prefix, {quant_algo, group_size}) of every per-layer `quantized_layers` entry (ModelOpt MIXED_PRECISION)."""
     out = []
-    for where, block in (("config.json", _qc(c)), ("hf_quant_config.json", _hfq(c))):
+    for where, block in ((CONFIG, _qc(c)), (HF_QUANT_CONFIG, _hfq(c))):
         layers = block.get("quantized_layers")
         if isinstance(layers, dict):
             out += [(where, name, entry) for name, entry in layers.items() if isinstance(entry, dict)]
@@ -163,9 +160,9 @@ def moe_quant_algo_matches(c: CheckpointInput, opts: Options) -> Iterator[Findin
     routed = c.checkpoint.routed_quant
     if declared in _ALGO and routed is not None and _ALGO[declared] != routed.value:
         first = next(p for p in c.checkpoint.projections if p.quant is routed and not p.layer.startswith("mtp"))
-        yield Finding("config.json", f"quantization_config.moe_quant_algo = {_qc(c)['moe_quant_algo']}, but the "
+        yield Finding(CONFIG, f"quantization_config.moe_quant_algo = {_qc(c)['moe_quant_algo']}, but the "
                       f"routed experts are {routed.value} (first {first.scale.name}: {first.scale.dtype}, groups of "
-                      f"{_tensor_group(first)}).", file="config.json")
+                      f"{_tensor_group(first)}).", file=CONFIG)
 
 
 @check(id="structure.quant_config.method", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -176,11 +173,14 @@ def experts_method(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.checkpoint is None:
         return
     qc, fmt = _qc(c), c.checkpoint.format
+    record = record_or_none(c.config) if fmt is SourceFormat.MARLIN else None
+    if fmt is SourceFormat.MARLIN and record is None:
+        return  # the block does not parse: marlin.config names every problem
     pats = exclusion_patterns(c)
     for name, info in containers(c).items():
         actual = info["quant"]
-        if fmt is SourceFormat.MARLIN:
-            declared = (qc.get("experts") or {}).get(name) if isinstance(qc.get("experts"), dict) else None
+        if record is not None:
+            declared = record.experts.get(name)
             if declared is None:
                 yield Finding(name, f"[{EXPERTS_MAP}] holds Marlin-packed {actual} experts, but "
                               "quantization_config.experts does not list it: the plugins would serve it with the "
@@ -240,22 +240,23 @@ def marlin_config(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """A converted checkpoint is only right for the engine and activation dtype it was converted for (docs/FORMAT.md)."""
     if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
         return
-    qc = _qc(c)
+    record = None
     try:  # the one parser the plugins use: what it refuses, the engine refuses at launch
-        ConvertedQuantConfig.parse(qc)
+        record = converted_record(c.config)
     except ConvertedConfigError as e:
         for p in e.problems:
-            yield Finding("config.json", f"[{p.error_id}] {p.text}.", file="config.json")
+            yield Finding(CONFIG, f"[{p.error_id}] {p.text}.", file=CONFIG)
     for p in model_config_problems(c.config):
-        yield Finding("config.json", f"[{p.error_id}] {p.text}: the checks that need it would be skipped.",
-                      file="config.json")
-    engine, tag = qc.get("target_engine"), qc.get("marlin_layout")
-    if opts.engine_requested and engine and opts.engine_requested != engine:
-        yield Finding("config.json", f"converted for target {engine} ({tag}), but you asked to validate for "
+        yield Finding(CONFIG, f"[{p.error_id}] {p.text}: the checks that need it would be skipped.",
+                      file=CONFIG)
+    if record is None:
+        return
+    engine, tag, act = record.target_engine, record.marlin_layout, record.act_dtype
+    if opts.engine_requested and opts.engine_requested != engine:
+        yield Finding(CONFIG, f"converted for target {engine} ({tag}), but you asked to validate for "
                       f"{opts.engine_requested}: the {opts.engine_requested} engine would misread its scales/globals.")
-    act = qc.get("act_dtype")
-    if opts.act_dtype_requested and act and opts.act_dtype_requested != act:
-        yield Finding("config.json", f"converted for activation dtype {act}, but you asked for "
+    if opts.act_dtype_requested and opts.act_dtype_requested != act:
+        yield Finding(CONFIG, f"converted for activation dtype {act}, but you asked for "
                       f"{opts.act_dtype_requested}: NVFP4 scale bytes and globals depend on it.")
 
 
@@ -265,7 +266,8 @@ def marlin_dtype_shape(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """The Marlin kernel infers N, K and the group size from the tensor shapes; a wrong dtype or shape is read as garbage."""
     if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
         return
-    act = _qc(c).get("act_dtype") or opts.act_dtype
+    record = record_or_none(c.config)
+    act = record.act_dtype if record else opts.act_dtype
     want_global = MarlinTarget(opts.engine, act).global_dtype
     problems = defaultdict(list)
     for p in c.checkpoint.projections:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
+from dsv4_convert.core.converted_config import ConvertedConfigError, converted_record, serving_block
 from dsv4_convert.core.engines import ENGINES, engine_inner_method
 from dsv4_convert.core.inner_methods import FP4_METHODS
 from dsv4_convert.core.served import refusal
@@ -73,7 +73,7 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
     if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
         return
     try:
-        spec = ConvertedQuantConfig.parse(c.config.get("quantization_config"))
+        spec = converted_record(c.config)
     except ConvertedConfigError:
         return  # marlin.config reports it
     engine = ENGINES[spec.target_engine]
@@ -106,7 +106,7 @@ def w4a8_releases(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
         return
     try:
-        spec = ConvertedQuantConfig.parse(c.config.get("quantization_config"))
+        spec = converted_record(c.config)
     except ConvertedConfigError:
         return  # marlin.config reports it
     engine = ENGINES[spec.target_engine]

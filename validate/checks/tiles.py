@@ -33,7 +33,7 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     padded = {}
     if marlin:  # a --tp/--ep output serves the one split it records (the plugin refuses any other)
         try:
-            layout = read_tp_layout(c.config.get("quantization_config") or {})
+            layout = read_tp_layout(c.config)
         except ValueError as e:
             yield Finding("config.json", f"quantization_config.tp_layout cannot be used: {e}.")
             return
