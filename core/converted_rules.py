@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, LAYOUTS, QUANT_METHOD, READABLE_FORMAT_VERSIONS
+from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, LAYOUTS, QUANT_METHOD, READABLE_FORMAT_VERSIONS, engine_facts
 from dsv4_convert.formats.tiles import GROUP_SIZE, OK, PAD, moe_rank_tiles
 
 __all__ = ["BAD_VALUE", "EXPERTS_MAP", "FORMATS", "LAYOUT", "LAYOUT_KEYS", "NOT_OURS", "PRODUCER", "TP_LAYOUT",
@@ -141,7 +141,7 @@ def _tp_layout_problems(tl, experts: dict, engine: str | None) -> list[Problem]:
             out.append(Problem(TP_LAYOUT, f"tp_layout.containers[{name!r}] needs status ok|pad and positive "
                                f"integer {', '.join(LAYOUT_KEYS)}"))
         elif not out and engine is not None and experts[name] in FORMATS:
-            v = moe_rank_tiles(experts[name], engine, hidden=c["hidden"], intermediate=c["intermediate"],
+            v = moe_rank_tiles(experts[name], engine_facts(engine).padding, hidden=c["hidden"], intermediate=c["intermediate"],
                                tp=tl["tp"], ep=tl["ep"])
             got = (c["status"], c["i_shard"], c["i_pad"], c["h_pad"])
             if got != (v.status, v.i_shard, v.i_pad, v.h_pad):

@@ -290,7 +290,8 @@ def _check_unparsed(tensors: Mapping[str, TensorRef]) -> None:
             continue
         ref, stem = tensors[name], name.rsplit(".", 1)[0]
         scale = tensors.get(f"{stem}.weight_scale") or tensors.get(f"{stem}.scale")
-        if ref.dtype in PACKED and len(ref.shape) == 2 and scale is not None and scale.dtype in E8M0 | {"F8_E4M3"}:
+        if (ref.dtype in WEIGHT_DTYPES and len(ref.shape) == 2 and scale is not None
+                and scale.dtype in {*SCALE_DTYPES["nvfp4"], *SCALE_DTYPES["mxfp4"]}):
             raise ContentError(
                 f"{name} ({ref.dtype} {list(ref.shape)}, block scale {scale.name} {scale.dtype}) is an FP4 expert "
                 f"tensor, but {unknown_part(name)}", error_id="detect.unknown_expert_name", tensor=name,
