@@ -186,24 +186,22 @@ def foreign_experts(ckpt: Checkpoint) -> Iterator[Violation]:
                         count=len(foreign))
 
 
-_HEAD = re.compile(r"(^|\.)(lm_)?head\.weight(_packed)?$")
+_HEAD = re.compile(r"^(?:head|(?:[\w.]+\.)?lm_head)\.weight(?:_packed)?$")  # the model's head, not an MTP block's
 
 
 def head_missing(ckpt: Checkpoint) -> Iterator[Violation]:
-    """A config that says the output head is not tied to the embedding (tie_word_embeddings: false) makes the engine
-    allocate its own head: without `head.weight` / `lm_head.weight` the load fails or the head is left uninitialised."""
+    """The model's own output head: DeepSeek-V4 checkpoints ship `head.weight` (its model has its own head, spec
+    CHECKPOINT_FORMATS.md §3.3); any other model whose config says tie_word_embeddings: false needs `lm_head.weight`.
+    Without it the engine's load fails or leaves the head uninitialised."""
     cfg = ckpt.config
+    family = family_of(cfg)
+    v4 = family is not None and family.scheme == "deepseek"
     tied = [c["tie_word_embeddings"] for c in (cfg.get("text_config") or {}, cfg) if "tie_word_embeddings" in c]
-    if not tied or tied[0] is not False or any(_HEAD.search(n) for n in ckpt.tensors):
+    if not (v4 or (tied and tied[0] is False)) or any(_HEAD.match(n) for n in ckpt.tensors):
         return
-    want = "head.weight" if "head.weight" in _expected_heads(ckpt) else "lm_head.weight"
-    yield Violation(want, f"no output head tensor ({want}) although config.json says tie_word_embeddings: false.",
-                    file=ckpt.index_file)
-
-
-def _expected_heads(ckpt: Checkpoint) -> set[str]:
-    family = family_of(ckpt.config)
-    return {"head.weight"} if family is not None and family.scheme == "deepseek" else {"lm_head.weight"}
+    want = "head.weight" if v4 else "lm_head.weight"
+    why = "DeepSeek-V4 checkpoints ship it (vLLM's V4 mapper loads it as lm_head.weight)" if v4 else "config.json says tie_word_embeddings: false"
+    yield Violation(want, f"no output head tensor ({want}) although {why}.", file=ckpt.index_file)
 
 
 def input_scales_partial(ckpt: Checkpoint) -> Iterator[Violation]:
