@@ -22,6 +22,7 @@ from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_servabl
 from dsv4_convert.core.converted_config import TpLayout
 from dsv4_convert.core.engines import ENGINES, shell_quote
 from dsv4_convert.core.errors import UsageError
+from dsv4_convert.core.input_scales import invalid_input_scales
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant
@@ -108,6 +109,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         summary = _plan_summary(plan)
         emit(summary, _plan_text(plan, summary), **report)
         return
+    bad_inputs = invalid_input_scales(ckpt)  # a few bytes per projection; published unchanged, so say it
     result = run_conversion(plan, staging, workers=workers, progress=show_progress(report["quiet"], force_progress), executor=executor, devices=devices)
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
@@ -122,6 +124,12 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         click.echo(f"warning: {result.lost_scales} NVFP4 scale bytes are negative or too small for "
                    f"{tgt.layout_tag} and were zeroed/made positive as the engine would; the originals are "
                    "recorded for marlin-to-source. Run validate to see where.", err=True)
+    if bad_inputs and not report["quiet"]:
+        ref, v = bad_inputs[0]
+        click.echo(f"warning: {len(bad_inputs)} NVFP4 input scale(s) are not a finite value > 0 (first {ref.name} = "
+                   f"{v!r} in {ref.file}); they are kept as they are (Marlin W4A16 does not use them), but the "
+                   "export is broken for any W4A4/W4A8 path: re-export it (validate: nvfp4.input_scale.invalid).",
+                   err=True)
 
 
 def _absolute_source(src: str) -> str:

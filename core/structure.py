@@ -9,16 +9,18 @@ belongs to formats/tiles.py.
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from dsv4_convert.core.converted_config import read_tp_layout
-from dsv4_convert.core.naming import parse_expert_name, scheme_roles
-from dsv4_convert.core.tensor_model import Checkpoint, Projection, Role, SourceFormat
+from dsv4_convert.core.naming import family_of, parse_expert_name, scheme_roles
+from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
-           "experts_incomplete", "model_dims", "unreadable_tensors"]
+           "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "model_dims",
+           "unreadable_tensors"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +182,60 @@ def _ranges(xs: list[int]) -> str:
     return ", ".join(out[:8]) + (" ..." if len(out) > 8 else "")
 
 
+def foreign_experts(ckpt: Checkpoint) -> Iterator[Violation]:
+    """The family's engine mapping places experts only under its own experts module (core/naming.py FAMILIES):
+    a second set under another scheme's module (a Qwen3-MoE with `block_sparse_moe.experts.E.w1`) has no home."""
+    family = family_of(ckpt.config)
+    if family is None:
+        return
+    homes = sorted({(lp, s.module) for s in (family.source_scheme, family.converted_scheme) for lp in s.layer_prefixes})
+    home = re.compile("^(?:" + "|".join(rf"{re.escape(lp)}\.\d+\.{re.escape(m)}" for lp, m in homes) + ")$")
+    foreign = [p for p in ckpt.projections if not home.match(p.container)]
+    if foreign:
+        f = foreign[0]
+        yield Violation(f.weight.name, f"{len(foreign)} expert projections are outside the {family.name} experts "
+                        f"module(s) {', '.join(f'{lp}.<L>.{m}' for lp, m in homes)} ({', '.join(family.architectures)} in "
+                        f"config.json); first {f.weight.name}.", file=f.weight.file, layer=f.layer, expert=f.expert,
+                        count=len(foreign))
+
+
+_HEAD = re.compile(r"^(?:head|(?:[\w.]+\.)?lm_head)\.weight(?:_packed)?$")  # the model's head, not an MTP block's
+
+
+def head_missing(ckpt: Checkpoint) -> Iterator[Violation]:
+    """The model's own output head: DeepSeek-V4 checkpoints ship `head.weight` (its model has its own head, spec
+    CHECKPOINT_FORMATS.md §3.3); any other model whose config says tie_word_embeddings: false needs `lm_head.weight`.
+    Without it the engine's load fails or leaves the head uninitialised."""
+    cfg = ckpt.config
+    family = family_of(cfg)
+    v4 = family is not None and family.scheme == "deepseek"
+    tied = [c["tie_word_embeddings"] for c in (cfg.get("text_config") or {}, cfg) if "tie_word_embeddings" in c]
+    if not (v4 or (tied and tied[0] is False)) or any(_HEAD.match(n) for n in ckpt.tensors):
+        return
+    want = "head.weight" if v4 else "lm_head.weight"
+    why = "DeepSeek-V4 checkpoints ship it (vLLM's V4 mapper loads it as lm_head.weight)" if v4 else "config.json says tie_word_embeddings: false"
+    yield Violation(want, f"no output head tensor ({want}) although {why}.", file=ckpt.index_file)
+
+
+def input_scales_partial(ckpt: Checkpoint) -> Iterator[Violation]:
+    """An NVFP4 export with its input quantizer on writes an input scale for every expert projection (ModelOpt
+    `input_scale`, compressed-tensors `input_global_scale`; none at all for W4A16): some with and some without means
+    tensors were lost."""
+    nv = [p for p in ckpt.projections if p.quant is Quant.NVFP4]
+    have = [p for p in nv if p.input_scale is not None]
+    lacking = [p for p in nv if p.input_scale is None]
+    if have and lacking:
+        f = lacking[0]
+        name = f"{f.key}.{'input_global_scale' if have[0].input_scale.name.endswith('input_global_scale') else 'input_scale'}"
+        yield Violation(name, f"{len(lacking)} of {len(nv)} NVFP4 expert projections have no input scale while "
+                        f"{len(have)} have one (e.g. {have[0].input_scale.name}); first lacking {f.key}.",
+                        file=f.weight.file, layer=f.layer, expert=f.expert, count=len(lacking))
+
+
 RULES = (
+    Rule(check_id="structure.experts.scheme", error_id="convert.foreign_experts",
+         hint="the checkpoint holds experts under another model's naming scheme: remove that second set (keep only "
+              "the names the family's engine mapping loads), or fix `architectures` in config.json", fn=foreign_experts),
     Rule(check_id="structure.experts.empty", error_id="convert.empty_expert",
          hint="re-export the checkpoint: every expert projection needs its full [N, K] weight", fn=empty_projections),
     Rule(check_id="structure.experts.missing", error_id="convert.incomplete_experts",
@@ -191,4 +246,10 @@ RULES = (
     Rule(check_id="structure.experts.dims", error_id="convert.expert_dims",
          hint="fix hidden_size / moe_intermediate_size in config.json, or re-export the tensors with the right "
               "shape", fn=expert_dims),
+    Rule(check_id="structure.head", error_id="convert.missing_head",
+         hint="re-download the shard that holds the output head (the index lists it), or set tie_word_embeddings to "
+              "true in config.json if the model really shares it with the embedding", fn=head_missing),
+    Rule(check_id="structure.experts.input_scale", error_id="convert.partial_input_scales",
+         hint="re-download or re-export the checkpoint: every NVFP4 expert projection of an export with input scales "
+              "has one", fn=input_scales_partial),
 )

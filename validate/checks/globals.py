@@ -7,11 +7,12 @@ from collections.abc import Iterator
 
 import torch
 
+from dsv4_convert.core.input_scales import invalid_input_scales
 from dsv4_convert.core.tensor_model import Quant, Role
 from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.inputs import ExpertTensors, Options, ProjectionTensors
+from dsv4_convert.validate.inputs import CheckpointInput, ExpertTensors, Options, ProjectionTensors
 
-__all__ = ["gate_up_mismatch", "global_invalid", "global_range"]
+__all__ = ["gate_up_mismatch", "global_invalid", "global_range", "input_scale_invalid"]
 
 _BF16_GLOBAL_LIMIT = 512.0  # g * 2**119 must stay below 2**128 (fp32 for vLLM, bf16 for SGLang)
 _FP16_MAX = 65504.0
@@ -84,3 +85,14 @@ def gate_up_mismatch(e: ExpertTensors, opts: Options) -> Iterator[Finding]:
     yield Finding(_global_name(up), f"up global {gu:g} != gate global {gg:g} ({gate.proj.key}); both engines "
                   f"use the gate's for w13, so the up projection is served scaled by {ratio:.4g}x.",
                   file=up.file, layer=e.layer, expert=e.expert, value=ratio)
+
+
+@check(id="nvfp4.input_scale.invalid", severity=Severity.WARNING, scope=Scope.CHECKPOINT,
+       hint="re-export the checkpoint with calibrated activations (input_scale = amax / (6 * 448)); Marlin W4A16 "
+            "does not use it, but a W4A4/W4A8 path would compute NaN or zero activations")
+def input_scale_invalid(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """A NaN, infinite, zero or negative activation scale is a broken export even where the Marlin path ignores it."""
+    if c.checkpoint is None:
+        return
+    for ref, v in invalid_input_scales(c.checkpoint):
+        yield Finding(ref.name, f"input scale is {v!r}; expected a finite value > 0.", file=ref.file, value=v)

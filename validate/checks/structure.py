@@ -19,7 +19,10 @@ __all__ = [
     "expert_dims",
     "experts_empty",
     "experts_extra",
+    "experts_input_scale",
     "experts_missing",
+    "experts_scheme",
+    "head_present",
     "index_extra_file",
     "index_keys",
     "index_missing_file",
@@ -165,6 +168,26 @@ def experts_extra(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
 def expert_dims(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """Every projection's [N, K] must match hidden_size / moe_intermediate_size, or it reads as another matrix."""
     yield from _findings(_RULE["structure.experts.dims"], c)
+
+
+@check(id="structure.experts.scheme", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint=_RULE["structure.experts.scheme"].hint)
+def experts_scheme(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """Experts outside the family's experts module have no place in the engine's weight-name mapping."""
+    yield from _findings(_RULE["structure.experts.scheme"], c)
+
+
+@check(id="structure.head", severity=Severity.ERROR, scope=Scope.CHECKPOINT, hint=_RULE["structure.head"].hint)
+def head_present(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """An untied model (tie_word_embeddings: false) needs its own output head tensor."""
+    yield from _findings(_RULE["structure.head"], c)
+
+
+@check(id="structure.experts.input_scale", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint=_RULE["structure.experts.input_scale"].hint)
+def experts_input_scale(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """Input scales come for every NVFP4 expert projection or for none; a partial set means tensors were lost."""
+    yield from _findings(_RULE["structure.experts.input_scale"], c)
 
 
 @check(id="structure.dtype_shape", severity=Severity.ERROR, scope=Scope.CHECKPOINT,

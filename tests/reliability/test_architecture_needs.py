@@ -1,0 +1,152 @@
+"""Issue 28, items 6, 9 and 10: what the architecture needs is a structure rule. A second expert set under
+another family's naming scheme (a Qwen3-MoE with `block_sparse_moe.experts.E.w1/w3/w2`) is refused at plan
+time by name; an output edited to lose its output head or one expert's input scale fails validate without
+--against; a NaN or zero input scale in the source is said by the converter and by validate. Real synth
+checkpoints, real safetensors files, the real CLI in subprocesses.
+
+Substitutions: none (edited outputs re-record their manifest, as a consistent attacker would:
+tests/helpers/cli.py rerecord)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from dsv4_convert.core.files import INDEX_FILE
+from dsv4_convert.synth import write_synthetic_checkpoint
+from tests.helpers.cli import rerecord, run_cli, tree_hashes
+
+pytestmark = pytest.mark.slow  # starts the CLI
+
+ARGS = ("--workers", "1", "-q")
+_W = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+def _load(f: Path) -> tuple[dict, dict]:
+    with safe_open(f, "pt") as h:
+        return h.metadata(), {k: h.get_tensor(k) for k in h.keys()}
+
+
+def _edit(root: Path, edit, *, record: bool = False) -> list[str]:
+    """Apply `edit(tensors) -> names it touched` to every shard, keep the index in step; re-record OUT's manifest."""
+    touched = []
+    index = json.loads((root / INDEX_FILE).read_text())
+    for f in sorted(root.glob("*.safetensors")):
+        meta, tensors = _load(f)
+        before = set(tensors)
+        names = edit(tensors)
+        if not names:
+            continue
+        touched += names
+        save_file(tensors, f, metadata=meta)
+        for gone in before - set(tensors):
+            del index["weight_map"][gone]
+        if record:
+            rerecord(root, f.name)
+    (root / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    if record:
+        rerecord(root, INDEX_FILE)
+    return touched
+
+
+def _json(proc) -> dict:
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _findings(doc: dict, check: str) -> list[dict]:
+    return [f for f in doc["findings"] if f["check"] == check]
+
+
+def test_a_second_expert_set_in_another_scheme_is_refused_by_name(tmp_path):
+    src = write_synthetic_checkpoint(tmp_path / "src", family="qwen3-moe", layers=1, experts=4, shards=1)
+    extra = {}
+    for f in sorted(src.glob("*.safetensors")):
+        for k, t in _load(f)[1].items():
+            if ".mlp.experts." in k:
+                layer, rest = k.split(".mlp.experts.")
+                e, proj, suffix = rest.split(".", 2)
+                extra[f"{layer}.block_sparse_moe.experts.{e}.{_W[proj]}.{suffix}"] = t
+    save_file(extra, src / "model-extra.safetensors", metadata={"format": "pt"})
+    index = json.loads((src / INDEX_FILE).read_text())
+    index["weight_map"].update(dict.fromkeys(extra, "model-extra.safetensors"))
+    (src / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    before = tree_hashes(src)
+    out = tmp_path / "out"
+    proc = run_cli("nvfp4-to-marlin", src, out, *ARGS, "--json", check=False)
+    assert proc.returncode == 4, proc.stderr
+    err = _json(proc)["error"]
+    assert err["id"] == "convert.foreign_experts", err
+    assert err["tensor"] == min(n for n in extra if n.endswith(".weight") and ".0.w1." in n), err
+    assert "block_sparse_moe" in err["message"] and "mlp.experts" in err["message"], err
+    assert "remove that second set" in err["fix"], err
+    assert not out.exists() and not Path(f"{out}.partial").exists()
+    assert tree_hashes(src) == before
+    doc = _json(run_cli("validate", src, "--json", check=False))
+    assert _findings(doc, "structure.experts.scheme"), doc["findings"]
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("needs")
+    outs = {}
+    for name, kw in {"dsv4": {"format": "nvfp4-modelopt-dsv4"}, "qwen3": {"family": "qwen3-moe"}}.items():
+        src = write_synthetic_checkpoint(base / f"src-{name}", layers=1, experts=4, shards=2, **kw)
+        run_cli("nvfp4-to-marlin", src, base / f"out-{name}", *ARGS)
+        outs[name] = base / f"out-{name}"
+    return outs
+
+
+@pytest.mark.parametrize("name, head", [("dsv4", "head.weight"), ("qwen3", "lm_head.weight")])
+def test_an_output_without_its_head_fails_validate(outputs, tmp_path, name, head):
+    out = shutil.copytree(outputs[name], tmp_path / "out")
+    doc = _json(run_cli("validate", out, "--json", check=False))
+    assert not _findings(doc, "structure.head"), doc["findings"]
+    assert _edit(out, lambda ts: [head] if ts.pop(head, None) is not None else [], record=True) == [head]
+    proc = run_cli("validate", out, "--json", check=False)
+    assert proc.returncode == 1, proc.stderr
+    found = _findings(_json(proc), "structure.head")
+    assert [f["tensor"] for f in found] == [head], found
+
+
+def test_an_output_without_one_input_scale_fails_validate(outputs, tmp_path):
+    out = shutil.copytree(outputs["qwen3"], tmp_path / "out")
+
+    dropped: list[str] = []
+
+    def drop_one(ts: dict) -> list[str]:  # one input scale of one expert, in the first shard that has any
+        names = sorted(k for k in ts if k.endswith(".input_scale"))
+        if dropped or not names:
+            return []
+        del ts[names[0]]
+        dropped.append(names[0])
+        return names[:1]
+    (gone,) = _edit(out, drop_one, record=True)
+    proc = run_cli("validate", out, "--json", check=False)
+    assert proc.returncode == 1, proc.stderr
+    found = _findings(_json(proc), "structure.experts.input_scale")
+    assert [f["tensor"] for f in found] == [gone], found
+
+
+@pytest.mark.parametrize("value", [float("nan"), 0.0])
+def test_an_invalid_input_scale_is_said_by_the_converter_and_validate(tmp_path, value):
+    src = write_synthetic_checkpoint(tmp_path / "src", family="qwen3-moe", layers=1, experts=4, shards=1)
+
+    def spoil(ts: dict) -> list[str]:  # one shard (shards=1): one input scale
+        names = sorted(k for k in ts if k.endswith(".input_scale"))
+        if names:
+            ts[names[0]] = torch.full_like(ts[names[0]], value)
+        return names[:1]
+    (bad,) = _edit(src, spoil)
+    proc = run_cli("nvfp4-to-marlin", src, tmp_path / "out", "--workers", "1")
+    assert "warning:" in proc.stderr and bad in proc.stderr, proc.stderr
+    for root in (src, tmp_path / "out"):
+        doc = _json(run_cli("validate", root, "--json", check=False))
+        found = _findings(doc, "nvfp4.input_scale.invalid")
+        assert [(f["tensor"], f["severity"]) for f in found] == [(bad, "warning")], found
