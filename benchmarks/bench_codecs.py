@@ -14,7 +14,7 @@ import torch
 
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
-from dsv4_convert.formats.marlin_weight import from_marlin_weight, to_marlin_weight
+from dsv4_convert.formats.marlin.weight import from_marlin_weight, to_marlin_weight
 
 # DeepSeek-V4-Flash routed expert (H = 4096, I = 2048): w1/w3 are N=2048, K=4096; w2 is N=4096, K=2048
 PROJECTIONS = ((2048, 4096), (4096, 2048))

@@ -120,7 +120,7 @@ def _warm_codec() -> None:
     (about a second, once per process) is not charged to path (a): the real kernel has no such cost."""
     import torch
 
-    from dsv4_convert.formats.marlin_weight import to_marlin_weight
+    from dsv4_convert.formats.marlin.weight import to_marlin_weight
 
     to_marlin_weight(torch.zeros((64, 64), dtype=torch.uint8))
 

@@ -1,6 +1,6 @@
 """`python -m dsv4_convert.cli`: the same as the `dsv4-convert` console script."""
 
-from dsv4_convert.cli.main import main
+from .main import main
 
 if __name__ == "__main__":
     main()

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import click
 
-from dsv4_convert.runtime.paths import out_path, staging_path
-from dsv4_convert.runtime.side_files import guard, protect, reset
+from ..runtime.paths import out_path, staging_path
+from ..runtime.side_files import guard, protect, reset
 
 __all__ = ["parsed_params", "guard_command_line"]
 

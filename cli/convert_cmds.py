@@ -7,7 +7,22 @@ from pathlib import Path
 
 import click
 
-from dsv4_convert.cli.options import (
+from ..convert.pipeline import run_conversion
+from ..convert.plan import CONVERT_COMMAND, build_plan, check_servable, check_source
+from ..core.converted_config import TpLayout
+from ..core.engines import ENGINES, shell_quote
+from ..core.errors import UsageError
+from ..core.input_scales import invalid_input_scales
+from ..core.reader import open_checkpoint
+from ..core.target import MarlinTarget
+from ..core.tensor_model import Quant
+from ..core.units import human_rate, human_size
+from ..formats.tiles import PAD
+from ..runtime.executors import refuse_device
+from ..runtime.paths import out_path
+from ..runtime.settings import ALLOW_UNSERVABLE_ENV, settings
+from ..runtime.staging import Staging
+from .options import (
     W4A8_ENGINE,
     device_option,
     executor_options,
@@ -16,22 +31,7 @@ from dsv4_convert.cli.options import (
     target_options,
     use_device,
 )
-from dsv4_convert.cli.report import emit, show_progress
-from dsv4_convert.convert.pipeline import run_conversion
-from dsv4_convert.convert.plan import CONVERT_COMMAND, build_plan, check_servable, check_source
-from dsv4_convert.core.converted_config import TpLayout
-from dsv4_convert.core.engines import ENGINES, shell_quote
-from dsv4_convert.core.errors import UsageError
-from dsv4_convert.core.input_scales import invalid_input_scales
-from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Quant
-from dsv4_convert.core.units import human_rate, human_size
-from dsv4_convert.formats.tiles import PAD
-from dsv4_convert.runtime.executors import refuse_device
-from dsv4_convert.runtime.paths import out_path
-from dsv4_convert.runtime.settings import ALLOW_UNSERVABLE_ENV, settings
-from dsv4_convert.runtime.staging import Staging
+from .report import emit, show_progress
 
 __all__ = ["nvfp4_to_marlin", "mxfp4_to_marlin"]
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import click
 
-from dsv4_convert.cli.report import emit, report_options
-from dsv4_convert.core.engines import ENGINES, LAYOUTS, EngineError, engine_inner_method, release_for, w4a8_problem
-from dsv4_convert.core.fatbin import FatbinError, read_cuda_code
-from dsv4_convert.runtime.settings import MARLIN_MODULE_ENV, settings
+from ..core.engines import ENGINES, LAYOUTS, EngineError, engine_inner_method, release_for, w4a8_problem
+from ..core.fatbin import FatbinError, read_cuda_code
+from ..runtime.settings import MARLIN_MODULE_ENV, settings
+from .report import emit, report_options
 
 __all__ = ["doctor"]
 
@@ -122,9 +122,9 @@ def _engines(d: Doctor, extra_module: str | None) -> None:
 
 
 def _checkpoint(d: Doctor, path: str) -> None:
-    from dsv4_convert.core.converted_config import ConvertedConfigError, converted_record
-    from dsv4_convert.core.reader import open_checkpoint, resolve_source
-    from dsv4_convert.core.tensor_model import SourceFormat
+    from ..core.converted_config import ConvertedConfigError, converted_record
+    from ..core.reader import open_checkpoint, resolve_source
+    from ..core.tensor_model import SourceFormat
     ckpt = open_checkpoint(resolve_source(path))
     info = {"path": path, "format": ckpt.format.value}
     engines, record = list(LAYOUTS), None
@@ -174,8 +174,8 @@ def _ask_engine(d: Doctor, path: str, engine: str, spec, config: dict) -> None:
     import json
     import subprocess
 
-    from dsv4_convert.core.converted_config import serving_block
-    from dsv4_convert.core.served import engine_key, refusal
+    from ..core.converted_config import serving_block
+    from ..core.served import engine_key, refusal
 
     proc = subprocess.run([sys.executable, "-m", "dsv4_convert.serving.probe", path, engine],
                           capture_output=True, text=True)

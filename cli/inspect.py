@@ -6,14 +6,14 @@ from collections import Counter, defaultdict
 
 import click
 
-from dsv4_convert.cli.report import emit, report_options
-from dsv4_convert.core.converted_config import record_or_none
-from dsv4_convert.core.detect import declared_group_size
-from dsv4_convert.core.dtypes import FP8_DTYPES, SCALE_DTYPES, WEIGHT_DTYPES
-from dsv4_convert.core.index import natural_key
-from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
-from dsv4_convert.core.units import human_size
+from ..core.converted_config import record_or_none
+from ..core.detect import declared_group_size
+from ..core.dtypes import FP8_DTYPES, SCALE_DTYPES, WEIGHT_DTYPES
+from ..core.index import natural_key
+from ..core.reader import open_checkpoint
+from ..core.tensor_model import Checkpoint, SourceFormat
+from ..core.units import human_size
+from .report import emit, report_options
 
 __all__ = ["SCHEMA_VERSION", "inspect", "render_table", "summarize"]
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from dsv4_convert.runtime.device import resolve_device
-from dsv4_convert.validate.kernel_runner import KernelOptions, run_kernel_checks
-from dsv4_convert.validate.kernel_shapes import refuse_unsupported_shapes
+from ..runtime.device import resolve_device
+from ..validate.kernel_runner import KernelOptions, run_kernel_checks
+from ..validate.kernel_shapes import refuse_unsupported_shapes
 
 __all__ = ["kernel_options", "refuse_unsupported_shapes", "run_kernel_checks"]
 

@@ -38,12 +38,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from dsv4_convert import __version__  # noqa: E402
-from dsv4_convert.cli import commands  # noqa: E402
-from dsv4_convert.cli.command_paths import guard_command_line, parsed_params  # noqa: E402
-from dsv4_convert.cli.report import write_report  # noqa: E402
-from dsv4_convert.core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
-from dsv4_convert.runtime import settings  # noqa: E402
+from ..core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
+from ..core.version import __version__  # noqa: E402
+from ..runtime import settings  # noqa: E402
+from . import commands  # noqa: E402
+from .command_paths import guard_command_line, parsed_params  # noqa: E402
+from .report import write_report  # noqa: E402
 
 __all__ = ["cli", "main", "error_object"]
 

@@ -7,10 +7,10 @@ import re
 
 import click
 
-from dsv4_convert.cli.report import progress_option, report_options
-from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
-from dsv4_convert.core.errors import UsageError
-from dsv4_convert.runtime.executors import EXECUTORS, ExecutorSpec
+from ..core.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
+from ..core.errors import UsageError
+from ..runtime.executors import EXECUTORS, ExecutorSpec
+from .report import progress_option, report_options
 
 __all__ = ["ACT_DTYPE_CHOICE", "TARGET_CHOICE", "TARGET_HELP", "W4A8_ENGINE", "target_options", "run_options", "executor_options", "parse_size", "device_option", "use_device", "FiniteFloat", "SEED"]
 

@@ -6,12 +6,12 @@ import sys
 
 import click
 
-from dsv4_convert.cli.options import ACT_DTYPE_CHOICE, TARGET_CHOICE, TARGET_HELP, FiniteFloat
-from dsv4_convert.cli.report import emit, report_options
-from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE
-from dsv4_convert.core.errors import UsageError
-from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.serving.launch import make_plan, shape_from_checkpoint
+from ..core.engines import ACT_DTYPES, DEFAULT_ENGINE
+from ..core.errors import UsageError
+from ..core.reader import open_checkpoint
+from ..serving.launch import make_plan, shape_from_checkpoint
+from .options import ACT_DTYPE_CHOICE, TARGET_CHOICE, TARGET_HELP, FiniteFloat
+from .report import emit, report_options
 
 __all__ = ["plan"]
 

@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from dsv4_convert.runtime.side_files import write_side_file
+from ..runtime.side_files import write_side_file
 
 __all__ = ["report_options", "progress_option", "show_progress", "emit", "write_report", "dumps"]
 

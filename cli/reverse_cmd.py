@@ -6,9 +6,9 @@ from pathlib import Path
 
 import click
 
-from dsv4_convert.cli.options import executor_options
-from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
-from dsv4_convert.convert.reverse import reverse_checkpoint
+from ..convert.reverse import reverse_checkpoint
+from .options import executor_options
+from .report import emit, progress_option, report_options, show_progress
 
 __all__ = ["marlin_to_source"]
 

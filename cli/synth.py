@@ -8,18 +8,18 @@ from pathlib import Path
 
 import click
 
-from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
-from dsv4_convert.core.files import SYNTH_MANIFEST
-from dsv4_convert.core.naming import family_named
-from dsv4_convert.synth import (
+from ..core.files import SYNTH_MANIFEST
+from ..core.naming import family_named
+from ..synth import (
     DEFECT_NAMES,
     REAL_SIZE,
     SYNTH_FAMILIES,
     SYNTH_FORMATS,
     write_synthetic_checkpoint,
 )
-from dsv4_convert.synth.defects import DEFECTS
-from dsv4_convert.synth.families import FAMILY_SPECS
+from ..synth.defects import DEFECTS
+from ..synth.families import FAMILY_SPECS
+from .report import emit, progress_option, report_options, show_progress
 
 __all__ = ["synth"]
 

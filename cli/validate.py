@@ -6,14 +6,14 @@ import sys
 
 import click
 
-from dsv4_convert.cli.kernel_opts import kernel_options, refuse_unsupported_shapes, run_kernel_checks
-from dsv4_convert.cli.options import ACT_DTYPE_CHOICE, SEED, TARGET_CHOICE, TARGET_HELP, W4A8_ENGINE, executor_options
-from dsv4_convert.cli.report import emit, progress_option, report_options, show_progress
-from dsv4_convert.core.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
-from dsv4_convert.runtime.executors import refuse_device
-from dsv4_convert.validate.inputs import Options
-from dsv4_convert.validate.runner import Unreadable
-from dsv4_convert.validate.runner import validate as run_validation
+from ..core.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
+from ..runtime.executors import refuse_device
+from ..validate.inputs import Options
+from ..validate.runner import Unreadable
+from ..validate.runner import validate as run_validation
+from .kernel_opts import kernel_options, refuse_unsupported_shapes, run_kernel_checks
+from .options import ACT_DTYPE_CHOICE, SEED, TARGET_CHOICE, TARGET_HELP, W4A8_ENGINE, executor_options
+from .report import emit, progress_option, report_options, show_progress
 
 __all__ = ["validate"]
 
@@ -103,7 +103,7 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
     if kernel_opts is not None:
         run_kernel_checks(path, opts, report, against=against, kopts=kernel_opts)
     if plot_file:  # before the report: a plot that fails is then the one error object under --json
-        from dsv4_convert.validate.plot import plot_report
+        from ..validate.plot import plot_report
         click.echo(plot_report(report, plot_file), err=True)
     emit(report.to_json(strict=strict), report.render_text(strict=strict, quiet=quiet), as_json=as_json,
          report_file=report_file, quiet=False, exit_code=report.exit_code(strict=strict))  # -q keeps the findings

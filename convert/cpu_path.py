@@ -2,8 +2,8 @@
 
 Importing torch costs ~3 s of every run on the 2-core machine (a fifth of converting a 3.6 GB layer),
 and a plain NVFP4 / MXFP4 projection needs none of it: read the bytes, repack the words
-(formats/marlin_words.py), transpose + permute + re-encode the scales and process the global
-(formats/scale_tables.py), write. This module does exactly that and answers None for everything
+(formats/marlin/reference_weight.py), transpose + permute + re-encode the scales and process the global
+(formats/marlin/reference_scales.py), write. This module does exactly that and answers None for everything
 else, which then takes the torch route (convert/transform.py) with the same result: padded --tp
 layouts, W4A8, globals not stored as float32, and the rare projections whose scales hold NaN (the
 torch route raises the error) or a byte the target cannot hold exactly (it records the lost bytes for
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsv4_convert.convert.cuda_route import weight_words_on_device
-from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
-from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
-from dsv4_convert.formats.constants import E4M3_NAN_BYTES, E8M0_NAN
-from dsv4_convert.formats.fp4_kernels import byte_presence
-from dsv4_convert.formats.marlin_words import a16_forward
-from dsv4_convert.formats.scale_tables import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table
-from dsv4_convert.runtime.settings import TORCH_ROUTE_ENV, settings
+from ..core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
+from ..core.tensor_model import Projection, Quant, SourceFormat
+from ..formats.constants import E4M3_NAN_BYTES, E8M0_NAN
+from ..formats.marlin.compiled_kernels import byte_presence
+from ..formats.marlin.reference_scales import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table
+from ..formats.marlin.reference_weight import a16_forward
+from ..runtime.settings import TORCH_ROUTE_ENV, settings
+from .cuda_route import weight_words_on_device
 
 __all__ = ["TORCH_ROUTE_ENV", "convert_on_cpu", "load_kernels"]
 

@@ -1,4 +1,4 @@
-"""`--device cuda[:N]`: the converter's transforms on GPUs (formats/marlin_torch.py), byte-identical
+"""`--device cuda[:N]`: the converter's transforms on GPUs (formats/marlin/torch_route.py), byte-identical
 to the CPU routes. The devices travel as values: cli/options.py use_device resolves them once per run,
 run_conversion's `devices` hands the list to every job with the job's index, and `job_device` picks
 the job's GPU from the two (nothing here holds the choice).
@@ -53,10 +53,10 @@ def warm_up(devices: tuple[str, ...]) -> threading.Thread | None:
 
 def weight_words_on_device(weight, n: int, k2: int, device: str):
     """uint8 numpy [N, K/2] packed codes -> Marlin W4A16 int32 words as numpy (the bytes of
-    formats.marlin_words.a16_forward), repacked on `device` ("cuda:N") on this thread's stream there."""
+    formats.marlin.reference_weight.a16_forward), repacked on `device` ("cuda:N") on this thread's stream there."""
     import torch
 
-    from dsv4_convert.formats.marlin_torch import to_marlin_weight_t
+    from ..formats.marlin.torch_route import to_marlin_weight_t
     with _stream(device):
         w = torch.from_numpy(weight.reshape(n, k2)).to(device, non_blocking=True)
         q = to_marlin_weight_t(w)
@@ -67,11 +67,11 @@ def weight_words_on_device(weight, n: int, k2: int, device: str):
 
 
 def convert_projection_on(dev, p, weight, scale, global_scale, *, target, sf: float = 1.0) -> dict:
-    """transform.convert_projection with the weight and scale transforms on `dev` (formats/marlin_torch.py,
+    """transform.convert_projection with the weight and scale transforms on `dev` (formats/marlin/torch_route.py,
     byte-identical); host -> device -> host transfers included, results back on the CPU."""
-    from dsv4_convert.core.tensor_model import Quant
-    from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
-    from dsv4_convert.formats.marlin_torch import mxfp4_to_marlin_t, nvfp4_to_marlin_t
+    from ..core.tensor_model import Quant
+    from ..formats.marlin.scales import nvfp4_global_to_marlin
+    from ..formats.marlin.torch_route import mxfp4_to_marlin_t, nvfp4_to_marlin_t
     with _stream(dev):
         w, s = weight.to(dev, non_blocking=True), scale.to(dev, non_blocking=True)
         if p.quant is Quant.NVFP4:

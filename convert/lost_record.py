@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dsv4_convert.core.errors import InputError
+from ..core.errors import InputError
 
 __all__ = ["bad_record", "check_lost_record", "restore_lost"]
 

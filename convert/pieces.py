@@ -14,8 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4_convert.convert.plan import ShardPlan
-from dsv4_convert.runtime.digest import file_digest
+from ..runtime.digest import file_digest
+from .plan import ShardPlan
 
 __all__ = ["Piece", "split_shards", "seal", "piece_sidecar", "PIECE_MIN_BYTES"]
 

@@ -13,25 +13,25 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from dsv4_convert.convert.cpu_path import convert_on_cpu, load_kernels
-from dsv4_convert.convert.cuda_route import job_device
-from dsv4_convert.convert.pieces import Piece, piece_sidecar, seal, split_shards
-from dsv4_convert.convert.plan import ConvertPlan
-from dsv4_convert.convert.publish import finalize
-from dsv4_convert.convert.quant_config import build_record
-from dsv4_convert.convert.safetensors_writer import ShardWriter
-from dsv4_convert.core.errors import Interrupted, OutputError
-from dsv4_convert.core.files import LOST_SUFFIX
-from dsv4_convert.core.reader import TensorReader
-from dsv4_convert.core.rescale import stack_rescale_factors
-from dsv4_convert.core.tensor_model import Projection, Quant, SourceFormat
-from dsv4_convert.core.units import human_size
-from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
-from dsv4_convert.runtime.jobs import RunDir
-from dsv4_convert.runtime.memory import freeze_imports, keep_buffers
-from dsv4_convert.runtime.profiling import mark, profile_dir, profiled_job
-from dsv4_convert.runtime.side_files import protect
-from dsv4_convert.runtime.staging import Staging
+from ..core.errors import Interrupted, OutputError
+from ..core.files import LOST_SUFFIX
+from ..core.reader import TensorReader
+from ..core.rescale import stack_rescale_factors
+from ..core.tensor_model import Projection, Quant, SourceFormat
+from ..core.units import human_size
+from ..runtime.executors import ExecutorSpec, auto_workers, make_executor
+from ..runtime.jobs import RunDir
+from ..runtime.memory import freeze_imports, keep_buffers
+from ..runtime.profiling import mark, profile_dir, profiled_job
+from ..runtime.side_files import protect
+from ..runtime.staging import Staging
+from .cpu_path import convert_on_cpu, load_kernels
+from .cuda_route import job_device
+from .pieces import Piece, piece_sidecar, seal, split_shards
+from .plan import ConvertPlan
+from .publish import finalize
+from .quant_config import build_record
+from .safetensors_writer import ShardWriter
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers"]
 
@@ -138,7 +138,7 @@ def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf:
         return parts
     import torch
 
-    from dsv4_convert.convert.transform import convert_with_torch
+    from .transform import convert_with_torch
     torch.set_num_threads(1)  # its small ops only wake OpenMP threads that spin (the repack has its own)
     return convert_with_torch(reader, p, fmt, target, sf, tiles, lost, planned, device=device, threads=threads)
 

@@ -8,16 +8,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsv4_convert import __version__
-from dsv4_convert.convert.safetensors_writer import TensorSpec
-from dsv4_convert.core.engines import MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
-from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG, shard_name
-from dsv4_convert.core.served import refusal, source_block
-from dsv4_convert.core.structure import RULES as STRUCTURE_RULES
-from dsv4_convert.core.structure import model_dims
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import (
+from ..core.engines import MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
+from ..core.errors import ContentError
+from ..core.files import CONFIG, HF_QUANT_CONFIG, shard_name
+from ..core.served import refusal, source_block
+from ..core.structure import RULES as STRUCTURE_RULES
+from ..core.structure import model_dims
+from ..core.target import MarlinTarget
+from ..core.tensor_model import (
     Checkpoint,
     Projection,
     Quant,
@@ -26,10 +24,12 @@ from dsv4_convert.core.tensor_model import (
     TensorRef,
     moe_layers,
 )
-from dsv4_convert.formats.constants import MARLIN_TILE_K
-from dsv4_convert.formats.padded_layout import padded_nk, rank_nk
-from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
-from dsv4_convert.runtime.paths import refuse_reserved_names
+from ..core.version import __version__
+from ..formats.constants import MARLIN_TILE_K
+from ..formats.padded_layout import padded_nk, rank_nk
+from ..formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
+from ..runtime.paths import refuse_reserved_names
+from .safetensors_writer import TensorSpec
 
 __all__ = ["check_structure", "refuse_converted", "check_source", "check_servable", "kept_input_name", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",
            "build_plan",

@@ -8,11 +8,8 @@ from __future__ import annotations
 import json
 import shutil
 
-from dsv4_convert.convert.plan import ConvertPlan
-from dsv4_convert.convert.quant_config import rewrite_config, rewrite_hf_quant_config
-from dsv4_convert.convert.serving_notes import serving_markdown
-from dsv4_convert.core.converted_config import ConvertedQuantConfig
-from dsv4_convert.core.files import (
+from ..core.converted_config import ConvertedQuantConfig
+from ..core.files import (
     CONFIG,
     HF_QUANT_CONFIG,
     INDEX_FILE,
@@ -22,7 +19,10 @@ from dsv4_convert.core.files import (
     SOURCE_DIR,
     SOURCE_HEADERS,
 )
-from dsv4_convert.runtime.staging import Staging, write_json_atomic
+from ..runtime.staging import Staging, write_json_atomic
+from .plan import ConvertPlan
+from .quant_config import rewrite_config, rewrite_hf_quant_config
+from .serving_notes import serving_markdown
 
 __all__ = ["finalize"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from dsv4_convert.convert.plan import ConvertPlan
-from dsv4_convert.core.converted_config import ConvertedQuantConfig, TpLayout
-from dsv4_convert.core.index import natural_key
-from dsv4_convert.core.tensor_model import Quant
+from ..core.converted_config import ConvertedQuantConfig, TpLayout
+from ..core.index import natural_key
+from ..core.tensor_model import Quant
+from .plan import ConvertPlan
 
 __all__ = ["build_record", "rewrite_config", "rewrite_hf_quant_config"]
 

@@ -20,13 +20,9 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from dsv4_convert.convert.lost_record import bad_record, check_lost_record, restore_lost
-from dsv4_convert.convert.pipeline import _report
-from dsv4_convert.convert.plan import kept_input_name
-from dsv4_convert.convert.transform import scale_round_trip
-from dsv4_convert.core.converted_config import converted_record
-from dsv4_convert.core.errors import ContentError, InputError
-from dsv4_convert.core.files import (
+from ..core.converted_config import converted_record
+from ..core.errors import ContentError, InputError
+from ..core.files import (
     CONFIG,
     HF_QUANT_CONFIG,
     INDEX_FILE,
@@ -37,20 +33,24 @@ from dsv4_convert.core.files import (
     SOURCE_DIR,
     SOURCE_HEADERS,
 )
-from dsv4_convert.core.grouping import group_projections
-from dsv4_convert.core.index import read_weight_map
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.safetensors_header import parse_header
-from dsv4_convert.core.small_files import read_small
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
-from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
-from dsv4_convert.formats.padded_layout import decode_rank_blocks, padded_nk, unpad_source
-from dsv4_convert.runtime.executors import ExecutorSpec, auto_workers, make_executor
-from dsv4_convert.runtime.jobs import RunDir
-from dsv4_convert.runtime.manifest import verify
-from dsv4_convert.runtime.paths import record_name_ok, refuse_reserved_names
-from dsv4_convert.runtime.staging import Staging
+from ..core.grouping import group_projections
+from ..core.index import read_weight_map
+from ..core.reader import TensorReader, load_projection, open_checkpoint
+from ..core.safetensors_header import parse_header
+from ..core.small_files import read_small
+from ..core.target import MarlinTarget
+from ..core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
+from ..formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
+from ..formats.padded_layout import decode_rank_blocks, padded_nk, unpad_source
+from ..runtime.executors import ExecutorSpec, auto_workers, make_executor
+from ..runtime.jobs import RunDir
+from ..runtime.manifest import verify
+from ..runtime.paths import record_name_ok, refuse_reserved_names
+from ..runtime.staging import Staging
+from .lost_record import bad_record, check_lost_record, restore_lost
+from .pipeline import _report
+from .plan import kept_input_name
+from .transform import scale_round_trip
 
 __all__ = ["ReverseResult", "reverse_checkpoint"]
 

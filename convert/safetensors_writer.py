@@ -27,9 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dsv4_convert.core.dtypes import DTYPE_SIZES
-from dsv4_convert.runtime import direct_io
-from dsv4_convert.runtime.digest import new_hash
+from ..core.dtypes import DTYPE_SIZES
+from ..runtime import direct_io
+from ..runtime.digest import new_hash
 
 __all__ = ["header_bytes", "ShardWriter", "TensorSpec"]
 

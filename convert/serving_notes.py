@@ -3,9 +3,9 @@ check that the plugin took over (facts from dsv4_convert.serving.config, which i
 
 from __future__ import annotations
 
-from dsv4_convert.convert.plan import ConvertPlan
-from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
-from dsv4_convert.core.tensor_model import Quant
+from ..core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
+from ..core.tensor_model import Quant
+from .plan import ConvertPlan
 
 __all__ = ["serving_markdown"]
 

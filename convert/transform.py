@@ -7,24 +7,24 @@ import functools
 import numpy as np
 import torch
 
-from dsv4_convert.convert.cuda_route import convert_projection_on
-from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.reader import TensorReader, load_projection
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_io import safetensors_dtype
-from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat
-from dsv4_convert.formats.constants import E4M3_NAN_BYTES, E8M0_NAN
-from dsv4_convert.formats.e4m3 import e4m3_is_nan
-from dsv4_convert.formats.fp4_kernels import byte_presence
-from dsv4_convert.formats.marlin import (
+from ..core.errors import ContentError
+from ..core.reader import TensorReader, load_projection
+from ..core.target import MarlinTarget
+from ..core.tensor_io import safetensors_dtype
+from ..core.tensor_model import Projection, Quant, Role, SourceFormat
+from ..formats.constants import E4M3_NAN_BYTES, E8M0_NAN
+from ..formats.e4m3 import e4m3_is_nan
+from ..formats.marlin import (
     mxfp4_source_for,
     mxfp4_to_marlin,
     nvfp4_source_for,
     nvfp4_to_marlin,
 )
-from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales
-from dsv4_convert.formats.padded_layout import join_rank_blocks, rank_nk, source_rank_blocks
-from dsv4_convert.formats.tiles import RankTiles
+from ..formats.marlin.compiled_kernels import byte_presence
+from ..formats.marlin.scales import nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales
+from ..formats.padded_layout import join_rank_blocks, rank_nk, source_rank_blocks
+from ..formats.tiles import RankTiles
+from .cuda_route import convert_projection_on
 
 __all__ = ["convert_projection", "convert_with_torch", "lost_scales", "scale_round_trip"]
 

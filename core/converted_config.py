@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dsv4_convert import __version__
-from dsv4_convert.core.converted_rules import LAYOUT_KEYS, NOT_OURS, PRODUCER, Problem, block_problems
-from dsv4_convert.core.engines import FORMAT_VERSION, LAYOUTS, QUANT_METHOD, engine_facts
-from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.files import CONFIG
-from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
+from ..formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
+from .converted_rules import LAYOUT_KEYS, NOT_OURS, PRODUCER, Problem, block_problems
+from .engines import FORMAT_VERSION, LAYOUTS, QUANT_METHOD, engine_facts
+from .errors import ContentError
+from .files import CONFIG
+from .version import __version__
 
 __all__ = ["ContainerLayout", "ConvertedConfigError", "ConvertedQuantConfig", "TpLayout",
            "converted_record", "record_or_none", "read_tp_layout", "serving_block"]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsv4_convert.core.engines import ACT_DTYPES, ENGINES, LAYOUTS, QUANT_METHOD, READABLE_FORMAT_VERSIONS, engine_facts
-from dsv4_convert.formats.tiles import GROUP_SIZE, OK, PAD, moe_rank_tiles
+from ..formats.tiles import GROUP_SIZE, OK, PAD, moe_rank_tiles
+from .engines import ACT_DTYPES, ENGINES, LAYOUTS, QUANT_METHOD, READABLE_FORMAT_VERSIONS, engine_facts
 
 __all__ = ["BAD_VALUE", "EXPERTS_MAP", "FORMATS", "LAYOUT", "LAYOUT_KEYS", "NOT_OURS", "PRODUCER", "TP_LAYOUT",
            "Problem", "block_problems", "model_config_problems"]

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
-from dsv4_convert.core.engines import QUANT_METHOD
-from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.naming import (
+from .dtypes import SCALE_DTYPES, WEIGHT_DTYPES
+from .engines import QUANT_METHOD
+from .errors import ContentError
+from .naming import (
     PER_EXPERT,
     SCHEMES,
     Scheme,
@@ -24,7 +24,7 @@ from dsv4_convert.core.naming import (
     parse_expert_name,
     unknown_part,
 )
-from dsv4_convert.core.tensor_model import Quant, SourceFormat, TensorRef
+from .tensor_model import Quant, SourceFormat, TensorRef
 
 __all__ = ["ALLOWED_QUANTS", "DETECTORS", "declared_group_size", "detect_format"]
 

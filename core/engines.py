@@ -16,9 +16,9 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from dsv4_convert.core.errors import UsageError
-from dsv4_convert.core.inner_methods import resolve_sglang, resolve_vllm
-from dsv4_convert.formats.tiles import EnginePadding, PadRule
+from ..formats.tiles import EnginePadding, PadRule
+from .errors import UsageError
+from .inner_methods import resolve_sglang, resolve_vllm
 
 __all__ = [
     "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "FORMAT_VERSION", "GEMM_ARGS_033", "GEMM_ARGS_034", "LAYOUTS",

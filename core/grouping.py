@@ -10,10 +10,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dsv4_convert.core.detect import ALLOWED_QUANTS
-from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
-from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.naming import (
+from .detect import ALLOWED_QUANTS
+from .dtypes import SCALE_DTYPES, WEIGHT_DTYPES
+from .errors import ContentError
+from .naming import (
     K_MAJOR,
     PER_EXPERT,
     ROLE_ORDER,
@@ -24,7 +24,7 @@ from dsv4_convert.core.naming import (
     parse_expert_name,
     per_expert_key,
 )
-from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
+from .tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
 
 __all__ = ["group_projections"]
 

@@ -8,10 +8,10 @@ import json
 import re
 from pathlib import Path
 
-from dsv4_convert.core.errors import InputError
-from dsv4_convert.core.files import INDEX_FILE
-from dsv4_convert.core.small_files import read_small_text
-from dsv4_convert.core.tensor_model import TensorRef
+from .errors import InputError
+from .files import INDEX_FILE
+from .small_files import read_small_text
+from .tensor_model import TensorRef
 
 __all__ = ["check_index", "listing", "natural_key", "read_json", "read_weight_map"]
 

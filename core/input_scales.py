@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsv4_convert.core.reader import TensorReader
-from dsv4_convert.core.tensor_model import Checkpoint, TensorRef
+from .reader import TensorReader
+from .tensor_model import Checkpoint, TensorRef
 
 __all__ = ["invalid_input_scales"]
 

@@ -18,8 +18,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dsv4_convert.core.files import MTP_FILE
-from dsv4_convert.core.tensor_model import Role, TensorRef
+from .files import MTP_FILE
+from .tensor_model import Role, TensorRef
 
 __all__ = [
     "PER_EXPERT", "STACKED", "N_MAJOR", "K_MAJOR", "Scheme", "SCHEMES", "Family", "FAMILIES", "ExpertName",

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from dsv4_convert.core.detect import detect_format
-from dsv4_convert.core.errors import InputError, UsageError
-from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG, INDEX_FILE, SINGLE_FILE
-from dsv4_convert.core.grouping import group_projections
-from dsv4_convert.core.index import check_index, listing, natural_key, read_json, read_weight_map
-from dsv4_convert.core.safetensors_header import read_header
-from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
+from .detect import detect_format
+from .errors import InputError, UsageError
+from .files import CONFIG, HF_QUANT_CONFIG, INDEX_FILE, SINGLE_FILE
+from .grouping import group_projections
+from .index import check_index, listing, natural_key, read_json, read_weight_map
+from .safetensors_header import read_header
+from .tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
 
 __all__ = [
     "HUB_PATTERNS",
@@ -292,7 +292,7 @@ class TensorReader:
 def _as_tensor(flat: np.ndarray, dtype: str, shape):
     import torch
 
-    from dsv4_convert.core.tensor_io import TORCH_DTYPES
+    from .tensor_io import TORCH_DTYPES
     t = torch.from_numpy(flat) if flat.size else torch.empty(0, dtype=torch.uint8)  # numpy's empty: stride 0
     return t.view(TORCH_DTYPES[dtype]).reshape(shape)
 
@@ -321,7 +321,7 @@ def load_projection(reader: TensorReader, proj: Projection, *, fmt: SourceFormat
     compressed-tensors global (a divisor) from a ModelOpt one; without it the tensor name decides."""
     import torch
 
-    from dsv4_convert.formats.nvfp4 import global_from_ct
+    from ..formats.nvfp4 import global_from_ct
     if proj.expert_index is not None:  # one expert's slab of a stacked tensor, then its rows
         weight, scale = (reader.get_expert(ref, proj.expert_index) for ref in (proj.weight, proj.scale))
         if proj.k_major:  # [K/2, rows] -> [rows, K/2]: the per-expert layout

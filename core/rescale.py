@@ -10,10 +10,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from dsv4_convert.core.errors import DsvError
-from dsv4_convert.core.tensor_model import Projection, Quant
-from dsv4_convert.formats.fp4_kernels import byte_presence
-from dsv4_convert.formats.scale_tables import rescale_factor
+from ..formats.marlin.compiled_kernels import byte_presence
+from ..formats.marlin.reference_scales import rescale_factor
+from .errors import DsvError
+from .tensor_model import Projection, Quant
 
 __all__ = ["stack_key", "stack_rescale_factors"]
 
@@ -24,7 +24,7 @@ def stack_key(p: Projection) -> str:
 
 def stack_rescale_factors(reader, projections: Iterable[Projection], act_dtype: str, *,
                           skip_unreadable: bool = False) -> dict[str, float]:
-    """`container.stack` -> vLLM's rescale factor (formats/scale_tables.rescale_factor) over all NVFP4
+    """`container.stack` -> vLLM's rescale factor (formats/marlin/reference_scales.rescale_factor) over all NVFP4
     experts of that stack, reading one scale tensor at a time. With `skip_unreadable` (the validator,
     whose structure checks report them) a scale that cannot be read is left out instead of raising."""
     stacks: dict[str, list[Projection]] = {}

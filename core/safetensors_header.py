@@ -18,9 +18,9 @@ import os
 import struct
 from pathlib import Path
 
-from dsv4_convert.core.dtypes import DTYPE_SIZES, SUB_BYTE_BITS
-from dsv4_convert.core.errors import InputError
-from dsv4_convert.core.tensor_model import TensorRef
+from .dtypes import DTYPE_SIZES, SUB_BYTE_BITS
+from .errors import InputError
+from .tensor_model import TensorRef
 
 __all__ = ["MAX_HEADER_SIZE", "dtype_bits", "parse_header", "read_header"]
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dsv4_convert.core.engines import RELEASES, EngineError, engine_inner_method, release_for
-from dsv4_convert.core.naming import FAMILIES, Family, family_of
+from .engines import RELEASES, EngineError, engine_inner_method, release_for
+from .naming import FAMILIES, Family, family_of
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
            "refusal", "checkpoint_refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]

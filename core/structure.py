@@ -14,9 +14,9 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from dsv4_convert.core.converted_config import read_tp_layout
-from dsv4_convert.core.naming import family_of, parse_expert_name, scheme_roles
-from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat
+from .converted_config import read_tp_layout
+from .naming import family_of, parse_expert_name, scheme_roles
+from .tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
            "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "model_dims",

@@ -3,8 +3,8 @@
 
 from dataclasses import dataclass
 
-from dsv4_convert.core.dtypes import ACT_DTYPE_NAMES
-from dsv4_convert.core.engines import (
+from .dtypes import ACT_DTYPE_NAMES
+from .engines import (
     ACT_DTYPES,
     DEFAULT_ENGINE,
     ENGINES,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.core.dtypes import ACT_DTYPE_NAMES, DTYPES
+from .dtypes import ACT_DTYPE_NAMES, DTYPES
 
 __all__ = ["TORCH_DTYPES", "act_torch_dtype", "safetensors_dtype"]
 

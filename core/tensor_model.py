@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
+from ..formats.constants import MXFP4_GROUP, NVFP4_GROUP
 
 __all__ = ["SourceFormat", "Quant", "Role", "TensorRef", "Projection", "Checkpoint", "MoeLayer", "moe_layers"]
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from dsv4_convert.formats.constants import E2M1_VALUES
+from .constants import E2M1_VALUES
 
 __all__ = ["pack_nibbles", "unpack_nibbles", "e2m1_to_float", "float_to_e2m1"]
 

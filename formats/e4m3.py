@@ -7,7 +7,7 @@ float8_e4m3fn tensor but are not E4M3 values.
 
 import torch
 
-from dsv4_convert.formats.constants import E4M3_NAN_BITS
+from .constants import E4M3_NAN_BITS
 
 __all__ = ["as_e4m3", "e4m3_is_nan", "e4m3_to_float", "half_to_s0e5m3", "s0e5m3_to_half"]
 

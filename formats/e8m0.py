@@ -2,7 +2,7 @@
 
 import torch
 
-from dsv4_convert.formats.constants import E8M0_BIAS, E8M0_NAN
+from .constants import E8M0_BIAS, E8M0_NAN
 
 __all__ = ["e8m0_to_float", "exponent_to_e8m0", "as_e8m0_bytes"]
 

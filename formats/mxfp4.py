@@ -2,9 +2,9 @@
 
 import torch
 
-from dsv4_convert.formats.constants import E2M1_MAX, E8M0_BIAS, MXFP4_GROUP
-from dsv4_convert.formats.e2m1 import e2m1_to_float, float_to_e2m1, pack_nibbles, unpack_nibbles
-from dsv4_convert.formats.e8m0 import e8m0_to_float, exponent_to_e8m0
+from .constants import E2M1_MAX, E8M0_BIAS, MXFP4_GROUP
+from .e2m1 import e2m1_to_float, float_to_e2m1, pack_nibbles, unpack_nibbles
+from .e8m0 import e8m0_to_float, exponent_to_e8m0
 
 __all__ = ["quantize_mxfp4", "dequantize_mxfp4"]
 

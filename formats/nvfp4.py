@@ -6,9 +6,9 @@ value = e2m1(code) * e4m3(block_scale) * global, with `global` in the ModelOpt c
 
 import torch
 
-from dsv4_convert.formats.constants import E2M1_MAX, E4M3_MAX, NVFP4_GROUP
-from dsv4_convert.formats.e2m1 import e2m1_to_float, float_to_e2m1, pack_nibbles, unpack_nibbles
-from dsv4_convert.formats.e4m3 import as_e4m3
+from .constants import E2M1_MAX, E4M3_MAX, NVFP4_GROUP
+from .e2m1 import e2m1_to_float, float_to_e2m1, pack_nibbles, unpack_nibbles
+from .e4m3 import as_e4m3
 
 __all__ = ["quantize_nvfp4", "dequantize_nvfp4", "global_from_ct", "global_to_ct", "nvfp4_global_for"]
 

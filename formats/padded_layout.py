@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dsv4_convert.formats.tiles import GROUP_SIZE, RankTiles
+from .tiles import GROUP_SIZE, RankTiles
 
 if TYPE_CHECKING:
     import torch

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dsv4_convert.formats.constants import MARLIN_TILE_K, MARLIN_TILE_N, MXFP4_GROUP, NVFP4_GROUP, W4A8_TILE
+from .constants import MARLIN_TILE_K, MARLIN_TILE_N, MXFP4_GROUP, NVFP4_GROUP, W4A8_TILE
 
 __all__ = [
     "GROUP_SIZE", "IMPOSSIBLE", "LAYOUT_CANDIDATES", "OK", "PAD", "EnginePadding", "PadRule", "RankTiles",

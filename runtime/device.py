@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from dsv4_convert.core.errors import UsageError
+from ..core.errors import UsageError
 
 __all__ = ["resolve_device"]
 

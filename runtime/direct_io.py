@@ -30,7 +30,7 @@ import os
 import queue
 import threading
 
-from dsv4_convert.runtime.settings import DIRECT_IO_ENV, settings
+from .settings import DIRECT_IO_ENV, settings
 
 __all__ = ["BLOCK", "BUFFER_BYTES", "BUFFERS", "DIRECT_IO_ENV", "open_direct", "DirectSink"]
 

@@ -19,8 +19,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolE
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4_convert.core.errors import UsageError
-from dsv4_convert.runtime.jobs import RunDir, one_thread_per_job
+from ..core.errors import UsageError
+from .jobs import RunDir, one_thread_per_job
 
 __all__ = ["ExecutorSpec", "LocalExecutor", "ThreadExecutor", "auto_workers", "make_executor", "physical_cores",
            "refuse_device"]
@@ -192,5 +192,5 @@ def make_executor(spec: ExecutorSpec, workers: int, bar=None, *, max_in_flight: 
     except ImportError:
         raise UsageError("--executor ray needs Ray, which is not installed", error_id="usage.ray_missing",
                          hint="pip install 'dsv4-convert[ray]' (on every node of the cluster)") from None
-    from dsv4_convert.runtime.ray_executor import RayExecutor
+    from .ray_executor import RayExecutor
     return RayExecutor(spec.address, bar, max_in_flight=max_in_flight)

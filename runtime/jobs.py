@@ -10,7 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from dsv4_convert.core.errors import OutputError
+from ..core.errors import OutputError
 
 __all__ = ["RunDir", "one_thread_per_job", "task_memory"]
 

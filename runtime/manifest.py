@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4_convert.core.small_files import read_small
-from dsv4_convert.runtime.digest import file_digest, new_hash
-from dsv4_convert.runtime.paths import record_name_ok
+from ..core.small_files import read_small
+from .digest import file_digest, new_hash
+from .paths import record_name_ok
 
 __all__ = ["Mismatch", "read_manifest", "verify"]
 

@@ -16,9 +16,9 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
-from dsv4_convert.core.errors import InputError, OutputError, UsageError
-from dsv4_convert.core.files import LOCK, RECORDS, REPLACED, STAGING_SUFFIX, SYNTH_MANIFEST, reserved_input_names
-from dsv4_convert.core.small_files import read_small
+from ..core.errors import InputError, OutputError, UsageError
+from ..core.files import LOCK, RECORDS, REPLACED, STAGING_SUFFIX, SYNTH_MANIFEST, reserved_input_names
+from ..core.small_files import read_small
 
 __all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "recorded_files", "record_name_ok",
            "unlisted_entries", "refuse_reserved_names", "partial_not_ours_error", "plain_file", "replaced_leftovers"]

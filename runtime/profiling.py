@@ -23,9 +23,9 @@ import resource
 import time
 from pathlib import Path
 
-from dsv4_convert.core.errors import OutputError
-from dsv4_convert.runtime.settings import PROFILE_ENV, settings
-from dsv4_convert.runtime.side_files import guard, write_side_file
+from ..core.errors import OutputError
+from .settings import PROFILE_ENV, settings
+from .side_files import guard, write_side_file
 
 __all__ = ["profile_dir", "profiled_job", "mark", "breakdown"]
 
@@ -36,15 +36,15 @@ _CUMULATIVE = {
     # the torch route (convert/transform.py) and the numpy route (convert/cpu_path.py); a third element
     # counts only the calls made from that file (the torch route's wrappers call the same numpy code)
     "read": [("core/reader.py", "load_projection"), ("core/reader.py", "iter_bytes"), ("convert/cpu_path.py", "_rows")],
-    "weights": [("formats/marlin_weight.py", "to_marlin_weight"), ("formats/marlin_words.py", "a16_forward",
+    "weights": [("formats/marlin/weight.py", "to_marlin_weight"), ("formats/marlin/reference_weight.py", "a16_forward",
                                                                      "convert/cpu_path.py")],
-    "scales": [("formats/marlin_scales.py", "permute_scale_columns"), ("formats/marlin_scales.py", "nvfp4_scales_to_s0e5m3"),
-               ("formats/marlin_scales.py", "mxfp4_scales_to_marlin"), ("convert/transform.py", "_refuse_nan_scales"),
+    "scales": [("formats/marlin/scales.py", "permute_scale_columns"), ("formats/marlin/scales.py", "nvfp4_scales_to_s0e5m3"),
+               ("formats/marlin/scales.py", "mxfp4_scales_to_marlin"), ("convert/transform.py", "_refuse_nan_scales"),
                ("convert/transform.py", "lost_scales"),
-               ("formats/scale_tables.py", "permute_scales", "convert/cpu_path.py"),
-               ("formats/fp4_kernels.py", "byte_presence", "convert/cpu_path.py")],
-    "globals": [("formats/marlin_scales.py", "nvfp4_global_to_marlin"),
-                ("formats/scale_tables.py", "global_to_marlin", "convert/cpu_path.py")],
+               ("formats/marlin/reference_scales.py", "permute_scales", "convert/cpu_path.py"),
+               ("formats/marlin/compiled_kernels.py", "byte_presence", "convert/cpu_path.py")],
+    "globals": [("formats/marlin/scales.py", "nvfp4_global_to_marlin"),
+                ("formats/marlin/reference_scales.py", "global_to_marlin", "convert/cpu_path.py")],
     "write": [("runtime/direct_io.py", "_wait_for_buffer"), ("runtime/direct_io.py", "_wait_for_thread")],
 }
 _SELF = {  # category -> builtins whose own time counts there

@@ -14,9 +14,9 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from dsv4_convert.core.errors import DsvError, OutputError, UsageError
-from dsv4_convert.runtime.jobs import RunDir, one_thread_per_job, task_memory
-from dsv4_convert.runtime.settings import settings
+from ..core.errors import DsvError, OutputError, UsageError
+from .jobs import RunDir, one_thread_per_job, task_memory
+from .settings import settings
 
 __all__ = ["RayExecutor"]
 

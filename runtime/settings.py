@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from dsv4_convert.core.errors import UsageError
+from ..core.errors import UsageError
 
 __all__ = ["Settings", "settings", "load", "DIRECT_IO_ENV", "TORCH_ROUTE_ENV", "NUMBA_THREADS_ENV", "DEBUG_ENV",
            "ALLOW_UNSERVABLE_ENV", "PROFILE_ENV", "MARKS_ENV", "MARLIN_MODULE_ENV", "RAY_ADDRESS_ENV"]

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from dsv4_convert.core.errors import OutputError, UsageError
-from dsv4_convert.core.files import LOCK
+from ..core.errors import OutputError, UsageError
+from ..core.files import LOCK
 
 __all__ = ["protect", "reset", "guard", "write_side_file", "FLAGS"]
 
@@ -63,7 +63,7 @@ def protect(paths: Iterable[str | os.PathLike | None], *, outputs: Iterable[str 
         if raw is None or str(raw) == "":
             continue
         # imported here: --help and --version protect nothing and import no numpy
-        from dsv4_convert.core.reader import hub_cache_dir
+        from ..core.reader import hub_cache_dir
 
         hub = None if output else hub_cache_dir(raw)
         given = Path(os.path.abspath(os.path.expanduser(os.fspath(raw))))

@@ -16,12 +16,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dsv4_convert.core.errors import InputError, OutputError
-from dsv4_convert.core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS, REPLACED, staging_entry_ok
-from dsv4_convert.core.reader import is_download_metadata
-from dsv4_convert.core.small_files import read_small
-from dsv4_convert.runtime.digest import HASH_ALGORITHM, file_digest
-from dsv4_convert.runtime.paths import (
+from ..core.errors import InputError, OutputError
+from ..core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS, REPLACED, staging_entry_ok
+from ..core.reader import is_download_metadata
+from ..core.small_files import read_small
+from .digest import HASH_ALGORITHM, file_digest
+from .paths import (
     check_aliasing,
     check_replaceable,
     is_disk_full,
@@ -33,7 +33,7 @@ from dsv4_convert.runtime.paths import (
     staging_path,
     unlisted_entries,
 )
-from dsv4_convert.runtime.signals import signals_deferred
+from .signals import signals_deferred
 
 __all__ = ["Staging", "source_stamp", "write_json_atomic"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig
-from dsv4_convert.core.engines import (
+from ..core.converted_config import ConvertedConfigError, ConvertedQuantConfig
+from ..core.engines import (
     ENGINES,
     LAYOUTS,
     EngineError,
@@ -20,7 +20,7 @@ from dsv4_convert.core.engines import (
     version_tuple,
     w4a8_problem,
 )
-from dsv4_convert.formats.tiles import OK, PAD, moe_rank_tiles, working_layouts
+from ..formats.tiles import OK, PAD, moe_rank_tiles, working_layouts
 
 __all__ = [
     "PluginConfigError",

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
-from dsv4_convert.core.converted_config import record_or_none
-from dsv4_convert.core.engines import (
+from ..core.converted_config import record_or_none
+from ..core.engines import (
     DEFAULT_ENGINE,
     ENGINES,
     QUANT_METHOD,
@@ -21,10 +21,10 @@ from dsv4_convert.core.engines import (
     launch_command,
     registration_log_line,
 )
-from dsv4_convert.core.served import checkpoint_refusal
-from dsv4_convert.core.structure import model_dims
-from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
-from dsv4_convert.formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
+from ..core.served import checkpoint_refusal
+from ..core.structure import model_dims
+from ..core.tensor_model import Checkpoint, SourceFormat
+from ..formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 
 __all__ = [
     "ACTIVATION_GIB",

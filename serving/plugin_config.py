@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.core.converted_config import ConvertedQuantConfig
-from dsv4_convert.core.engines import QUANT_METHOD
-from dsv4_convert.core.tensor_io import act_torch_dtype
-from dsv4_convert.core.tensor_model import SourceFormat
+from ..core.converted_config import ConvertedQuantConfig
+from ..core.engines import QUANT_METHOD
+from ..core.tensor_io import act_torch_dtype
+from ..core.tensor_model import SourceFormat
 
 __all__ = ["MarlinFp4ConfigMixin", "drop_kept_globals", "keep_globals_as_engine", "register_kept_globals"]
 

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from dsv4_convert.core.engines import engine_facts
+from ..core.engines import engine_facts
 
 __all__ = ["probe", "sglang_quant_config", "vllm_quant_config"]
 
@@ -24,7 +24,7 @@ def vllm_quant_config(path: str) -> dict:
     from vllm.model_executor.model_loader.weight_utils import get_quant_config
     from vllm.plugins import load_general_plugins
 
-    from dsv4_convert.serving.vllm_plugin import register
+    from .vllm_plugin import register
 
     load_general_plugins()
     register()
@@ -40,7 +40,7 @@ def sglang_quant_config(path: str) -> dict:
     from sglang.srt.model_loader.loader import _get_quantization_config
     from sglang.srt.plugins import load_plugins
 
-    from dsv4_convert.serving.sglang_plugin import register
+    from .sglang_plugin import register
 
     load_plugins()
     register()

@@ -29,20 +29,20 @@ from sglang.srt.layers.quantization.modelopt_quant import (
 from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
 from sglang.srt.utils import set_weight_attrs
 
-from dsv4_convert.core.converted_config import serving_block
-from dsv4_convert.core.engines import QUANT_METHOD
-from dsv4_convert.core.tensor_io import act_torch_dtype
-from dsv4_convert.core.tensor_model import SourceFormat
-from dsv4_convert.formats.tiles import GROUP_SIZE
-from dsv4_convert.serving.config import (
+from ..core.converted_config import serving_block
+from ..core.engines import QUANT_METHOD
+from ..core.tensor_io import act_torch_dtype
+from ..core.tensor_model import SourceFormat
+from ..formats.tiles import GROUP_SIZE
+from .config import (
     PluginConfigError,
     check_layout,
     expert_container,
     parse_quant_config,
     rank_param_sizes,
 )
-from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader
-from dsv4_convert.serving.plugin_config import (
+from .params import register_marlin_params, register_param, same_bytes_loader
+from .plugin_config import (
     MarlinFp4ConfigMixin,
     drop_kept_globals,
     register_kept_globals,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from dsv4_convert.core.engines import QUANT_METHOD, registration_log_line
+from ..core.engines import QUANT_METHOD, registration_log_line
 
 __all__ = ["register"]
 
@@ -23,7 +23,7 @@ def register() -> bool:
         from sglang.srt.layers import quantization as sgl_quant
     except ImportError:
         return False
-    from dsv4_convert.serving.sglang_methods import SglangMarlinFp4Config
+    from .sglang_methods import SglangMarlinFp4Config
 
     registries = [sgl_quant.QUANTIZATION_METHODS]
     if hasattr(sgl_quant, "CPU_QUANTIZATION_METHODS"):

@@ -19,17 +19,17 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 from vllm.model_executor.models.gpt_oss import GptOssRoutedExperts
 
-from dsv4_convert.core.converted_config import serving_block
-from dsv4_convert.formats.tiles import GROUP_SIZE
-from dsv4_convert.serving.config import (
+from ..core.converted_config import serving_block
+from ..formats.tiles import GROUP_SIZE
+from .config import (
     PluginConfigError,
     check_layout,
     expert_container,
     parse_quant_config,
 )
-from dsv4_convert.serving.plugin_config import MarlinFp4ConfigMixin
-from dsv4_convert.serving.vllm_gpt_oss import PrepackedGptOssMxfp4MarlinMoE
-from dsv4_convert.serving.vllm_methods import PrepackedMxfp4MarlinMoE, PrepackedNvFp4MarlinMoE
+from .plugin_config import MarlinFp4ConfigMixin
+from .vllm_gpt_oss import PrepackedGptOssMxfp4MarlinMoE
+from .vllm_methods import PrepackedMxfp4MarlinMoE, PrepackedNvFp4MarlinMoE
 
 __all__ = ["VllmMarlinFp4Config", "vllm_inner_method"]
 

@@ -33,7 +33,7 @@ from vllm.model_executor.layers.quantization.utils.layer_utils import replace_pa
 from vllm.model_executor.layers.quantization.utils.marlin_utils import marlin_permute_bias
 from vllm.model_executor.models import gpt_oss
 
-from dsv4_convert.serving.vllm_methods import PrepackedMxfp4MarlinMoE
+from .vllm_methods import PrepackedMxfp4MarlinMoE
 
 __all__ = ["PrepackedGptOssMxfp4MarlinMoE", "deinterleave_w13_bias", "install_name_route", "swigluoai_constants"]
 

@@ -22,22 +22,22 @@ from vllm.model_executor.layers.quantization.utils import marlin_utils
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
-from dsv4_convert.core.engines import ENGINES, QUANT_METHOD, release_for, version_tuple
-from dsv4_convert.core.tensor_io import act_torch_dtype
-from dsv4_convert.core.tensor_model import SourceFormat
-from dsv4_convert.formats.marlin_scales import (
+from ..core.engines import ENGINES, QUANT_METHOD, release_for, version_tuple
+from ..core.tensor_io import act_torch_dtype
+from ..core.tensor_model import SourceFormat
+from ..formats.marlin.scales import (
     nvfp4_global_to_marlin,
     nvfp4_scales_to_s0e5m3,
     s0e5m3_to_nvfp4_scales,
     vllm_rescale_factor,
 )
-from dsv4_convert.formats.tiles import GROUP_SIZE
-from dsv4_convert.serving.config import (
+from ..formats.tiles import GROUP_SIZE
+from .config import (
     PluginConfigError,
     rank_param_sizes,
 )
-from dsv4_convert.serving.params import register_marlin_params, register_param, same_bytes_loader, w4a8_w13_final
-from dsv4_convert.serving.plugin_config import keep_globals_as_engine, register_kept_globals
+from .params import register_marlin_params, register_param, same_bytes_loader, w4a8_w13_final
+from .plugin_config import keep_globals_as_engine, register_kept_globals
 
 __all__ = ["PrepackedMxfp4MarlinMoE", "PrepackedNvFp4MarlinMoE", "rank_rescale"]
 

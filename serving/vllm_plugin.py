@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from dsv4_convert.core.engines import QUANT_METHOD, registration_log_line
+from ..core.engines import QUANT_METHOD, registration_log_line
 
 __all__ = ["register"]
 
@@ -22,7 +22,7 @@ def register() -> bool:
         from vllm.model_executor.layers import quantization as vllm_quant
     except ImportError:
         return False
-    from dsv4_convert.serving.vllm_config import VllmMarlinFp4Config
+    from .vllm_config import VllmMarlinFp4Config
 
     if vllm_quant._CUSTOMIZED_METHOD_TO_QUANT_CONFIG.get(QUANT_METHOD) is VllmMarlinFp4Config:
         return True

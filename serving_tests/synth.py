@@ -12,7 +12,7 @@ import torch
 from dsv4_convert.core.engines import FORMAT_VERSION, QUANT_METHOD, engine_facts
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
-from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
+from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin, vllm_rescale_factor
 from dsv4_convert.formats.tiles import GROUP_SIZE, LAYOUT_CANDIDATES
 
 __all__ = ["CONTAINER", "converted_experts", "quant_config", "rescale_factors", "source_experts"]

@@ -9,7 +9,7 @@ block scales, global and input scales) and every other layer.
 CPU substitutions (each replaces one engine step that cannot run on a CPU, with the project's byte-exact
 equivalent; nothing else is changed):
 - vLLM and SGLang: the CUDA op `gptq_marlin_repack` (the engines' own repack of the source's experts)
-  -> the project's `to_marlin_weight` (formats/marlin_weight.py), pinned to both engines' bytes by the
+  -> the project's `to_marlin_weight` (formats/marlin/weight.py), pinned to both engines' bytes by the
   golden cases (tests/formats/test_golden.py, /work/shared/golden made by the engines on a GPU).
 - vLLM: `ops.scaled_fp8_quant` with a static per-tensor scale (the CUDA op `static_scaled_fp8_quant`, which
   FP8 linear processing calls to requantise a fused layer's shards to one scale: Qwen3.5's ModelOpt FP8

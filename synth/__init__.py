@@ -22,15 +22,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from dsv4_convert import __version__
-from dsv4_convert.core.errors import UsageError
-from dsv4_convert.core.files import INDEX_FILE, MTP_FILE, SYNTH_MANIFEST, shard_name
-from dsv4_convert.runtime.paths import check_replaceable, out_path
-from dsv4_convert.synth.configs import config_files
-from dsv4_convert.synth.defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
-from dsv4_convert.synth.families import FAMILY_SPECS, family_config_files, family_tensors
-from dsv4_convert.synth.layouts import DSV4_FORMATS, Dims, build_tensors
-from dsv4_convert.synth.realsize import REAL_SIZE, real_size_plan
+from ..core.errors import UsageError
+from ..core.files import INDEX_FILE, MTP_FILE, SYNTH_MANIFEST, shard_name
+from ..core.version import __version__
+from ..runtime.paths import check_replaceable, out_path
+from .configs import config_files
+from .defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
+from .families import FAMILY_SPECS, family_config_files, family_tensors
+from .layouts import DSV4_FORMATS, Dims, build_tensors
+from .realsize import REAL_SIZE, real_size_plan
 
 __all__ = [
     "DEFECT_NAMES",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG
-from dsv4_convert.synth.layouts import Dims
+from ..core.files import CONFIG, HF_QUANT_CONFIG
+from .layouts import Dims
 
 __all__ = ["config_files"]
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from dsv4_convert.core.errors import UsageError
-from dsv4_convert.core.files import CONFIG
-from dsv4_convert.synth.experts import ROLES, Tweaks, expert_quant, expert_slot
+from ..core.errors import UsageError
+from ..core.files import CONFIG
+from .experts import ROLES, Tweaks, expert_quant, expert_slot
 
 __all__ = [
     "DEFECTS",

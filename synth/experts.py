@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsv4_convert.core.naming import SCHEMES, Scheme, expert_key
-from dsv4_convert.core.tensor_model import Role
-from dsv4_convert.formats.constants import E2M1_MAX, E4M3_MAX
-from dsv4_convert.formats.mxfp4 import quantize_mxfp4
-from dsv4_convert.formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
-from dsv4_convert.synth.seeded import expert_matrix, generator_for
+from ..core.naming import SCHEMES, Scheme, expert_key
+from ..core.tensor_model import Role
+from ..formats.constants import E2M1_MAX, E4M3_MAX
+from ..formats.mxfp4 import quantize_mxfp4
+from ..formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
+from .seeded import expert_matrix, generator_for
 
 __all__ = [
     "ROLES",

@@ -61,17 +61,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG
-from dsv4_convert.core.naming import family_named
-from dsv4_convert.formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
-from dsv4_convert.synth.configs import _ct_config, _modelopt_groups
-from dsv4_convert.synth.experts import Tweaks, encode_layer_experts
-from dsv4_convert.synth.gemma4 import gemma4_tensors, gemma4_text_config
-from dsv4_convert.synth.hybrid import LINEAR, gated_attention, gdn_layer, layer_types, linear_config
-from dsv4_convert.synth.layouts import Dims
-from dsv4_convert.synth.mla import mla_config, mla_tensors
-from dsv4_convert.synth.nemotron import nemotron_config, nemotron_tensors
-from dsv4_convert.synth.seeded import dense, expert_matrix
+from ..core.files import CONFIG, HF_QUANT_CONFIG
+from ..core.naming import family_named
+from ..formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
+from .configs import _ct_config, _modelopt_groups
+from .experts import Tweaks, encode_layer_experts
+from .gemma4 import gemma4_tensors, gemma4_text_config
+from .hybrid import LINEAR, gated_attention, gdn_layer, layer_types, linear_config
+from .layouts import Dims
+from .mla import mla_config, mla_tensors
+from .nemotron import nemotron_config, nemotron_tensors
+from .seeded import dense, expert_matrix
 
 __all__ = ["FAMILY_SPECS", "FamilySpec", "family_config_files", "family_tensors"]
 

@@ -27,9 +27,9 @@ from collections.abc import Callable
 
 import torch
 
-from dsv4_convert.synth.experts import Tweaks, encode_layer_experts
-from dsv4_convert.synth.layouts import Dims
-from dsv4_convert.synth.seeded import dense
+from .experts import Tweaks, encode_layer_experts
+from .layouts import Dims
+from .seeded import dense
 
 __all__ = ["gemma4_tensors", "gemma4_text_config"]
 

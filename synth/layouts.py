@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv4_convert.synth.experts import Tweaks, encode_layer_experts
-from dsv4_convert.synth.seeded import dense, fp8_block_quantize, generator_for
+from .experts import Tweaks, encode_layer_experts
+from .seeded import dense, fp8_block_quantize, generator_for
 
 __all__ = ["DSV4_FORMATS", "Dims", "build_tensors"]
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.synth.seeded import dense
+from .seeded import dense
 
 __all__ = ["MLA", "mla_config", "mla_tensors"]
 

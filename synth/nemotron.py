@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import torch
 
-from dsv4_convert.synth.layouts import Dims
-from dsv4_convert.synth.seeded import dense
+from .layouts import Dims
+from .seeded import dense
 
 __all__ = ["PATTERN", "nemotron_tensors", "nemotron_config"]
 

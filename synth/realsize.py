@@ -16,8 +16,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from dsv4_convert.synth.experts import ROLES, expert_quant, expert_slot
-from dsv4_convert.synth.layouts import Dims
+from .experts import ROLES, expert_quant, expert_slot
+from .layouts import Dims
 
 __all__ = ["REAL_SIZE", "real_size_plan"]
 

@@ -8,8 +8,8 @@ import hashlib
 
 import torch
 
-from dsv4_convert.formats.constants import E4M3_MAX
-from dsv4_convert.formats.e8m0 import exponent_to_e8m0
+from ..formats.constants import E4M3_MAX
+from ..formats.e8m0 import exponent_to_e8m0
 
 __all__ = ["FP8_BLOCK", "dense", "expert_matrix", "fp8_block_quantize", "generator_for"]
 

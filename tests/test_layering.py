@@ -12,7 +12,7 @@ package-dir, read here, is the one home of that mapping):
   convert, validate, serving, synth -> core, formats, runtime
   cli      -> everything
 
-`dsv4_convert` itself holds only the version, which every layer may read. No substitutions: the
+`dsv4_convert` itself is a namespace (the version is core/version.py's). No substitutions: the
 real tree is read; the last tests run the same checker over a small tree made to break each rule.
 """
 

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.core.engines import ACT_DTYPES, ENGINES
-from dsv4_convert.core.tensor_model import Quant
-from dsv4_convert.formats.constants import MARLIN_TILE_K, MARLIN_TILE_N
-from dsv4_convert.formats.marlin_scales import (
+from ..core.engines import ACT_DTYPES, ENGINES
+from ..core.tensor_model import Quant
+from ..formats.constants import MARLIN_TILE_K, MARLIN_TILE_N
+from ..formats.marlin.scales import (
     mxfp4_scales_to_marlin,
     nvfp4_global_to_marlin,
     nvfp4_scales_to_s0e5m3,
     permute_scale_columns,
     vllm_rescale_factor,
 )
-from dsv4_convert.formats.marlin_weight import from_marlin_weight
+from ..formats.marlin.weight import from_marlin_weight
 
 __all__ = ["expected_marlin_scales", "global_cause", "scale_cause", "swap_nibbles", "weight_cause"]
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.core.tensor_model import Quant, Role
-from dsv4_convert.formats.constants import ACT_EXPONENT_BIAS, MXFP4_GROUP, NVFP4_GROUP, W4A8_E8M0_OFFSET
-from dsv4_convert.formats.e2m1 import e2m1_to_float, unpack_nibbles
-from dsv4_convert.formats.e4m3 import s0e5m3_to_half
-from dsv4_convert.formats.marlin_scales import unpermute_scale_columns
-from dsv4_convert.formats.marlin_weight import from_marlin_weight
-from dsv4_convert.formats.mxfp4 import dequantize_mxfp4
-from dsv4_convert.formats.nvfp4 import dequantize_nvfp4
-from dsv4_convert.formats.padded_layout import decode_rank_blocks
+from ..core.tensor_model import Quant, Role
+from ..formats.constants import ACT_EXPONENT_BIAS, MXFP4_GROUP, NVFP4_GROUP, W4A8_E8M0_OFFSET
+from ..formats.e2m1 import e2m1_to_float, unpack_nibbles
+from ..formats.e4m3 import s0e5m3_to_half
+from ..formats.marlin.scales import unpermute_scale_columns
+from ..formats.marlin.weight import from_marlin_weight
+from ..formats.mxfp4 import dequantize_mxfp4
+from ..formats.nvfp4 import dequantize_nvfp4
+from ..formats.padded_layout import decode_rank_blocks
 
 __all__ = ["GEMM_REL_ERROR_MAX", "gemm_errors", "kernel_scale_values", "marlin_dequantize", "source_dequantize"]
 

@@ -12,15 +12,15 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from dsv4_convert.core.errors import DsvError
-from dsv4_convert.core.reader import TensorReader, load_projection
-from dsv4_convert.core.tensor_model import Projection, Quant, Role, SourceFormat
-from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
-from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
-from dsv4_convert.formats.padded_layout import decode_rank_blocks, pad_source
-from dsv4_convert.validate.check import Check, Finding, Result, Scope
-from dsv4_convert.validate.checks import ALL_CHECKS
-from dsv4_convert.validate.inputs import ExpertTensors, GemmCase, MarlinTensors, Options, ProjectionTensors
+from ..core.errors import DsvError
+from ..core.reader import TensorReader, load_projection
+from ..core.tensor_model import Projection, Quant, Role, SourceFormat
+from ..formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
+from ..formats.marlin.scales import nvfp4_global_to_marlin
+from ..formats.padded_layout import decode_rank_blocks, pad_source
+from .check import Check, Finding, Result, Scope
+from .checks import ALL_CHECKS
+from .inputs import ExpertTensors, GemmCase, MarlinTensors, Options, ProjectionTensors
 
 __all__ = ["_Job", "_Outcome", "_Task", "_Worker"]
 

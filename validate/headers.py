@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dsv4_convert.core.errors import InputError
-from dsv4_convert.core.files import INDEX_FILE
-from dsv4_convert.core.safetensors_header import read_header
-from dsv4_convert.core.small_files import read_small
-from dsv4_convert.validate.inputs import HeaderInfo
+from ..core.errors import InputError
+from ..core.files import INDEX_FILE
+from ..core.safetensors_header import read_header
+from ..core.small_files import read_small
+from .inputs import HeaderInfo
 
 __all__ = ["scan_checkpoint", "scan_header", "scan_index"]
 

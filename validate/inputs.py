@@ -20,13 +20,13 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from dsv4_convert.core.engines import DEFAULT_ENGINE
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role
-from dsv4_convert.formats.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, E8M0_NAN
-from dsv4_convert.formats.e4m3 import e4m3_is_nan
-from dsv4_convert.formats.e8m0 import e8m0_to_float
-from dsv4_convert.formats.tiles import RankTiles
+from ..core.engines import DEFAULT_ENGINE
+from ..core.target import MarlinTarget
+from ..core.tensor_model import Checkpoint, Projection, Quant, Role
+from ..formats.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, E8M0_NAN
+from ..formats.e4m3 import e4m3_is_nan
+from ..formats.e8m0 import e8m0_to_float
+from ..formats.tiles import RankTiles
 
 __all__ = [
     "CheckpointInput",
@@ -249,5 +249,5 @@ class GemmCase:
     @cached_property
     def errors(self) -> tuple[float, float]:
         """(relative Frobenius error, max abs error) of x @ W_marlin.T against x @ W_source.T."""
-        from dsv4_convert.validate.emulate import gemm_errors
+        from .emulate import gemm_errors
         return gemm_errors(self)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv4_convert.formats.constants import E2M1_VALUES, MXFP4_GROUP, NVFP4_GROUP
-from dsv4_convert.formats.e2m1 import unpack_nibbles
-from dsv4_convert.formats.e8m0 import e8m0_to_float
+from ..formats.constants import E2M1_VALUES, MXFP4_GROUP, NVFP4_GROUP
+from ..formats.e2m1 import unpack_nibbles
+from ..formats.e8m0 import e8m0_to_float
 
 __all__ = ["Stack", "moe_align", "run_stack", "dequant", "repack_source"]
 

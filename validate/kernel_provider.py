@@ -27,9 +27,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsv4_convert.core.engines import ENGINES, LAYOUTS, RELEASES, KernelOps
-from dsv4_convert.core.errors import UsageError
-from dsv4_convert.runtime.settings import MARLIN_MODULE_ENV, settings
+from ..core.engines import ENGINES, LAYOUTS, RELEASES, KernelOps
+from ..core.errors import UsageError
+from ..runtime.settings import MARLIN_MODULE_ENV, settings
 
 __all__ = ["KernelProvider", "providers", "select_provider", "schema_names"]
 

@@ -6,7 +6,7 @@ provider's MoE GEMM with random activations in the activation dtype. The fp32 re
 dequant(SRC) with --against (or when validating an unconverted source), else the project's own
 decode of the Marlin bytes (formats/ inverses). Where source bytes are at hand the engine's repack
 kernel runs on them too and must give the converted words. An unconverted source is prepared in
-memory exactly as the converter would (formats/marlin_torch.py on the GPU).
+memory exactly as the converter would (formats/marlin/torch_route.py on the GPU).
 """
 
 from __future__ import annotations
@@ -19,27 +19,27 @@ from dataclasses import dataclass
 
 import torch
 
-from dsv4_convert.core.engines import engine_facts
-from dsv4_convert.core.errors import DsvError
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
-from dsv4_convert.core.rescale import stack_key
-from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
-from dsv4_convert.formats.marlin_scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
-from dsv4_convert.formats.marlin_torch import (
+from ..core.engines import engine_facts
+from ..core.errors import DsvError
+from ..core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
+from ..core.rescale import stack_key
+from ..core.tensor_model import Quant, Role, SourceFormat
+from ..formats.marlin.scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
+from ..formats.marlin.torch_route import (
     byte_table,
     from_marlin_weight_t,
     mxfp4_to_marlin_t,
     nvfp4_to_marlin_t,
     permute_columns_t,
 )
-from dsv4_convert.formats.padded_layout import pad_source
-from dsv4_convert.validate.check import Result, Scope
-from dsv4_convert.validate.checks import ALL_CHECKS
-from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX, KernelCase
-from dsv4_convert.validate.kernel_moe import Stack, dequant, reference_product, rel_errors, repack_source, run_stack
-from dsv4_convert.validate.kernel_provider import select_provider
-from dsv4_convert.validate.kernel_shapes import kernel_layouts
-from dsv4_convert.validate.runner import rescale_factors, resolve_options
+from ..formats.padded_layout import pad_source
+from .check import Result, Scope
+from .checks import ALL_CHECKS
+from .checks.kernel import KERNEL_REL_ERROR_MAX, KernelCase
+from .kernel_moe import Stack, dequant, reference_product, rel_errors, repack_source, run_stack
+from .kernel_provider import select_provider
+from .kernel_shapes import kernel_layouts
+from .runner import rescale_factors, resolve_options
 
 __all__ = ["KernelOptions", "run_kernel_checks"]
 

@@ -15,13 +15,13 @@ With --against, every reference projection must have the shape the converted one
 
 from __future__ import annotations
 
-from dsv4_convert.core.engines import engine_facts
-from dsv4_convert.core.errors import ContentError, DsvError
-from dsv4_convert.core.reader import open_checkpoint, resolve_source
-from dsv4_convert.core.structure import padded_containers
-from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat, moe_layers
-from dsv4_convert.formats.tiles import IMPOSSIBLE, PAD, RankTiles, kernel_tile_ok, moe_rank_tiles
-from dsv4_convert.validate.runner import resolve_options
+from ..core.engines import engine_facts
+from ..core.errors import ContentError, DsvError
+from ..core.reader import open_checkpoint, resolve_source
+from ..core.structure import padded_containers
+from ..core.tensor_model import Quant, Role, SourceFormat, moe_layers
+from ..formats.tiles import IMPOSSIBLE, PAD, RankTiles, kernel_tile_ok, moe_rank_tiles
+from .runner import resolve_options
 
 __all__ = ["kernel_layouts", "refuse_unsupported_shapes"]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from dsv4_convert.core.errors import OutputError
-from dsv4_convert.core.index import natural_key
-from dsv4_convert.runtime.side_files import write_side_file
-from dsv4_convert.validate.check import Severity
+from ..core.errors import OutputError
+from ..core.index import natural_key
+from ..runtime.side_files import write_side_file
+from .check import Severity
 
 __all__ = ["plot_report"]
 

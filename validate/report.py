@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
-from dsv4_convert import __version__
-from dsv4_convert.validate.check import Result, Severity
-from dsv4_convert.validate.checks import BY_ID
-from dsv4_convert.validate.inputs import Options
+from ..core.version import __version__
+from .check import Result, Severity
+from .checks import BY_ID
+from .inputs import Options
 
 __all__ = ["SCHEMA_VERSION", "CheckSummary", "Report"]
 

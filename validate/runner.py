@@ -20,19 +20,19 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dsv4_convert.core.converted_config import record_or_none
-from dsv4_convert.core.errors import DsvError, InputError, UsageError
-from dsv4_convert.core.index import read_json
-from dsv4_convert.core.reader import TensorReader, open_checkpoint, resolve_source
-from dsv4_convert.core.rescale import stack_key, stack_rescale_factors
-from dsv4_convert.core.structure import padded_containers, unreadable_tensors
-from dsv4_convert.core.tensor_model import Checkpoint, SourceFormat
-from dsv4_convert.validate.check import Result, Scope
-from dsv4_convert.validate.checks import ALL_CHECKS
-from dsv4_convert.validate.expert_worker import _Job, _Outcome, _Task, _Worker
-from dsv4_convert.validate.headers import scan_checkpoint
-from dsv4_convert.validate.inputs import CheckpointInput, Coverage, Options
-from dsv4_convert.validate.report import Report
+from ..core.converted_config import record_or_none
+from ..core.errors import DsvError, InputError, UsageError
+from ..core.index import read_json
+from ..core.reader import TensorReader, open_checkpoint, resolve_source
+from ..core.rescale import stack_key, stack_rescale_factors
+from ..core.structure import padded_containers, unreadable_tensors
+from ..core.tensor_model import Checkpoint, SourceFormat
+from .check import Result, Scope
+from .checks import ALL_CHECKS
+from .expert_worker import _Job, _Outcome, _Task, _Worker
+from .headers import scan_checkpoint
+from .inputs import CheckpointInput, Coverage, Options
+from .report import Report
 
 __all__ = ["Unreadable", "checkpoint_input", "rescale_factors", "resolve_options", "validate"]
 
@@ -88,7 +88,7 @@ def _run_batch(job: _Job, index: int, tasks: list[_Task], callback=None) -> tupl
 
 def _on_cluster(executor, job: _Job, tasks: list[_Task], bar) -> list[_Outcome]:
     """The experts in batches as executor jobs; the outcomes in task order, as a local run gives them."""
-    from dsv4_convert.runtime.executors import make_executor
+    from ..runtime.executors import make_executor
 
     size = max(1, len(tasks) // _CLUSTER_BATCHES)
     batches = [tasks[i:i + size] for i in range(0, len(tasks), size)]

@@ -28,7 +28,7 @@ FINAL = {
 def _reference_repack(b_q_weight, perm, size_k, size_n, num_bits, **_):
     """Substitute for SGLang's JIT CUDA `gptq_marlin_repack` (FP4, no act-order): the project's
     `to_marlin_weight`, pinned to the engines' bytes by tests/formats/test_golden.py."""
-    from dsv4_convert.formats.marlin_weight import to_marlin_weight
+    from dsv4_convert.formats.marlin.weight import to_marlin_weight
 
     assert num_bits == 4 and perm.numel() == 0
     assert tuple(b_q_weight.shape) == (size_k // 8, size_n)

@@ -33,7 +33,7 @@ FINAL = {
 def _reference_repack(b_q_weight, size_k, size_n, num_bits, is_a_8bit=False, **_):
     """Substitute for the CUDA op `ops.gptq_marlin_repack`: the project's `to_marlin_weight`, pinned to
     the engines' bytes by tests/formats/test_golden.py. Runs only in the engine path (a)."""
-    from dsv4_convert.formats.marlin_weight import to_marlin_weight
+    from dsv4_convert.formats.marlin.weight import to_marlin_weight
 
     assert num_bits == 4 and tuple(b_q_weight.shape) == (size_k // 8, size_n)
     return to_marlin_weight(b_q_weight.t().contiguous().view(torch.uint8), w4a8=is_a_8bit)

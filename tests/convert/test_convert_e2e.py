@@ -17,7 +17,7 @@ from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpo
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
-from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
+from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin, vllm_rescale_factor
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 from tests.helpers.compare import assert_bytes_equal
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from dsv4_convert.core.reader import TensorReader, open_checkpoint
 from dsv4_convert.core.rescale import stack_rescale_factors
 from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
+from dsv4_convert.formats.marlin.scales import vllm_rescale_factor
 from dsv4_convert.synth import write_synthetic_checkpoint
 
 

@@ -1,4 +1,4 @@
-"""formats/fp4_kernels.py (numba) against the numpy / torch reference paths it replaces, byte for
+"""formats/marlin/compiled_kernels.py (numba) against the numpy / torch reference paths it replaces, byte for
 byte, on random bytes: the weight repack (one and several threads), the scale transpose +
 permutation, the byte-presence and table-lookup helpers; and runtime/digest.py for both algorithms.
 No substitutions: the references are the project's own earlier implementations and hashlib/xxhash."""
@@ -11,16 +11,16 @@ import torch
 import xxhash
 
 from dsv4_convert.core.engines import ENGINES
-from dsv4_convert.formats import fp4_kernels
-from dsv4_convert.formats.marlin_scales import (
+from dsv4_convert.formats.marlin import compiled_kernels as fp4_kernels
+from dsv4_convert.formats.marlin.reference_weight import a16_forward as _a16_forward
+from dsv4_convert.formats.marlin.scales import (
     _apply_block_perm,
     nvfp4_scales_to_marlin,
     nvfp4_scales_to_s0e5m3,
     permute_scale_columns,
     scale_column_perm,
 )
-from dsv4_convert.formats.marlin_weight import to_marlin_weight
-from dsv4_convert.formats.marlin_words import a16_forward as _a16_forward
+from dsv4_convert.formats.marlin.weight import to_marlin_weight
 from dsv4_convert.runtime.digest import file_digest, new_hash
 
 

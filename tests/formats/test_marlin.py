@@ -1,4 +1,4 @@
-"""formats/marlin.py: whole projections through Marlin and back, dequantized values, padding, targets."""
+"""formats/marlin/__init__.py: whole projections through Marlin and back, dequantized values, padding, targets."""
 
 import pytest
 import torch
@@ -6,8 +6,8 @@ import torch
 from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
-from dsv4_convert.formats.marlin_scales import marlin_to_nvfp4_global, vllm_rescale_factor
-from dsv4_convert.formats.marlin_weight import from_marlin_weight
+from dsv4_convert.formats.marlin.scales import marlin_to_nvfp4_global, vllm_rescale_factor
+from dsv4_convert.formats.marlin.weight import from_marlin_weight
 from dsv4_convert.formats.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from dsv4_convert.formats.nvfp4 import dequantize_nvfp4, quantize_nvfp4
 from dsv4_convert.formats.tiles import padded_dense_nk, padded_moe_intermediate

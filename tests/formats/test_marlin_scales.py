@@ -1,9 +1,9 @@
-"""formats/marlin_scales.py: the §3 closed forms, value processing for both engines, inverses."""
+"""formats/marlin/scales.py: the §3 closed forms, value processing for both engines, inverses."""
 
 import pytest
 import torch
 
-from dsv4_convert.formats.marlin_scales import (
+from dsv4_convert.formats.marlin.scales import (
     marlin_to_mxfp4_scales,
     marlin_to_nvfp4_global,
     mxfp4_scales_to_marlin,

@@ -1,11 +1,11 @@
-"""formats/marlin_weight.py against an independent reference written from the closed form of
+"""formats/marlin/weight.py against an independent reference written from the closed form of
 docs/spec/MARLIN_FP4.md §2, plus round trips, threading, leading dims and bad input."""
 
 import pytest
 import torch
 
 from dsv4_convert.formats.e2m1 import pack_nibbles, unpack_nibbles
-from dsv4_convert.formats.marlin_weight import check_marlin_weight_shape, from_marlin_weight, to_marlin_weight
+from dsv4_convert.formats.marlin.weight import check_marlin_weight_shape, from_marlin_weight, to_marlin_weight
 from tests.helpers.compare import assert_bytes_equal
 
 DK = (0, 8, 0, 8, 1, 9, 1, 9)

@@ -1,4 +1,4 @@
-"""formats/scale_tables.py (numpy, no torch) against torch's own float8 / float16 / bfloat16
+"""formats/marlin/reference_scales.py (numpy, no torch) against torch's own float8 / float16 / bfloat16
 arithmetic, exhaustively over the 256 E4M3 bytes: the E4M3 decode, each target's S0E5M3 byte for
 every rescale factor vLLM can pick (2**0 .. 2**17), the bytes that can be lost (a superset of what the
 torch reverse loses, equal to it except where torch's saturating float -> E4M3 conversion happens to
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from dsv4_convert.core.engines import ENGINES
-from dsv4_convert.formats import scale_tables as st
 from dsv4_convert.formats.constants import ACT_EXPONENT_BIAS
+from dsv4_convert.formats.marlin import reference_scales as st
 
 CODES = torch.arange(256, dtype=torch.uint8)
 NAN = np.isin(np.arange(256), [0x7F, 0xFF])

@@ -20,7 +20,7 @@ import torch
 
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
-from dsv4_convert.formats.marlin_torch import from_marlin_weight_t, mxfp4_to_marlin_t, nvfp4_to_marlin_t
+from dsv4_convert.formats.marlin.torch_route import from_marlin_weight_t, mxfp4_to_marlin_t, nvfp4_to_marlin_t
 
 MODULE = os.environ.get("DSV4_MARLIN_MODULE", "")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

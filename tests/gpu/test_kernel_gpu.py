@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Role
-from dsv4_convert.formats.marlin_scales import unpermute_scale_columns
+from dsv4_convert.formats.marlin.scales import unpermute_scale_columns
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
 from tests.helpers.kernel_cli import MODULE, needs_kernels, run_cli
 from tests.helpers.kernel_cli import edit as _edit

@@ -7,7 +7,7 @@ import torch
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.core.tensor_model import Projection, Quant, Role, TensorRef
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
-from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
+from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin
 from dsv4_convert.formats.mxfp4 import quantize_mxfp4
 from dsv4_convert.formats.nvfp4 import quantize_nvfp4
 from dsv4_convert.validate.inputs import MarlinTensors, Options, ProjectionTensors

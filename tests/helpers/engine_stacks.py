@@ -1,4 +1,4 @@
-"""Whole dense linears and MoE expert stacks, composed from formats/marlin.py the way each engine's
+"""Whole dense linears and MoE expert stacks, composed from formats/marlin/__init__.py the way each engine's
 `process_weights_after_loading` composes its steps: tile padding, one rescale factor per stacked
 tensor, the gate's global for w13. The converter works one projection at a time and never needs
 these; they exist so the golden cases (tests/golden/, made by the engines' own code) pin the
@@ -12,7 +12,7 @@ from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
 from dsv4_convert.formats.e4m3 import as_e4m3
 from dsv4_convert.formats.e8m0 import as_e8m0_bytes
 from dsv4_convert.formats.marlin import _pad_last2, mxfp4_to_marlin, nvfp4_to_marlin
-from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin, vllm_rescale_factor
+from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin, vllm_rescale_factor
 from dsv4_convert.formats.tiles import padded_dense_nk
 
 __all__ = ["mxfp4_dense_to_marlin", "mxfp4_moe_to_marlin", "nvfp4_dense_to_marlin", "nvfp4_moe_to_marlin"]

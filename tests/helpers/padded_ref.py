@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
+from dsv4_convert.formats.marlin.scales import vllm_rescale_factor
 from tests.helpers.ckpt_factory import write_json
 from tests.helpers.compare import assert_bytes_equal
 from tests.helpers.engine_stacks import mxfp4_moe_to_marlin, nvfp4_moe_to_marlin

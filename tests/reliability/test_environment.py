@@ -23,7 +23,7 @@ from tests.helpers.cli import CLI, HOOK_VARS, run_cli
 pytestmark = pytest.mark.slow  # every test here starts the CLI
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = ("cli", "convert", "core", "dsv4_convert", "formats", "runtime", "serving", "synth", "validate")
+SHIPPED = ("cli", "convert", "core", "formats", "runtime", "serving", "synth", "validate")
 
 
 @pytest.fixture(scope="module")

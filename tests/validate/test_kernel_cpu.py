@@ -18,13 +18,13 @@ import torch
 from dsv4_convert.core.errors import UsageError
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
-from dsv4_convert.formats.marlin_torch import (
+from dsv4_convert.formats.marlin.torch_route import (
     from_marlin_weight_t,
     mxfp4_to_marlin_t,
     nvfp4_to_marlin_t,
     to_marlin_weight_t,
 )
-from dsv4_convert.formats.marlin_weight import from_marlin_weight, to_marlin_weight
+from dsv4_convert.formats.marlin.weight import from_marlin_weight, to_marlin_weight
 from dsv4_convert.validate.kernel_moe import moe_align
 from dsv4_convert.validate.kernel_provider import _order, select_provider
 

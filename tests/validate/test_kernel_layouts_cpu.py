@@ -3,7 +3,7 @@ engine's padding of a source, refused shapes) and the severity policy of kernel.
 
 Substitutions: CI has no GPU and no engine. The runner's preparation (validate/kernel_runner.py) runs
 on the CPU device, and the engine's gptq_marlin_repack is replaced by the project's CPU codec
-(formats/marlin_weight.to_marlin_weight, byte-equal to the engines' repack in tests/golden); the GPU
+(formats/marlin/weight.to_marlin_weight, byte-equal to the engines' repack in tests/golden); the GPU
 suite (tests/gpu/test_kernel_layouts_gpu.py) runs the same paths through vLLM's real kernels. The
 severity policy is tested on KernelCase values (the numbers the kernel would give), since it is a pure
 function of them. Checkpoints are synth's (in process) converted by the real CLI; refusals run the real CLI.
@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.reader import TensorReader, open_checkpoint
 from dsv4_convert.core.tensor_model import Role
-from dsv4_convert.formats.marlin_weight import to_marlin_weight
+from dsv4_convert.formats.marlin.weight import to_marlin_weight
 from dsv4_convert.synth import write_synthetic_checkpoint
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks.kernel import KernelCase, kernel_gemm

@@ -1,6 +1,6 @@
 """Every check, in report order: one explicit tuple (tests assert the ids are unique)."""
 
-from dsv4_convert.validate.checks import (
+from . import (
     against,
     against_tensors,
     coverage,

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import torch
 
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.checks._util import count_first
-from dsv4_convert.validate.diagnose import swap_nibbles
-from dsv4_convert.validate.inputs import Options, ProjectionTensors
+from ..check import Finding, Scope, Severity, check
+from ..diagnose import swap_nibbles
+from ..inputs import Options, ProjectionTensors
+from ._util import count_first
 
 __all__ = ["same_as_reference"]
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsv4_convert.core.reader import TensorReader
-from dsv4_convert.runtime.digest import new_hash
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.inputs import CheckpointInput, Options
+from ...core.reader import TensorReader
+from ...runtime.digest import new_hash
+from ..check import Finding, Scope, Severity, check
+from ..inputs import CheckpointInput, Options
 
 __all__ = ["non_expert_tensors_match"]
 

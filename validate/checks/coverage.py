@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.inputs import Coverage, Options
+from ..check import Finding, Scope, Severity, check
+from ..inputs import Coverage, Options
 
 __all__ = ["against_compared", "experts_checked"]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.emulate import GEMM_REL_ERROR_MAX
-from dsv4_convert.validate.inputs import GemmCase, Options
+from ..check import Finding, Scope, Severity, check
+from ..emulate import GEMM_REL_ERROR_MAX
+from ..inputs import GemmCase, Options
 
 __all__ = ["gemm_rel_error"]
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import torch
 
-from dsv4_convert.core.input_scales import invalid_input_scales
-from dsv4_convert.core.tensor_model import Quant, Role
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.inputs import CheckpointInput, ExpertTensors, Options, ProjectionTensors
+from ...core.input_scales import invalid_input_scales
+from ...core.tensor_model import Quant, Role
+from ..check import Finding, Scope, Severity, check
+from ..inputs import CheckpointInput, ExpertTensors, Options, ProjectionTensors
 
 __all__ = ["gate_up_mismatch", "global_invalid", "global_range", "input_scale_invalid"]
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from dsv4_convert.core.files import MANIFEST
-from dsv4_convert.core.tensor_model import SourceFormat
-from dsv4_convert.runtime.manifest import verify
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.inputs import CheckpointInput, Options
+from ...core.files import MANIFEST
+from ...core.tensor_model import SourceFormat
+from ...runtime.manifest import verify
+from ..check import Finding, Scope, Severity, check
+from ..inputs import CheckpointInput, Options
 
 __all__ = ["manifest_verifies"]
 

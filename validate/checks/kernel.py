@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
+from ..check import Finding, Scope, Severity, check
 
 __all__ = ["KERNEL_REL_ERROR_MAX", "KernelCase", "engine_rounding", "kernel_gemm", "kernel_repack"]
 

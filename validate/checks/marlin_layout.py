@@ -9,14 +9,14 @@ from collections.abc import Iterator
 
 import torch
 
-from dsv4_convert.core.engines import ENGINES
-from dsv4_convert.core.tensor_model import Role
-from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
-from dsv4_convert.formats.padded_layout import encode_rank_blocks, padding_masks
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.checks._util import count_first
-from dsv4_convert.validate.diagnose import expected_marlin_scales, global_cause, scale_cause, weight_cause
-from dsv4_convert.validate.inputs import MarlinTensors, Options
+from ...core.engines import ENGINES
+from ...core.tensor_model import Role
+from ...formats.marlin.scales import nvfp4_global_to_marlin
+from ...formats.padded_layout import encode_rank_blocks, padding_masks
+from ..check import Finding, Scope, Severity, check
+from ..diagnose import expected_marlin_scales, global_cause, scale_cause, weight_cause
+from ..inputs import MarlinTensors, Options
+from ._util import count_first
 
 __all__ = ["layout_global", "layout_scale", "layout_weight", "padding_zero"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsv4_convert.formats.constants import E8M0_NAN, W4A8_MAX_SOURCE_BYTE
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.checks._util import count_first, fmt_coords
-from dsv4_convert.validate.inputs import Options, ProjectionTensors
+from ...formats.constants import E8M0_NAN, W4A8_MAX_SOURCE_BYTE
+from ..check import Finding, Scope, Severity, check
+from ..inputs import Options, ProjectionTensors
+from ._util import count_first, fmt_coords
 
 __all__ = ["nan_scale_bytes", "overflow_scale_bytes", "w4a8_scale_range", "zero_scale_bytes"]
 

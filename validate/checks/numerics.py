@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.checks._util import count_first, fmt_coords, roles_text
-from dsv4_convert.validate.inputs import ExpertTensors, Options, ProjectionTensors
+from ..check import Finding, Scope, Severity, check
+from ..inputs import ExpertTensors, Options, ProjectionTensors
+from ._util import count_first, fmt_coords, roles_text
 
 __all__ = ["all_zero_expert", "dequant_nonfinite"]
 

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from dsv4_convert.formats.constants import S0E5M3_MIN, S0E5M3_MULTIPLIER
-from dsv4_convert.formats.e4m3 import e4m3_is_nan
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.checks._util import count_first, fmt_coords
-from dsv4_convert.validate.inputs import Options, ProjectionTensors
+from ...formats.constants import S0E5M3_MIN, S0E5M3_MULTIPLIER
+from ...formats.e4m3 import e4m3_is_nan
+from ..check import Finding, Scope, Severity, check
+from ..inputs import Options, ProjectionTensors
+from ._util import count_first, fmt_coords
 
 __all__ = ["nan_scales", "negative_scales", "subnormal_scales", "zero_scales"]
 

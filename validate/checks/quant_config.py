@@ -8,15 +8,15 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 
-from dsv4_convert.core.converted_config import ConvertedConfigError, converted_record, record_or_none
-from dsv4_convert.core.converted_rules import EXPERTS_MAP, model_config_problems
-from dsv4_convert.core.engines import mxfp4_dtype_problem
-from dsv4_convert.core.files import CONFIG, HF_QUANT_CONFIG
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import SourceFormat
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.checks.tiles import containers
-from dsv4_convert.validate.inputs import CheckpointInput, Options
+from ...core.converted_config import ConvertedConfigError, converted_record, record_or_none
+from ...core.converted_rules import EXPERTS_MAP, model_config_problems
+from ...core.engines import mxfp4_dtype_problem
+from ...core.files import CONFIG, HF_QUANT_CONFIG
+from ...core.target import MarlinTarget
+from ...core.tensor_model import SourceFormat
+from ..check import Finding, Scope, Severity, check
+from ..inputs import CheckpointInput, Options
+from .tiles import containers
 
 __all__ = [
     "declared_group_sizes",

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsv4_convert.core.converted_config import ConvertedConfigError, converted_record, serving_block
-from dsv4_convert.core.engines import ENGINES, engine_inner_method
-from dsv4_convert.core.inner_methods import FP4_METHODS
-from dsv4_convert.core.served import refusal
-from dsv4_convert.core.tensor_model import SourceFormat
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.inputs import CheckpointInput, Options
+from ...core.converted_config import ConvertedConfigError, converted_record, serving_block
+from ...core.engines import ENGINES, engine_inner_method
+from ...core.inner_methods import FP4_METHODS
+from ...core.served import refusal
+from ...core.tensor_model import SourceFormat
+from ..check import Finding, Scope, Severity, check
+from ..inputs import CheckpointInput, Options
 
 __all__ = ["inner_method_resolves", "stale_quant_block", "w4a8_releases"]
 

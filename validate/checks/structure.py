@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from dsv4_convert.core import structure as rules
-from dsv4_convert.core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
-from dsv4_convert.core.files import INDEX_FILE
-from dsv4_convert.core.naming import outside_index_note
-from dsv4_convert.core.structure import model_dims
-from dsv4_convert.core.tensor_model import SourceFormat
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.inputs import CheckpointInput, Options
+from ...core import structure as rules
+from ...core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
+from ...core.files import INDEX_FILE
+from ...core.naming import outside_index_note
+from ...core.structure import model_dims
+from ...core.tensor_model import SourceFormat
+from ..check import Finding, Scope, Severity, check
+from ..inputs import CheckpointInput, Options
 
 __all__ = [
     "dtype_shape",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from dsv4_convert.core.converted_config import read_tp_layout
-from dsv4_convert.core.engines import engine_facts
-from dsv4_convert.core.tensor_model import SourceFormat, moe_layers
-from dsv4_convert.formats.tiles import moe_rank_tiles
-from dsv4_convert.validate.check import Finding, Scope, Severity, check
-from dsv4_convert.validate.checks.structure import model_dims
-from dsv4_convert.validate.inputs import CheckpointInput, Options
+from ...core.converted_config import read_tp_layout
+from ...core.engines import engine_facts
+from ...core.tensor_model import SourceFormat, moe_layers
+from ...formats.tiles import moe_rank_tiles
+from ..check import Finding, Scope, Severity, check
+from ..inputs import CheckpointInput, Options
+from .structure import model_dims
 
 __all__ = ["containers", "tile_rules_per_rank"]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dsv4_convert.formats.marlin import nvfp4_to_marlin
-from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
+from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks.against import same_as_reference
 from dsv4_convert.validate.checks.gemm import gemm_rel_error

@@ -5,8 +5,8 @@ import torch
 
 from dsv4_convert.core.target import MarlinTarget
 from dsv4_convert.formats.marlin import marlin_to_nvfp4
-from dsv4_convert.formats.marlin_scales import nvfp4_global_to_marlin
-from dsv4_convert.formats.marlin_weight import to_marlin_weight
+from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin
+from dsv4_convert.formats.marlin.weight import to_marlin_weight
 from dsv4_convert.validate.checks import marlin_layout as c
 from dsv4_convert.validate.diagnose import swap_nibbles
 from dsv4_convert.validate.inputs import ProjectionTensors
@@ -52,7 +52,7 @@ def test_two_tiles_swapped():
 def test_scales_not_permuted():
     src = nvfp4_tensors()
     m = marlin_of(src)
-    from dsv4_convert.formats.marlin_scales import nvfp4_scales_to_s0e5m3
+    from dsv4_convert.formats.marlin.scales import nvfp4_scales_to_s0e5m3
     m.mscale = nvfp4_scales_to_s0e5m3(src.scale.transpose(0, 1), clamp=False).view(torch.float8_e4m3fn)
     (f,) = run(c.layout_scale, _decoded(m))
     assert f.cause.startswith("scales not permuted")
@@ -79,7 +79,7 @@ def test_wrong_targets_scales():
     src.scale = (src.scale.float() / 1024).to(torch.float8_e4m3fn)  # small scales: vLLM rescales (sf = 1024)
     m = marlin_of(src, engine="sglang")
     from dsv4_convert.formats.marlin import nvfp4_to_marlin
-    from dsv4_convert.formats.marlin_scales import vllm_rescale_factor
+    from dsv4_convert.formats.marlin.scales import vllm_rescale_factor
     sf = vllm_rescale_factor(src.scale, "bfloat16")
     assert sf > 1
     _, m.mscale = nvfp4_to_marlin(src.weight, src.scale, target=MarlinTarget(engine="vllm"), sf=sf)

@@ -1,12 +1,12 @@
 """Compiled (numba) inner loops of the converter, where numpy would need several passes over memory.
 
-Each kernel does in one pass what the numpy reference in marlin_words (`a16_forward(compiled=False)`)
-or marlin_scales does in many; tests compare both byte for byte. Compiled once per machine and
+Each kernel does in one pass what the numpy reference in reference_weight (`a16_forward(compiled=False)`)
+or scales does in many; tests compare both byte for byte. Compiled once per machine and
 cached (numba's `cache=True`: beside this file, else in the user's cache folder), so a later start
 costs an import, not a compile. A user who can write neither (a read-only install and no writable
 $HOME: a service account, a container's non-root user) gets a private folder of their own under the
 temporary directory, else compiles in every process: never numba's "no locator available" at import.
-  repack_a16      W4A16 weight repack (the bit exchanges of marlin_words, per group of 4 words
+  repack_a16      W4A16 weight repack (the bit exchanges of reference_weight, per group of 4 words
                   held in registers, written straight to their final place)
   permute_scales  [N, G] -> Marlin [G, N] with the 64-column permutation (transpose + perm in one),
                   optionally through a 256-entry byte table on the way (NVFP4 -> S0E5M3 in the same pass)
@@ -79,7 +79,7 @@ def _exchange(hi, lo, shift, mask):
 @_jit
 def repack_a16(src, out):
     """src: u64 words [E, C, t1, t0, dn, r, kt] (8 packed bytes of one row each); out: u64 words
-    [E, kt, C, r, t0, dn, t1] (two output int32 each). Steps as in marlin_words' docstring."""
+    [E, kt, C, r, t0, dn, t1] (two output int32 each). Steps as in reference_weight' docstring."""
     n_e, n_c, n_kt = src.shape[0], src.shape[1], src.shape[6]
     s28, s16, s8 = np.uint64(28), np.uint64(16), np.uint64(8)
     m_nib, m_half = np.uint64(0x00000000F0F0F0F0), np.uint64(0x00000000FFFF0000)

@@ -1,5 +1,5 @@
 """The Marlin FP4 weight repack on numpy arrays (docs/spec/MARLIN_FP4.md §2): packed code bytes [N, K/2] <->
-int32 words [K/16, 2N]. No torch: the converter's CPU path runs on this module alone (formats/marlin_weight.py
+int32 words [K/16, 2N]. No torch: the converter's CPU path runs on this module alone (formats/marlin/weight.py
 is the torch API over it).
 
 Source element (k, n) of a W4A16 tile lands at
@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dsv4_convert.formats import fp4_kernels
-from dsv4_convert.formats.constants import MARLIN_TILE_N
+from ..constants import MARLIN_TILE_N
+from . import compiled_kernels
 
 __all__ = ["a16_forward", "a16_inverse", "a8_forward", "a8_inverse", "default_threads"]
 
@@ -120,11 +120,11 @@ def _threaded_kernel(src: np.ndarray, out: np.ndarray, threads: int | None) -> N
     n_tiles = src.shape[1]
     threads = min(threads or default_threads(), n_tiles)
     if threads <= 1 or src.nbytes < (8 << 20):
-        fp4_kernels.repack_a16(src, out)
+        compiled_kernels.repack_a16(src, out)
         return
     bounds = np.linspace(0, n_tiles, threads + 1).astype(int)
     with ThreadPoolExecutor(threads) as pool:
-        jobs = [pool.submit(fp4_kernels.repack_a16, src[:, a:b], out[:, :, a:b]) for a, b in zip(bounds, bounds[1:])]
+        jobs = [pool.submit(compiled_kernels.repack_a16, src[:, a:b], out[:, :, a:b]) for a, b in zip(bounds, bounds[1:])]
         for job in jobs:
             job.result()
 

@@ -10,16 +10,16 @@ bytes (with vLLM's power-of-two rescale and clamp where the target has them); MX
 import numpy as np
 import torch
 
-from dsv4_convert.formats import fp4_kernels
-from dsv4_convert.formats.constants import (
+from ..constants import (
     ACT_EXPONENT_BIAS,
     S0E5M3_MULTIPLIER,
     W4A8_E8M0_OFFSET,
     W4A8_MAX_SOURCE_BYTE,
 )
-from dsv4_convert.formats.e4m3 import as_e4m3, s0e5m3_to_half
-from dsv4_convert.formats.e8m0 import as_e8m0_bytes
-from dsv4_convert.formats.scale_tables import permute_scales, rescale_factor, s0e5m3_table, scale_perm
+from ..e4m3 import as_e4m3, s0e5m3_to_half
+from ..e8m0 import as_e8m0_bytes
+from . import compiled_kernels
+from .reference_scales import permute_scales, rescale_factor, s0e5m3_table, scale_perm
 
 __all__ = [
     "scale_column_perm", "permute_scale_columns", "unpermute_scale_columns",
@@ -43,7 +43,7 @@ def _apply_block_perm(s: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
 
 def permute_scale_columns(s: torch.Tensor, *, w4a8: bool = False, table: np.ndarray | None = None) -> torch.Tensor:
     """[..., G, N] -> the same shape with Marlin's column order (a pure permutation of bytes), and with
-    `table` ([256] uint8) applied to every byte if given (a byte-wise value rule, e.g. scale_tables.s0e5m3_table).
+    `table` ([256] uint8) applied to every byte if given (a byte-wise value rule, e.g. reference_scales.s0e5m3_table).
     Given the transpose of [..., N, G] bytes (how the converters call it), the transpose, the
     permutation and the table are one compiled pass; anything else takes the torch reference."""
     perm = scale_perm(w4a8)
@@ -75,7 +75,7 @@ def vllm_rescale_factor(scales: list[torch.Tensor] | torch.Tensor, act_dtype: st
     parts = [scales] if isinstance(scales, torch.Tensor) else scales
     present = np.zeros(256, dtype=bool)  # only which byte values occur matters: one histogram per part
     for part in parts:
-        present |= fp4_kernels.byte_presence(as_e4m3(part).contiguous().view(torch.uint8).numpy().reshape(-1))
+        present |= compiled_kernels.byte_presence(as_e4m3(part).contiguous().view(torch.uint8).numpy().reshape(-1))
     return rescale_factor(present, act_dtype)
 
 
@@ -91,7 +91,7 @@ def nvfp4_scales_to_s0e5m3(scale: torch.Tensor, *, clamp: bool, sf: float = 1.0)
     transposed = src.dim() >= 2 and not src.is_contiguous() and src.transpose(-1, -2).is_contiguous()
     base = src.transpose(-1, -2) if transposed else src.contiguous()  # keep a transposed view's layout
     out = base.clone()
-    fp4_kernels.lookup(out.reshape(-1).numpy(), table)
+    compiled_kernels.lookup(out.reshape(-1).numpy(), table)
     return out.transpose(-1, -2) if transposed else out
 
 

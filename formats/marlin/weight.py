@@ -2,23 +2,23 @@
 tensors. Source element (k, n) of a W4A16 tile lands at
     row = k // 16,  col = 128*(n // 64) + 4*(4*(n % 8) + (k % 8) // 2) + (n % 64) // 16,
     nibble = 4*(k % 2) + 2*((n % 16) // 8) + (k % 16) // 8.
-How the bytes are moved (bit exchanges on 64-bit words, the compiled kernel, threads): formats/marlin_words.py.
+How the bytes are moved (bit exchanges on 64-bit words, the compiled kernel, threads): formats/marlin/reference_weight.py.
 Leading (expert) dimensions are kept.
 """
 
 import numpy as np
 import torch
 
-from dsv4_convert.formats.constants import MARLIN_TILE_K
-from dsv4_convert.formats.marlin_words import a8_forward, a8_inverse, a16_forward, a16_inverse
-from dsv4_convert.formats.tiles import check_weight_tiles as check_marlin_weight_shape
+from ..constants import MARLIN_TILE_K
+from ..tiles import check_weight_tiles as check_marlin_weight_shape
+from .reference_weight import a8_forward, a8_inverse, a16_forward, a16_inverse
 
 __all__ = ["check_marlin_weight_shape", "from_marlin_weight", "to_marlin_weight"]
 
 
 def to_marlin_weight(packed: torch.Tensor, *, w4a8: bool = False, threads: int | None = None) -> torch.Tensor:
     """uint8/int8 packed codes [..., N, K/2] -> int32 [..., K/16, 2N] in Marlin tile order, on `threads`
-    threads (None: marlin_words.default_threads())."""
+    threads (None: reference_weight.default_threads())."""
     if packed.dtype not in (torch.uint8, torch.int8):
         raise ValueError(f"packed FP4 weights must be uint8 or int8, got {packed.dtype}")
     if packed.dim() < 2:

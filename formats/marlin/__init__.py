@@ -1,7 +1,7 @@
 """One FP4 projection (or a stack of them) <-> Marlin W4A16 / W4A8 tensors, for a given target (a
 core.target.MarlinTarget: the codecs read its fields and never import the engine table).
 
-This composes marlin_weight and marlin_scales into what an engine's `process_weights_after_loading`
+This composes weight and scales into what an engine's `process_weights_after_loading`
 produces, and its inverse. Targets (docs/spec/MARLIN_FP4.md §8-9):
   vllm   -> layout `vllm-L4`  (vLLM >= 0.20, checked against 0.33.0): fp32 global, rescale + clamp
   sglang -> layout `sglang-L2` (SGLang 0.5.23): global in the activation dtype, no rescale, no clamp
@@ -10,10 +10,10 @@ produces, and its inverse. Targets (docs/spec/MARLIN_FP4.md §8-9):
 import torch
 import torch.nn.functional as F
 
-from dsv4_convert.formats.constants import MXFP4_GROUP, NVFP4_GROUP
-from dsv4_convert.formats.e4m3 import as_e4m3
-from dsv4_convert.formats.e8m0 import as_e8m0_bytes
-from dsv4_convert.formats.marlin_scales import (
+from ..constants import MXFP4_GROUP, NVFP4_GROUP
+from ..e4m3 import as_e4m3
+from ..e8m0 import as_e8m0_bytes
+from .scales import (
     marlin_to_mxfp4_scales,
     mxfp4_scales_to_marlin,
     nvfp4_scales_to_marlin,
@@ -21,7 +21,7 @@ from dsv4_convert.formats.marlin_scales import (
     s0e5m3_to_nvfp4_scales,
     unpermute_scale_columns,
 )
-from dsv4_convert.formats.marlin_weight import from_marlin_weight, to_marlin_weight
+from .weight import from_marlin_weight, to_marlin_weight
 
 __all__ = [
     "nvfp4_to_marlin", "marlin_to_nvfp4", "mxfp4_to_marlin",
@@ -61,7 +61,7 @@ def _pad_source(weight, scale, group, n_pad, k_pad):
 
 
 def nvfp4_source_for(weight, scale, *, target, n_pad=None, k_pad=None):
-    """The refusals and padding before any NVFP4 -> Marlin transform (CPU codecs and formats/marlin_torch.py)."""
+    """The refusals and padding before any NVFP4 -> Marlin transform (CPU codecs and formats/marlin/torch_route.py)."""
     if target.w4a8:
         raise ValueError("NVFP4 has no W4A8 Marlin variant (vLLM raises for it); drop --w4a8")
     _check_source(weight, scale, NVFP4_GROUP, "NVFP4")

@@ -1,5 +1,5 @@
 """The byte-wise rules of Marlin's FP4 scales, on numpy arrays (docs/spec/MARLIN_FP4.md §3), without torch:
-the converter's CPU path and the torch API (formats/marlin_scales.py) both use these tables.
+the converter's CPU path and the torch API (formats/marlin/scales.py) both use these tables.
 
 Every NVFP4 rule here maps one E4M3 byte to one output byte, so it is evaluated once over all 256
 bytes and applied as a lookup:
@@ -19,14 +19,14 @@ import math
 
 import numpy as np
 
-from dsv4_convert.formats import fp4_kernels
-from dsv4_convert.formats.constants import (
+from ..constants import (
     ACT_EXPONENT_BIAS,
     E4M3_NAN_BYTES,
     S0E5M3_MIN,
     S0E5M3_MULTIPLIER,
     VLLM_RESCALE_TARGET,
 )
+from . import compiled_kernels
 
 __all__ = ["E4M3_VALUES", "scale_perm", "permute_scales", "s0e5m3_table", "inexact_bytes", "rescale_factor",
            "global_to_marlin"]
@@ -76,7 +76,7 @@ def permute_scales(src: np.ndarray, *, w4a8: bool = False, table: np.ndarray | N
         raise ValueError(f"scale columns N={src.shape[1]} must be a multiple of {perm.size} for the Marlin "
                          "scale permutation")
     out = np.empty((src.shape[0], src.shape[2], src.shape[1]), np.uint8)
-    fp4_kernels.permute_scales(src, perm, _NO_TABLE if table is None else table, out)
+    compiled_kernels.permute_scales(src, perm, _NO_TABLE if table is None else table, out)
     return out
 
 

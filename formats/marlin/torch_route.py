@@ -1,11 +1,11 @@
 """The Marlin FP4 transforms in plain torch ops, so they run on any device (CUDA for `--device cuda`).
 
-Same layout as formats/marlin_weight.py (docs/spec/MARLIN_FP4.md §2), written from the index rule
+Same layout as formats/marlin/weight.py (docs/spec/MARLIN_FP4.md §2), written from the index rule
 instead of the bit-swap schedule: with k = 16*kt + 8*kh + 2*kq + k0 and n = 64*c + 16*t + 8*dn + r,
 source code (n, k) lands in int32 word (kt, 128*c + 16*r + 4*kq + t) at nibble 4*k0 + 2*dn + kh.
 So the W4A16 weight is one axis permutation of the unpacked codes plus a nibble pack. W4A8 permutes
 2-byte units and swaps bytes/nibbles inside each word, as the numpy codec does.
-Byte-wise scale rules are taken from formats/marlin_scales.py as 256-entry tables (one home for each
+Byte-wise scale rules are taken from formats/marlin/scales.py as 256-entry tables (one home for each
 rule) and applied on the device. Results are byte-identical to the CPU codecs (tests compare them).
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.formats.e2m1 import pack_nibbles, unpack_nibbles
-from dsv4_convert.formats.marlin import mxfp4_source_for, nvfp4_source_for
-from dsv4_convert.formats.marlin_scales import mxfp4_scales_to_marlin, nvfp4_scales_to_s0e5m3, scale_column_perm
-from dsv4_convert.formats.marlin_weight import check_marlin_weight_shape
+from ..e2m1 import pack_nibbles, unpack_nibbles
+from . import mxfp4_source_for, nvfp4_source_for
+from .scales import mxfp4_scales_to_marlin, nvfp4_scales_to_s0e5m3, scale_column_perm
+from .weight import check_marlin_weight_shape
 
 __all__ = ["to_marlin_weight_t", "from_marlin_weight_t", "nvfp4_to_marlin_t", "mxfp4_to_marlin_t", "byte_table",
            "permute_columns_t"]
@@ -94,7 +94,7 @@ def byte_table(fn, dtype: torch.dtype, device) -> torch.Tensor:
 
 
 def permute_columns_t(s: torch.Tensor, *, w4a8: bool, inverse: bool = False) -> torch.Tensor:
-    """formats.marlin_scales.(un)permute_scale_columns on the tensor's device."""
+    """formats.marlin.scales.(un)permute_scale_columns on the tensor's device."""
     perm = scale_column_perm(w4a8=w4a8)
     perm = (torch.argsort(perm) if inverse else perm).to(s.device)
     n, block = s.shape[-1], perm.numel()
