@@ -29,7 +29,7 @@ __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_
 
 # the engine releases the serving proofs run under (serving_tests/locks), by core/engines.py release key
 # ("<engine> <series>"); a release without rows here (vLLM 0.34 until its proofs run) serves nothing
-ENGINE_VERSIONS = ("sglang 0.5.23", "vllm 0.33")
+ENGINE_VERSIONS = ("sglang 0.5.23", "vllm 0.33", "vllm 0.34")  # the releases whose proofs ran: serving_tests/run.sh --matrix
 
 
 def engine_key(engine: str, version: str) -> str:

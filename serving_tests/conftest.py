@@ -40,10 +40,12 @@ def _served_problems() -> tuple[str, list[str]]:
     problems = []
     for s in entries(engine=key):
         for proof in s.proofs:
-            if proof.split("::")[0] in files and proof not in _collected:
+            # a proof named without its parameters stands for every parametrised case of that test
+            ids = [n for n in _collected if n == proof or ("[" not in proof and n.startswith(proof + "["))]
+            if proof.split("::")[0] in files and not ids:
                 problems.append(f"{s.family} {s.source_format} on {key}: its proof {proof} does not exist")
-            elif proof in _ran and _ran[proof] != "passed":
-                problems.append(f"{s.family} {s.source_format} on {key}: its proof {proof} {_ran[proof]}")
+            problems += [f"{s.family} {s.source_format} on {key}: its proof {n} {_ran[n]}"
+                         for n in ids if n in _ran and _ran[n] != "passed"]
     return key, problems
 
 

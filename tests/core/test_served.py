@@ -178,7 +178,7 @@ def test_qwen3_mixed_precision_is_refused_where_nvfp4_is_served():
 
 def test_an_installed_version_maps_to_its_release():
     assert engine_key("vllm", "0.33.0") == "vllm 0.33" and engine_key("sglang", "0.5.23") == "sglang 0.5.23"
-    assert engine_key("vllm", "0.34.0") == "vllm 0.34" and not entries(engine="vllm 0.34")  # no proof run there yet
+    assert engine_key("vllm", "0.34.0") == "vllm 0.34" and entries(engine="vllm 0.34")
     from dsv4_convert.core.engines import RELEASES
 
     assert set(ENGINE_VERSIONS) <= set(RELEASES)
