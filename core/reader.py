@@ -19,7 +19,7 @@ import numpy as np
 
 from .detect import detect_format
 from .errors import InputError, UsageError
-from .files import CONFIG, HF_QUANT_CONFIG, INDEX_FILE, SINGLE_FILE
+from .files import CONFIG, HF_QUANT_CONFIG, INDEX_FILE, SINGLE_FILE, SOURCE_DIR
 from .grouping import group_projections
 from .index import check_index, listing, natural_key, read_json, read_weight_map
 from .safetensors_header import read_header
@@ -201,7 +201,8 @@ def _refuse_unreadable_files(root: Path, entries: list[Path]) -> None:
             raise InputError(f"{rel.as_posix()} in {root} is {what}: every file beside the weights is copied byte "
                              "for byte, and this one cannot be", error_id="input.not_a_regular_file", file=str(p),
                              hint="restore the file (a Hub snapshot's lost blob: download it again), or remove it")
-        read_header(p, file=rel.as_posix())  # a weights file the index does not list: it must be one
+        if rel.parts[0] != SOURCE_DIR:  # the tool's own reverse record: marlin-to-source checks it, naming it
+            read_header(p, file=rel.as_posix())  # a weights file the index does not list: it must be one
 
 
 # ----------------------------------------------------------------------------------------------- tensors
