@@ -1,4 +1,4 @@
-"""formats/marlin/__init__.py: whole projections through Marlin and back, dequantized values, padding, targets."""
+"""formats/marlin/projection.py: whole projections through Marlin and back, dequantized values, padding, targets."""
 
 import pytest
 import torch

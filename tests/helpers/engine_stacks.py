@@ -1,4 +1,4 @@
-"""Whole dense linears and MoE expert stacks, composed from formats/marlin/__init__.py the way each engine's
+"""Whole dense linears and MoE expert stacks, composed from formats/marlin/projection.py the way each engine's
 `process_weights_after_loading` composes its steps: tile padding, one rescale factor per stacked
 tensor, the gate's global for w13. The converter works one projection at a time and never needs
 these; they exist so the golden cases (tests/golden/, made by the engines' own code) pin the

@@ -55,7 +55,10 @@ def test_padded_outputs_validate_clean_and_reverse_exactly(src, outputs, layout,
     for extra in ((), ("--against", src)):
         code, report = _validate(out, *extra)
         s = report["summary"]
-        assert code == 0 and s["errors"] == 0 and s["warnings"] == 0, [f for f in report["findings"]][:3]
+        # a W4A8 output carries one expected warning: the releases without W4A8 Marlin (vLLM 0.34) refuse it
+        expected = {"marlin.w4a8_releases"} if layout.startswith("w4a8") else set()
+        assert {f["check"] for f in report["findings"]} == expected, report["findings"][:3]
+        assert code == 0 and s["errors"] == 0 and s["warnings"] == len(expected), report["findings"][:3]
         assert s["experts_checked"] == EXPERTS and s["projections_checked"] == 3 * EXPERTS
         assert {c["id"]: c["status"] for c in report["checks"]}["marlin.padding"] == "pass"
     run_cli("marlin-to-source", out, tmp_path / "back", "-q")

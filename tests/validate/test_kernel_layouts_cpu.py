@@ -35,12 +35,14 @@ from tests.helpers.cli import run_cli as cli
 
 
 class CpuRepack:
-    """The engine's gptq_marlin_repack(q int32 [K/8, N], K, N, 4, False) by the project's CPU codec."""
+    """The engine's gptq_marlin_repack(b_q_weight int32 [K/8, N], size_k, size_n, num_bits=4), called by its
+    schema's argument names as validate/kernel_provider.py calls it, by the project's CPU codec."""
     name = "cpu codec"
+    repack_op = to_marlin_weight  # the runner asks whether the provider has a repack op
 
-    def repack(self, q, k, n, bits, a8):
-        assert (bits, a8) == (4, False) and tuple(q.shape) == (k // 8, n)
-        return to_marlin_weight(q.t().contiguous().view(torch.uint8))
+    def repack(self, *, b_q_weight, size_k, size_n, num_bits, is_a_8bit=False):
+        assert (num_bits, is_a_8bit) == (4, False) and tuple(b_q_weight.shape) == (size_k // 8, size_n)
+        return to_marlin_weight(b_q_weight.t().contiguous().view(torch.uint8))
 
 
 # (format, target, act dtype, synth sizes, tp, ep): padded layouts small enough for the CPU suite
