@@ -83,6 +83,9 @@ class Release:
     below: tuple[int, ...]  # first version past the range (not covered)
     verified: str  # the version the plugin and the layout were verified on
     w4a8: bool  # can serve a W4A8 (fp8 activations) Marlin checkpoint
+    # after processing an NVFP4 MoE layer, the engine's own method keeps ModelOpt's fp32 input scales and
+    # compressed-tensors' `w13/w2_weight_packed` (a second name of `w13/w2_weight`); False: input scales None
+    keeps_moe_input_scales: bool
     gemm_args: tuple[str, ...]  # moe_wna16_marlin_gemm's schema (argument names, in order)
     repack_args: tuple[str, ...]  # gptq_marlin_repack's schema
 
@@ -119,13 +122,7 @@ class EngineFacts:
     kernels: KernelOps
     probe: str  # "module:function" that builds the engine's quantisation config (serving/probe.py)
     inner_method: object  # (block, model_type) -> the method the engine resolves a source block to
-    # the engine's own methods (core/inner_methods.py names) the plugin hands the non-expert layers to,
-    # each loaded in serving_tests with the engine's code, as (method, model_type or None for any);
-    # any other is refused by validate's pre-flight and doctor
-    inner_methods: frozenset = frozenset()
-
-    def serves_inner(self, method: str, model_type: str | None) -> bool:
-        return (method, None) in self.inner_methods or (method, model_type) in self.inner_methods
+    # (which of those methods the plugins are proven with, per family and release: core/served.py)
 
     @property
     def fp32_global(self) -> bool:
@@ -179,10 +176,7 @@ ENGINES = {
         packages=(Package("vllm", "vllm", ("_moe_C*.so",)),),
         kernels=KernelOps("vllm", "vllm._custom_ops", "_moe_C.moe_wna16_marlin_gemm", "_C.gptq_marlin_repack",
                           "vllm.scalar_type", "vllm"),
-        probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm,
-        inner_methods=frozenset({("deepseek_v4_fp8", "deepseek_v4"), ("gpt_oss_mxfp4", "gpt_oss"),
-                                 ("modelopt_fp4", None), ("modelopt_mixed", "deepseek_v4"),
-                                 ("compressed-tensors", None)})),
+        probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm),
     # sglang-L2: the NVFP4 Marlin fallback and the DSv4 MXFP4 Marlin method exist only since 0.5.2x;
     # 0.5.23 is the version verified byte for byte. --tp-size / --ep-size are server_args' own names
     # (0.5.23, sglang/srt/arg_groups/fields/parallel.py); a bare --tp only works as an argparse abbreviation.
@@ -196,21 +190,22 @@ ENGINES = {
         packages=(Package("sglang", "sglang"), Package("sgl-kernel", "sgl_kernel", ("**/*.so",))),
         kernels=KernelOps("sgl_kernel", "sgl_kernel", "sgl_kernel.moe_wna16_marlin_gemm",
                           "sgl_kernel.gptq_marlin_repack", "sgl_kernel.scalar_type", "sgl-kernel"),
-        probe="dsv4_convert.serving.probe:sglang_quant_config", inner_method=resolve_sglang,
-        inner_methods=frozenset({("fp8", "deepseek_v4"), ("mxfp4", "gpt_oss"), ("modelopt_fp4", None),
-                                 ("modelopt_mixed", "deepseek_v4"), ("compressed-tensors", None)})),
+        probe="dsv4_convert.serving.probe:sglang_quant_config", inner_method=resolve_sglang),
 }
 LAYOUTS = {e.layout_tag: e for e in ENGINES.values()}
 
 # Releases, keyed "engine series". W4A8 Marlin (fp8 activations) is gone in vLLM 0.34.0: its kernels, the
 # W4A8 repack and `marlin_quant_input`; VLLM_MARLIN_INPUT_DTYPE stops 0.34 at start-up.
 RELEASES = {r.key: r for r in (
-    Release("vllm", "0.33", (0, 33, 0), (0, 34, 0), "0.33.0", w4a8=True, gemm_args=GEMM_ARGS_033,
+    Release("vllm", "0.33", (0, 33, 0), (0, 34, 0), "0.33.0", w4a8=True,
+            keeps_moe_input_scales=False, gemm_args=GEMM_ARGS_033,
             repack_args=REPACK_ARGS_033),
-    Release("vllm", "0.34", (0, 34, 0), (0, 35, 0), "0.34.0", w4a8=False, gemm_args=GEMM_ARGS_034,
+    Release("vllm", "0.34", (0, 34, 0), (0, 35, 0), "0.34.0", w4a8=False,
+            keeps_moe_input_scales=True, gemm_args=GEMM_ARGS_034,
             repack_args=REPACK_ARGS_034),
     # sgl_kernel keeps vLLM 0.33's op schema (its ops are read by name from their own schema at run time)
-    Release("sglang", "0.5.23", (0, 5, 23), (0, 5, 24), "0.5.23", w4a8=False, gemm_args=GEMM_ARGS_033,
+    Release("sglang", "0.5.23", (0, 5, 23), (0, 5, 24), "0.5.23", w4a8=False,
+            keeps_moe_input_scales=False, gemm_args=GEMM_ARGS_033,
             repack_args=REPACK_ARGS_033),
 )}
 

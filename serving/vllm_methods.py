@@ -22,7 +22,7 @@ from vllm.model_executor.layers.quantization.utils import marlin_utils
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
-from ..core.engines import ENGINES, QUANT_METHOD, release_for, version_tuple
+from ..core.engines import ENGINES, QUANT_METHOD, release_for
 from ..core.tensor_io import act_torch_dtype
 from ..core.tensor_model import SourceFormat
 from ..formats.marlin.scales import (
@@ -47,11 +47,6 @@ logger = logging.getLogger("dsv4_convert.serving")
 _GROUP = FusedMoeWeightScaleSupported.GROUP.value
 _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
 _MARLIN_HINT = "start vLLM with --moe-backend marlin"
-# What vLLM's own NVFP4 MoE methods leave registered after processing for the Marlin backend (read from
-# modelopt.py and compressed_tensors_moe_w4a4_nvfp4.py of each release): 0.33 sets the input scales to
-# None; 0.34 keeps ModelOpt's loaded fp32 input scales, and keeps compressed-tensors' `w13_weight_packed`
-# registered as a second name of `w13_weight` (move_parameter). The plugin leaves the same parameters.
-_RELEASE_0_34 = version_tuple(vllm.__version__) >= (0, 34)
 def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_partition):
     """(H, I) of this rank's parameters: the unpadded sizes vLLM's layer has, or the padded ones a
     `--tp/--ep` checkpoint records for exactly this split (serving/config.py rank_param_sizes)."""
@@ -221,6 +216,9 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
 
     def process_weights_after_loading(self, layer) -> None:
         act = self.spec.act_dtype
+        # leave exactly the parameters vLLM's own NVFP4 MoE method leaves for this release (the engine table;
+        # check_layout refused any release it does not list before the layer was built)
+        keeps = release_for("vllm", vllm.__version__).keeps_moe_input_scales
         self.rank_rescale_factors = {}
         for stack, gname in (("w13", "w13_weight_global_scale"), ("w2", "w2_weight_global_scale")):
             stored = self.spec.rescale_factors.get(f"{self.container}.{stack}", 1.0)
@@ -249,10 +247,10 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
                     )
             replace_parameter(layer, f"{stack}_weight_scale_2", processed.float().contiguous())
             delattr(layer, gname)
-            if not (_RELEASE_0_34 and self.spec.source_format != SourceFormat.NVFP4_CT.value):
-                replace_parameter(layer, f"{stack}_input_scale", None)  # see _RELEASE_0_34
+            if not (keeps and self.spec.source_format != SourceFormat.NVFP4_CT.value):
+                replace_parameter(layer, f"{stack}_input_scale", None)
         keep_globals_as_engine(layer)  # compressed-tensors: vLLM's own method keeps the source's globals
-        if _RELEASE_0_34 and self.spec.source_format == SourceFormat.NVFP4_CT.value:
+        if keeps and self.spec.source_format == SourceFormat.NVFP4_CT.value:
             for stack in ("w13", "w2"):  # a second name of one parameter: no memory
                 layer.register_parameter(f"{stack}_weight_packed", getattr(layer, f"{stack}_weight"))
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors

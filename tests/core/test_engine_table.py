@@ -60,7 +60,7 @@ TOY = dataclasses.replace(
     packages=(Package("pytest", "pytest"),),
     kernels=KernelOps("toy_kernel", "json", "toy.gemm", "toy.repack", "json", "pytest"),
     probe=f"{__name__}:_toy_probe", inner_method=_toy_resolver)
-TOY_RELEASE = Release("toyengine", "1", (1, 0), (1_000_000,), PYTEST_VERSION, w4a8=False,
+TOY_RELEASE = Release("toyengine", "1", (1, 0), (1_000_000,), PYTEST_VERSION, w4a8=False, keeps_moe_input_scales=False,
                       gemm_args=table.GEMM_ARGS_034, repack_args=table.REPACK_ARGS_034)
 VLLM_035 = dataclasses.replace(RELEASES["vllm 0.34"], series="0.35", first=(0, 35, 0), below=(0, 36, 0),
                                verified="0.35.0", w4a8=True)
