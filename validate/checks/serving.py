@@ -59,6 +59,16 @@ def stale_quant_block(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
                       "so FP4 layers would be built as FP8 (or the reverse).", file="config.json")
 
 
+def _record(c: CheckpointInput):
+    """A converted checkpoint's record, or None: not converted, or a record marlin.config reports."""
+    if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
+        return None
+    try:
+        return converted_record(c.config)
+    except ConvertedConfigError:
+        return None
+
+
 def _quantised_linears(c: CheckpointInput) -> list[str]:
     return [t.name for t in c.checkpoint.passthrough
             if t.name.endswith(".weight") and len(t.shape) == 2 and t.dtype in _QUANTISED]
@@ -70,12 +80,8 @@ def _quantised_linears(c: CheckpointInput) -> list[str]:
             "source: fix it and convert again")
 def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """The plugin serves the routed experts and hands every other layer to the method the engine builds from the source's own block; the family, source format and that method must be proven for the engine (core/served.py), and the method must match the layers' tensors."""
-    if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
+    if (spec := _record(c)) is None:
         return
-    try:
-        spec = converted_record(c.config)
-    except ConvertedConfigError:
-        return  # marlin.config reports it
     engine = ENGINES[spec.target_engine]
     block = serving_block(spec)
     method = engine_inner_method(engine.name, block, spec.source_model_type)
@@ -103,12 +109,8 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
             "release)")
 def w4a8_releases(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """A W4A8 (fp8 activations) checkpoint is served only by the engine releases with W4A8 Marlin (the engine table: vLLM 0.33, not 0.34, which removed it); the others refuse it at load."""
-    if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
+    if (spec := _record(c)) is None:
         return
-    try:
-        spec = converted_record(c.config)
-    except ConvertedConfigError:
-        return  # marlin.config reports it
     engine = ENGINES[spec.target_engine]
     if spec.w4a8:
         refused = [r.key for r in engine.releases if not r.w4a8]
