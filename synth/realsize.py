@@ -1,5 +1,6 @@
 """Real-size mode of `synth`: ONE DeepSeek-V4-Flash MoE layer (256 experts, hidden 4096, intermediate
-2048; about 3.4 GB MXFP4, 3.6 GB NVFP4) with only the routed-expert tensors, for benchmarks.
+2048; about 3.4 GB MXFP4, 3.6 GB NVFP4) with only the routed-expert tensors and the output head, for
+benchmarks.
 
 The data is RANDOM CODES, not quantized matrices: packed bytes are uniform (every nibble is a valid
 E2M1 code), E8M0 scale bytes are uniform in 118..130 (2**-9 .. 2**3), E4M3 block scales are uniform
@@ -91,7 +92,7 @@ def _make(seed: int, name: str, spec: tuple, dtype: torch.dtype) -> torch.Tensor
         return _bytes(seed, name, shape, *_E8M0_RANGE).view(tdtype)
     if kind == "e4m3":
         return _bytes(seed, name, shape, *_E4M3_RANGE).view(tdtype)
-    if kind == "bias":
+    if kind in ("bias", "dense"):  # small random values in the model's dtype
         g = torch.Generator().manual_seed(int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:7],
                                                          "little"))
         return (torch.randn(shape, generator=g) * 0.01).to(dtype)
@@ -105,6 +106,9 @@ def real_size_plan(fmt: str, seed: int, dims: Dims = REAL_SIZE, dtype: torch.dty
                    ) -> tuple[list[str], list[int], Callable[[str], torch.Tensor]]:
     """(tensor names in file order, their byte sizes, a function that makes one tensor by name)."""
     specs = _gptoss_specs(dims) if fmt == "mxfp4-gptoss" else _dsv4_or_hf_specs(fmt, dims)
+    # the model's own output head, last (4 MB): the structure rules require it of every untied model
+    # (core/structure.py: DeepSeek-V4's `head.weight`, the others' `lm_head.weight`)
+    specs["head.weight" if fmt.endswith("dsv4") else "lm_head.weight"] = ("dense", (dims.vocab, dims.hidden), None, None)
     elem = {torch.float32: 4, None: dtype.itemsize}
     sizes = [int(np.prod(s[1], dtype=np.int64)) * elem.get(s[2], 1) for s in specs.values()]
     return list(specs), sizes, lambda name: _make(seed, name, specs[name], dtype)
