@@ -21,7 +21,7 @@ mapped file pages, RssFile / RssShmem), and the summed RssAnon of the tree; star
 the first job). Each row's bytes are the same; tests/convert prove the routes byte-identical.
 
     python benchmarks/bench_convert.py [--dir /dev/shm] [--layers 8|auto] [--shard-gib 1 4]
-        [--workers auto 4 8 16] [--routes cpu cuda] [--cuda-workers 4] [--repeat 2] [--copies 2]
+        [--workers auto 4 8 16] [--routes cpu ray] [--repeat 2] [--copies 2]
         [--format nvfp4-modelopt-dsv4]
         [--target sglang] [--profile] [--skip-small]
 
@@ -55,9 +55,7 @@ LAYER_GB = 3.6238848  # one real-size NVFP4 layer
 COMMANDS = {"nvfp4-modelopt-dsv4": "nvfp4-to-marlin", "nvfp4-modelopt-hf": "nvfp4-to-marlin",
             "nvfp4-ct": "nvfp4-to-marlin", "mxfp4-dsv4": "mxfp4-to-marlin", "mxfp4-ct": "mxfp4-to-marlin"}
 ROUTES = {  # name -> (extra CLI arguments, extra environment)
-    "cpu": ([], {}),
-    "cuda": (["--device", "cuda"], {}),
-    "cpu-threads": ([], {"DSV4_CONVERT_THREADS": "1", "PYTHONPATH": "tests/hooks"}),  # the CPU route in the thread executor (a test hook: tests/hooks)
+    "cpu": ([], {}),  # the local process pool (the converters run on the CPU only: docs/PERFORMANCE.md)
     "ray": (["--executor", "ray"], {"RAY_USAGE_STATS_ENABLED": "0"}),
 }
 CLI = [sys.executable, "-m", "dsv4_convert.cli"]
@@ -249,7 +247,7 @@ def layout_table(tmp: Path, args, layers: int, shard_gib: float, routes: list[st
     print(f"  {'route':<12}{'workers':>8}{'seconds':>9}{'GB/s':>7}{'t/cp1':>7}{'t/cpN':>7}{'CPU s':>8}{MEM_HEAD}"
           f"{'start-up':>9}", flush=True)
     for route in routes:
-        for w in args.cuda_workers if route == "cuda" and args.cuda_workers else args.workers:
+        for w in args.workers:
             runs, starts = [], []
             for _ in range(args.repeat):
                 r = _convert(command, src, tmp / "out", args.target, route, w, {MARKS_ENV: str(tmp / "marks")})
@@ -300,19 +298,15 @@ def main() -> None:
     ap.add_argument("--shard-gib", type=float, nargs="+", default=[1.0], help="input shard sizes, one table each")
     ap.add_argument("--workers", nargs="+", default=["auto", *sorted({min(4, cores), cores})],
                     help="worker counts ('auto': the converter's choice)")
-    ap.add_argument("--routes", nargs="+", choices=list(ROUTES), default=None,
-                    help="default: cpu, and cuda where nvidia-smi sees a GPU")
+    ap.add_argument("--routes", nargs="+", choices=list(ROUTES), default=["cpu"], help="executors to measure")
     ap.add_argument("--repeat", type=int, default=2, help="conversions per row (medians)")
     ap.add_argument("--copies", type=int, default=2, help="rounds of both copy baselines per input (medians)")
-    ap.add_argument("--cuda-workers", nargs="+", default=None, help="worker counts of the cuda route (default: --workers)")
     ap.add_argument("--format", default="nvfp4-modelopt-dsv4", choices=list(COMMANDS))
     ap.add_argument("--target", default="sglang", choices=["sglang", "vllm"])
     ap.add_argument("--profile", action="store_true", help="one more run per route: where the time goes")
     ap.add_argument("--skip-small", action="store_true", help="no start-up and small-conversion sections")
     args = ap.parse_args()
     args.workers = [w if w == "auto" else int(w) for w in args.workers]
-    args.cuda_workers = [w if w == "auto" else int(w) for w in args.cuda_workers or []]
-    routes = args.routes or (["cpu", "cuda"] if _gpus() else ["cpu"])
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmp = Path(tmp)
         print(_machine(tmp), flush=True)
@@ -320,7 +314,7 @@ def main() -> None:
         if not args.skip_small:
             small_table(tmp)
         for i, gib in enumerate(args.shard_gib):
-            layout_table(tmp, args, layers, gib, routes)
+            layout_table(tmp, args, layers, gib, args.routes)
             if i == 0 and not args.skip_small:
                 startup_table(tmp / "src")
     print(f"load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")

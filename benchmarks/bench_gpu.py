@@ -7,7 +7,7 @@
 2. The load-time cost the plugins remove: vLLM's gptq_marlin_repack on every expert of the layer
    (as its weight loading does it, one expert at a time), its time and peak GPU memory.
 The layer comes from `dsv4-convert synth --real-size` (random codes; fine for speed).
-`--device cuda` conversion speed, file to file, is benchmarks/bench_convert.py's (a route there).
+Conversion speed, file to file, is benchmarks/bench_convert.py's (the converters run on the CPU only).
 """
 
 from __future__ import annotations

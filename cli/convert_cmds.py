@@ -18,7 +18,6 @@ from ..core.target import MarlinTarget
 from ..core.tensor_model import Quant
 from ..core.units import human_rate, human_size
 from ..formats.tiles import PAD
-from ..runtime.executors import refuse_device
 from ..runtime.paths import out_path
 from ..runtime.settings import ALLOW_UNSERVABLE_ENV, settings
 from ..runtime.staging import Staging
@@ -27,9 +26,9 @@ from .options import (
     device_option,
     executor_options,
     parse_size,
+    refuse_gpu_device,
     run_options,
     target_options,
-    use_device,
 )
 from .report import emit, show_progress
 
@@ -84,10 +83,9 @@ def _layout(tp, ep) -> tuple[int | None, int]:
 
 def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_size, resume, force, dry_run,
          report, executor, device=None, tp=None, ep=None, allow_unservable=False):
-    refuse_device(executor, device)
+    refuse_gpu_device(device)  # exit 2 before anything is read or written
     tp, ep = _layout(tp, ep)
     force_progress = report.pop("force_progress")
-    devices, workers = use_device(device, workers)  # refuses (exit 2) before anything is read or written
     if (resume or force) and dry_run:
         raise UsageError("--dry-run writes nothing; it cannot be combined with --resume/--force",
                          error_id="usage.flags")
@@ -110,7 +108,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         emit(summary, _plan_text(plan, summary), **report)
         return
     bad_inputs = invalid_input_scales(ckpt)  # a few bytes per projection; published unchanged, so say it
-    result = run_conversion(plan, staging, workers=workers, progress=show_progress(report["quiet"], force_progress), executor=executor, devices=devices)
+    result = run_conversion(plan, staging, workers=workers, progress=show_progress(report["quiet"], force_progress), executor=executor)
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
     text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
             f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "

@@ -12,7 +12,7 @@ from ..core.errors import UsageError
 from ..runtime.executors import EXECUTORS, ExecutorSpec
 from .report import progress_option, report_options
 
-__all__ = ["ACT_DTYPE_CHOICE", "TARGET_CHOICE", "TARGET_HELP", "W4A8_ENGINE", "target_options", "run_options", "executor_options", "parse_size", "device_option", "use_device", "FiniteFloat", "SEED"]
+__all__ = ["ACT_DTYPE_CHOICE", "TARGET_CHOICE", "TARGET_HELP", "W4A8_ENGINE", "target_options", "run_options", "executor_options", "parse_size", "device_option", "refuse_gpu_device", "FiniteFloat", "SEED"]
 
 # a seed torch's generator takes (it raises on anything wider than 64 bits)
 SEED = click.IntRange(-(2**63), 2**64 - 1)
@@ -83,11 +83,11 @@ def device_option(fn):
     return click.option("--device", default="cpu", hidden=True, metavar="cpu")(fn)
 
 
-def use_device(device: str | None, workers: int | None) -> tuple[tuple[str, ...], int | None]:
-    """Check the converters' --device: `cpu` (the default) is the only route; `cuda` is refused with the
-    reason, before anything is read or written. Returns (no GPUs, the workers)."""
+def refuse_gpu_device(device: str | None) -> None:
+    """Check the converters' --device: `cpu` (the default) is the only route; anything else (`cuda`,
+    `cuda:N`) is refused with the reason, before anything is read or written (scripts still pass it)."""
     if (device or "cpu").strip().lower() == "cpu":
-        return (), workers
+        return
     raise UsageError(f"--device {device}: the converters run on the CPU only; the GPU route was withdrawn because "
                      "it was slower (0.39x the CPU route on an H100 box, same bytes)",
                      error_id="usage.device_withdrawn",

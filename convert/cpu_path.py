@@ -8,8 +8,7 @@ else, which then takes the torch route (convert/transform.py) with the same resu
 layouts, W4A8, globals not stored as float32, and the rare projections whose scales hold NaN (the
 torch route raises the error) or a byte the target cannot hold exactly (it records the lost bytes for
 the reverse). Both routes give the same bytes: the CLI tests run the two on every source format
-(DSV4_CONVERT_TORCH_ROUTE=1 forces the torch route). With --device cuda this route still reads,
-checks and converts the scales and globals, and the weight repack runs on the GPU (convert/cuda_route.py)."""
+(DSV4_CONVERT_TORCH_ROUTE=1 forces the torch route)."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ from ..formats.marlin.compiled_kernels import byte_presence
 from ..formats.marlin.reference_scales import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table
 from ..formats.marlin.reference_weight import a16_forward
 from ..runtime.settings import TORCH_ROUTE_ENV, settings
-from .cuda_route import weight_words_on_device
 
 __all__ = ["TORCH_ROUTE_ENV", "convert_on_cpu", "load_kernels"]
 
@@ -62,11 +60,11 @@ def _rows(reader, ref, p: Projection) -> np.ndarray:
     return np.ascontiguousarray(slab[p.rows])
 
 
-def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, *, threads: int | None = None,
-                   device: str | None = None) -> dict[str, np.ndarray] | None:
+def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, *,
+                   threads: int | None = None) -> dict[str, np.ndarray] | None:
     """One projection -> its output parts as numpy arrays (named as plan._projection_outputs names
     them), or None when the torch route must convert it (see the module docstring). The weight repack
-    runs on `device` ("cuda:N", --device cuda), else on `threads` CPU threads."""
+    runs on `threads` CPU threads."""
     if not _routable(p, target):
         return None
     scale = _rows(reader, p.scale, p)
@@ -77,8 +75,7 @@ def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, 
         return None
     weight = _rows(reader, p.weight, p)
     n, k2 = weight.shape
-    parts = {"weight": weight_words_on_device(weight, n, k2, device) if device is not None  # the same words
-             else a16_forward(weight.reshape(-1), n, k2, threads=threads)}
+    parts = {"weight": a16_forward(weight.reshape(-1), n, k2, threads=threads)}
     if p.quant is Quant.MXFP4:
         parts["weight_scale"] = permute_scales(scale.reshape(1, n, -1))
         return parts

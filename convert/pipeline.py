@@ -26,7 +26,6 @@ from ..runtime.profiling import mark, profile_dir, profiled_job
 from ..runtime.side_files import protect
 from ..runtime.staging import Staging
 from .cpu_path import convert_on_cpu, load_kernels
-from .cuda_route import job_device
 from .pieces import Piece, piece_sidecar, seal, split_shards
 from .plan import ConvertPlan
 from .publish import finalize
@@ -69,19 +68,16 @@ def _report(nbytes: int, callback=None) -> None:
 
 
 def _write_piece(root: str, fmt: SourceFormat, target, piece: Piece, tmp_path: str, rescale: dict,
-                 metadata: dict, devices: tuple[str, ...], index: int, threads: int,
-                 callback=None) -> tuple[str, str | None, int]:
-    """Job `index` of the run, in a worker. `devices`: the run's GPUs ("cuda:N", --device cuda; the job
-    takes cuda_route.job_device(devices, index)), or () for the CPU, where the repack runs on `threads`
-    threads (the executor's threads_per_job: 1 in a pool worker or a job thread, else the cores)."""
+                 metadata: dict, threads: int, callback=None) -> tuple[str, str | None, int]:
+    """One job of the run, in a worker: `piece` of its shard. The repack runs on `threads` threads
+    (the executor's threads_per_job: 1 in a pool worker, else the cores)."""
     freeze_imports()
     with profiled_job(piece.name):
-        return _write_piece_job(root, fmt, target, piece, tmp_path, rescale, metadata, job_device(devices, index),
-                                threads, callback)
+        return _write_piece_job(root, fmt, target, piece, tmp_path, rescale, metadata, threads, callback)
 
 
 def _write_piece_job(root: str, fmt: SourceFormat, target, piece: Piece, tmp_path: str, rescale: dict,
-                     metadata: dict, device: str | None, threads: int, callback=None) -> tuple[str, str | None, int]:
+                     metadata: dict, threads: int, callback=None) -> tuple[str, str | None, int]:
     """Write `piece` of its shard into tmp_path: (file, hash, size) for a whole shard, (file, None,
     bytes) for a piece of one (hashed by pieces.seal once its shard is complete)."""
     keep_buffers()
@@ -105,7 +101,7 @@ def _write_piece_job(root: str, fmt: SourceFormat, target, piece: Piece, tmp_pat
                     if current != p.key:  # a projection's outputs are consecutive: convert it once
                         current = p.key
                         parts = _convert(reader, p, fmt, target, rescale.get(f"{p.container}.{p.stack}", 1.0),
-                                         o.tiles, lost, _planned(shard.tensors, i), device, threads)
+                                         o.tiles, lost, _planned(shard.tensors, i), threads)
                     writer.write(o.spec.name, parts[o.part])
                 _report(o.spec.nbytes, callback)
             sha, size = writer.close()
@@ -128,19 +124,19 @@ def _planned(tensors, i: int) -> dict:
 
 
 def _convert(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float, tiles, lost: dict,
-             planned: dict, device: str | None, threads: int) -> dict:
+             planned: dict, threads: int) -> dict:
     """One projection's output parts (buffers of their planned bytes): the numpy route where it
     applies (convert/cpu_path.py), else the torch route, which checks each part's dtype and shape
     against `planned` and adds to `lost` the scale bytes the target cannot represent. torch is
     imported only when the torch route is taken."""
-    parts = convert_on_cpu(reader, p, fmt, target, sf, threads=threads, device=device) if tiles is None else None
+    parts = convert_on_cpu(reader, p, fmt, target, sf, threads=threads) if tiles is None else None
     if parts is not None:
         return parts
     import torch
 
     from .transform import convert_with_torch
     torch.set_num_threads(1)  # its small ops only wake OpenMP threads that spin (the repack has its own)
-    return convert_with_torch(reader, p, fmt, target, sf, tiles, lost, planned, device=device, threads=threads)
+    return convert_with_torch(reader, p, fmt, target, sf, tiles, lost, planned, threads=threads)
 
 
 def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> dict[str, float]:
@@ -150,10 +146,9 @@ def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> di
 
 # -- parent side ---------------------------------------------------------------------------------
 def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None = None, progress: bool = True,
-                   executor: ExecutorSpec = ExecutorSpec(), devices: tuple[str, ...] = ()) -> ConvertResult:
+                   executor: ExecutorSpec = ExecutorSpec()) -> ConvertResult:
     """Convert `plan` into `staging.out` (the Staging the CLI built and checked: OUT's one owner, with
-    --force/--resume). `devices`: the GPUs ("cuda:N", cli/options.py use_device) whose jobs run as
-    threads of this process, each on the GPU its index picks (convert/cuda_route.py); () for the CPU."""
+    --force/--resume)."""
     start = time.perf_counter()
     freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
@@ -172,16 +167,15 @@ def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None =
         local = executor.name == "local"  # Ray tasks write whole shards: pieces of a file share one page cache
         pieces = split_shards(todo, auto_workers(workers, total, None) if local else 1)
         if local and len(pieces) > 1:
-            load_kernels()  # once here, inherited by every forked worker (or shared by the threads)
-        pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers,
-                             threads=bool(devices))
+            load_kernels()  # once here, inherited by every forked worker
+        pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers)
         mark("start")
         pool.check_paths(run, [ckpt.root / f for f in sorted({t.file for t in ckpt.tensors.values()})])
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
         mark("rescale")
         record = build_record(plan, rescale)  # the config block, the shards' metadata, the manifest's fields
         _write_pieces(pool, pieces, run, staging, [str(ckpt.root), ckpt.format, plan.target], rescale,
-                      record.shard_metadata(), devices)
+                      record.shard_metadata())
         mark("shards")
         bar.close()
         pool.shutdown()
@@ -230,10 +224,10 @@ def _user_error(e: BaseException, staging: Staging, plan: ConvertPlan):
 
 
 def _write_pieces(pool, pieces: list[Piece], run: RunDir, staging: Staging, source: list, rescale: dict,
-                  meta: dict, devices: tuple[str, ...]) -> None:
-    """Every piece through the pool (job i: piece i, on the GPU job_device(devices, i) picks, or on the
-    pool's threads_per_job CPU threads); a whole shard is handed over as its job ends, a shard written
-    in pieces once all of them are in and it is sealed (hashed, sidecars merged)."""
+                  meta: dict) -> None:
+    """Every piece through the pool (each on the pool's threads_per_job CPU threads); a whole shard is
+    handed over as its job ends, a shard written in pieces once all of them are in and it is sealed
+    (hashed, sidecars merged)."""
     split: dict[str, list[Piece]] = {}
     for pc in pieces:
         if not pc.whole:
@@ -243,8 +237,8 @@ def _write_pieces(pool, pieces: list[Piece], run: RunDir, staging: Staging, sour
         if sha is not None:
             _hand_over(run, staging, file, sha, size)
 
-    args = [(*source, pc, str(run.tmp(pc.shard.file)), rescale, meta, devices, i, pool.threads_per_job)
-            for i, pc in enumerate(pieces)]
+    args = [(*source, pc, str(run.tmp(pc.shard.file)), rescale, meta, pool.threads_per_job)
+            for pc in pieces]
     pool.map(_write_piece, args, lambda r: done(*r), reports_progress=True, job_bytes=[pc.nbytes for pc in pieces])
     if split:  # hashing reads back from the page cache: one job per shard, in parallel
         pool.map(seal, [(str(run.tmp(f)), f, pcs, LOST_SUFFIX) for f, pcs in split.items()],

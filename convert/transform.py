@@ -24,26 +24,21 @@ from ..formats.marlin.compiled_kernels import byte_presence
 from ..formats.marlin.scales import nvfp4_global_to_marlin, nvfp4_scales_to_s0e5m3, s0e5m3_to_nvfp4_scales
 from ..formats.padded_layout import join_rank_blocks, rank_nk, source_rank_blocks
 from ..formats.tiles import RankTiles
-from .cuda_route import convert_projection_on
 
 __all__ = ["convert_projection", "convert_with_torch", "lost_scales", "scale_round_trip"]
 
 
 def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
                        *, target: MarlinTarget, sf: float = 1.0, tiles: RankTiles | None = None,
-                       device: str | None = None, threads: int | None = None) -> dict[str, torch.Tensor]:
+                       threads: int | None = None) -> dict[str, torch.Tensor]:
     """Source tensors (weight u8 [N, K/2], scale [N, K/g], ModelOpt global or None) -> output parts
     named as in plan._projection_outputs: weight, weight_scale, and for NVFP4 weight_global_scale and
     weight_scale_2 (the ModelOpt-convention global, stored for compressed-tensors sources).
     With `tiles` (a container the engine pads at the --tp/--ep split), the padded per-rank layout.
-    `device` ("cuda:N", from --device): the transforms run there; else on the CPU, the weight repack on
-    `threads` threads."""
+    The weight repack runs on `threads` CPU threads."""
     _refuse_nan_scales(p, scale)
     if tiles is not None:
-        return _convert_padded(p, weight, scale, global_scale, target=target, sf=sf, tiles=tiles, device=device,
-                               threads=threads)
-    if device is not None:  # --device cuda[:N]: same bytes, computed on the GPU
-        return convert_projection_on(torch.device(device), p, weight, scale, global_scale, target=target, sf=sf)
+        return _convert_padded(p, weight, scale, global_scale, target=target, sf=sf, tiles=tiles, threads=threads)
     if p.quant is Quant.NVFP4:
         q, s = nvfp4_to_marlin(weight, scale, target=target, sf=sf, threads=threads)
         g = global_scale.float().reshape(())
@@ -54,7 +49,7 @@ def convert_projection(p: Projection, weight: torch.Tensor, scale: torch.Tensor,
 
 
 def _convert_padded(p: Projection, weight, scale, global_scale, *, target: MarlinTarget, sf: float,
-                    tiles: RankTiles, device: str | None, threads: int | None) -> dict[str, torch.Tensor]:
+                    tiles: RankTiles, threads: int | None) -> dict[str, torch.Tensor]:
     """Each MoE-TP rank's source slice, zero-padded in source space to the engine's per-rank sizes
     (what vLLM's torch.zeros parameters hold before the repack), through the same codec as an
     unpadded projection; the rank blocks concatenated in rank order (formats/padded_layout.py).
@@ -66,7 +61,7 @@ def _convert_padded(p: Projection, weight, scale, global_scale, *, target: Marli
     for w, s in source_rank_blocks(weight, scale, down=down, t=tiles):
         w, s = pad(w.contiguous(), s.contiguous(), target=target, n_pad=n_pad, k_pad=k_pad)
         blocks.append(convert_projection(p, w.contiguous(), s.contiguous(), global_scale, target=target, sf=sf,
-                                         device=device, threads=threads))
+                                         threads=threads))
     out = dict(blocks[0])
     for part in ("weight", "weight_scale"):
         out[part] = join_rank_blocks((b[part] for b in blocks), down=down)
@@ -118,8 +113,7 @@ def lost_scales(scale: torch.Tensor, *, target: MarlinTarget, sf: float = 1.0) -
 
 
 def convert_with_torch(reader: TensorReader, p: Projection, fmt: SourceFormat, target, sf: float, tiles,
-                       lost: dict, planned: dict, *, device: str | None = None,
-                       threads: int | None = None) -> dict[str, np.ndarray]:
+                       lost: dict, planned: dict, *, threads: int | None = None) -> dict[str, np.ndarray]:
     """One projection -> its output parts as byte arrays, each checked against its planned TensorSpec
     (`planned`: part -> spec; parts the plan does not write are left out); adds {key.index, key.bytes}
     of the scale bytes the target loses to `lost`. `tiles`: the padded
@@ -128,7 +122,7 @@ def convert_with_torch(reader: TensorReader, p: Projection, fmt: SourceFormat, t
     src = load_projection(reader, p, fmt=fmt)
     try:
         parts = convert_projection(p, src.weight, src.scale, src.global_scale, target=target, sf=sf, tiles=tiles,
-                                   device=device, threads=threads)
+                                   threads=threads)
     except ValueError as e:  # the codecs refuse values the target cannot encode
         raise ContentError(f"{p.key}: {e}", error_id="convert.bad_values", tensor=p.weight.name, file=p.weight.file,
                            hint="run `dsv4-convert validate` on the input for the full list; fix or re-export "

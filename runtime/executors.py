@@ -13,17 +13,15 @@ import multiprocessing as mp
 import os
 import queue
 import signal
-import threading
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import UsageError
 from .jobs import RunDir, one_thread_per_job
 
-__all__ = ["ExecutorSpec", "LocalExecutor", "ThreadExecutor", "auto_workers", "make_executor", "physical_cores",
-           "refuse_device"]
+__all__ = ["ExecutorSpec", "LocalExecutor", "auto_workers", "make_executor", "physical_cores", "refuse_device"]
 
 EXECUTORS = ("local", "ray")
 _BYTES_PER_WORKER = 128 << 20  # below this much work per worker, another process is not worth starting
@@ -37,7 +35,7 @@ class ExecutorSpec:
 
 
 def refuse_device(spec: ExecutorSpec, device: str | None) -> None:
-    """The Ray executor runs CPU tasks only this round: refuse `--device cuda` with it."""
+    """The Ray executor runs CPU tasks only: refuse `validate --kernel --device cuda` with it."""
     if spec.name == "ray" and device not in (None, "cpu"):
         raise UsageError(f"--executor ray runs on CPUs only; it cannot be combined with --device {device}",
                          error_id="usage.flags", hint="drop --device, or run with --executor local")
@@ -156,37 +154,11 @@ class LocalExecutor:
             self.executor.shutdown(wait=not cancel, cancel_futures=cancel)
 
 
-class ThreadExecutor(LocalExecutor):
-    """`workers` threads of this process run the jobs. For jobs whose heavy parts release the GIL
-    (reads, writes, the GPU's copies and kernels) and that need state a fork cannot carry (a CUDA
-    context): `--device cuda`."""
-
-    def __init__(self, workers: int, bar=None):
-        super().__init__(1, bar)  # no process pool
-        self.workers, self.threads_per_job = workers, 1  # one core per job, as in a pool worker
-        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="dsv4-job")
-        self._lock = threading.Lock()
-
-    def map(self, fn, argsets, on_result, *, reports_progress: bool = False, job_bytes=None) -> None:
-        pending = {self.executor.submit(fn, *args, **({"callback": self._tick} if reports_progress else {}))
-                   for args in argsets}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                on_result(fut.result())
-
-    def _tick(self, n: int) -> None:
-        with self._lock:  # the bar is not thread-safe
-            super()._tick(n)
-
-
-def make_executor(spec: ExecutorSpec, workers: int, bar=None, *, max_in_flight: int | None = None,
-                  threads: bool = False):
-    """The executor `spec` names. `workers` sizes the local pool (of threads in this process with
-    `threads`: jobs that drive a GPU, which a forked process could not use); with Ray, `max_in_flight`
-    (the user's --workers) caps the tasks submitted at once (default: as many as the cluster allows)."""
+def make_executor(spec: ExecutorSpec, workers: int, bar=None, *, max_in_flight: int | None = None):
+    """The executor `spec` names. `workers` sizes the local pool; with Ray, `max_in_flight` (the user's
+    --workers) caps the tasks submitted at once (default: as many as the cluster allows)."""
     if spec.name == "local":
-        return ThreadExecutor(workers, bar) if threads and workers > 1 else LocalExecutor(workers, bar)
+        return LocalExecutor(workers, bar)
     try:
         import ray  # noqa: F401
     except ImportError:

@@ -8,8 +8,7 @@ cProfile sees the job's main thread only. With O_DIRECT (runtime/direct_io.py) t
 pwrite run in the writer's thread, beside the conversion: "write" is then the time the main thread
 waits for a free bounce buffer or for the last writes (plus the copy into the buffers, under
 "python"), and "hash" is near zero; on the buffered path (DSV4_CONVERT_DIRECT_IO=0) both are the
-main thread's own calls, as before. Where the jobs run in threads of one process (--device cuda),
-a job's user and sys seconds are the process's over the job's time, so they overlap across jobs."""
+main thread's own calls, as before."""
 
 from __future__ import annotations
 

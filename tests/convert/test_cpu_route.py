@@ -4,13 +4,12 @@ through the real CLI in subprocesses, for every source format and both targets, 
 defects that send a projection back to the torch route (lost bytes recorded, NaN refused with the same
 error). Every file of the two outputs is compared byte for byte. And the default CPU conversion does
 not import torch at all (its start-up cost is what the route exists for).
-The same for the work split finer than a shard (convert/pieces.py: several jobs write one shard, in
-processes, or in threads as --device cuda runs them), against one worker writing whole shards.
+The same for the work split finer than a shard (convert/pieces.py: several worker processes write one
+shard), against one worker writing whole shards.
 
 Substitutions: DSV4_CONVERT_PIECE_BYTES lowers the piece size floor (64 MiB) so that checkpoints of a
-few MiB split as a real-size layer does; DSV4_CONVERT_THREADS=1 runs the CPU route's jobs in the
-thread executor that --device cuda uses (no GPU in CI); DSV4_CONVERT_PROFILE is read back only to
-see that the run did split (one profile per piece)."""
+few MiB split as a real-size layer does; DSV4_CONVERT_PROFILE is read back only to see that the run
+did split (one profile per piece)."""
 
 from __future__ import annotations
 
@@ -97,12 +96,12 @@ def test_default_conversion_does_not_import_torch(synth_source, tmp_path, fmt):
 _SPLIT = {"DSV4_CONVERT_PIECE_BYTES": "2000"}
 
 
-def _split_run(src, tmp_path, fmt, name, env, *args):
+def _split_run(src, tmp_path, fmt, *args):
     """The tree of a conversion with 5 workers (more than the 3 shards) whose shards are split, and the pieces it wrote."""
-    prof = tmp_path / f"prof-{name}"
-    out = tmp_path / name / "out"
+    prof = tmp_path / "prof-split"
+    out = tmp_path / "split" / "out"
     run_cli(_command(fmt), src, out, "-q", "--workers", "5", *args,
-            env={**_SPLIT, **env, "DSV4_CONVERT_PROFILE": str(prof)})
+            env={**_SPLIT, "DSV4_CONVERT_PROFILE": str(prof)})
     pieces = [p.stem for p in prof.glob("*.json") if ".safetensors.p" in p.stem]
     return tree_hashes(out), pieces
 
@@ -117,11 +116,10 @@ def _whole(src, tmp_path, fmt, *args):
 def test_pieces_give_the_same_checkpoint(synth_source, tmp_path, fmt):
     src = synth_source(fmt, layers=2, experts=4)
     whole = _whole(src, tmp_path, fmt, "--target", "vllm")
-    for name, env in (("procs", {}), ("threads", {"DSV4_CONVERT_THREADS": "1"})):
-        split, pieces = _split_run(src, tmp_path, fmt, name, env, "--target", "vllm")
-        assert split == whole, name
-        assert len(pieces) > len([f for f in whole if f.endswith(".safetensors") and "/" not in f]), \
-            "the shards were split into more pieces than there are shards"
+    split, pieces = _split_run(src, tmp_path, fmt, "--target", "vllm")
+    assert split == whole
+    assert len(pieces) > len([f for f in whole if f.endswith(".safetensors") and "/" not in f]), \
+        "the shards were split into more pieces than there are shards"
 
 
 @pytest.mark.parametrize("fmt, defect, target, extra", [
@@ -134,9 +132,8 @@ def test_pieces_on_the_torch_route(synth_source, tmp_path, fmt, defect, target, 
     kwargs = {"intermediate": 128} if extra else {}
     src = synth_source(fmt, layers=2, experts=4, defects=defects, **kwargs)
     whole = _whole(src, tmp_path, fmt, "--target", target, *extra)
-    for name, env in (("procs", {}), ("threads", {"DSV4_CONVERT_THREADS": "1"})):
-        split, pieces = _split_run(src, tmp_path, fmt, name, env, "--target", target, *extra)
-        assert split == whole, name
-        assert pieces
+    split, pieces = _split_run(src, tmp_path, fmt, "--target", target, *extra)
+    assert split == whole
+    assert pieces
     if defects:
         assert "dsv4-convert-source/lost_scales.safetensors" in whole

@@ -21,8 +21,7 @@ class NotMarkedSlow(UserWarning):
 
 
 HOOKS = Path(__file__).resolve().parents[1] / "hooks"  # the test-only hooks (sitecustomize.py there)
-HOOK_VARS = ("DSV4_CONVERT_KILL_AT", "DSV4_CONVERT_RUN_AT", "DSV4_CONVERT_PIECE_BYTES", "DSV4_CONVERT_THREADS",
-             "DSV4_CONVERT_PAUSE_TASK")  # as tests/hooks/sitecustomize.py reads them
+HOOK_VARS = ("DSV4_CONVERT_KILL_AT", "DSV4_CONVERT_RUN_AT", "DSV4_CONVERT_PIECE_BYTES", "DSV4_CONVERT_PAUSE_TASK")  # as tests/hooks/sitecustomize.py reads them
 
 
 def with_hooks(pythonpath: str | None) -> str:

@@ -9,7 +9,6 @@ test switch.
                                 (an input edited "during the run", at a known point)
     DSV4_CONVERT_PIECE_BYTES=n  the piece size floor (convert/pieces.py PIECE_MIN_BYTES, 64 MiB) lowered
                                 to n bytes, so that checkpoints of a few MiB split as a real layer does
-    DSV4_CONVERT_THREADS=1      the CPU route's jobs in the thread executor (--device cuda's) too
     DSV4_CONVERT_PAUSE_TASK=ARM a Ray job that reports progress, while the file ARM exists and names a
                                 pid file that does not exist yet, creates that pid file (O_EXCL: the first
                                 job cluster-wide), writes its pid and sleeps up to 60 s, so that a test can
@@ -17,9 +16,8 @@ test switch.
 
 Each hook replaces a name in its module when that module is imported (the CLI process; forked pool
 workers inherit it; a Ray worker imports it itself): `_step` in convert/pipeline.py (a no-op),
-`PIECE_MIN_BYTES` in convert/pieces.py, `make_executor` in runtime/executors.py (threads forced on),
-`_run_job` in runtime/ray_executor.py (its progress callback wrapped). A bad value stops the process at
-start-up."""
+`PIECE_MIN_BYTES` in convert/pieces.py, `_run_job` in runtime/ray_executor.py (its progress callback
+wrapped). A bad value stops the process at start-up."""
 
 from __future__ import annotations
 
@@ -32,9 +30,8 @@ import subprocess
 import sys
 import time
 
-HOOK_VARS = ("DSV4_CONVERT_KILL_AT", "DSV4_CONVERT_RUN_AT", "DSV4_CONVERT_PIECE_BYTES", "DSV4_CONVERT_THREADS",
-             "DSV4_CONVERT_PAUSE_TASK")
-_KILL, _RUN, _PIECES, _THREADS, _PAUSE = HOOK_VARS
+HOOK_VARS = ("DSV4_CONVERT_KILL_AT", "DSV4_CONVERT_RUN_AT", "DSV4_CONVERT_PIECE_BYTES", "DSV4_CONVERT_PAUSE_TASK")
+_KILL, _RUN, _PIECES, _PAUSE = HOOK_VARS
 
 
 def _parse_kill(raw: str) -> tuple[int, int]:
@@ -67,14 +64,6 @@ def _pieces(raw: str):
     def install(module) -> None:
         module.PIECE_MIN_BYTES = int(raw)
     return install
-
-
-def _threads(module) -> None:
-    make = module.make_executor
-
-    def make_executor(*args, **kwargs):
-        return make(*args, **{**kwargs, "threads": True})
-    module.make_executor = make_executor
 
 
 def _pause(arm: str) -> None:
@@ -139,10 +128,6 @@ def _hooks() -> dict:
             _steps(at, sig, int(run_at) if run_at else None, command))
     if env.get(_PIECES):
         hooks.setdefault("dsv4_convert.convert.pieces", []).append(_pieces(env[_PIECES]))
-    if env.get(_THREADS):
-        if env[_THREADS] != "1":
-            raise SystemExit(f"tests/hooks: {_THREADS}={env[_THREADS]!r}: use 1")
-        hooks.setdefault("dsv4_convert.runtime.executors", []).append(_threads)
     if env.get(_PAUSE):
         hooks.setdefault("dsv4_convert.runtime.ray_executor", []).append(_pausing(env[_PAUSE]))
     return hooks
