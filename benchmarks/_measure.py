@@ -39,22 +39,40 @@ def _status(pid: str) -> tuple[int, dict[str, int]] | None:
         return None
 
 
+class TreeMemory:
+    """Reads the memory of `root_pid` and its descendants, again and again. A process seen once outside
+    the tree stays outside (no process moves into another's subtree, short of pid reuse), so each read
+    opens the status files of new processes and of the tree's only: reading every process's status
+    every 20 ms took a good part of a core on a busy 2-core machine, and the measured command paid for it."""
+
+    def __init__(self, root_pid: int):
+        self.root, self.outside, self.parents = root_pid, set(), {}
+
+    def read(self) -> dict[str, dict[str, int]]:
+        """{field: {pid: KiB}} for the root and its descendants."""
+        mem = {}
+        for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+            if pid in self.outside:
+                continue
+            got = _status(str(pid))
+            if got is not None:
+                self.parents[pid], mem[pid] = got
+        out: dict[str, dict[str, int]] = {k: {} for k in FIELDS}
+        for pid, fields in mem.items():
+            p = pid
+            while p and p != self.root and p not in self.outside:
+                p = self.parents.get(p, 0)
+            if p == self.root:
+                for k in FIELDS:
+                    out[k][pid] = fields[k]
+            else:
+                self.outside.add(pid)
+        return out
+
+
 def tree_memory(root_pid: int) -> dict[str, dict[str, int]]:
-    """{field: {pid: KiB}} for `root_pid` and its descendants."""
-    parents, mem = {}, {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        got = _status(pid)
-        if got is not None:
-            parents[int(pid)], mem[int(pid)] = got
-    out: dict[str, dict[str, int]] = {k: {} for k in FIELDS}
-    for pid, fields in mem.items():
-        p = pid
-        while p and p != root_pid:
-            p = parents.get(p, 0)
-        if p == root_pid:
-            for k in FIELDS:
-                out[k][pid] = fields[k]
-    return out
+    """{field: {pid: KiB}} for `root_pid` and its descendants, read once."""
+    return TreeMemory(root_pid).read()
 
 
 def measured(cmd: list[str], *, env: dict | None = None, sync: bool = True) -> Run:
@@ -66,9 +84,11 @@ def measured(cmd: list[str], *, env: dict | None = None, sync: bool = True) -> R
     peak = {"tree": 0, "largest": 0, "anon_tree": 0, "anon_largest": 0, "file_largest": 0}
     stop = threading.Event()
 
+    tree = TreeMemory(proc.pid)
+
     def sample():
         while not stop.is_set():
-            m = tree_memory(proc.pid)
+            m = tree.read()
             files = [m["RssFile"][p] + m["RssShmem"][p] for p in m["RssFile"]]
             for key, values in (("tree", [sum(m["VmRSS"].values())]), ("largest", m["VmRSS"].values()),
                                 ("anon_tree", [sum(m["RssAnon"].values())]), ("anon_largest", m["RssAnon"].values()),

@@ -3,11 +3,12 @@ made in the same run. The numbers in docs/PERFORMANCE.md come from this script.
 
 Printed, in order:
 1. the machine (cores, CPU, memory, GPUs, the filesystem the files live on, the load);
-2. start-up: `--help`, `--version`, `inspect` and `plan` on the benchmark's real-size checkpoint
-   (headers only), medians of 5, beside `python -c pass` (the interpreter alone);
-3. the README's small synthetic checkpoint converted on the CPU route: cold (an empty numba cache:
+2. the README's small synthetic checkpoint converted on the CPU route: cold (an empty numba cache:
    the first run on a fresh machine compiles the kernels) and warm (median of 3);
-4. per input layout (--layers real-size DeepSeek-V4-Flash NVFP4 MoE layers of 3.62 GB each, cut into
+3. start-up: `--help`, `--version`, and `inspect` and `plan` on header sets of --header-layers
+   real-size layers (benchmarks/_inputs.py: the data are holes), medians of 5, beside `python -c pass`;
+4. per input layout (--layers real-size DeepSeek-V4-Flash NVFP4 MoE layers of 3.62 GB each, or of
+   --experts experts on a small machine (14.16 MB an expert; 96 experts: 1.36 GB), cut into
    shards of --shard-gib): the first conversion right after the input was written (cold: page cache
    dirty, numba cache as found), then every route x --workers ("auto": no --workers, the converter's
    own choice) --repeat times, after --copies rounds of the two copy baselines: one `cp -r` of the
@@ -20,8 +21,8 @@ tree), memory in MiB: the largest process's peak VmRSS (exact, its VmHWM), its p
 mapped file pages, RssFile / RssShmem), and the summed RssAnon of the tree; start-up (process start to
 the first job). Each row's bytes are the same; tests/convert prove the routes byte-identical.
 
-    python benchmarks/bench_convert.py [--dir /dev/shm] [--layers 8|auto] [--shard-gib 1 4]
-        [--workers auto 4 8 16] [--routes cpu ray] [--repeat 2] [--copies 2]
+    python benchmarks/bench_convert.py [--dir /dev/shm] [--layers 8|auto] [--experts 256] [--shard-gib 1 4]
+        [--workers auto 4 8 16] [--routes cpu ray] [--repeat 2] [--copies 2] [--header-layers 8 43]
         [--format nvfp4-modelopt-dsv4]
         [--target sglang] [--profile] [--skip-small]
 
@@ -36,15 +37,14 @@ import os
 import platform
 import shutil
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _inputs import header_set, synth_layers  # noqa: E402
 from _measure import Run, measured  # noqa: E402
 
 from dsv4_convert.runtime.executors import auto_workers, physical_cores  # noqa: E402
@@ -100,59 +100,6 @@ def _mem(r: Run) -> str:
 MEM_HEAD = f"{'VmHWM':>7}{'anon':>7}{'anon/t':>7}"
 
 
-def _synth(out: Path, fmt: str, layers: int, shard_gib: float) -> float:
-    """Write `layers` real-size layers in shards of `shard_gib` (one written by synth, the others
-    _replicate's); seconds taken."""
-    code = ("import sys; from pathlib import Path; from dataclasses import replace\n"
-            "from dsv4_convert.synth import write_synthetic_checkpoint\n"
-            "from dsv4_convert.synth.realsize import REAL_SIZE\n"
-            f"write_synthetic_checkpoint(Path({str(out)!r}), format={fmt!r}, real_size=True, force=True, "
-            f"real_size_dims=replace(REAL_SIZE, layers=1), "
-            f"shard_bytes=int({shard_gib} * 2**30))")
-    t = time.perf_counter()
-    one = out.with_name(out.name + "-1") if layers > 1 else out
-    subprocess.run([sys.executable, "-c", code.replace(f"Path({str(out)!r})", f"Path({str(one)!r})")], check=True)
-    if layers > 1:
-        _replicate(one, out, layers)
-        shutil.rmtree(one)
-    return time.perf_counter() - t
-
-
-def _replicate(one: Path, out: Path, layers: int) -> None:
-    """`layers` real-size layers made from the one-layer checkpoint `one` in seconds, not minutes of
-    random numbers: layer L's shards hold layer 0's bytes under the names layers.L.* (random codes either
-    way; the converter treats every layer alike). One thread per new shard (copy_file_range)."""
-    shutil.copytree(one, out)
-    index = json.loads((one / "model.safetensors.index.json").read_text())
-    shards = sorted(one.glob("*.safetensors"))
-
-    def copy(job):
-        layer, shard = job
-        with open(shard, "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]
-            header = json.loads(f.read(n))
-            renamed = {k.replace("layers.0.", f"layers.{layer}.", 1): v for k, v in header.items()}
-            text = json.dumps(renamed, separators=(",", ":")).encode()
-            text += b" " * (-len(text) % 8)
-            with open(out / f"layer{layer}-{shard.name}", "wb") as g:
-                g.write(struct.pack("<Q", len(text)) + text)
-                g.flush()
-                left, src_at = shard.stat().st_size - 8 - n, 8 + n
-                while left:
-                    done = os.copy_file_range(f.fileno(), g.fileno(), left, src_at)
-                    left, src_at = left - done, src_at + done
-        return {k: f"layer{layer}-{shard.name}" for k in renamed if k != "__metadata__"}
-
-    with ThreadPoolExecutor(os.cpu_count()) as pool:
-        for names in pool.map(copy, [(layer, s) for layer in range(1, layers) for s in shards]):
-            index["weight_map"].update(names)
-    index["metadata"]["total_size"] *= layers
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    config = json.loads((one / "config.json").read_text())
-    config["num_hidden_layers"] = layers
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-
-
 def _copies(src: Path, tmp: Path) -> tuple[Run, Run]:
     """(single-stream cp -r + sync, one cp per file at once + sync)."""
     single = measured(["cp", "-r", str(src), str(tmp / "copy")])
@@ -175,23 +122,31 @@ def _convert(command, src, out, target, route, workers, env_extra=None, cold_cac
     return measured(cmd, env=env)
 
 
-def startup_table(src: Path) -> None:
-    print("start-up (median of 5, seconds wall / CPU):", flush=True)
+def startup_table(tmp: Path, fmt: str, header_layers: list[int]) -> None:
+    """--help / --version, and inspect / plan on header sets of real-size layers (benchmarks/_inputs.py:
+    256 experts a layer, the data holes; 43 layers is DeepSeek-V4-Flash), medians of 5."""
+    one = tmp / "header-layer"
+    synth_layers(one, fmt, 1, 1.0, experts=1)
     cases = [("python -c pass", [sys.executable, "-c", "pass"]), ("--help", [*CLI, "--help"]),
-             ("--version", [*CLI, "--version"]), ("inspect", [*CLI, "inspect", str(src)]),
-             ("plan", [*CLI, "plan", str(src)])]
+             ("--version", [*CLI, "--version"])]
+    for layers in header_layers:
+        src = tmp / f"headers-{layers}"
+        n = header_set(one, src, layers)
+        cases += [(f"inspect, {layers} layers ({n} tensors)", [*CLI, "inspect", str(src)]),
+                  (f"plan, {layers} layers", [*CLI, "plan", str(src)])]
+    print("start-up (median of 5, seconds wall / CPU):", flush=True)
     for name, cmd in cases:
-        runs = []
-        for _ in range(5):
-            try:
-                runs.append(measured(cmd, sync=False))
-            except SystemExit:  # plan exits 1 when no split fits its default GPUs: still timed below
-                runs.append(_timed_anyway(cmd))
-        print(f"  {name:<16}{statistics.median(r.seconds for r in runs):>6.2f} s"
+        runs = [_timed_anyway(cmd) for _ in range(5)]  # no memory sampler: it competes for the cores
+        print(f"  {name:<40}{statistics.median(r.seconds for r in runs):>6.2f} s"
               f"{statistics.median(r.cpu_seconds for r in runs):>6.2f} CPU s", flush=True)
+    for layers in header_layers:
+        shutil.rmtree(tmp / f"headers-{layers}")
+    shutil.rmtree(one)
 
 
 def _timed_anyway(cmd) -> Run:
+    """Wall and CPU seconds of `cmd`, whatever its exit code (plan exits 1 when no split fits its
+    default GPUs)."""
     t = time.perf_counter()
     u0 = os.times()
     subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -227,11 +182,11 @@ def layout_table(tmp: Path, args, layers: int, shard_gib: float, routes: list[st
     command = COMMANDS[args.format]
     src = tmp / "src"
     shutil.rmtree(src, ignore_errors=True)
-    synth_s = _synth(src, args.format, layers, shard_gib)
+    synth_s = synth_layers(src, args.format, layers, shard_gib, experts=args.experts)
     size, shards = _size(src), len(list(src.glob("*.safetensors")))
     cold = _convert(command, src, tmp / "out", args.target, "cpu", "auto")  # just written: dirty pages
     shutil.rmtree(tmp / "out")
-    print(f"\ninput: {layers} real-size layer(s), {args.format}, {size / 1e9:.2f} GB in {shards} shards "
+    print(f"\ninput: {layers} real-size layer(s) of {args.experts} experts, {args.format}, {size / 1e9:.2f} GB in {shards} shards "
           f"(written in {synth_s:.1f} s) -> {args.target}; medians of {args.repeat}; memory in MiB\n"
           f"  first conversion right after writing it (cpu, auto = {auto_workers(None, size, None)} workers): "
           f"{cold.seconds:.2f} s, {size / cold.seconds / 1e9:.2f} GB/s, {cold.cpu_seconds:.1f} CPU s, largest "
@@ -285,9 +240,9 @@ def _profile(command, src, tmp, target, route, workers) -> None:
           f"{', '.join(f'{c} {b[c]:.2f}' for c in cats)}; CPU {b['jobs_cpu']:.2f}, idle {b['idle']:.2f}", flush=True)
 
 
-def _auto_layers(where: Path, most: int = 8) -> int:
+def _auto_layers(where: Path, experts: int, most: int = 8) -> int:
     free = shutil.disk_usage(where).free / 1e9
-    return max(1, min(most, int(free / (2.1 * LAYER_GB))))
+    return max(1, min(most, int(free / (2.1 * LAYER_GB * experts / 256))))
 
 
 def main() -> None:
@@ -295,6 +250,10 @@ def main() -> None:
     cores = os.cpu_count() or 1
     ap.add_argument("--dir", default=None, help="where the files live (/dev/shm: no disk)")
     ap.add_argument("--layers", default="1", help="real-size layers in the input, or 'auto'")
+    ap.add_argument("--experts", type=int, default=256,
+                    help="experts per layer (256: DeepSeek-V4-Flash, 3.62 GB a layer); fewer for a small machine")
+    ap.add_argument("--header-layers", type=int, nargs="+", default=[8, 43],
+                    help="layers of the header sets timed by inspect / plan (43: the whole DeepSeek-V4-Flash)")
     ap.add_argument("--shard-gib", type=float, nargs="+", default=[1.0], help="input shard sizes, one table each")
     ap.add_argument("--workers", nargs="+", default=["auto", *sorted({min(4, cores), cores})],
                     help="worker counts ('auto': the converter's choice)")
@@ -310,13 +269,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         tmp = Path(tmp)
         print(_machine(tmp), flush=True)
-        layers = _auto_layers(tmp) if args.layers == "auto" else int(args.layers)
+        layers = _auto_layers(tmp, args.experts) if args.layers == "auto" else int(args.layers)
         if not args.skip_small:
             small_table(tmp)
-        for i, gib in enumerate(args.shard_gib):
+            startup_table(tmp, args.format, args.header_layers)
+        for gib in args.shard_gib:
             layout_table(tmp, args, layers, gib, args.routes)
-            if i == 0 and not args.skip_small:
-                startup_table(tmp / "src")
     print(f"load after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
