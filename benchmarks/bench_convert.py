@@ -199,22 +199,26 @@ def layout_table(tmp: Path, args, layers: int, shard_gib: float, routes: list[st
         parallels.append(cn)
     t1, tn = statistics.median(r.seconds for r in singles), statistics.median(r.seconds for r in parallels)
     cpu1, cpun = statistics.median(r.cpu_seconds for r in singles), statistics.median(r.cpu_seconds for r in parallels)
-    print(f"  {'route':<12}{'workers':>8}{'seconds':>9}{'GB/s':>7}{'t/cp1':>7}{'t/cpN':>7}{'CPU s':>8}{MEM_HEAD}"
-          f"{'start-up':>9}", flush=True)
-    for route in routes:
-        for w in args.workers:
-            runs, starts = [], []
-            for _ in range(args.repeat):
-                r = _convert(command, src, tmp / "out", args.target, route, w, {MARKS_ENV: str(tmp / "marks")})
-                shutil.rmtree(tmp / "out")
-                starts.append(_startup(tmp / "marks", r.started))
-                runs.append(r)
-            t = statistics.median(r.seconds for r in runs)
-            label = f"auto={auto_workers(None, size, None)}" if w == "auto" else w
-            worst = max(runs, key=lambda r: r.anon_largest_mib)
-            print(f"  {route:<12}{label:>8}{t:>9.2f}{size / t / 1e9:>7.2f}{t / t1:>7.2f}{t / tn:>7.2f}"
-                  f"{statistics.median(r.cpu_seconds for r in runs):>8.1f}{_mem(worst)}"
-                  f"{statistics.median(starts):>9.2f}", flush=True)
+    rows = [(route, w) for route in routes for w in args.workers]
+    header = (f"  {'route':<12}{'workers':>8}{'seconds':>9}{'GB/s':>7}{'t/cp1':>7}{'t/cpN':>7}{'CPU s':>8}{MEM_HEAD}"
+              f"{'start-up':>9}")
+    runs, starts = {row: [] for row in rows}, {row: [] for row in rows}
+    for i in range(args.repeat):  # rounds over every row, so that a burst of load hits no row alone
+        for route, w in rows:
+            r = _convert(command, src, tmp / "out", args.target, route, w, {MARKS_ENV: str(tmp / "marks")})
+            shutil.rmtree(tmp / "out")
+            starts[route, w].append(_startup(tmp / "marks", r.started))
+            runs[route, w].append(r)
+            print(f"    (round {i + 1}: {route} x{w} {r.seconds:.2f} s)", flush=True)  # kept if the run is cut short
+    print(header, flush=True)
+    for route, w in rows:
+        rs = runs[route, w]
+        t = statistics.median(r.seconds for r in rs)
+        label = f"auto={auto_workers(None, size, None)}" if w == "auto" else w
+        worst = max(rs, key=lambda r: r.anon_largest_mib)
+        print(f"  {route:<12}{label:>8}{t:>9.2f}{size / t / 1e9:>7.2f}{t / t1:>7.2f}{t / tn:>7.2f}"
+              f"{statistics.median(r.cpu_seconds for r in rs):>8.1f}{_mem(worst)}"
+              f"{statistics.median(starts[route, w]):>9.2f}", flush=True)
     print(f"  {'cp -r':<12}{'1':>8}{t1:>9.2f}{size / t1 / 1e9:>7.2f}{1:>7.2f}{t1 / tn:>7.2f}{cpu1:>8.1f}   (medians of "
           f"{args.copies}, made before the rows)\n  {'cp per shard':<12}{shards:>8}{tn:>9.2f}{size / tn / 1e9:>7.2f}"
           f"{tn / t1:>7.2f}{1:>7.2f}{cpun:>8.1f}", flush=True)
