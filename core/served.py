@@ -174,6 +174,8 @@ _HYBRID = (
     ("qwen3-next", "nvfp4-ct", "compressed-tensors"),
     ("llama4", "nvfp4-modelopt-hf", "modelopt_fp4"),  # not on SGLang 0.5.23: REFUSED says why
     ("gemma4-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),
+    # Nemotron-H / Nemotron-3-Nano: Mamba-2 + attention + non-gated relu2 experts (w13 = up_proj alone)
+    ("nemotron-h", "nvfp4-modelopt-hf", "modelopt_fp4"),
 )
 
 

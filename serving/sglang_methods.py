@@ -216,19 +216,23 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         e = layer.num_local_experts
         loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
         attrs = {**extra_weight_attrs, "is_transposed": True}
+        # gated experts: w13 = gate | up; non-gated (Nemotron-H, relu2): up alone, and one global per
+        # expert, as SGLang's own method creates them (`num_shards = 2 if is_gated else 1`)
+        gated = layer.moe_runner_config.is_gated
+        shards, per_expert = (2, (e, 2)) if gated else (1, (e,))
         register_marlin_params(layer, _register, experts=e, hidden=h, intermediate=i, group=16,
                                scale_dtype=torch.float8_e4m3fn, attrs=attrs, loader=loader,
-                               scale_attrs={"quant_method": _GROUP})
+                               scale_attrs={"quant_method": _GROUP}, w13_shards=shards)
         tensor_attrs = {**extra_weight_attrs, "quant_method": _TENSOR}
         # processed globals (what the kernel multiplies by) and the original ModelOpt globals
         _register(
-            layer, "w13_weight_global_scale", torch.zeros(e, 2, dtype=params_dtype), tensor_attrs, loader
+            layer, "w13_weight_global_scale", torch.zeros(per_expert, dtype=params_dtype), tensor_attrs, loader
         )
         _register(layer, "w2_weight_global_scale", torch.zeros(e, dtype=params_dtype), tensor_attrs, loader)
-        _register(layer, "w13_weight_scale_2", torch.zeros(e, 2, dtype=torch.float32), tensor_attrs, loader)
+        _register(layer, "w13_weight_scale_2", torch.zeros(per_expert, dtype=torch.float32), tensor_attrs, loader)
         _register(layer, "w2_weight_scale_2", torch.zeros(e, dtype=torch.float32), tensor_attrs, loader)
         for name, shape in (
-            ("w13_input_scale", (layer.num_experts, 2)),
+            ("w13_input_scale", (layer.num_experts, shards)),
             ("w2_input_scale", (layer.num_experts,)),
         ):
             p = _register(layer, name, torch.ones(shape, dtype=torch.float32), tensor_attrs, loader)
@@ -239,7 +243,9 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         # SGLang keeps only the gate's global for w13 (as in its own Marlin branch) and stores the
         # processed global in the activation dtype, shape [E].
         g13 = layer.w13_weight_global_scale.data
-        if not torch.equal(g13[:, 0].view(torch.int16), g13[:, 1].view(torch.int16)):
+        if g13.dim() == 1:  # non-gated: one global per expert, kept as loaded
+            g13 = g13.unsqueeze(1)
+        elif not torch.equal(g13[:, 0].view(torch.int16), g13[:, 1].view(torch.int16)):
             logger.warning(
                 "dsv4-convert: gate and up global scales differ for %s; SGLang uses the gate's "
                 "(as it does for unconverted checkpoints)",

@@ -124,6 +124,8 @@ CASES = (
     # SGLang 0.5.23 cannot load this source itself (core/served.py _HYBRID says why): vLLM only
     Case("llama4", "nvfp4-modelopt-hf", text_only=True, engines=("vllm",)),
     Case("gemma4-moe", "nvfp4-modelopt-hf", text_only=True),
+    # nemotron: Nemotron-H (Mamba-2 + attention + non-gated relu2 experts: w13 is up_proj alone)
+    Case("nemotron-h", "nvfp4-modelopt-hf"),
 )
 
 

@@ -17,6 +17,7 @@ from differential_state import model_state, run_diff_cases, state_diff, zero_fil
 from harness_gpt_oss_rows import engine_rows_as_plugin
 from harness_models import _marlin_runs_here
 from mla_cpu import use_cpu_reference_kernels
+from nemotron_cpu import use_cpu_nemotron_h
 
 
 def _model(path: str, dtype: str, text_only: bool = False):
@@ -69,6 +70,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     load_general_plugins()
     _marlin_runs_here()
     use_cpu_reference_kernels()  # MLA families: serving_tests/vllm/mla_cpu.py
+    use_cpu_nemotron_h()  # non-gated MoE platform check: serving_tests/vllm/nemotron_cpu.py (nemotron)
     ops.gptq_marlin_repack = _reference_repack
     ops.scaled_fp8_quant = _native_static_fp8_quant  # its CUDA op static_scaled_fp8_quant (FP8 layers, both models)
     # the CPU platform packs unquantised weights for its own GEMM (a CUDA GPU keeps them as loaded)
