@@ -283,6 +283,12 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
             inner.is_fp4_experts = True
         return cls(spec, inner, name)
 
+    def apply_weight_name_mapper(self, hf_to_sglang_mapper) -> None:
+        # the model's checkpoint -> module name mapper (Nemotron-H: `backbone.` -> `model.`), which SGLang's
+        # loader applies to the config it built: the inner config's excludes are checkpoint names too
+        if self.inner is not None:
+            self.inner.apply_weight_name_mapper(hf_to_sglang_mapper)
+
     def get_scaled_act_names(self) -> list[str]:
         return self.inner.get_scaled_act_names() if self.inner is not None else []
 

@@ -41,7 +41,10 @@ PATTERN = "M*EE"
 BF16 = ("mixer.in_proj", "mixer.out_proj",
         *(f"{i}.mixer.{p}" for i, kind in enumerate(PATTERN) if kind == "*" for p in ("q_proj", "k_proj", "v_proj", "o_proj")))
 PREFIX = "backbone.layers"
-_MAMBA = {"mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4}
+# n_groups 8 as the release (nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B config.json: "n_groups": 8, mamba_num_heads
+# 64, mamba_head_dim 64, ssm_state_size 128): SGLang 0.5.23's model reads `mamba_n_groups` (a key the release
+# does not write; default 8) and vLLM reads `n_groups`, so only the release's value builds one model in both
+_MAMBA = {"mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 8, "ssm_state_size": 16, "conv_kernel": 4}
 Linear = Callable[..., None]  # families._linear(out, seed, name, n, k, kind, dtype)
 
 
