@@ -3,7 +3,8 @@ substitutions): for each case, vLLM builds the whole model twice under the model
 loader does (`initialize_model` under `set_default_torch_dtype`, the model's own `load_weights`, then
 `process_weights_after_loading` over every module): once from the source checkpoint (vLLM's own
 quantisation method for it) and once from the conversion (the plugin); every parameter and buffer of
-the two is compared by name, dtype, shape and bytes."""
+the two is compared by name, dtype, shape and bytes. Substitutions: test_differential.py's header (this file
+applies them), and for Nemotron-H serving_tests/vllm/nemotron_cpu.py (the non-gated MoE platform check)."""
 
 from __future__ import annotations
 
