@@ -123,6 +123,10 @@ class EngineFacts:
     probe: str  # "module:function" that builds the engine's quantisation config (serving/probe.py)
     inner_method: object  # (block, model_type) -> the method the engine resolves a source block to
     # (which of those methods the plugins are proven with, per family and release: core/served.py)
+    # NVFP4 non-gated experts (Nemotron-H, w13 = up alone): the engine's Marlin preparation pads each rank's I
+    # with zeros to a multiple of this on top of `padding` (SGLang 0.5.23 prepare_moe_nvfp4_layer_for_marlin:
+    # 128, "if not is_gated"; vLLM pads both kinds by its one NVFP4 rule); its loader zero-fills a padded buffer
+    non_gated_i_multiple: int = 1
 
     @property
     def fp32_global(self) -> bool:
@@ -182,7 +186,8 @@ ENGINES = {
     # (0.5.23, sglang/srt/arg_groups/fields/parallel.py); a bare --tp only works as an argparse abbreviation.
     "sglang": EngineFacts(
         "sglang", "SGLang", "sglang-L2", (0, 5, 23), global_dtype="act", scale_clamp=False, rescale=False,
-        padding=_SGLANG_PAD, moe_backend_flag="--moe-runner-backend marlin", memory_flag="--mem-fraction-static",
+        padding=_SGLANG_PAD, non_gated_i_multiple=128,
+        moe_backend_flag="--moe-runner-backend marlin", memory_flag="--mem-fraction-static",
         memory_profiled=False, serve="python -m sglang.launch_server --model-path {path}", tp_flag="--tp-size {tp}",
         ep_flag="--ep-size {ep}",
         sm120_moe_default="SGLang's DeepSeek-V4 default on sm_120 is flashinfer_mxfp4 (NVFP4: "

@@ -174,11 +174,19 @@ _HYBRID = (
     ("qwen3-next", "nvfp4-ct", "compressed-tensors"),
     ("llama4", "nvfp4-modelopt-hf", "modelopt_fp4"),  # not on SGLang 0.5.23: REFUSED says why
     ("gemma4-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),
+    # Nemotron-H / Nemotron-3-Nano: Mamba-2 + attention + non-gated relu2 experts (w13 = up_proj alone)
+    ("nemotron-h", "nvfp4-modelopt-hf", "modelopt_fp4"),
 )
 
 
+# further differential cases of a family (serving_tests/differential.py), named in its row after the first
+_MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192",)}  # I = 192: SGLang pads non-gated experts
+
+
 def _hybrid_rows(key: str) -> tuple[Served, ...]:
-    return tuple(Served(family, fmt, key, frozenset({method}), (f"{_DIFF}[{family}-{fmt}-bfloat16]",))
+    return tuple(Served(family, fmt, key, frozenset({method}), (f"{_DIFF}[{family}-{fmt}-bfloat16]",
+                                                                *(f"{_DIFF}[{family}-{fmt}-{edit}-bfloat16]"
+                                                                  for edit in _MORE_PROOFS.get((family, fmt), ()))))
                  for family, fmt, method in _HYBRID if not _refused(family, fmt, key))
 
 

@@ -13,6 +13,9 @@ live in core/engines.py, which hands them in as an `EnginePadding`):
   vLLM MXFP4 (Mxfp4MoEMethod)   I -> multiple of 128, H -> multiple of 256 (torch.zeros)
   SGLang MXFP4 (DSv4 Marlin)    I -> 128, H -> 256 too, but torch.empty: dsv4-convert writes zeros
   SGLang NVFP4 gated MoE        never pads: a shape that breaks the kernel rule cannot be served
+  SGLang NVFP4 non-gated MoE    I -> 128 inside its Marlin preparation; the plugin creates that buffer and
+                                SGLang's loader zero-fills it (core/engines.py non_gated_i_multiple): the
+                                converter writes the unpadded projection, as for an `ok` shape
 Dense layers: `padded_dense_nk` (vLLM's marlin_padded_nk; SGLang NVFP4 dense uses the same rule).
 Pure: no I/O, no engine import.
 """

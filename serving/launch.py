@@ -65,6 +65,7 @@ class ModelShape:
     w4a8: bool = False  # a W4A8 (fp8 activations) conversion: only some engine releases serve it
     # engine -> why its plugin is not proven to serve this model once converted (core/served.py), None: served
     not_served: dict = field(default_factory=dict)
+    roles: int = 3  # projections per expert: 3 gated (gate, up, down), 2 non-gated (Nemotron-H: up, down)
 
 
 def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
@@ -98,6 +99,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       largest_layer_expert_bytes=max(per_layer.values(), default=0),
                       converted=ckpt.format is SourceFormat.MARLIN, converted_for=record.target_engine if record else None,
                       converted_layout=layout, w4a8=bool(record and record.w4a8),
+                      roles=len({p.role for p in ckpt.projections}) or 3,
                       not_served={e: checkpoint_refusal(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e)
                                   for e in ENGINES})
 
@@ -242,10 +244,11 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
             candidates.append(ConfigVerdict(tp, ep, tiles, weights, repack, kv, fits, valid, reasons, grow))
     usable = [c for c in candidates if c.valid]
     chosen = max(usable, key=lambda c: (c.tp, c.tiles.ok, -c.ep), default=None)
-    reasoning.append(f"experts: {shape.layers} layers x {shape.experts} x 3 projections, H={shape.hidden}, "
+    reasoning.append(f"experts: {shape.layers} layers x {shape.experts} x {shape.roles} projections, H={shape.hidden}, "
                      f"I={shape.intermediate}, {shape.quant} (group {group}); {shape.expert_bytes / GIB:.1f} GiB of "
                      f"experts + {shape.other_bytes / GIB:.1f} GiB of other weights")
-    reasoning.append("tile rule per rank: w13 [N=2*I/TP, K=H] and w2 [N=H, K=I/TP] need (N%64, K%128) or "
+    reasoning.append(f"tile rule per rank: w13 [N={'2*' if shape.roles == 3 else ''}I/TP, K=H] and w2 [N=H, K=I/TP] "
+                     "need (N%64, K%128) or "
                      f"(N%128, K%64), and I/TP % {group} == 0; with EP each expert stays whole on one rank "
                      "(MoE TP = TP / EP)")
     reasoning.append(f"memory per GPU = weights / TP + activations {ACTIVATION_GIB:g} + CUDA graphs "

@@ -33,19 +33,22 @@ def register_param(layer, name, data, attrs, weight_loader, set_weight_attrs, **
 
 def register_marlin_params(layer, register, *, experts: int, hidden: int, intermediate: int, group: int,
                            scale_dtype: torch.dtype, attrs: dict, loader, scale_attrs: dict,
-                           w4a8: bool = False) -> None:
+                           w4a8: bool = False, w13_shards: int = 2) -> None:
     """The four packed expert parameters in their final Marlin shapes (docs/FORMAT.md): weights int32
-    [E, K/16, 2N], scales [E, K/g, N], for w13 (N = 2I, K = H) and w2 (N = H, K = I). W4A8's w13 is
-    created as [E, H/32, 8I] (its tile rows; `w4a8_w13_final` views it back after loading)."""
-    e, h, i = experts, hidden, intermediate
+    [E, K/16, 2N], scales [E, K/g, N], for w13 (N = shards*I, K = H) and w2 (N = H, K = I). `w13_shards`
+    is 2 for gated experts (gate | up) and 1 for non-gated ones (Nemotron-H's up_proj alone, the
+    engines' `w13_num_shards`). W4A8's w13 is created as [E, H/32, 4*shards*I] (its tile rows;
+    `w4a8_w13_final` views it back after loading)."""
+    e, h, n13 = experts, hidden, w13_shards * intermediate
+    i = intermediate
     if w4a8:
-        register(layer, "w13_weight", torch.zeros(e, h // 32, 8 * i, dtype=torch.int32), attrs, loader,
+        register(layer, "w13_weight", torch.zeros(e, h // 32, 4 * n13, dtype=torch.int32), attrs, loader,
                  dsv4_w4a8_rows=True)
     else:
-        register(layer, "w13_weight", torch.zeros(e, h // 16, 4 * i, dtype=torch.int32), attrs, loader)
+        register(layer, "w13_weight", torch.zeros(e, h // 16, 2 * n13, dtype=torch.int32), attrs, loader)
     register(layer, "w2_weight", torch.zeros(e, i // 16, 2 * h, dtype=torch.int32), attrs, loader)
     # zero bytes viewed as the scale dtype (E8M0 has no torch.zeros of its own)
-    for name, shape in (("w13_weight_scale", (e, h // group, 2 * i)), ("w2_weight_scale", (e, i // group, h))):
+    for name, shape in (("w13_weight_scale", (e, h // group, n13)), ("w2_weight_scale", (e, i // group, h))):
         register(layer, name, torch.zeros(shape, dtype=torch.uint8).view(scale_dtype), attrs, loader, **scale_attrs)
 
 

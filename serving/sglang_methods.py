@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 from functools import partial
 
 import sglang
@@ -30,10 +29,10 @@ from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
 from sglang.srt.utils import set_weight_attrs
 
 from ..core.converted_config import serving_block
-from ..core.engines import QUANT_METHOD
+from ..core.engines import ENGINES, QUANT_METHOD
 from ..core.tensor_io import act_torch_dtype
 from ..core.tensor_model import SourceFormat
-from ..formats.tiles import GROUP_SIZE
+from ..formats.tiles import GROUP_SIZE, roundup
 from .config import (
     PluginConfigError,
     check_layout,
@@ -47,6 +46,7 @@ from .plugin_config import (
     drop_kept_globals,
     register_kept_globals,
 )
+from .sglang_gpt_oss import bias_copy, gpt_oss_biases_for_marlin, install_gpt_oss_route
 
 __all__ = ["PrepackedMxfp4MarlinMoEMethod", "PrepackedNvFp4MarlinMoEMethod", "SglangMarlinFp4Config",
            "sglang_inner_method"]
@@ -102,9 +102,9 @@ class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
                                scale_dtype=torch.float8_e8m0fnu, attrs=attrs, loader=loader,
                                scale_attrs={"quant_method": _GROUP})
         if with_bias:  # gpt-oss: SGLang's Mxfp4MoEMethod shapes, filled by its own gpt-oss bias loading
-            _install_gpt_oss_route()
-            _register(layer, "w13_weight_bias", torch.zeros(e, 2 * i, dtype=torch.bfloat16), {}, _bias_copy)
-            _register(layer, "w2_weight_bias", torch.zeros(e, h, dtype=torch.bfloat16), {}, _bias_copy)
+            install_gpt_oss_route(PrepackedMxfp4MarlinMoEMethod)
+            _register(layer, "w13_weight_bias", torch.zeros(e, 2 * i, dtype=torch.bfloat16), {}, bias_copy)
+            _register(layer, "w2_weight_bias", torch.zeros(e, h, dtype=torch.bfloat16), {}, bias_copy)
 
     def process_weights_after_loading(self, layer) -> None:
         # No repack: the tensors are already what SGLang's prepare_moe_mxfp4_layer_for_marlin produces.
@@ -113,75 +113,9 @@ class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
         if self.runner.config.gemm1_alpha is not None:
             if not hasattr(layer, "w13_weight_bias"):
                 raise PluginConfigError("interleaved (gpt-oss style) MXFP4 experts without biases are not supported")
-            _gpt_oss_biases_for_marlin(layer)
+            gpt_oss_biases_for_marlin(layer)
         layer.workspace = marlin_utils.marlin_make_workspace(layer.w13_weight.device, 4)
         layer._dsv4_mxfp4_backend = "marlin"
-
-
-def _bias_copy(param, loaded_weight, weight_name=None, shard_id=None, expert_id=None):
-    """What SGLang's FusedMoE.weight_loader does with a gpt-oss bias for quant_method "mxfp4" (its
-    `expert_id is None` branch, keyed on that name): copy the rank's slice, cut by the model's loader."""
-    param.data[:, : loaded_weight.shape[1]].copy_(loaded_weight)
-
-
-def _gpt_oss_biases_for_marlin(layer) -> None:
-    """SGLang's bias steps for gpt-oss Marlin (deinterleave_moe_mxfp4_w13_for_marlin, then
-    prepare_moe_mxfp4_layer_for_marlin's marlin_permute_bias per expert in the activation dtype)."""
-    b13 = layer.w13_weight_bias.data
-    e, n = b13.shape
-    b13 = b13.view(e, n // 2, 2).permute(0, 2, 1).contiguous().view(e, n)
-    dtype = getattr(layer, "orig_dtype", b13.dtype)
-    for name, b in (("w13_weight_bias", b13), ("w2_weight_bias", layer.w2_weight_bias.data)):
-        permuted = torch.stack([marlin_utils.marlin_permute_bias(b[x].to(dtype)) for x in range(e)])
-        setattr(layer, name, torch.nn.Parameter(permuted, requires_grad=False))
-
-
-_EXPERT_NAME = re.compile(r"\.mlp\.experts\.(\d+\.(gate_proj|up_proj|down_proj)\.(weight|weight_scale)|"
-                          r"gate_up_proj_bias|down_proj_bias)$")
-
-
-def _install_gpt_oss_route() -> None:
-    """SGLang's GptOssForCausalLM loads a non-"mxfp4" checkpoint with `_load_normal_weights`, whose
-    fused mapping silently skips per-expert names. Once: names of experts held by our method go to
-    SGLang's per-expert mapping (as DeepSeek-V4 loads them) and the biases to SGLang's own gpt-oss
-    bias loading (`_load_mxfp4_experts_weights`, which narrows per rank); everything else unchanged."""
-    from sglang.srt.models.gpt_oss import GptOssForCausalLM
-
-    original = GptOssForCausalLM._load_normal_weights
-    if getattr(original, "_dsv4_route", False):
-        return
-
-    def _load_normal_weights(self, weights, is_nextn: bool, weight_name_mapping: dict, *args, **kwargs):
-        rest, experts, biases = [], [], []
-        for name, tensor in weights:
-            m = _EXPERT_NAME.search(name)
-            try:
-                module = self.get_submodule(name[: m.start()] + ".mlp.experts") if m else None
-            except AttributeError:  # a layer this rank does not hold: SGLang's own loader skips it
-                module = None
-            if not isinstance(getattr(module, "quant_method", None), PrepackedMxfp4MarlinMoEMethod):
-                rest.append((name, tensor))
-            elif name.endswith("_bias"):
-                biases.append((name, tensor))
-            else:
-                experts.append((name, tensor, module))
-        params = dict(self.named_parameters())
-        for name, tensor, module in experts:
-            for param_name, weight_name, expert_id, shard_id in FusedMoE.make_expert_params_mapping(
-                ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj", ckpt_up_proj_name="up_proj",
-                num_experts=module.num_experts,
-            ):
-                if weight_name in name:
-                    resolved = name.replace(weight_name, param_name)
-                    param = params[resolved]
-                    param.weight_loader(param, tensor, resolved, shard_id=shard_id, expert_id=expert_id)
-                    break
-        if biases:
-            self._load_mxfp4_experts_weights(biases)
-        return original(self, rest, is_nextn, weight_name_mapping, *args, **kwargs)
-
-    _load_normal_weights._dsv4_route = True
-    GptOssForCausalLM._load_normal_weights = _load_normal_weights
 
 
 class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
@@ -216,19 +150,27 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         e = layer.num_local_experts
         loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
         attrs = {**extra_weight_attrs, "is_transposed": True}
+        # gated experts: w13 = gate | up; non-gated (Nemotron-H, relu2): up alone, and one global per
+        # expert, as SGLang's own method creates them (`num_shards = 2 if is_gated else 1`); its Marlin
+        # preparation pads a non-gated I with zeros (core/engines.py non_gated_i_multiple), which SGLang's
+        # loader gives a buffer of that size (zero tail) with no repack: the Marlin tiles of the padding
+        # are the last N tiles of w13 and the last K tiles of w2
+        gated = layer.moe_runner_config.is_gated
+        shards, per_expert = (2, (e, 2)) if gated else (1, (e,))
+        i = i if gated else roundup(i, ENGINES["sglang"].non_gated_i_multiple)
         register_marlin_params(layer, _register, experts=e, hidden=h, intermediate=i, group=16,
                                scale_dtype=torch.float8_e4m3fn, attrs=attrs, loader=loader,
-                               scale_attrs={"quant_method": _GROUP})
+                               scale_attrs={"quant_method": _GROUP}, w13_shards=shards)
         tensor_attrs = {**extra_weight_attrs, "quant_method": _TENSOR}
         # processed globals (what the kernel multiplies by) and the original ModelOpt globals
         _register(
-            layer, "w13_weight_global_scale", torch.zeros(e, 2, dtype=params_dtype), tensor_attrs, loader
+            layer, "w13_weight_global_scale", torch.zeros(per_expert, dtype=params_dtype), tensor_attrs, loader
         )
         _register(layer, "w2_weight_global_scale", torch.zeros(e, dtype=params_dtype), tensor_attrs, loader)
-        _register(layer, "w13_weight_scale_2", torch.zeros(e, 2, dtype=torch.float32), tensor_attrs, loader)
+        _register(layer, "w13_weight_scale_2", torch.zeros(per_expert, dtype=torch.float32), tensor_attrs, loader)
         _register(layer, "w2_weight_scale_2", torch.zeros(e, dtype=torch.float32), tensor_attrs, loader)
         for name, shape in (
-            ("w13_input_scale", (layer.num_experts, 2)),
+            ("w13_input_scale", (layer.num_experts, shards)),
             ("w2_input_scale", (layer.num_experts,)),
         ):
             p = _register(layer, name, torch.ones(shape, dtype=torch.float32), tensor_attrs, loader)
@@ -239,7 +181,9 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         # SGLang keeps only the gate's global for w13 (as in its own Marlin branch) and stores the
         # processed global in the activation dtype, shape [E].
         g13 = layer.w13_weight_global_scale.data
-        if not torch.equal(g13[:, 0].view(torch.int16), g13[:, 1].view(torch.int16)):
+        if g13.dim() == 1:  # non-gated: one global per expert, kept as loaded
+            g13 = g13.unsqueeze(1)
+        elif not torch.equal(g13[:, 0].view(torch.int16), g13[:, 1].view(torch.int16)):
             logger.warning(
                 "dsv4-convert: gate and up global scales differ for %s; SGLang uses the gate's "
                 "(as it does for unconverted checkpoints)",
@@ -276,6 +220,12 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
             # what SGLang's model loader sets for a DSv4 checkpoint with FP4 experts
             inner.is_fp4_experts = True
         return cls(spec, inner, name)
+
+    def apply_weight_name_mapper(self, hf_to_sglang_mapper) -> None:
+        # the model's checkpoint -> module name mapper (Nemotron-H: `backbone.` -> `model.`), which SGLang's
+        # loader applies to the config it built: the inner config's excludes are checkpoint names too
+        if self.inner is not None:
+            self.inner.apply_weight_name_mapper(hf_to_sglang_mapper)
 
     def get_scaled_act_names(self) -> list[str]:
         return self.inner.get_scaled_act_names() if self.inner is not None else []

@@ -54,7 +54,7 @@ def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_pa
                             moe_tp=parallel.tp_size, ep=parallel.ep_size)
 
 
-def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs, w4a8=False):
+def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs, w4a8=False, w13_shards=2):
     loader = same_bytes_loader(extra_weight_attrs.pop("weight_loader"))
     for key in ("global_num_experts", "unpadded_hidden_size"):
         extra_weight_attrs.pop(key, None)
@@ -62,7 +62,7 @@ def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs, w4a8=False):
     register_marlin_params(
         layer, _register, experts=e, hidden=h, intermediate=i, group=GROUP_SIZE[fmt],
         scale_dtype=torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8,  # E8M0 arrives viewed as uint8
-        attrs=attrs, loader=loader, scale_attrs={"quant_method": _GROUP}, w4a8=w4a8,
+        attrs=attrs, loader=loader, scale_attrs={"quant_method": _GROUP}, w4a8=w4a8, w13_shards=w13_shards,
     )
     return loader, extra_weight_attrs
 
@@ -199,18 +199,21 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
         global_experts = extra_weight_attrs.get("global_num_experts", num_experts)
         e = num_experts
         pad = i - intermediate_size_per_partition  # zero scale bytes the padding holds by construction
-        self.padding_scale_bytes = {"w13": e * 2 * pad * (h // 16), "w2": e * h * (pad // 16)}
-        loader, attrs = _create_marlin_params(layer, "nvfp4", e, h, i, dict(extra_weight_attrs))
+        # gated experts: w13 = gate | up; non-gated (Nemotron-H, relu2): up alone, as vLLM's own method
+        # creates it (`w13_num_shards = 2 if self.moe.is_act_and_mul else 1`)
+        shards = 2 if self.moe.is_act_and_mul else 1
+        self.padding_scale_bytes = {"w13": e * shards * pad * (h // 16), "w2": e * h * (pad // 16)}
+        loader, attrs = _create_marlin_params(layer, "nvfp4", e, h, i, dict(extra_weight_attrs), w13_shards=shards)
         t = {**attrs, "quant_method": _TENSOR}
         # every global and input scale in fp32, as ModelOptNvFp4FusedMoE creates them: vLLM builds the
         # model under its dtype, so a tensor created without one would be bf16 and round the globals
         f32 = torch.float32
-        _register(layer, "w13_weight_global_scale", torch.zeros(e, 2, dtype=f32), t, loader)  # processed
+        _register(layer, "w13_weight_global_scale", torch.zeros(e, shards, dtype=f32), t, loader)  # processed
         _register(layer, "w2_weight_global_scale", torch.zeros(e, dtype=f32), t, loader)
-        _register(layer, "w13_weight_scale_2", torch.zeros(e, 2, dtype=f32), t, loader)  # ModelOpt's globals
+        _register(layer, "w13_weight_scale_2", torch.zeros(e, shards, dtype=f32), t, loader)  # ModelOpt's globals
         _register(layer, "w2_weight_scale_2", torch.zeros(e, dtype=f32), t, loader)
         n_in = global_experts if self.use_global_sf else e
-        _register(layer, "w13_input_scale", torch.ones(n_in, 2, dtype=f32), t, loader)
+        _register(layer, "w13_input_scale", torch.ones(n_in, shards, dtype=f32), t, loader)
         _register(layer, "w2_input_scale", torch.ones(n_in, dtype=f32), t, loader)
         register_kept_globals(layer, _register, self.spec, e, t, loader)
 

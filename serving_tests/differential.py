@@ -19,7 +19,7 @@ from pathlib import Path
 
 from synth import converter_cli
 
-__all__ = ["CASES", "EDITS", "Case", "make_case"]
+__all__ = ["CASES", "EDITS", "SYNTH_ARGS", "Case", "make_case"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,11 @@ def _fused_globals(src: Path) -> None:
 
 
 EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads, "fused-globals": _fused_globals}
+# edits that are synth's own size arguments (the source is written with them; no rewrite after)
+SYNTH_ARGS = {
+    # I = 192: not a multiple of 128, so SGLang pads non-gated experts (as Nemotron-3-Nano's 1856 -> 1920)
+    "i192": ("--intermediate", "192"),
+}
 
 # DeepSeek-V4's whole model is not built yet: on the CPU platform vLLM picks its CPU DSV4 model
 # (models/deepseek_v4/cpu), whose FP8 block linear finds no CPU kernel (AMX-FP8 or fp8_scaled_mm_cpu),
@@ -124,6 +129,9 @@ CASES = (
     # SGLang 0.5.23 cannot load this source itself (core/served.py _HYBRID says why): vLLM only
     Case("llama4", "nvfp4-modelopt-hf", text_only=True, engines=("vllm",)),
     Case("gemma4-moe", "nvfp4-modelopt-hf", text_only=True),
+    # nemotron: Nemotron-H (Mamba-2 + attention + non-gated relu2 experts: w13 is up_proj alone)
+    Case("nemotron-h", "nvfp4-modelopt-hf"),
+    Case("nemotron-h", "nvfp4-modelopt-hf", edit="i192"),
 )
 
 
@@ -138,8 +146,8 @@ def make_case(tmp, case: Case, engine: str, dtype: str) -> tuple[Path, Path]:
     src = Path(tmp, f"src-{case.id}")
     out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
     if not src.exists():
-        _run("synth", src, "--family", case.family, "--format", case.fmt, "-q")
-        if case.edit:
+        _run("synth", src, "--family", case.family, "--format", case.fmt, *SYNTH_ARGS.get(case.edit, ()), "-q")
+        if case.edit in EDITS:
             EDITS[case.edit](src)
     if not out.exists():
         command = "mxfp4-to-marlin" if case.fmt.startswith("mxfp4") else "nvfp4-to-marlin"

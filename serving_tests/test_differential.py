@@ -32,6 +32,9 @@ equivalent; nothing else is changed):
   multimodal wrapper's class (Qwen3.5, Llama-4, Gemma-4) in a subprocess that imports transformers' image
   processors; no multimodal code runs. Those wrappers are built text-only (`text_only` cases: vLLM's own
   `--language-model-only`), since their replicas hold no vision tensors.
+- Nemotron-H (non-gated relu2 experts): vLLM's `FusedMoEConfig` platform check for a non-gated MoE (CUDA, XPU,
+  ROCm only) -> the CUDA answer, the served target's (serving_tests/vllm/nemotron_cpu.py); its Mamba-2 layers
+  are built and loaded by both engines' own code (no kernel runs at load on CPU).
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """

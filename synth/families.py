@@ -70,6 +70,7 @@ from .gemma4 import gemma4_tensors, gemma4_text_config
 from .hybrid import LINEAR, gated_attention, gdn_layer, layer_types, linear_config
 from .layouts import Dims
 from .mla import mla_config, mla_tensors
+from .nemotron import BF16 as NEMOTRON_BF16
 from .nemotron import nemotron_config, nemotron_tensors
 from .seeded import dense, expert_matrix
 
@@ -95,7 +96,8 @@ class FamilySpec:
     stacked: bool = False          # all experts of a layer in K-major stacks (Llama-4 by ModelOpt)
     shared_gate: bool = False      # a sigmoid gate over the shared expert, `shared_expert_gate` (Qwen)
     linear: str | None = None      # hybrid linear attention: "split" (Qwen3.5) or "fused" (Qwen3-Next) in_proj
-    bf16: tuple[str, ...] = ()     # further modules the NVFP4 export keeps BF16 (globs under the layer prefix)
+    bf16: tuple[str, ...] = ()     # further modules the NVFP4 export keeps BF16 (globs under the layer prefix;
+                                   # one starting with a layer index names that layer's module)
     layer_prefix: str | None = None  # the layers' prefix where the naming table has no scheme for it yet
     config: dict = field(default_factory=dict)
     name: str = ""                 # the replica's own name when it is a release of `family` (kimi-k2)
@@ -148,8 +150,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                config={"num_nextn_predict_layers": 1, "norm_topk_prob": True, "decoder_sparse_step": 1}),
     # Nemotron-H (synth/nemotron.py): Mamba-2 / attention / MoE layers, non-gated experts
     FamilySpec("nemotron-h", ("nvfp4-modelopt-hf",), "nemotron_h", "mixer", shared="shared_experts",
-               layer_prefix="backbone.layers",
-               bf16=tuple(f"mixer.{p}" for p in ("in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj"))),
+               layer_prefix="backbone.layers", bf16=NEMOTRON_BF16),
     # Gemma-4 MoE (synth/gemma4.py): experts and router beside a dense MLP in every layer
     FamilySpec("gemma4-moe", ("nvfp4-modelopt-hf",), "gemma4", "", router="router", nested=True),
     FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe",
@@ -368,7 +369,7 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
         exclude += [f"{lp}.*.{spec.moe}.{spec.shared}*", *(f"{lp}.{i}.{spec.moe}*" for i in range(spec.dense_layers))]
     if spec.stacked:  # Llama-4's vision tower and projector stay BF16 (an assumption: not from a public list)
         exclude += ["vision_model*", "multi_modal_projector*"]
-    exclude += [f"{lp}.*.{glob}" for glob in spec.bf16]
+    exclude += [f"{lp}.{glob}" if glob[0].isdigit() else f"{lp}.*.{glob}" for glob in spec.bf16]  # "3.x": layer 3
     if spec.mixed and spec.linear:  # ModelOpt's qwen3_5 recipe keeps in_proj_a / in_proj_b unquantised
         exclude += [f"{lp}.*.linear_attn.in_proj_a", f"{lp}.*.linear_attn.in_proj_b"]
     if not spec.mixed:

@@ -16,6 +16,11 @@ Facts and sources:
   quotes them for nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4).
 - Which non-expert layers the NVFP4 release quantises is this generator's assumption (experts and shared
   experts NVFP4; attention, Mamba and the router BF16): no public tensor list was available to confirm it.
+  The attention projections are excluded by their per-layer names (`backbone.layers.1.mixer.q_proj`, as
+  ModelOpt lists modules one by one, e.g. nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4): both engines fuse
+  q/k/v into `qkv_proj`, and vLLM's ModelOpt exclusion (modelopt.py is_layer_excluded -> is_layer_skipped
+  with the packed-modules mapping) matches a fused layer only through its shards' exact names, so a
+  `*.mixer.q_proj` glob would build `qkv_proj` as NVFP4 over BF16 tensors (vLLM's own load fails).
 The replica always has four layers, `M*EE`.
 """
 
@@ -28,11 +33,18 @@ import torch
 from .layouts import Dims
 from .seeded import dense
 
-__all__ = ["PATTERN", "nemotron_tensors", "nemotron_config"]
+__all__ = ["BF16", "PATTERN", "nemotron_tensors", "nemotron_config"]
 
 PATTERN = "M*EE"
+# what the NVFP4 export keeps BF16 besides the router (synth.families FamilySpec.bf16): the Mamba projections
+# (a glob over layers) and each attention layer's projections by name
+BF16 = ("mixer.in_proj", "mixer.out_proj",
+        *(f"{i}.mixer.{p}" for i, kind in enumerate(PATTERN) if kind == "*" for p in ("q_proj", "k_proj", "v_proj", "o_proj")))
 PREFIX = "backbone.layers"
-_MAMBA = {"mamba_num_heads": 4, "mamba_head_dim": 32, "n_groups": 1, "ssm_state_size": 16, "conv_kernel": 4}
+# n_groups 8 as the release (nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B config.json: "n_groups": 8, mamba_num_heads
+# 64, mamba_head_dim 64, ssm_state_size 128): SGLang 0.5.23's model reads `mamba_n_groups` (a key the release
+# does not write; default 8) and vLLM reads `n_groups`, so only the release's value builds one model in both
+_MAMBA = {"mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 8, "ssm_state_size": 16, "conv_kernel": 4}
 Linear = Callable[..., None]  # families._linear(out, seed, name, n, k, kind, dtype)
 
 

@@ -18,7 +18,7 @@ from ..formats.constants import E2M1_VALUES, MXFP4_GROUP, NVFP4_GROUP
 from ..formats.e2m1 import unpack_nibbles
 from ..formats.e8m0 import e8m0_to_float
 
-__all__ = ["Stack", "moe_align", "run_stack", "dequant", "repack_source"]
+__all__ = ["Stack", "moe_align", "run_stack", "run_layer", "reference_layer", "relu2", "dequant", "repack_source"]
 
 
 @dataclass
@@ -54,10 +54,13 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block: int):
     return sorted_ids.to(dev), expert_ids.to(dev), torch.tensor([total], dtype=torch.int32, device=dev)
 
 
-def run_stack(provider, stack: Stack, x: torch.Tensor, *, block: int = 16) -> torch.Tensor:
-    """x [M, K] (activation dtype) through the provider's MoE GEMM on every expert: [M, E, N] fp32."""
+def run_stack(provider, stack: Stack, x: torch.Tensor, *, block: int = 16, per_expert_rows: bool = False) -> torch.Tensor:
+    """x [M, K] (activation dtype) through the provider's MoE GEMM on every expert: [M, E, N] fp32.
+    `per_expert_rows`: x is [M*E, K], row m*E+e for expert e (the first GEMM's activated output): the
+    engines' second MoE GEMM (fused_marlin_moe: top_k=1, size_m = M*top_k, the same routing)."""
     e, rows, cols = stack.qweight.shape
-    size_k, size_n, m = rows * 16, cols // 2, x.shape[0]
+    size_k, size_n = rows * 16, cols // 2
+    m = x.shape[0] // e if per_expert_rows else x.shape[0]
     dev = x.device
     topk_ids = torch.arange(e, device=dev).repeat(m, 1)
     sorted_ids, expert_ids, post = moe_align(topk_ids, e, block)
@@ -69,14 +72,34 @@ def run_stack(provider, stack: Stack, x: torch.Tensor, *, block: int = 16) -> to
         a=x.contiguous(), c_or_none=None, b_q_weight=stack.qweight.contiguous(), b_bias_or_none=None,
         b_scales=stack.scales.contiguous(), a_scales=None, global_scale=stack.globals, b_zeros_or_none=None,
         workspace=workspace, sorted_token_ids=sorted_ids, expert_ids=expert_ids, num_tokens_past_padded=post,
-        topk_weights=weights, moe_block_size=block, top_k=e, mul_topk_weights=False, b_type_id=provider.fe2m1_id,
-        size_m=m, size_n=size_n, size_k=size_k, use_atomic_add=False, use_fp32_reduce=True, is_zp_float=False,
+        topk_weights=weights, moe_block_size=block, top_k=1 if per_expert_rows else e, mul_topk_weights=False,
+        b_type_id=provider.fe2m1_id, size_m=m * e if per_expert_rows else m, size_n=size_n, size_k=size_k, use_atomic_add=False, use_fp32_reduce=True, is_zp_float=False,
         thread_k=-1, thread_n=-1, blocks_per_sm=-1)
     return out.float().reshape(m, e, size_n)
 
 
 def reference_product(stack: Stack, x: torch.Tensor) -> torch.Tensor:
     return torch.einsum("mk,enk->men", x.float(), stack.reference)
+
+
+def relu2(y: torch.Tensor) -> torch.Tensor:
+    """The engines' activation of a non-gated MoE (Nemotron-H `mlp_hidden_act: relu2`), on the first GEMM's
+    output in its dtype: vLLM's RELU2_NO_MUL and SGLang's fused_marlin_moe `relu2` (not gated) both square
+    the ReLU (`torch.square(F.relu(x))`), no gate product."""
+    return torch.square(torch.relu(y))
+
+
+def run_layer(provider, w13: Stack, w2: Stack, x: torch.Tensor) -> torch.Tensor:
+    """A non-gated MoE layer as the engines run it: x [M, H] -> w13 GEMM (N = I) -> relu2 in the activation
+    dtype -> w2 GEMM on every (token, expert) row: [M, E, H] fp32."""
+    y1 = run_stack(provider, w13, x).to(x.dtype)
+    m, e, i = y1.shape
+    return run_stack(provider, w2, relu2(y1).reshape(m * e, i), per_expert_rows=True)
+
+
+def reference_layer(w13: Stack, w2: Stack, x: torch.Tensor) -> torch.Tensor:
+    """The fp32 reference of run_layer."""
+    return torch.einsum("mei,ehi->meh", relu2(reference_product(w13, x)), w2.reference)
 
 
 def rel_errors(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

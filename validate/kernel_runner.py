@@ -1,8 +1,10 @@
 """`validate --kernel`: every MoE layer's experts through the engine's own Marlin kernels on a GPU.
 
 Per layer, the chosen experts are stacked as the engine stacks them (w13 = gate rows then up rows
-with the gate's global; w2), in chunks so that GPU memory stays bounded, and run through the
-provider's MoE GEMM with random activations in the activation dtype. The fp32 reference is
+with the gate's global, or for non-gated experts, Nemotron-H's, the up projection alone: the engines'
+one-shard w13 with N = I; w2), in chunks so that GPU memory stays bounded, and run through the
+provider's MoE GEMM with random activations in the activation dtype. A non-gated layer also runs
+whole as the engines run it: w13, ReLU-squared in the activation dtype, w2 on every (token, expert) row. The fp32 reference is
 dequant(SRC) with --against (or when validating an unconverted source), else the project's own
 decode of the Marlin bytes (formats/ inverses). Where source bytes are at hand the engine's repack
 kernel runs on them too and must give the converted words. An unconverted source is prepared in
@@ -35,15 +37,31 @@ from ..formats.marlin.torch_route import (
 from ..formats.padded_layout import pad_source
 from .check import Result, Scope
 from .checks import ALL_CHECKS
-from .checks.kernel import KERNEL_REL_ERROR_MAX, KernelCase
-from .kernel_moe import Stack, dequant, reference_product, rel_errors, repack_source, run_stack
+from .checks.kernel import KERNEL_LAYER_REL_ERROR_MAX, KERNEL_REL_ERROR_MAX, KernelCase
+from .kernel_moe import (
+    Stack,
+    dequant,
+    reference_layer,
+    reference_product,
+    rel_errors,
+    repack_source,
+    run_layer,
+    run_stack,
+)
 from .kernel_provider import select_provider
 from .kernel_shapes import kernel_layouts
 from .runner import rescale_factors, resolve_options
 
 __all__ = ["KernelOptions", "run_kernel_checks"]
 
-_STACKS = (("w13", (Role.GATE, Role.UP)), ("w2", (Role.DOWN,)))
+_LAYER = "w13+relu2+w2"  # a non-gated layer run whole (KernelCase.stack)
+
+
+def _stacks(experts) -> tuple[tuple[str, tuple[Role, ...]], ...]:
+    """The engines' stacks of one layer: w13 = gate | up, or the gate alone where the layer's experts have no
+    up projection (non-gated: Nemotron-H's up_proj is the engines' w1, core/naming.py); w2 = down."""
+    gated = any(Role.UP in roles for roles in experts.values())
+    return ("w13", (Role.GATE, Role.UP) if gated else (Role.GATE,)), ("w2", (Role.DOWN,))
 
 
 @dataclass(frozen=True)
@@ -189,7 +207,9 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                             layouts)
         for layer, experts in groups.items():
             chosen = _chosen(experts, kopts.experts, opts.seed, layer)
-            for stack, roles in _STACKS:
+            stacks = _stacks(experts)
+            non_gated = stacks[0][1] == (Role.GATE,)
+            for stack, roles in (*stacks, *(((_LAYER, (Role.GATE, Role.DOWN)),) if non_gated else ())):
                 members = [e for e in chosen if all(r in experts[e] for r in roles)]
                 if not members:
                     continue
@@ -198,14 +218,18 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                     continue  # the engines have no fp16 MXFP4 Marlin kernel (quant_config.mxfp4_act_dtype)
                 case = KernelCase(layer, stack, opts.act_dtype, provider.name, kind)
                 t0 = time.monotonic()
-                _run_stack(layer_prep, experts, members, roles, case, opts, kopts, dev)
+                if stack == _LAYER:
+                    case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.act_dtype]
+                    _run_layer(layer_prep, experts, members, case, opts, kopts, dev)
+                else:
+                    _run_stack(layer_prep, experts, members, roles, case, opts, kopts, dev)
                 report.results += [Result(c.id, f) for c in checks for f in c(case, opts)]
                 report.ran |= {c.id for c in checks if c.id != "kernel.repack" or case.repack}
                 worst = sorted(case.rel.items(), key=lambda t: -t[1])[:5]
                 report.kernel.append({"layer": layer, "projection": stack, "experts": len(case.rel),
                                       "max_rel_error": worst[0][1] if worst else None,
                                       "worst_experts": [[e, r] for e, r in worst],
-                                      "limit": KERNEL_REL_ERROR_MAX[opts.act_dtype],
+                                      "limit": case.limit or KERNEL_REL_ERROR_MAX[opts.act_dtype],
                                       "repack_checked": len(case.repack), "seconds": time.monotonic() - t0})
                 if progress:
                     progress(layer, stack, len(case.rel))
@@ -263,3 +287,29 @@ def _run_stack(prep, experts, members, roles, case, opts, kopts, dev):
             case.engine_global.update({e: (k, float(r)) for e, k, r in zip(part, kept, errs.tolist())
                                        if k is not None and k != 1.0})
         del stack, y, ref
+
+
+def _run_layer(prep, experts, members, case, opts, kopts, dev):
+    """A non-gated layer whole (kernel_moe.run_layer): per chunk, the w13 (up) and w2 (down) stacks of the same
+    experts, one input. The reference takes each projection's global as the engine keeps it (vLLM: exact;
+    SGLang: the activation dtype's), so this case sees the kernels' path through the activation, not the global
+    rounding that the two stacks' own cases report."""
+    gen = torch.Generator(device=dev).manual_seed(opts.seed + 1)
+    act = getattr(torch, opts.act_dtype)
+    x = None
+    for i in range(0, len(members), kopts.chunk):
+        part = members[i:i + kopts.chunk]
+        stacks = []
+        for role in (Role.GATE, Role.DOWN):
+            pieces = [prep.prepare(experts[e][role], experts[e][role]) for e in part]
+            kept = torch.tensor([1.0 if p.engine_global is None else p.engine_global for p in pieces], device=dev)
+            stacks.append(Stack(torch.stack([p.q for p in pieces]), torch.stack([p.s for p in pieces]),
+                                torch.stack([p.g for p in pieces]).to(dev) if pieces[0].g is not None else None,
+                                torch.stack([p.ref for p in pieces]) * kept[:, None, None]))
+        for e in part:
+            case.names[e] = (experts[e][Role.GATE].weight.name, experts[e][Role.GATE].weight.file)
+        if x is None:
+            x = torch.randn(kopts.rows, stacks[0].reference.shape[-1], generator=gen, device=dev).to(act)
+        y = run_layer(prep.provider, stacks[0], stacks[1], x)
+        case.rel.update({e: float(r) for e, r in zip(part, rel_errors(y, reference_layer(*stacks, x)).tolist())})
+        del stacks, y

@@ -3,7 +3,8 @@ substitutions): for each case, vLLM builds the whole model twice under the model
 loader does (`initialize_model` under `set_default_torch_dtype`, the model's own `load_weights`, then
 `process_weights_after_loading` over every module): once from the source checkpoint (vLLM's own
 quantisation method for it) and once from the conversion (the plugin); every parameter and buffer of
-the two is compared by name, dtype, shape and bytes."""
+the two is compared by name, dtype, shape and bytes. Substitutions: test_differential.py's header (this file
+applies them), and for Nemotron-H serving_tests/vllm/nemotron_cpu.py (the non-gated MoE platform check)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from differential_state import model_state, run_diff_cases, state_diff, zero_fil
 from harness_gpt_oss_rows import engine_rows_as_plugin
 from harness_models import _marlin_runs_here
 from mla_cpu import use_cpu_reference_kernels
+from nemotron_cpu import use_cpu_nemotron_h
 
 
 def _model(path: str, dtype: str, text_only: bool = False):
@@ -69,6 +71,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     load_general_plugins()
     _marlin_runs_here()
     use_cpu_reference_kernels()  # MLA families: serving_tests/vllm/mla_cpu.py
+    use_cpu_nemotron_h()  # non-gated MoE platform check: serving_tests/vllm/nemotron_cpu.py (nemotron)
     ops.gptq_marlin_repack = _reference_repack
     ops.scaled_fp8_quant = _native_static_fp8_quant  # its CUDA op static_scaled_fp8_quant (FP8 layers, both models)
     # the CPU platform packs unquantised weights for its own GEMM (a CUDA GPU keeps them as loaded)

@@ -7,8 +7,10 @@ and the part not understood (it was copied unconverted).
 Substitution: the checkpoint is a `dsv4_convert.synth` Qwen3-MoE ModelOpt NVFP4 replica renamed to Nemotron-H's
 names (gate projections dropped, up_proj / down_proj kept, `model.layers` -> `backbone.layers`, `mlp` ->
 `mixer`) with architectures NemotronHForCausalLM: the names and the quantisation files are the release's, the
-rest of the model (Mamba layers) is not reproduced. Serving it is not claimed (no served-table entry), so the
-conversion passes --allow-unservable and validate's serving pre-flight is the one finding allowed.
+rest of the model (Mamba layers) is not reproduced. Nemotron-H x ModelOpt NVFP4 is served (core/served.py, the
+differential proof of the whole-model replica `synth --family nemotron-h`), so both convert with no
+--allow-unservable and validate clean; the whole replica also goes through inspect, plan, validate and
+marlin-to-source for both targets.
 """
 
 from __future__ import annotations
@@ -53,10 +55,35 @@ def test_nemotron_h_non_gated_experts_convert_validate_and_reverse(tmp_path):
     assert doc["projections"]["by_role"] == {"down": 8, "gate": 8}  # up_proj is the activated (w1) half
     for target in ("sglang", "vllm"):
         out = tmp_path / f"out-{target}"
-        run_cli("nvfp4-to-marlin", src, out, "--target", target, "--allow-unservable", "-q")
+        run_cli("nvfp4-to-marlin", src, out, "--target", target, "-q")
         proc = run_cli("validate", out, "--against", src, "--json", check=False)
         errors = {f["check"] for f in json.loads(proc.stdout)["findings"] if f["severity"] == "error"}
-        assert errors == {"marlin.serving_methods"}, proc.stdout[-3000:]
+        assert proc.returncode == 0 and errors == set(), proc.stdout[-3000:]
+        back = tmp_path / f"back-{target}"
+        run_cli("marlin-to-source", out, back, "-q")
+        assert restored_tree(back) == tree_hashes(src)
+
+
+def test_the_nemotron_h_replica_through_every_command(tmp_path):
+    """`synth --family nemotron-h` (Mamba-2, attention, non-gated experts): inspect, convert for both targets (the
+    gate lets it through: served), validate against the source with no finding, plan (a non-gated expert has two
+    projections and w13 N = I), inspect the conversion, and reverse it byte for byte."""
+    src = tmp_path / "src"
+    run_cli("synth", src, "--family", "nemotron-h", "-q")
+    doc = json.loads(run_cli("inspect", src, "--json").stdout)
+    assert doc["format"] == "nvfp4-modelopt-hf" and doc["projections"]["by_role"] == {"down": 16, "gate": 16}, doc
+    for target in ("sglang", "vllm"):
+        out = tmp_path / f"out-{target}"
+        run_cli("nvfp4-to-marlin", src, out, "--target", target, "-q")
+        proc = run_cli("validate", out, "--against", src, "--json", check=False)
+        findings = [f for f in json.loads(proc.stdout)["findings"] if f["severity"] in ("error", "warning")]
+        assert proc.returncode == 0 and findings == [], proc.stdout[-3000:]
+        plan = json.loads(run_cli("plan", out, "--gpus", "1", "--gpu-mem-gib", "32", "--target", target,
+                                  "--json").stdout)
+        assert plan["exit_code"] == 0 and plan["recommended"]["tp"] == 1, plan
+        assert "x 2 projections" in plan["reasoning"][0] and "w13 [N=I/TP" in plan["reasoning"][1], plan["reasoning"]
+        converted = json.loads(run_cli("inspect", out, "--json").stdout)
+        assert converted["format"] == "marlin" and converted["projections"]["by_role"] == {"down": 16, "gate": 16}
         back = tmp_path / f"back-{target}"
         run_cli("marlin-to-source", out, back, "-q")
         assert restored_tree(back) == tree_hashes(src)

@@ -6,6 +6,8 @@ Substitutions: the engine is the test build of vLLM's Marlin kernels (../shared/
 sources unchanged; the device has no vLLM or sgl_kernel), loaded through --kernel-provider module:PATH.
 Sources are `dsv4-convert synth --family F --format X` replicas (real names and configs, shrunk sizes),
 converted by the real CLI; `--allow-unservable` only where the converter's gate refuses the family.
+Nemotron-H (non-gated relu2 experts, served) runs w13 as the up projection alone (N = I), w2, and each layer
+whole: w13, ReLU-squared in bf16, w2 on every (token, expert) row, as the engines' fused_marlin_moe chains them.
 The CLI runs are started in parallel (threads around subprocesses): the tests then read the reports.
 """
 
@@ -64,3 +66,19 @@ def test_every_family_passes_the_engines_kernel(reports, family, fmt, target):
            max_rel_error=max((r["max_rel_error"] or 0.0 for r in data["kernel"]), default=None))
     assert data["kernel"], "no expert stack ran through the kernel"
     assert (gemm, repack) == ("pass", "pass") and not errors, (gemm, repack, errors)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ("vllm", "sglang"))
+def test_nemotron_h_non_gated_layers_run_through_the_engines_kernels(reports, target):
+    """Served (no --allow-unservable), and every MoE layer ran three cases: the one-shard w13, w2, and the whole
+    layer with the engines' relu2 activation, each within its limit (kernel.gemm passes)."""
+    unservable, data = reports[("nemotron-h", "nvfp4-modelopt-hf", target)]
+    rows = {(r["layer"], r["projection"]): r for r in data["kernel"]}
+    layers = {layer for layer, _ in rows}
+    record(suite="families-nemotron", module=Path(MODULE).name, target=target,
+           rows=[[k[0], k[1], r["experts"], r["max_rel_error"], r["limit"]] for k, r in sorted(rows.items())])
+    assert not unservable
+    assert layers and set(rows) == {(layer, p) for layer in layers for p in ("w13", "w2", "w13+relu2+w2")}, rows
+    assert all(r["experts"] == 8 and r["max_rel_error"] <= r["limit"] for r in rows.values()), rows
+    assert status(data, "kernel.gemm") == "pass"

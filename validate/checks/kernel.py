@@ -24,9 +24,13 @@ from dataclasses import dataclass, field
 
 from ..check import Finding, Scope, Severity, check
 
-__all__ = ["KERNEL_REL_ERROR_MAX", "KernelCase", "engine_rounding", "kernel_gemm", "kernel_repack"]
+__all__ = ["KERNEL_LAYER_REL_ERROR_MAX", "KERNEL_REL_ERROR_MAX", "KernelCase", "engine_rounding", "kernel_gemm", "kernel_repack"]
 
 KERNEL_REL_ERROR_MAX = {"bfloat16": 6e-3, "float16": 2e-3}
+# a non-gated layer run whole (w13, ReLU-squared, w2): squaring doubles the first GEMM's relative error and
+# the activation is rounded to the activation dtype once more, so about 2.5x one GEMM's limit; broken bytes
+# still give 0.1 and more (not measured on a GPU yet: docs/VALIDATE.md)
+KERNEL_LAYER_REL_ERROR_MAX = {"bfloat16": 1.5e-2, "float16": 5e-3}
 
 
 @dataclass
@@ -43,6 +47,7 @@ class KernelCase:
     # expert -> (the engine's kept global / the exact one, relative error against the reference scaled by
     # that ratio): only experts whose global the engine rounds (SGLang: the activation dtype)
     engine_global: dict[int, tuple[float, float]] = field(default_factory=dict)
+    limit: float | None = None  # this case's own limit (a whole non-gated layer), else KERNEL_REL_ERROR_MAX
 
 
 @check(id="kernel.gemm", severity=Severity.ERROR, scope=Scope.KERNEL,
@@ -50,7 +55,7 @@ class KernelCase:
             "engine's kernel on this GPU is wrong: run `dsv4-convert doctor` (missing SASS, engine version)")
 def kernel_gemm(case: KernelCase, opts) -> Iterator[Finding]:
     """The engine's own Marlin kernel on this GPU must compute what the checkpoint means, or the server serves wrong numbers."""
-    limit = KERNEL_REL_ERROR_MAX[case.act_dtype]
+    limit = case.limit or KERNEL_REL_ERROR_MAX[case.act_dtype]
     bad = sorted(((r, e) for e, r in case.rel.items() if not (r <= limit)), key=lambda t: (-_key(t[0]), t[1]))
     for rel, expert in bad:
         tensor, file = case.names[expert]
