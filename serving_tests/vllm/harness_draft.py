@@ -4,7 +4,9 @@ with the target's VllmConfig, whose `quant_config` is the target's, and `specula
 the target's config with the draft architecture: SpeculativeConfig.hf_config_override), once from the source
 (vLLM's own method for it) and once from the conversion (the plugin), and compares every parameter and buffer by
 name, dtype, shape and bytes. The set-up and CPU substitutions are harness_differential.py's (test_differential.py
-lists them)."""
+lists them), and one more: the CPU platform's packing of UNQUANTISED routed experts (`CPUUnquantizedExperts.
+process_weights_after_loading`, a vllm._C op the CPU wheel lacks; a CUDA GPU keeps them as loaded) is skipped,
+in both drafts alike (the drafts' BF16 MTP experts are the first unquantised MoE these harnesses build)."""
 
 from __future__ import annotations
 
@@ -50,6 +52,15 @@ def _diff_drafts(*, source: str, converted: str, dtype: str, fmt: str, text_only
     return out
 
 
+def _keep_unquantised_experts_as_loaded() -> None:
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a release without the CPU experts class: nothing to skip
+        return
+    CPUUnquantizedExperts.process_weights_after_loading = lambda self, layer: None
+
+
 def run(rank: int, world: int, *, cases: dict) -> dict:
+    _keep_unquantised_experts_as_loaded()
     harness_differential._diff = _diff_drafts  # harness_differential.run's set-up, the draft model instead
     return harness_differential.run(rank, world, cases=cases)

@@ -1,0 +1,64 @@
+"""The MTP (draft) model of a converted checkpoint, built by the engine as its speculative-decoding proposer
+builds it, equals the draft built from the source, parameter by parameter (names, dtypes, shapes, bytes):
+the draft layers the converter copied byte for byte (core/mtp.py; BF16 and excluded from the quantisation in
+the releases, synth/mtp.py) get the same methods through the plugin as through the engine's own config.
+
+vLLM (serving_tests/vllm/harness_draft.py): the target's VllmConfig with `SpeculativeConfig(method="mtp")`, the
+draft built by `initialize_model(model_config=draft_model_config)` under the model's dtype, its own
+`load_weights` on the whole checkpoint and `process_weights_after_loading` (llm_base_proposer.py `_get_model`).
+
+Substitutions: those of serving_tests/test_differential.py and serving_tests/vllm/harness_differential.py (CPU
+stand-ins for engine steps; the draft's construction and weight loading are vLLM's own); the checkpoints are
+`dsv4-convert synth --family` replicas. What could not run: SGLang's draft (DeepseekV3ForCausalLMNextN needs the
+speculative runtime context of a running server: get_spec(), the draft worker), and any forward pass.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from common import installed_engine, spawn_ranks
+from differential import Case, make_case
+
+ENGINE = installed_engine()
+if ENGINE is None:
+    pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
+if ENGINE != "vllm":
+    pytest.skip("the draft model is built by vLLM's harness only (header: what could not run)", allow_module_level=True)
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+sys.path.insert(0, str(Path(__file__).parent / ENGINE))
+
+# the families whose replicas carry a draft layer the engine builds a draft model for (synth/mtp.py)
+DRAFTS = (Case("deepseek-v3", "nvfp4-modelopt-hf"), Case("deepseek-v32", "nvfp4-modelopt-hf"),
+          Case("qwen3-next", "nvfp4-modelopt-hf"), Case("qwen3-next", "nvfp4-ct"),
+          Case("qwen3.5-moe", "nvfp4-modelopt-hf"), Case("qwen3.5-moe", "nvfp4-ct"))
+IDS = [f"{c.id}-bfloat16" for c in DRAFTS]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, request):
+    tmp = tmp_path_factory.mktemp("drafts")
+    selected = {item.callspec.params.get("case") for item in request.session.items if hasattr(item, "callspec")}
+    cases = {}
+    for case, case_id in zip(DRAFTS, IDS):
+        if case_id in selected:
+            src, conv = make_case(tmp, case, ENGINE, "bfloat16")
+            cases[case_id] = {"source": str(src), "converted": str(conv), "dtype": "bfloat16", "fmt": case.fmt}
+    return spawn_ranks("harness_draft:run", {"cases": cases}, tmp, world=1)[0]
+
+
+@pytest.mark.parametrize("case", IDS)
+def test_plugin_draft_equals_the_engines_draft_of_the_source(results, case):
+    r = results[case]
+    assert "error" not in r, r.get("traceback", r)
+    assert r["compared"] > 0 and r["draft_class"].endswith("MTP"), r
+    print(f"\n{case}: {r['draft_class']}, {r['compared']} tensors compared, methods {r['methods']}")
+    # the draft's routed experts are BF16 in the releases: the engine's unquantised MoE, in both drafts
+    assert "UnquantizedFusedMoEMethod" in r["methods"], r["methods"]
+    problems = [f"only the engine's draft has {n}" for n in r["only_engine"]]
+    problems += [f"only the plugin's draft has {n}" for n in r["only_plugin"]]
+    problems += [f"{name}: {what}" for name, what in r["differ"].items()]
+    assert not problems, "\n".join(problems)
