@@ -174,6 +174,7 @@ _HYBRID = (
     ("qwen3-next", "nvfp4-ct", "compressed-tensors"),
     ("llama4", "nvfp4-modelopt-hf", "modelopt_fp4"),  # not on SGLang 0.5.23: REFUSED says why
     ("gemma4-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),
+    ("gemma4-moe", "nvfp4-ct", "compressed-tensors"),  # RedHatAI/gemma-4-26B-A4B-it-NVFP4
 )
 
 

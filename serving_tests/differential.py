@@ -124,6 +124,7 @@ CASES = (
     # SGLang 0.5.23 cannot load this source itself (core/served.py _HYBRID says why): vLLM only
     Case("llama4", "nvfp4-modelopt-hf", text_only=True, engines=("vllm",)),
     Case("gemma4-moe", "nvfp4-modelopt-hf", text_only=True),
+    Case("gemma4-moe", "nvfp4-ct", text_only=True),  # mtp: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (synth/families.py)
 )
 
 

@@ -26,8 +26,6 @@ from differential import Case, make_case
 ENGINE = installed_engine()
 if ENGINE is None:
     pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
-if ENGINE != "vllm":
-    pytest.skip("the draft model is built by vLLM's harness only (header: what could not run)", allow_module_level=True)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).parent / ENGINE))
 
@@ -36,6 +34,10 @@ DRAFTS = (Case("deepseek-v3", "nvfp4-modelopt-hf"), Case("deepseek-v32", "nvfp4-
           Case("qwen3-next", "nvfp4-modelopt-hf"), Case("qwen3-next", "nvfp4-ct"),
           Case("qwen3.5-moe", "nvfp4-modelopt-hf"), Case("qwen3.5-moe", "nvfp4-ct"))
 IDS = [f"{c.id}-bfloat16" for c in DRAFTS]
+# SGLang 0.5.23 builds Qwen3-Next's draft (Qwen3NextForCausalLMMTP) with the target's ModelOpt / CT config, whose
+# `mtp*` exclude no longer matches once the draft renames `mtp.layers.0` to `model.layers.0`: NVFP4 experts for the
+# source's BF16 draft weights, and its own loader fails on the SOURCE (KeyError). Nothing the plugin could serve.
+ENGINE_CANNOT = {("sglang", "qwen3-next")}
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +55,11 @@ def results(tmp_path_factory, request):
 @pytest.mark.parametrize("case", IDS)
 def test_plugin_draft_equals_the_engines_draft_of_the_source(results, case):
     r = results[case]
+    if (ENGINE, case.split("-nvfp4")[0]) in ENGINE_CANNOT:  # the engine's own reason; fails once it loads
+        assert "error" in r and "engine_model = _draft(source" in r["traceback"], r
+        pytest.skip(f"{ENGINE} cannot load this source's draft itself: {r['error']}")
     assert "error" not in r, r.get("traceback", r)
-    assert r["compared"] > 0 and r["draft_class"].endswith("MTP"), r
+    assert r["compared"] > 0 and r["draft_class"].endswith(("MTP", "NextN")), r
     print(f"\n{case}: {r['draft_class']}, {r['compared']} tensors compared, methods {r['methods']}")
     # the draft's routed experts are BF16 in the releases: the engine's unquantised MoE, in both drafts
     assert "UnquantizedFusedMoEMethod" in r["methods"], r["methods"]

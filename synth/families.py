@@ -156,7 +156,9 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                layer_prefix="backbone.layers",
                bf16=tuple(f"mixer.{p}" for p in ("in_proj", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj"))),
     # Gemma-4 MoE (synth/gemma4.py): experts and router beside a dense MLP in every layer
-    FamilySpec("gemma4-moe", ("nvfp4-modelopt-hf",), "gemma4", "", router="router", nested=True),
+    # compressed-tensors: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (llm-compressor; its ignore list is assumed to be the
+    # router, attention, vision tower and lm_head, as RedHatAI's Gemma-4 FP8 recipe lists them)
+    FamilySpec("gemma4-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "gemma4", "", router="router", nested=True),
     FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe",
                config={"scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True,
                        "qk_norm_type": "per_layer", "rotary_dim": 32, "rope_theta": 5000000, "rms_norm_eps": 1e-6,
@@ -404,6 +406,7 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
         qc["ignore"] += ["re:.*linear_attn.*"] if spec.linear else []
         qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
         qc["ignore"] += ["re:.*visual.*"] if spec.nested else []  # the vision tower (llm-compressor PR #2740)
+        qc["ignore"] += ["re:.*router.*", "re:.*vision_tower.*"] if family == "gemma4-moe" else []
     else:
         qc, hfq = _modelopt(spec, d)
         if spec.stale_block:  # the pre-FP4 model's block, left in config.json (DeepSeek-V3-0324-FP4)
