@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from .index import natural_key
 
-__all__ = ["copied_mtp_layers", "is_mtp_name", "mtp_layers", "num_hidden_layers"]
+__all__ = ["copied_mtp_layers", "mtp_layers", "num_hidden_layers"]
 
 _APPENDED = re.compile(r"^((?:[\w]+\.)*?layers)\.(\d+)\.")
 
@@ -39,11 +39,6 @@ def _layer_of(name: str, layers: int | None) -> str | None:
     if m and layers is not None and int(m.group(2)) >= layers:
         return f"{m.group(1)}.{m.group(2)}"
     return None
-
-
-def is_mtp_name(name: str, config: dict | None) -> bool:
-    """Whether `name` belongs to a draft layer or the draft's shared modules (`mtp.fc`)."""
-    return name.startswith("mtp.") or _layer_of(name, num_hidden_layers(config)) is not None
 
 
 def mtp_layers(names: Iterable[str], config: dict | None) -> list[str]:
