@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from .index import natural_key
 
-__all__ = ["copied_mtp_layers", "mtp_layers", "num_hidden_layers"]
+__all__ = ["copied_mtp_layers", "draft_bytes", "mtp_layers", "num_hidden_layers"]
 
 _APPENDED = re.compile(r"^((?:[\w]+\.)*?layers)\.(\d+)\.")
 
@@ -60,3 +60,10 @@ def copied_mtp_layers(names: Iterable[str], config: dict | None, converted: Iter
         if (layer := _layer_of(n, layers)) is not None:
             counts.pop(layer, None)
     return {layer: counts[layer] for layer in sorted(counts, key=natural_key)}
+
+
+def draft_bytes(tensors: dict, config: dict | None, converted: Iterable[str]) -> int:
+    """Bytes of the copied draft layers (copied_mtp_layers) among `tensors` (name -> ref with nbytes): weights an
+    engine loads only for speculative decoding (its main model skips them)."""
+    copied, layers = copied_mtp_layers(tensors, config, converted), num_hidden_layers(config)
+    return sum(ref.nbytes for name, ref in tensors.items() if _layer_of(name, layers) in copied)

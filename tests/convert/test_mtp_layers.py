@@ -118,3 +118,17 @@ def test_qwen_mtp_block_is_copied_and_said(synth_source, tmp_path):
     report = json.loads(run_cli("nvfp4-to-marlin", src, out, "--target", "vllm", "--json").stdout)
     assert report["mtp_copied"] == ["mtp.layers.0"]
     assert "`mtp.layers.0` (" in (out / "SERVING.md").read_text()
+
+
+@pytest.mark.slow
+def test_plan_does_not_count_the_draft_layer_as_served_weights(synth_source):
+    """The engines' main models skip the draft layer; only speculative decoding loads it (docs/PLAN.md)."""
+    src = synth_source("nvfp4-modelopt-hf", family="deepseek-v3", **_SIZES)
+    n = json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    ckpt = open_checkpoint(src)
+    mtp = sum(ref.nbytes for name, ref in ckpt.tensors.items() if name.startswith(f"model.layers.{n}."))
+    plan = json.loads(run_cli("plan", src, "--json", "--gpus", 1, check=False).stdout)
+    m = plan["model"]
+    assert m["draft_bytes"] == mtp > 0
+    assert m["expert_bytes"] + m["other_bytes"] + mtp == sum(ref.nbytes for ref in ckpt.tensors.values())
+    assert any("MTP (draft) layers" in r for r in plan["reasoning"])
