@@ -6,11 +6,16 @@ the releases, synth/mtp.py) get the same methods through the plugin as through t
 vLLM (serving_tests/vllm/harness_draft.py): the target's VllmConfig with `SpeculativeConfig(method="mtp")`, the
 draft built by `initialize_model(model_config=draft_model_config)` under the model's dtype, its own
 `load_weights` on the whole checkpoint and `process_weights_after_loading` (llm_base_proposer.py `_get_model`).
+SGLang (serving_tests/sglang/harness_draft.py): `ModelConfig(..., is_draft_model=True)` (the draft architecture:
+DeepseekV3ForCausalLMNextN, Qwen3_5ForCausalLMMTP, ...), its quantisation lookup, `_initialize_model` and
+`load_weights_and_postprocess`, as its draft worker loads the draft.
+Where the engine's own loader cannot build a case's draft from the SOURCE (ENGINE_CANNOT), the test asserts that
+failure and skips; it fails once the engine loads it.
 
-Substitutions: those of serving_tests/test_differential.py and serving_tests/vllm/harness_differential.py (CPU
-stand-ins for engine steps; the draft's construction and weight loading are vLLM's own); the checkpoints are
-`dsv4-convert synth --family` replicas. What could not run: SGLang's draft (DeepseekV3ForCausalLMNextN needs the
-speculative runtime context of a running server: get_spec(), the draft worker), and any forward pass.
+Substitutions: those of serving_tests/test_differential.py and serving_tests/{vllm,sglang}/harness_differential.py
+(CPU stand-ins for engine steps; the drafts' construction and weight loading are the engines' own), plus vLLM's CPU
+prepack of unquantised experts skipped (vllm/harness_draft.py says why); the checkpoints are `dsv4-convert synth
+--family` replicas. What could not run: any forward pass of a draft.
 """
 
 from __future__ import annotations
