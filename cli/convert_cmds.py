@@ -13,6 +13,7 @@ from ..core.converted_config import TpLayout
 from ..core.engines import ENGINES, shell_quote
 from ..core.errors import UsageError
 from ..core.input_scales import invalid_input_scales
+from ..core.mtp import copied_mtp_layers
 from ..core.reader import open_checkpoint
 from ..core.target import MarlinTarget
 from ..core.tensor_model import Quant
@@ -115,7 +116,9 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
             f"({human_rate(result.bytes_out, result.seconds)}) -> {result.out}")
     if ckpt.left_out:  # original/, metal/: folders no engine reads (core/reader.py LEFT_OUT_DIRS)
         text += f"\nleft out (no engine reads them): {_folders(ckpt.left_out)}"
-    emit({**result.as_dict(), "left_out": list(ckpt.left_out)},
+    if mtp := copied_mtp_layers(ckpt.tensors, ckpt.config, ckpt.projection_names):  # core/mtp.py
+        text += f"\nMTP (draft) layers copied byte for byte (no FP4 experts): {', '.join(mtp)} (SERVING.md)"
+    emit({**result.as_dict(), "left_out": list(ckpt.left_out), "mtp_copied": list(mtp)},
          text + f"\nnext: dsv4-convert validate {shell_quote(str(out_path(result.out)))} --against "
          f"{shell_quote(_absolute_source(src))}", **report)
     if result.lost_scales and not report["quiet"]:

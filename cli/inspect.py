@@ -10,6 +10,7 @@ from ..core.converted_config import record_or_none
 from ..core.detect import declared_group_size
 from ..core.dtypes import FP8_DTYPES, SCALE_DTYPES, WEIGHT_DTYPES
 from ..core.index import natural_key
+from ..core.mtp import mtp_layers
 from ..core.reader import open_checkpoint
 from ..core.tensor_model import Checkpoint, SourceFormat
 from ..core.units import human_size
@@ -33,19 +34,6 @@ Examples:
 
 def _category(dtype: str) -> str:
     return "fp8" if dtype in FP8_DTYPES else "bf16" if dtype == "BF16" else "other"
-
-
-def _mtp_layers(names) -> list[str]:
-    """The MTP / draft layers: `mtp.0` (DeepSeek), `mtp.layers.0` (Qwen3.5 / Qwen3-Next), i.e. a name under
-    `mtp.` up to its first numeric part; `mtp.fc`, `mtp.norm` and the like are the draft's shared modules."""
-    layers = set()
-    for n in names:
-        parts = n.split(".")
-        if parts[0] == "mtp":
-            index = next((i for i, p in enumerate(parts[1:], 1) if p.isdecimal()), None)
-            if index is not None:
-                layers.add(".".join(parts[:index + 1]))
-    return sorted(layers, key=natural_key)
 
 
 def _quant_block(ckpt: Checkpoint) -> dict:
@@ -105,7 +93,7 @@ def summarize(ckpt: Checkpoint) -> dict:
     qc = _quant_block(ckpt)
     hq = (ckpt.hf_quant_config or {}).get("quantization") or {}
     declared = declared_group_size(ckpt.config, ckpt.hf_quant_config)
-    mtp = _mtp_layers(ckpt.tensors)
+    mtp = mtp_layers(ckpt.tensors, ckpt.config)
     return {
         "schema_version": SCHEMA_VERSION,
         "root": str(ckpt.root),

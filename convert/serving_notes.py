@@ -4,6 +4,7 @@ check that the plugin took over (facts from dsv4_convert.serving.config, which i
 from __future__ import annotations
 
 from ..core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
+from ..core.mtp import copied_mtp_layers
 from ..core.tensor_model import Quant
 from .plan import ConvertPlan
 
@@ -88,12 +89,14 @@ def _splits(plan: ConvertPlan, layouts: list[tuple[int, int]]) -> str:
 
 
 def _mtp(plan: ConvertPlan) -> str:
-    """A paragraph for an MTP (draft) block this conversion copied as the source holds it (Qwen3.5 / Qwen3-Next
-    `mtp.*`, unquantised in the releases): the engine's draft model loads it with the source's own method."""
-    copied = [n for n in plan.checkpoint.tensors if n.startswith("mtp.")]
-    if not copied or any(str(p.layer).startswith("mtp") for p in plan.projections):
+    """A paragraph for the MTP (draft) layers this conversion copied as the source holds them (core/mtp.py:
+    DeepSeek-R1 / V3 `model.layers.<N>`, Qwen3.5 / Qwen3-Next `mtp.*`, BF16 in the releases)."""
+    copied = copied_mtp_layers(plan.checkpoint.tensors, plan.checkpoint.config, plan.checkpoint.projection_names)
+    if not copied:
         return ""
-    return (f"## The MTP block\nThe `mtp.*` block ({len(copied)} tensors) is copied unconverted, as the source "
-            "holds it (unquantised): the main model does not load it. For the engine's MTP draft model "
-            f"(speculative decoding) {QUANT_METHOD} gives these layers the source's own method (its non-expert "
-            "config); no serving test of dsv4-convert loads the draft yet.\n\n")
+    layers = ", ".join(f"`{layer}` ({n} tensors)" for layer, n in copied.items())
+    return (f"## The MTP (draft) layers\n{layers}: copied byte for byte, as the source holds them (no FP4 experts "
+            "to convert; the releases keep them BF16 and exclude them from their quantisation). The main model "
+            f"does not load them. An engine's draft model (speculative decoding) asks {QUANT_METHOD} for their "
+            "methods, which gives them the source's own non-expert config; docs/SERVING.md says which engine "
+            "release is proven to load that draft.\n\n")

@@ -160,7 +160,7 @@ REFUSED: tuple[Refused, ...] = (
     Refused("llama4", "nvfp4-modelopt-hf", "sglang 0.5.23",
             "SGLang cannot load the ModelOpt source itself: mllama4.py _handle_expert_scale_params takes a stacked "
             "`experts.gate_up_proj_weight_scale` for a single scale for all experts (RuntimeError: expand)",
-            "serving_tests/differential.py: the llama4 case runs on vLLM only (seen by fam-hybrid; no test runs it)"),
+            "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_modelopt_llama4_source_itself"),
 )
 
 
@@ -176,6 +176,7 @@ _HYBRID = (
     ("gemma4-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),
     # Nemotron-H / Nemotron-3-Nano: Mamba-2 + attention + non-gated relu2 experts (w13 = up_proj alone)
     ("nemotron-h", "nvfp4-modelopt-hf", "modelopt_fp4"),
+    ("gemma4-moe", "nvfp4-ct", "compressed-tensors"),  # RedHatAI/gemma-4-26B-A4B-it-NVFP4
 )
 
 

@@ -21,6 +21,7 @@ from ..core.engines import (
     launch_command,
     registration_log_line,
 )
+from ..core.mtp import draft_bytes
 from ..core.served import checkpoint_refusal
 from ..core.structure import model_dims
 from ..core.tensor_model import Checkpoint, SourceFormat
@@ -66,6 +67,7 @@ class ModelShape:
     # engine -> why its plugin is not proven to serve this model once converted (core/served.py), None: served
     not_served: dict = field(default_factory=dict)
     roles: int = 3  # projections per expert: 3 gated (gate, up, down), 2 non-gated (Nemotron-H: up, down)
+    draft_bytes: int = 0  # copied MTP (draft) layers (core/mtp.py): loaded only for speculative decoding
 
 
 def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
@@ -82,6 +84,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
     per_layer = {layer: sum(refs.values()) for layer, refs in per_layer.items()}
     expert_bytes = sum(per_layer.values())
     total = sum(t.nbytes for t in ckpt.tensors.values())
+    draft = draft_bytes(ckpt.tensors, ckpt.config, ckpt.projection_names)
     record = record_or_none(ckpt.config) if ckpt.format is SourceFormat.MARLIN else None
     experts = dims["experts"] or len({p.expert for p in ckpt.projections})
     layout = None
@@ -95,7 +98,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       quant=max(quants, key=quants.get) if quants else "mxfp4",
                       hidden=dims["hidden"] or hidden or 0, intermediate=dims["intermediate"] or intermediate or 0,
                       experts=experts, layers=len([layer for layer in per_layer if not layer.startswith("mtp")]),
-                      expert_bytes=expert_bytes, other_bytes=total - expert_bytes,
+                      expert_bytes=expert_bytes, other_bytes=total - expert_bytes - draft, draft_bytes=draft,
                       largest_layer_expert_bytes=max(per_layer.values(), default=0),
                       converted=ckpt.format is SourceFormat.MARLIN, converted_for=record.target_engine if record else None,
                       converted_layout=layout, w4a8=bool(record and record.w4a8),
@@ -246,7 +249,9 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
     chosen = max(usable, key=lambda c: (c.tp, c.tiles.ok, -c.ep), default=None)
     reasoning.append(f"experts: {shape.layers} layers x {shape.experts} x {shape.roles} projections, H={shape.hidden}, "
                      f"I={shape.intermediate}, {shape.quant} (group {group}); {shape.expert_bytes / GIB:.1f} GiB of "
-                     f"experts + {shape.other_bytes / GIB:.1f} GiB of other weights")
+                     f"experts + {shape.other_bytes / GIB:.1f} GiB of other weights" + (
+                         f"; the MTP (draft) layers' {shape.draft_bytes / GIB:.1f} GiB are not counted (loaded only "
+                         "with speculative decoding)" if shape.draft_bytes else ""))
     reasoning.append(f"tile rule per rank: w13 [N={'2*' if shape.roles == 3 else ''}I/TP, K=H] and w2 [N=H, K=I/TP] "
                      "need (N%64, K%128) or "
                      f"(N%128, K%64), and I/TP % {group} == 0; with EP each expert stays whole on one rank "

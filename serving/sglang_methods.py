@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import copy
 import logging
+import re
 from functools import partial
 
 import sglang
 import torch
+from sglang.srt.layers.linear import LinearBase
 from sglang.srt.layers.moe import get_moe_runner_backend
 from sglang.srt.layers.moe.fused_moe_triton.layer import FusedMoE, FusedMoeWeightScaleSupported
 from sglang.srt.layers.quantization import get_quantization_config, marlin_utils
@@ -26,6 +28,7 @@ from sglang.srt.layers.quantization.modelopt_quant import (
     ModelOptNvFp4FusedMoEMethod,
 )
 from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
+from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.utils import set_weight_attrs
 
 from ..core.converted_config import serving_block
@@ -254,7 +257,14 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
                                                      container=container)
         if self.inner is None:
             return None
+        if self.inner_method == "modelopt_fp4" and _NEXTN_DRAFT.search(prefix):
+            # SGLang builds a NextN draft (`model.decoder`: deepseek_nextn.py, glm4_moe_nextn.py) with no quant
+            # config when the target's is modelopt_fp4: the draft layer the converter copied gets the same methods
+            return UnquantizedLinearMethod() if isinstance(layer, LinearBase) else None
         return self.inner.get_quant_method(layer, prefix)
+
+
+_NEXTN_DRAFT = re.compile(r"^model\.decoder\.")  # DeepseekModelNextN / Glm4MoeModelNextN at `model`
 
 
 def sglang_inner_method(block: dict, *, from_file: bool) -> tuple[str, dict]:

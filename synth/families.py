@@ -52,6 +52,7 @@ The facts per family, and where they come from:
   has Maverick's layout, experts on every other layer (`interleave_moe_layer_step: 2`, a dense NVFP4
   `feed_forward.{gate,up,down}_proj` of `intermediate_size_mlp` between: vLLM 0.33 llama4.py is_moe_layer;
   Scout has step 1); the dense layers' NVFP4 quantisation is this generator's assumption.
+MTP / draft layers (DeepSeek `model.layers.<N>`, MiniMax-M2 declared only, Qwen `mtp.*`): synth/mtp.py.
 Sizes, values and the tokenizer are synthetic; the generator never copies real weights.
 """
 
@@ -70,6 +71,7 @@ from .gemma4 import gemma4_tensors, gemma4_text_config
 from .hybrid import LINEAR, gated_attention, gdn_layer, layer_types, linear_config
 from .layouts import Dims
 from .mla import mla_config, mla_tensors
+from .mtp import MINIMAX_MTP_CONFIG, deepseek_mtp_layer, qwen_mtp_block
 from .nemotron import BF16 as NEMOTRON_BF16
 from .nemotron import nemotron_config, nemotron_tensors
 from .seeded import dense, expert_matrix
@@ -88,7 +90,8 @@ class FamilySpec:
     dense_layers: int = 0          # first layers with a dense MLP instead of experts
     moe_every: int = 1             # experts on every n-th layer, dense MLPs between (Llama-4 Maverick: 2)
     mixed: bool = False            # ModelOpt MIXED_PRECISION: FP8 attention, NVFP4 experts
-    mtp: str | None = None         # "file": GLM's mtp.safetensors; "unquantised": Qwen3.5's BF16 mtp.*
+    mtp: str | None = None         # "file": GLM's mtp.safetensors; "unquantised": Qwen3.5's BF16 mtp.*;
+    #                                "layer": DeepSeek's BF16 layer num_hidden_layers (synth/mtp.py)
     hf_quant_only: bool = False    # ModelOpt deleted quantization_config from config.json (DeepSeek-R1 FP4)
     nested: bool = False           # config under text_config (multimodal wrapper)
     router: str = "gate"           # the router's module name under the MoE block
@@ -119,23 +122,25 @@ class FamilySpec:
 _DEEPSEEK = {"n_shared_experts": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid", "n_group": 1,
              "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "moe_layer_freq": 1,
              "hidden_act": "silu", "num_nextn_predict_layers": 0}
+_DEEPSEEK_MTP = {**_DEEPSEEK, "num_nextn_predict_layers": 1}  # DeepSeek-R1 / V3 / V3.2 (synth/mtp.py); Kimi-K2 0
 _BLOCK_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
 FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     FamilySpec("qwen3-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_moe", "mlp",
                config={"norm_topk_prob": True, "decoder_sparse_step": 1}),
     FamilySpec("deepseek-v3", ("nvfp4-modelopt-hf",), "deepseek_v3", "mlp", shared="shared_experts",
-               dense_layers=1, hf_quant_only=True, attention="mla", config=_DEEPSEEK,
+               dense_layers=1, hf_quant_only=True, attention="mla", config=_DEEPSEEK_MTP, mtp="layer",
                examples="nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-R1-FP4 (no block in config.json)"),
     FamilySpec("deepseek-v3", ("nvfp4-modelopt-hf",), "deepseek_v3", "mlp", shared="shared_experts",
-               dense_layers=1, stale_block=True, attention="mla", config=_DEEPSEEK, name="deepseek-v3-0324",
+               dense_layers=1, stale_block=True, attention="mla", config=_DEEPSEEK_MTP, mtp="layer",
+               name="deepseek-v3-0324",
                examples="nvidia/DeepSeek-V3-0324-FP4 (stale block-FP8 quantization_config in config.json)"),
     FamilySpec("deepseek-v3", ("nvfp4-modelopt-hf",), "kimi_k2", "mlp", shared="shared_experts", dense_layers=1,
                routed_only=True, attention="mla", name="kimi-k2", architecture="DeepseekV3ForCausalLM",
                examples="Kimi-K2 NVFP4 (DeepseekV3ForCausalLM, model_type kimi_k2)",
                config={**_DEEPSEEK, "routed_scaling_factor": 2.827, "rope_theta": 50000}),
     FamilySpec("deepseek-v32", ("nvfp4-modelopt-hf",), "deepseek_v32", "mlp", shared="shared_experts",
-               dense_layers=1, attention="mla-indexer", config=_DEEPSEEK),
+               dense_layers=1, attention="mla-indexer", config=_DEEPSEEK_MTP, mtp="layer"),
     FamilySpec("glm4-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "glm4_moe", "mlp", shared="shared_experts",
                dense_layers=1, mtp="file", config={"n_shared_experts": 1, "num_nextn_predict_layers": 1}),
     FamilySpec("qwen3.5-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_5_moe", "mlp", shared="shared_expert",
@@ -152,10 +157,13 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     FamilySpec("nemotron-h", ("nvfp4-modelopt-hf",), "nemotron_h", "mixer", shared="shared_experts",
                layer_prefix="backbone.layers", bf16=NEMOTRON_BF16),
     # Gemma-4 MoE (synth/gemma4.py): experts and router beside a dense MLP in every layer
-    FamilySpec("gemma4-moe", ("nvfp4-modelopt-hf",), "gemma4", "", router="router", nested=True),
+    # compressed-tensors: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (llm-compressor; its ignore list is assumed to be the
+    # router, attention, vision tower and lm_head, as RedHatAI's Gemma-4 FP8 recipe lists them)
+    FamilySpec("gemma4-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "gemma4", "", router="router", nested=True),
     FamilySpec("minimax-m2", ("nvfp4-modelopt-hf",), "minimax_m2", "block_sparse_moe",
                config={"scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True,
-                       "qk_norm_type": "per_layer", "rotary_dim": 32, "rope_theta": 5000000, "rms_norm_eps": 1e-6}),
+                       "qk_norm_type": "per_layer", "rotary_dim": 32, "rope_theta": 5000000, "rms_norm_eps": 1e-6,
+                       **MINIMAX_MTP_CONFIG}),  # declared, no weights shipped (synth/mtp.py)
     FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
                router="router", lm_head="language_model.lm_head.weight", stacked=True,
@@ -297,27 +305,10 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
         outside[f"{spec.prefix}.{d.layers}.eh_proj.weight"] = dense(seed, "eh_proj", (d.hidden, 2 * d.hidden),
                                                                     dtype=dtype)
     elif spec.mtp == "unquantised":  # Qwen3.5 / Qwen3-Next: a BF16 MTP block under mtp.*, experts included
-        out.update(_mtp_block(seed, spec, d, dtype))
+        qwen_mtp_block(out, seed, d, _mlp, _linear, dtype)
+    elif spec.mtp == "layer":  # DeepSeek: layer num_hidden_layers in the index, BF16, excluded (synth/mtp.py)
+        deepseek_mtp_layer(out, seed, spec.prefix, d, _mlp, dtype, indexer=spec.attention == "mla-indexer")
     return out, outside
-
-
-def _mtp_block(seed: int, spec: FamilySpec, d: Dims, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """`mtp.fc`, the two pre-fc norms, one full-attention MoE layer `mtp.layers.0.*` and `mtp.norm`, all BF16."""
-    h, out = d.hidden, {}
-    out["mtp.fc.weight"] = dense(seed, "mtp.fc", (h, 2 * h), dtype=dtype)
-    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden"):
-        out[f"mtp.{norm}.weight"] = torch.ones(h, dtype=dtype)
-    p = "mtp.layers.0"
-    out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
-    gated_attention(out, seed, p, d, _linear, kind="bf16", dtype=dtype)
-    out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
-    out[f"{p}.mlp.gate.weight"] = dense(seed, f"{p}.mlp.gate", (d.experts, h), dtype=dtype)
-    _mlp(out, seed, f"{p}.mlp.shared_expert", h, d.intermediate, "bf16", dtype)
-    out[f"{p}.mlp.shared_expert_gate.weight"] = dense(seed, f"{p}.mlp.shared_expert_gate", (1, h), dtype=dtype)
-    for e in range(d.experts):
-        _mlp(out, seed, f"{p}.mlp.experts.{e}", h, d.intermediate, "bf16", dtype)
-    out["mtp.norm.weight"] = torch.ones(h, dtype=dtype)
-    return out
 
 
 _N_ROUTED = ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe")
@@ -363,6 +354,7 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
     lp = spec.prefix
     exclude = [spec.lm_head.removesuffix(".weight"), f"{lp}.*.{spec.moe + '.' if spec.moe else ''}{spec.router}",
                "mtp*" if spec.mtp == "unquantised" else None,
+               f"{lp}.{d.layers}*" if spec.mtp == "layer" else None,  # ModelOpt's DeepSeek ptq.py (synth/mtp.py)
                f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.shared_gate else None]
     exclude = [e for e in exclude if e]
     if spec.routed_only:  # Kimi-K2 NVFP4: only the routed experts are FP4
@@ -415,6 +407,7 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
         qc["ignore"] += ["re:.*linear_attn.*"] if spec.linear else []
         qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
         qc["ignore"] += ["re:.*visual.*"] if spec.nested else []  # the vision tower (llm-compressor PR #2740)
+        qc["ignore"] += ["re:.*router.*", "re:.*vision_tower.*"] if family == "gemma4-moe" else []
     else:
         qc, hfq = _modelopt(spec, d)
         if spec.stale_block:  # the pre-FP4 model's block, left in config.json (DeepSeek-V3-0324-FP4)

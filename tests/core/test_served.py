@@ -92,6 +92,15 @@ def test_every_entry_names_a_proof_that_exists():
             assert not param or f'"{param}"' in path.read_text() or param in case_ids, proof
 
 
+def test_every_refusal_names_a_test_node_that_exists():
+    """A refusal quotes the engine's own reason and names the test that shows it (a node, never prose)."""
+    from dsv4_convert.core.served import REFUSED
+
+    for r in REFUSED:
+        file, sep, name = r.proof.partition("::")
+        assert sep and (ROOT / file).is_file() and name in _functions(_module(ROOT / file)), r
+
+
 def test_every_proof_case_has_its_entry_on_every_release():
     for fam, fmt in _cases():
         family = FAMILY_SPECS[fam].family if fam in FAMILY_SPECS else fam  # a release replica (kimi-k2)

@@ -39,7 +39,7 @@ def _plan(root, *args) -> dict:
 def _sums(plan, root):
     m = plan["model"]
     assert m["expert_bytes"] >= 0 and m["other_bytes"] >= 0
-    assert m["expert_bytes"] + m["other_bytes"] == _data_bytes(root)
+    assert m["expert_bytes"] + m["other_bytes"] + m["draft_bytes"] == _data_bytes(root)
 
 
 def test_gptoss_20b_layer_stacked_experts_and_padded_bytes(tmp_path):

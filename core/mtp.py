@@ -1,0 +1,69 @@
+"""The MTP (draft) layers of a checkpoint, by name and config: the one place that tells them apart.
+
+The releases keep their draft layers in three ways (synth/mtp.py has the sources):
+- under `mtp.`: DeepSeek-V4 `mtp.0.*`, Qwen3.5 / 3.6 and Qwen3-Next `mtp.layers.0.*` (beside the draft's shared
+  `mtp.fc`, `mtp.norm`, ...);
+- appended after the decoder layers, `<prefix>.layers.<num_hidden_layers + i>.*`: DeepSeek-R1 / V3 (nvidia's FP4
+  releases: layer 61, BF16), GLM (in `mtp.safetensors`, outside the index); MiniMax-M2 declares three
+  (`num_mtp_modules`) but ships none;
+- none (Kimi-K2, Mixtral, Llama-4, Gemma-4).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from .index import natural_key
+
+__all__ = ["copied_mtp_layers", "draft_bytes", "mtp_layers", "num_hidden_layers"]
+
+_APPENDED = re.compile(r"^((?:[\w]+\.)*?layers)\.(\d+)\.")
+
+
+def num_hidden_layers(config: dict | None) -> int | None:
+    """The decoder's layer count (a nested `text_config` wins); None where the config has none."""
+    config = config or {}
+    for c in (config.get("text_config"), config):
+        if isinstance(c, dict) and isinstance(c.get("num_hidden_layers"), int):
+            return c["num_hidden_layers"]
+    return None
+
+
+def _layer_of(name: str, layers: int | None) -> str | None:
+    parts = name.split(".")
+    if parts[0] == "mtp":
+        index = next((i for i, p in enumerate(parts[1:], 1) if p.isdecimal()), None)
+        return ".".join(parts[:index + 1]) if index is not None else None
+    m = _APPENDED.match(name)
+    if m and layers is not None and int(m.group(2)) >= layers:
+        return f"{m.group(1)}.{m.group(2)}"
+    return None
+
+
+def mtp_layers(names: Iterable[str], config: dict | None) -> list[str]:
+    """The draft layers present: `mtp.0`, `mtp.layers.0`, `model.layers.61`, in natural order."""
+    layers = num_hidden_layers(config)
+    found = {layer for n in names if (layer := _layer_of(n, layers)) is not None}
+    return sorted(found, key=natural_key)
+
+
+def copied_mtp_layers(names: Iterable[str], config: dict | None, converted: Iterable[str]) -> dict[str, int]:
+    """{draft layer: its tensor count} for the draft layers none of whose tensors is a converted FP4 expert
+    (`converted`: the converted projections' tensor names): a conversion copies those byte for byte."""
+    names, layers = list(names), num_hidden_layers(config)
+    counts: dict[str, int] = {}
+    for n in names:
+        if (layer := _layer_of(n, layers)) is not None:
+            counts[layer] = counts.get(layer, 0) + 1
+    for n in converted:
+        if (layer := _layer_of(n, layers)) is not None:
+            counts.pop(layer, None)
+    return {layer: counts[layer] for layer in sorted(counts, key=natural_key)}
+
+
+def draft_bytes(tensors: dict, config: dict | None, converted: Iterable[str]) -> int:
+    """Bytes of the copied draft layers (copied_mtp_layers) among `tensors` (name -> ref with nbytes): weights an
+    engine loads only for speculative decoding (its main model skips them)."""
+    copied, layers = copied_mtp_layers(tensors, config, converted), num_hidden_layers(config)
+    return sum(ref.nbytes for name, ref in tensors.items() if _layer_of(name, layers) in copied)

@@ -1,0 +1,66 @@
+"""Runs inside a spawned gloo rank for serving_tests/test_draft_differential.py: vLLM builds the MTP DRAFT model of
+a checkpoint twice, as its speculative-decoding proposer does (llm_base_proposer.py `_get_model`: `get_model`
+with the target's VllmConfig, whose `quant_config` is the target's, and `speculative_config.draft_model_config`,
+the target's config with the draft architecture: SpeculativeConfig.hf_config_override), once from the source
+(vLLM's own method for it) and once from the conversion (the plugin), and compares every parameter and buffer by
+name, dtype, shape and bytes. The set-up and CPU substitutions are harness_differential.py's (test_differential.py
+lists them), and one more: the CPU platform's packing of UNQUANTISED routed experts (`CPUUnquantizedExperts.
+process_weights_after_loading`, a vllm._C op the CPU wheel lacks; a CUDA GPU keeps them as loaded) is skipped,
+in both drafts alike (the drafts' BF16 MTP experts are the first unquantised MoE these harnesses build)."""
+
+from __future__ import annotations
+
+import harness_differential
+import torch
+from common import checkpoint_tensors
+from differential_state import model_state, state_diff, zero_fill
+
+
+def _draft(path: str, dtype: str):
+    from vllm.config import (
+        KernelConfig,
+        ModelConfig,
+        ParallelConfig,
+        SpeculativeConfig,
+        VllmConfig,
+        set_current_vllm_config,
+    )
+    from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    target = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True)
+    parallel = ParallelConfig()
+    spec = SpeculativeConfig(method="mtp", num_speculative_tokens=1, target_model_config=target,
+                             target_parallel_config=parallel)
+    vllm_config = VllmConfig(model_config=target, parallel_config=parallel, speculative_config=spec,
+                             kernel_config=KernelConfig(moe_backend="marlin"))
+    draft_config = spec.draft_model_config
+    with set_current_vllm_config(vllm_config), set_default_torch_dtype(draft_config.dtype):
+        model = initialize_model(vllm_config=vllm_config, model_config=draft_config)
+        zero_fill(model)
+        model.load_weights(checkpoint_tensors(path))
+        process_weights_after_loading(model, draft_config, torch.device("cpu"))
+    return model
+
+
+def _diff_drafts(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:
+    engine_model = _draft(source, dtype)
+    out = state_diff(model_state(engine_model), model_state(_draft(converted, dtype)))
+    out["draft_class"] = type(engine_model).__name__
+    out["methods"] = sorted({type(m.quant_method).__name__ for m in engine_model.modules()
+                             if getattr(m, "quant_method", None) is not None})
+    return out
+
+
+def _keep_unquantised_experts_as_loaded() -> None:
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a release without the CPU experts class: nothing to skip
+        return
+    CPUUnquantizedExperts.process_weights_after_loading = lambda self, layer: None
+
+
+def run(rank: int, world: int, *, cases: dict) -> dict:
+    _keep_unquantised_experts_as_loaded()
+    harness_differential._diff = _diff_drafts  # harness_differential.run's set-up, the draft model instead
+    return harness_differential.run(rank, world, cases=cases)
