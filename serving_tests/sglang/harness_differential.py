@@ -31,6 +31,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported: Ser
 import torch
 from common import checkpoint_tensors
 from differential_state import model_state, run_diff_cases, state_diff, zero_fill
+from dsv4_cpu import use_cpu_stand_ins
 from harness_gpt_oss import _register_mxfp4_as_on_cuda
 from harness_sglang import sglang_cpu
 from mla_cpu import use_cpu_rope_device
@@ -90,6 +91,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     _register_mxfp4_as_on_cuda()
     rope._is_cpu = True
     use_cpu_rope_device()  # MLA families: serving_tests/sglang/mla_cpu.py
+    use_cpu_stand_ins()  # DeepSeek-V4: serving_tests/sglang/dsv4_cpu.py
     from sglang.srt.layers.quantization import modelopt_quant
     from sglang.srt.layers.quantization import utils as quant_utils
 
