@@ -32,6 +32,19 @@ equivalent; nothing else is changed):
   multimodal wrapper's class (Qwen3.5, Llama-4, Gemma-4) in a subprocess that imports transformers' image
   processors; no multimodal code runs. Those wrappers are built text-only (`text_only` cases: vLLM's own
   `--language-model-only`), since their replicas hold no vision tensors.
+- DeepSeek-V4 (vLLM): the model class is the one a CUDA user gets, `models/deepseek_v4/nvidia/model.py`'s
+  DeepseekV4ForCausalLM; on the CPU platform vLLM's registry would give its CPU model (`models/deepseek_v4/cpu`),
+  a different model (its own attention class and weights mapper). While it is built, loaded and processed: the
+  device capability -> 12.0 (sm_120; it picks the attention class, FlashInfer's SM120 sparse MLA, whose
+  FlashInfer specialisation lookup -> present), `torch.cuda.Stream` / `Event` -> placeholders (scheduling of its
+  attention's input GEMMs), and the FP8 block-linear kernel lookup (attention, shared experts) -> vLLM's sm_120
+  choice, CUTLASS block FP8, whose weight processing is torch code (on CPU vLLM lists only AMX kernels).
+  serving_tests/vllm/dsv4_cpu.py; the same stand-ins in both models, never a compared tensor.
+- DeepSeek-V4 (SGLang): the mHC kernels' JIT warm-up at the end of `load_weights` -> nothing (it asks the CUDA
+  SM count and runs kernels on dummy inputs). serving_tests/sglang/dsv4_cpu.py.
+- DeepSeek-V4's synth replica holds no hyper-connection (`hc_*`), `wo_a` or `kv_norm` tensors and its layers are
+  sliding-window layers (config `compress_ratios` 0, as Flash's first two): those parameters are built, zero-filled
+  and compared like the rest, and no compressor or indexer is built.
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """

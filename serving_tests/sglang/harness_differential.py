@@ -18,6 +18,7 @@ CPU substitutions, beyond those of test_differential.py's header (each one engin
 - `scaled_fp8_quant` with a static per-tensor scale (CUDA op `sgl_per_tensor_quant_fp8`; FP8 processing
   requantises a fused layer's shards with it: Qwen3.5's ModelOpt FP8 `in_proj_qkvz`, `qkv_proj`) -> SGLang's
   own torch fallback for it (`_native_static_quant_fp8`); the same FP8 method in both models;
+- DeepSeek-V4: the mHC kernels' JIT warm-up after loading -> nothing (serving_tests/sglang/dsv4_cpu.py);
 - SGLang's dense NVFP4 layers processed for `--fp4-gemm-backend marlin` (its sm_120 default,
   flashinfer_cutlass, moves tensors to CUDA while processing); the same method in both models.
 """

@@ -3,7 +3,14 @@ substitutions): for each case, vLLM builds the whole model twice under the model
 loader does (`initialize_model` under `set_default_torch_dtype`, the model's own `load_weights`, then
 `process_weights_after_loading` over every module): once from the source checkpoint (vLLM's own
 quantisation method for it) and once from the conversion (the plugin); every parameter and buffer of
-the two is compared by name, dtype, shape and bytes."""
+the two is compared by name, dtype, shape and bytes.
+
+DeepSeek-V4 (serving_tests/vllm/dsv4_cpu.py, each with its reason there): the CUDA model class is built
+(`models/deepseek_v4/nvidia`, what a CUDA user gets; the CPU platform's registry gives a different CPU model);
+while it is built, loaded and processed the device capability reads 12.0 (sm_120) and FlashInfer's SM120 DSV4
+specialisation lookup answers present (they pick the attention class, which owns no parameter of its own);
+`torch.cuda.Stream` / `Event` are placeholders (forward-pass scheduling); the FP8 block-linear kernel lookup
+gives vLLM's sm_120 choice, CUTLASS block FP8 (weight processing in torch; CPU lists only AMX kernels)."""
 
 from __future__ import annotations
 
