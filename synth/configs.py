@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.files import CONFIG, HF_QUANT_CONFIG
-from .layouts import Dims
+from .layouts import DSV4_HC_MULT, Dims
 
 __all__ = ["config_files"]
 
@@ -31,7 +31,7 @@ def _modelopt_groups() -> dict:
 # alibaba/rtp-llm's DeepSeek-V4 config test; the same values are transformers' DeepseekV4Config defaults,
 # checkpoint deepseek-ai/DeepSeek-V4-Flash-Base): the engines read them while building the model (SGLang's
 # ModelConfig takes its window from `sliding_window`; vLLM builds e_score_correction_bias for `noaux_tc`).
-_DSV4_MODEL = {"sliding_window": 128, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-06,
+_DSV4_MODEL = {"sliding_window": 128, "hc_mult": DSV4_HC_MULT, "hc_sinkhorn_iters": 20, "hc_eps": 1e-06,
                "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "topk_method": "noaux_tc",
                "norm_topk_prob": True, "hidden_act": "silu", "rms_norm_eps": 1e-06, "rope_theta": 10000,
                "compress_rope_theta": 160000, "bos_token_id": 0, "eos_token_id": 1,
@@ -40,10 +40,11 @@ _DSV4_MODEL = {"sliding_window": 128, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc
 
 
 def _dsv4_config(d: Dims) -> dict[str, Any]:
-    """Shrunk where the release's value sizes a tensor: o_groups x o_lora_rank = heads x head_dim (synth's
-    wo_b; one group, its rank a multiple of SGLang's 128-wide FP8 wo_a blocks), max_position_embeddings (the engines' rotary caches; Flash: 1048576) and `compress_ratios`: every
-    layer (and the MTP slot) 0, a sliding-window layer like Flash's first two (its list: 0, 0, then 4 / 128
-    alternating, 0 for MTP): synth writes no compressor or indexer tensors."""
+    """Shrunk where the release's value sizes a tensor: o_groups x o_lora_rank = heads x head_dim (synth's wo_a
+    and wo_b; one group, its rank a multiple of SGLang's 128-wide FP8 wo_a blocks), max_position_embeddings
+    (the engines' rotary caches; Flash: 1048576) and `compress_ratios`: every layer (and the MTP slot) 0, a
+    sliding-window layer like Flash's first two (its list: 0, 0, then 4 / 128 alternating, 0 for MTP), so
+    synth writes no compressor or indexer tensors."""
     return {
         "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "torch_dtype": "bfloat16",
         "hidden_size": d.hidden, "moe_intermediate_size": d.intermediate, "num_hidden_layers": d.layers,
