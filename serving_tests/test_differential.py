@@ -42,9 +42,8 @@ equivalent; nothing else is changed):
   serving_tests/vllm/dsv4_cpu.py; the same stand-ins in both models, never a compared tensor.
 - DeepSeek-V4 (SGLang): the mHC kernels' JIT warm-up at the end of `load_weights` -> nothing (it asks the CUDA
   SM count and runs kernels on dummy inputs). serving_tests/sglang/dsv4_cpu.py.
-- DeepSeek-V4's synth replica holds no hyper-connection (`hc_*`), `wo_a` or `kv_norm` tensors and its layers are
-  sliding-window layers (config `compress_ratios` 0, as Flash's first two): those parameters are built, zero-filled
-  and compared like the rest, and no compressor or indexer is built.
+- DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
+  no compressor or indexer is built (their head sizes are 512 / 128 in both engines, beyond synth's shrunk dims).
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """
