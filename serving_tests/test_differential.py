@@ -43,7 +43,7 @@ equivalent; nothing else is changed):
 - DeepSeek-V4 (SGLang): the mHC kernels' JIT warm-up at the end of `load_weights` -> nothing (it asks the CUDA
   SM count and runs kernels on dummy inputs). serving_tests/sglang/dsv4_cpu.py.
 - DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
-  no compressor or indexer is built (their head sizes are 512 / 128 in both engines, beyond synth's shrunk dims).
+  no compressor or indexer is built (vLLM's compressor takes head sizes 512 / 128 only, beyond synth's shrunk dims).
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """
