@@ -105,10 +105,11 @@ def _rows(key: str) -> tuple[Served, ...]:
     e = _engine_of(key)
     dsv4_fp8 = _method(e, {"quant_method": "fp8", "weight_block_size": [128, 128]}, "deepseek_v4")
     return (
-        # the whole DeepSeek-V4 model cannot be built on CPU yet (serving_tests/differential.py: its case is
-        # `blocked`, a skip): the layer-level proof (the engine's own MoE layer and loader, byte for byte) stands in
-        Served("deepseek-v4", "mxfp4-dsv4", key, dsv4_fp8, _dsv4(e, "ckpt-mxfp4-bf16-tp2")),
-        Served("deepseek-v4", "nvfp4-modelopt-dsv4", key, dsv4_fp8, _dsv4(e, "ckpt-nvfp4-bf16-tp2")),
+        # the whole model (vLLM: the CUDA DeepSeek-V4 class), then the layer-level proof (TP 2, the engine's MoE layer)
+        Served("deepseek-v4", "mxfp4-dsv4", key, dsv4_fp8,
+               (_differential("deepseek-v4", "mxfp4-dsv4"), *_dsv4(e, "ckpt-mxfp4-bf16-tp2"))),
+        Served("deepseek-v4", "nvfp4-modelopt-dsv4", key, dsv4_fp8,
+               (_differential("deepseek-v4", "nvfp4-modelopt-dsv4"), *_dsv4(e, "ckpt-nvfp4-bf16-tp2"))),
         Served("gpt-oss", "mxfp4-gptoss", key, _method(e, {"quant_method": "mxfp4"}, "gpt_oss"),
                (_differential("gpt-oss", "mxfp4-gptoss-kv-heads"), *_gpt_oss(e))),
         Served("qwen3-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),

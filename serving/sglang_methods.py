@@ -222,6 +222,7 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
         if isinstance(inner, Fp8Config):
             # what SGLang's model loader sets for a DSv4 checkpoint with FP4 experts
             inner.is_fp4_experts = True
+            return SglangMarlinFp4OverFp8Config(spec, inner, name)
         return cls(spec, inner, name)
 
     def apply_weight_name_mapper(self, hf_to_sglang_mapper) -> None:
@@ -262,6 +263,16 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
             # config when the target's is modelopt_fp4: the draft layer the converter copied gets the same methods
             return UnquantizedLinearMethod() if isinstance(layer, LinearBase) else None
         return self.inner.get_quant_method(layer, prefix)
+
+
+class SglangMarlinFp4OverFp8Config(SglangMarlinFp4Config, Fp8Config):
+    """Ours over a block-FP8 source (DeepSeek-V4): an Fp8Config holding the inner's state, as SGLang's own
+    HybridFp8NvFp4Config is. SGLang's DeepSeek-V4 model keeps `wo_a` in FP8 only when the model's config
+    is an Fp8Config with 128x128 blocks (`wo_a_fp8_gemm_enabled`) and dequantises it to bf16 otherwise."""
+
+    def __init__(self, spec, inner, inner_method=None):
+        super().__init__(spec, inner, inner_method)  # Fp8Config's defaults, then the inner's values
+        self.__dict__.update({k: v for k, v in vars(inner).items() if k not in ("spec", "inner", "inner_method")})
 
 
 _NEXTN_DRAFT = re.compile(r"^model\.decoder\.")  # DeepseekModelNextN / Glm4MoeModelNextN at `model`

@@ -98,16 +98,10 @@ SYNTH_ARGS = {
     "i192": ("--intermediate", "192"),
 }
 
-# DeepSeek-V4's whole model is not built yet: on the CPU platform vLLM picks its CPU DSV4 model
-# (models/deepseek_v4/cpu), whose FP8 block linear finds no CPU kernel (AMX-FP8 or fp8_scaled_mm_cpu),
-# and SGLang's ModelConfig needs `sliding_window`, which synth's DSV4 config.json lacks. Until then the
-# layer-level proofs stand in (serving_tests/{vllm,sglang}/test_*_plugin.py: vLLM's layers built under
-# the model's dtype, every parameter's dtype and shape compared).
-_DSV4 = "whole DeepSeek-V4 model not buildable on CPU yet (see differential.py); layer-level proof stands in"
-
 CASES = (
-    Case("deepseek-v4", "nvfp4-modelopt-dsv4", blocked=_DSV4),
-    Case("deepseek-v4", "mxfp4-dsv4", blocked=_DSV4),
+    # DeepSeek-V4: vLLM builds its CUDA model class (serving_tests/vllm/dsv4_cpu.py says why and what stands in)
+    Case("deepseek-v4", "nvfp4-modelopt-dsv4"),
+    Case("deepseek-v4", "mxfp4-dsv4"),
     Case("gpt-oss", "mxfp4-gptoss", edit="kv-heads"),
     Case("qwen3-moe", "nvfp4-modelopt-hf", dtypes=("bfloat16", "float16")),
     Case("qwen3-moe", "nvfp4-ct"),

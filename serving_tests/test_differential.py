@@ -35,6 +35,18 @@ equivalent; nothing else is changed):
 - Nemotron-H (non-gated relu2 experts): vLLM's `FusedMoEConfig` platform check for a non-gated MoE (CUDA, XPU,
   ROCm only) -> the CUDA answer, the served target's (serving_tests/vllm/nemotron_cpu.py); its Mamba-2 layers
   are built and loaded by both engines' own code (no kernel runs at load on CPU).
+- DeepSeek-V4 (vLLM): the model class is the one a CUDA user gets, `models/deepseek_v4/nvidia/model.py`'s
+  DeepseekV4ForCausalLM; on the CPU platform vLLM's registry would give its CPU model (`models/deepseek_v4/cpu`),
+  a different model (its own attention class and weights mapper). While it is built, loaded and processed: the
+  device capability -> 12.0 (sm_120; it picks the attention class, FlashInfer's SM120 sparse MLA, whose
+  FlashInfer specialisation lookup -> present), `torch.cuda.Stream` / `Event` -> placeholders (scheduling of its
+  attention's input GEMMs), and the FP8 block-linear kernel lookup (attention, shared experts) -> vLLM's sm_120
+  choice, CUTLASS block FP8, whose weight processing is torch code (on CPU vLLM lists only AMX kernels).
+  serving_tests/vllm/dsv4_cpu.py; the same stand-ins in both models, never a compared tensor.
+- DeepSeek-V4 (SGLang): the mHC kernels' JIT warm-up at the end of `load_weights` -> nothing (it asks the CUDA
+  SM count and runs kernels on dummy inputs). serving_tests/sglang/dsv4_cpu.py.
+- DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
+  no compressor or indexer is built (vLLM's compressor takes head sizes 512 / 128 only, beyond synth's shrunk dims).
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """

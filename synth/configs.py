@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.files import CONFIG, HF_QUANT_CONFIG
-from .layouts import Dims
+from .layouts import DSV4_HC_MULT, Dims
 
 __all__ = ["config_files"]
 
@@ -27,16 +27,35 @@ def _modelopt_groups() -> dict:
     return {"group_0": {"input_activations": _fp4_args(16), "weights": _fp4_args(16), "targets": ["Linear"]}}
 
 
+# DeepSeek-V4-Flash's config.json beyond the dimensions (the published Flash-Base config.json, inlined in
+# alibaba/rtp-llm's DeepSeek-V4 config test; the same values are transformers' DeepseekV4Config defaults,
+# checkpoint deepseek-ai/DeepSeek-V4-Flash-Base): the engines read them while building the model (SGLang's
+# ModelConfig takes its window from `sliding_window`; vLLM builds e_score_correction_bias for `noaux_tc`).
+_DSV4_MODEL = {"sliding_window": 128, "hc_mult": DSV4_HC_MULT, "hc_sinkhorn_iters": 20, "hc_eps": 1e-06,
+               "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "topk_method": "noaux_tc",
+               "norm_topk_prob": True, "hidden_act": "silu", "rms_norm_eps": 1e-06, "rope_theta": 10000,
+               "compress_rope_theta": 160000, "bos_token_id": 0, "eos_token_id": 1,
+               "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16,
+                                "original_max_position_embeddings": 65536, "type": "yarn"}}
+
+
 def _dsv4_config(d: Dims) -> dict[str, Any]:
+    """Shrunk where the release's value sizes a tensor: o_groups x o_lora_rank = heads x head_dim (synth's wo_a
+    and wo_b; one group, its rank a multiple of SGLang's 128-wide FP8 wo_a blocks), max_position_embeddings
+    (the engines' rotary caches; Flash: 1048576) and `compress_ratios`: every layer (and the MTP slot) 0, a
+    sliding-window layer like Flash's first two (its list: 0, 0, then 4 / 128 alternating, 0 for MTP), so
+    synth writes no compressor or indexer tensors."""
     return {
         "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "torch_dtype": "bfloat16",
         "hidden_size": d.hidden, "moe_intermediate_size": d.intermediate, "num_hidden_layers": d.layers,
         "num_attention_heads": d.heads, "num_key_value_heads": 1, "head_dim": d.head_dim,
         "q_lora_rank": d.q_lora_rank, "qk_rope_head_dim": min(64, d.head_dim),
+        "o_groups": 1, "o_lora_rank": d.heads * d.head_dim,
         "n_routed_experts": d.experts, "n_shared_experts": 1, "num_experts_per_tok": d.top_k,
         "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5, "swiglu_limit": 10.0,
         "num_hash_layers": d.hash_layers, "num_nextn_predict_layers": 1 if d.mtp else 0,
         "vocab_size": d.vocab, "tie_word_embeddings": False, "expert_dtype": "fp4",
+        "max_position_embeddings": 4096, "compress_ratios": [0] * (d.layers + 1), **_DSV4_MODEL,
         "quantization_config": dict(_DSV4_FP8),
     }
 

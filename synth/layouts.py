@@ -17,6 +17,7 @@ from .seeded import dense, fp8_block_quantize, generator_for
 __all__ = ["DSV4_FORMATS", "Dims", "build_tensors"]
 
 DSV4_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4")
+DSV4_HC_MULT = 4  # DeepSeek-V4's hyper-connection streams (config.json `hc_mult`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,15 +51,26 @@ def _norm(out: dict, seed: int, name: str, size: int, dtype: torch.dtype) -> Non
     out[name] = (1.0 + dense(seed, name, (size,), std=0.05, dtype=torch.float32)).to(dtype)
 
 
+def _hyper_connection(out: dict, seed: int, name: str, mix: int, scales: int, h: int) -> None:
+    """`{name}_fn` [mix, hc_mult * hidden], `_base` [mix], `_scale` [scales]: F32, as the release stores them."""
+    for suffix, shape in (("fn", (mix, DSV4_HC_MULT * h)), ("base", (mix,)), ("scale", (scales,))):
+        out[f"{name}_{suffix}"] = dense(seed, f"{name}_{suffix}", shape, dtype=torch.float32)
+
+
 def _dsv4_block(out: dict, seed: int, prefix: str, layer: str, index: int, d: Dims, fmt: str,
                 tweaks: Tweaks, dtype: torch.dtype) -> None:
-    """One DeepSeek-V4 transformer block: attention (FP8), router, shared (FP8) and routed experts."""
+    """One DeepSeek-V4 transformer block: hyper-connection mixers (F32), sliding-window attention (FP8, one
+    output group: wo_a [hd, hd]), router, shared (FP8) and routed experts."""
     h, q, hd = d.hidden, d.q_lora_rank, d.heads * d.head_dim
+    for sub in ("attn", "ffn"):
+        _hyper_connection(out, seed, f"{prefix}.hc_{sub}", (2 + DSV4_HC_MULT) * DSV4_HC_MULT, 3, h)
     _norm(out, seed, f"{prefix}.attn_norm.weight", h, dtype)
     _fp8(out, seed, f"{prefix}.attn.wq_a", q, h)
     _norm(out, seed, f"{prefix}.attn.q_norm.weight", q, dtype)
     _fp8(out, seed, f"{prefix}.attn.wq_b", hd, q)
     _fp8(out, seed, f"{prefix}.attn.wkv", d.head_dim, h)
+    _norm(out, seed, f"{prefix}.attn.kv_norm.weight", d.head_dim, dtype)
+    _fp8(out, seed, f"{prefix}.attn.wo_a", hd, hd)
     _fp8(out, seed, f"{prefix}.attn.wo_b", h, hd)
     out[f"{prefix}.attn.attn_sink"] = dense(seed, f"{prefix}.attn.attn_sink", (d.heads,), dtype=torch.float32)
     _norm(out, seed, f"{prefix}.ffn_norm.weight", h, torch.float32)
@@ -79,6 +91,7 @@ def _dsv4_tree(fmt: str, seed: int, d: Dims, tweaks: Tweaks, dtype: torch.dtype)
     out["embed.weight"] = dense(seed, "embed.weight", (d.vocab, d.hidden), dtype=dtype)
     for i in range(d.layers):
         _dsv4_block(out, seed, f"layers.{i}", str(i), i, d, fmt, tweaks, dtype)
+    _hyper_connection(out, seed, "hc_head", DSV4_HC_MULT, 1, d.hidden)
     _norm(out, seed, "norm.weight", d.hidden, dtype)
     out["head.weight"] = dense(seed, "head.weight", (d.vocab, d.hidden), dtype=dtype)
     if d.mtp:

@@ -18,6 +18,7 @@ CPU substitutions, beyond those of test_differential.py's header (each one engin
 - `scaled_fp8_quant` with a static per-tensor scale (CUDA op `sgl_per_tensor_quant_fp8`; FP8 processing
   requantises a fused layer's shards with it: Qwen3.5's ModelOpt FP8 `in_proj_qkvz`, `qkv_proj`) -> SGLang's
   own torch fallback for it (`_native_static_quant_fp8`); the same FP8 method in both models;
+- DeepSeek-V4: the mHC kernels' JIT warm-up after loading -> nothing (serving_tests/sglang/dsv4_cpu.py);
 - SGLang's dense NVFP4 layers processed for `--fp4-gemm-backend marlin` (its sm_120 default,
   flashinfer_cutlass, moves tensors to CUDA while processing); the same method in both models.
 """
@@ -31,6 +32,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # read when huggingface_hub is imported: Ser
 import torch
 from common import checkpoint_tensors
 from differential_state import model_state, run_diff_cases, state_diff, zero_fill
+from dsv4_cpu import use_cpu_stand_ins
 from harness_gpt_oss import _register_mxfp4_as_on_cuda
 from harness_sglang import sglang_cpu
 from mla_cpu import use_cpu_rope_device
@@ -90,6 +92,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     _register_mxfp4_as_on_cuda()
     rope._is_cpu = True
     use_cpu_rope_device()  # MLA families: serving_tests/sglang/mla_cpu.py
+    use_cpu_stand_ins()  # DeepSeek-V4: serving_tests/sglang/dsv4_cpu.py
     from sglang.srt.layers.quantization import modelopt_quant
     from sglang.srt.layers.quantization import utils as quant_utils
 

@@ -4,7 +4,14 @@ loader does (`initialize_model` under `set_default_torch_dtype`, the model's own
 `process_weights_after_loading` over every module): once from the source checkpoint (vLLM's own
 quantisation method for it) and once from the conversion (the plugin); every parameter and buffer of
 the two is compared by name, dtype, shape and bytes. Substitutions: test_differential.py's header (this file
-applies them), and for Nemotron-H serving_tests/vllm/nemotron_cpu.py (the non-gated MoE platform check)."""
+applies them), and for Nemotron-H serving_tests/vllm/nemotron_cpu.py (the non-gated MoE platform check).
+
+DeepSeek-V4 (serving_tests/vllm/dsv4_cpu.py, each with its reason there): the CUDA model class is built
+(`models/deepseek_v4/nvidia`, what a CUDA user gets; the CPU platform's registry gives a different CPU model);
+while it is built, loaded and processed the device capability reads 12.0 (sm_120) and FlashInfer's SM120 DSV4
+specialisation lookup answers present (they pick the attention class, which owns no parameter of its own);
+`torch.cuda.Stream` / `Event` are placeholders (forward-pass scheduling); the FP8 block-linear kernel lookup
+gives vLLM's sm_120 choice, CUTLASS block FP8 (weight processing in torch; CPU lists only AMX kernels)."""
 
 from __future__ import annotations
 
@@ -15,6 +22,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import torch
 from common import checkpoint_tensors
 from differential_state import model_state, run_diff_cases, state_diff, zero_fill
+from dsv4_cpu import as_sm120, cuda_model_class, use_cpu_stand_ins
 from harness_gpt_oss_rows import engine_rows_as_plugin
 from harness_models import _marlin_runs_here
 from mla_cpu import use_cpu_reference_kernels
@@ -29,8 +37,9 @@ def _model(path: str, dtype: str, text_only: bool = False):
     model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
                                language_model_only=text_only)
     vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
-    with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype):
-        model = initialize_model(vllm_config=vllm_config)
+    model_class = cuda_model_class(model_config.hf_config)  # DeepSeek-V4: serving_tests/vllm/dsv4_cpu.py
+    with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype), as_sm120(model_class):
+        model = initialize_model(vllm_config=vllm_config, model_class=model_class)
         zero_fill(model)
         model.load_weights(checkpoint_tensors(path))
         process_weights_after_loading(model, model_config, torch.device("cpu"))
@@ -72,6 +81,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     _marlin_runs_here()
     use_cpu_reference_kernels()  # MLA families: serving_tests/vllm/mla_cpu.py
     use_cpu_nemotron_h()  # non-gated MoE platform check: serving_tests/vllm/nemotron_cpu.py (nemotron)
+    use_cpu_stand_ins()  # DeepSeek-V4's CUDA model: serving_tests/vllm/dsv4_cpu.py
     ops.gptq_marlin_repack = _reference_repack
     ops.scaled_fp8_quant = _native_static_fp8_quant  # its CUDA op static_scaled_fp8_quant (FP8 layers, both models)
     # the CPU platform packs unquantised weights for its own GEMM (a CUDA GPU keeps them as loaded)

@@ -111,7 +111,7 @@ def test_every_proof_case_has_its_entry_on_every_release():
 def test_every_differential_proof_has_its_entry_and_every_entry_a_differential_proof():
     """The differential proof (serving_tests/test_differential.py) is what makes an entry: each of its cases is an
     entry on every release of its engines, and each entry names the differential case of its family and format
-    (DeepSeek-V4's whole model is `blocked` on CPU: its entries name the layer-level proof instead)."""
+    first (a `blocked` case, a skip, is never a proof: its entry names the layer-level proof instead)."""
     from dsv4_convert.core.served import _DIFF
 
     cases = _differential_cases()
@@ -124,7 +124,10 @@ def test_every_differential_proof_has_its_entry_and_every_entry_a_differential_p
     for s in SERVED:
         differential = [p for p in s.proofs if p.startswith(_DIFF + f"[{s.family}-{s.source_format}")]
         # a blocked case is a skip, never a proof: its entry names the layer-level proof that stands in
-        assert (not differential and len(s.proofs) > 0) if (s.family, s.source_format) in blocked else differential, s
+        if (s.family, s.source_format) in blocked:
+            assert not differential and s.proofs, s
+        else:
+            assert differential and s.proofs[0] == differential[0], s
 
 
 def test_entries_name_known_families_formats_and_releases_once():
