@@ -28,7 +28,9 @@ from ..core.version import __version__
 from ..runtime.paths import check_replaceable, out_path
 from .configs import config_files
 from .defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
-from .families import FAMILY_SPECS, family_config_files, family_tensors
+from .families import FAMILY_SPECS
+from .family_configs import family_config_files
+from .family_layers import family_tensors
 from .layouts import DSV4_FORMATS, Dims, build_tensors
 from .realsize import REAL_SIZE, real_size_plan
 

@@ -36,7 +36,7 @@ __all__ = ["gemma4_tensors", "gemma4_text_config"]
 PREFIX = "model.language_model.layers"
 _NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
           "pre_feedforward_layernorm_2", "post_feedforward_layernorm_1", "post_feedforward_layernorm_2")
-Linear = Callable[..., None]  # families._linear(out, seed, name, n, k, kind, dtype)
+Linear = Callable[..., None]  # family_layers._linear(out, seed, name, n, k, kind, dtype)
 
 
 def _layer_types(d: Dims) -> list[str]:

@@ -31,7 +31,7 @@ from .seeded import dense
 __all__ = ["LINEAR", "FULL", "layer_types", "linear_config", "gdn_layer", "gated_attention"]
 
 LINEAR, FULL = "linear_attention", "full_attention"
-Linear = Callable[..., None]  # families._linear(out, seed, name, n, k, kind, dtype)
+Linear = Callable[..., None]  # family_layers._linear(out, seed, name, n, k, kind, dtype)
 
 
 def layer_types(d: Dims, interval: int = 2) -> list[str]:

@@ -42,8 +42,8 @@ __all__ = ["MINIMAX_MTP_CONFIG", "deepseek_mtp_layer", "qwen_mtp_block"]
 
 MINIMAX_MTP_CONFIG = {"use_mtp": True, "num_mtp_modules": 3, "mtp_transformer_layers": 1}
 
-Mlp = Callable[..., None]     # families._mlp(out, seed, base, h, inter, kind, dtype)
-Linear = Callable[..., None]  # families._linear(out, seed, name, n, k, kind, dtype)
+Mlp = Callable[..., None]     # family_layers._mlp(out, seed, base, h, inter, kind, dtype)
+Linear = Callable[..., None]  # family_layers._linear(out, seed, name, n, k, kind, dtype)
 
 
 def _ones(out: dict, name: str, size: int, dtype: torch.dtype) -> None:

@@ -45,7 +45,7 @@ PREFIX = "backbone.layers"
 # 64, mamba_head_dim 64, ssm_state_size 128): SGLang 0.5.23's model reads `mamba_n_groups` (a key the release
 # does not write; default 8) and vLLM reads `n_groups`, so only the release's value builds one model in both
 _MAMBA = {"mamba_num_heads": 8, "mamba_head_dim": 16, "n_groups": 8, "ssm_state_size": 16, "conv_kernel": 4}
-Linear = Callable[..., None]  # families._linear(out, seed, name, n, k, kind, dtype)
+Linear = Callable[..., None]  # family_layers._linear(out, seed, name, n, k, kind, dtype)
 
 
 def _mamba(out: dict, seed: int, m: str, d: Dims, linear: Linear, dtype: torch.dtype) -> None:

@@ -1,0 +1,124 @@
+"""config.json and, for ModelOpt, hf_quant_config.json of a family replica (synth/families.py names the families
+and the facts behind them), as each producer writes them (spec CHECKPOINT_FORMATS.md §4.2-4.4, §5)."""
+
+from __future__ import annotations
+
+from ..core.files import CONFIG, HF_QUANT_CONFIG
+from ..core.naming import family_named
+from .configs import _ct_config, _modelopt_groups
+from .families import FAMILY_SPECS, FamilySpec
+from .gemma4 import gemma4_text_config
+from .hybrid import LINEAR, layer_types, linear_config
+from .layouts import Dims
+from .mla import mla_config
+from .nemotron import nemotron_config
+
+__all__ = ["family_config_files"]
+
+_BLOCK_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+_N_ROUTED = ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe")
+
+
+def _arch_config(spec: FamilySpec, d: Dims) -> dict:
+    family = family_named(spec.family)
+    text = {
+        "model_type": spec.model_type, "hidden_size": d.hidden, "num_hidden_layers": d.layers,
+        "num_attention_heads": d.heads, "num_key_value_heads": 1, "head_dim": d.head_dim,
+        "intermediate_size": d.intermediate if spec.moe != "mlp" else 2 * d.intermediate,
+        "vocab_size": d.vocab, "num_experts_per_tok": d.top_k, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False, **spec.config,
+    }
+    if spec.moe == "mlp":
+        text["moe_intermediate_size"] = d.intermediate
+    if spec.stacked:  # Llama-4: intermediate_size is the experts', intermediate_size_mlp the dense MLPs'
+        text["intermediate_size_mlp"] = 2 * d.intermediate
+    if spec.attention.startswith("mla"):  # no head_dim: MLA's head sizes are its own (synth/mla.py)
+        del text["head_dim"]
+        text.update(mla_config(d.heads, d.q_lora_rank, indexer=spec.attention == "mla-indexer"), **spec.config)
+    experts_key = "n_routed_experts" if spec.model_type in _N_ROUTED else (
+        "num_experts" if spec.moe == "mlp" else "num_local_experts")
+    text[experts_key] = d.experts
+    if spec.dense_layers:
+        text["first_k_dense_replace"] = spec.dense_layers
+    if spec.shared == "shared_expert":
+        text["shared_expert_intermediate_size"] = d.intermediate
+    if spec.linear is not None:
+        text.update(linear_config(d))
+    config = {"architectures": [spec.architecture or family.architectures[0]], "model_type": spec.model_type}
+    if spec.nested:
+        text["model_type"] = f"{spec.model_type}_text"
+        config.update({"text_config": text, "torch_dtype": "bfloat16", "tie_word_embeddings": False})
+    else:
+        config.update(text)
+    return config
+
+
+def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
+    """(config.json quantization_config or None, hf_quant_config.json), as ModelOpt writes them (§4.2-4.3)."""
+    producer = {"name": "modelopt", "version": "0.37.0"}
+    lp = spec.prefix
+    exclude = [spec.lm_head.removesuffix(".weight"), f"{lp}.*.{spec.moe + '.' if spec.moe else ''}{spec.router}",
+               "mtp*" if spec.mtp == "unquantised" else None,
+               f"{lp}.{d.layers}*" if spec.mtp == "layer" else None,  # ModelOpt's DeepSeek ptq.py (synth/mtp.py)
+               f"{lp}.*.{spec.moe}.shared_expert_gate" if spec.shared_gate else None]
+    exclude = [e for e in exclude if e]
+    if spec.routed_only:  # Kimi-K2 NVFP4: only the routed experts are FP4
+        exclude += [f"{lp}.*.{spec.moe}.{spec.shared}*", *(f"{lp}.{i}.{spec.moe}*" for i in range(spec.dense_layers))]
+    if spec.stacked:  # Llama-4's vision tower and projector stay BF16 (an assumption: not from a public list)
+        exclude += ["vision_model*", "multi_modal_projector*"]
+    exclude += [f"{lp}.{glob}" if glob[0].isdigit() else f"{lp}.*.{glob}" for glob in spec.bf16]  # "3.x": layer 3
+    if spec.mixed and spec.linear:  # ModelOpt's qwen3_5 recipe keeps in_proj_a / in_proj_b unquantised
+        exclude += [f"{lp}.*.linear_attn.in_proj_a", f"{lp}.*.linear_attn.in_proj_b"]
+    if not spec.mixed:
+        exclude += [f"{lp}.*.self_attn*"] + ([f"{lp}.*.linear_attn*"] if spec.linear else [])
+        hfq = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": exclude}
+        qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "config_groups": _modelopt_groups(),
+              "ignore": exclude, "producer": producer}
+    else:
+        layers = {}
+        kinds = layer_types(d) if spec.linear else ["full_attention"] * d.layers
+        for i in range(d.layers):
+            attn = (("linear_attn", ("in_proj_qkv", "in_proj_z", "out_proj")) if kinds[i] == LINEAR else
+                    ("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")))
+            layers |= {f"{lp}.{i}.{attn[0]}.{p}": {"quant_algo": "FP8"} for p in attn[1]}
+            layers |= {f"{lp}.{i}.{spec.moe}.{spec.shared}.{p}": {"quant_algo": "NVFP4", "group_size": 16}
+                       for p in ("gate_proj", "up_proj", "down_proj")}
+            layers |= {f"{lp}.{i}.{spec.moe}.experts.{e}.{p}": {"quant_algo": "NVFP4", "group_size": 16}
+                       for e in range(d.experts) for p in ("gate_proj", "up_proj", "down_proj")}
+        hfq = {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "quantized_layers": layers,
+               "exclude_modules": exclude}
+        qc = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": layers,
+              "ignore": exclude, "producer": producer}
+    return (None if spec.hf_quant_only else qc), {"producer": producer, "quantization": hfq}
+
+
+def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
+    """config.json and, for ModelOpt, hf_quant_config.json of a family checkpoint."""
+    spec = FAMILY_SPECS[family]
+    config = nemotron_config(d) if family == "nemotron-h" else _arch_config(spec, d)
+    if family == "gemma4-moe":
+        config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "torch_dtype": "bfloat16",
+                  "text_config": gemma4_text_config(d), "tie_word_embeddings": True,
+                  "vision_config": {"model_type": "gemma4_vision", "hidden_size": 64, "intermediate_size": 128,
+                                    "num_hidden_layers": 1, "num_attention_heads": 1}}  # no tensors: served text-only
+    files = {CONFIG: config}
+    if fmt == "nvfp4-ct":
+        config["quantization_config"] = qc = _ct_config("nvfp4")
+        if spec.mixed:  # llm-compressor's Qwen3.5 recipe quantises self_attn and the shared expert
+            qc["ignore"] = [i for i in qc["ignore"] if "self_attn" not in i and "shared_experts" not in i]
+        elif spec.shared:
+            qc["ignore"] += [f"re:.*{spec.shared}\\..*"]
+        qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.shared_gate else []
+        qc["ignore"] += ["re:.*linear_attn.*"] if spec.linear else []
+        qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
+        qc["ignore"] += ["re:.*visual.*"] if spec.nested else []  # the vision tower (llm-compressor PR #2740)
+        qc["ignore"] += ["re:.*router.*", "re:.*vision_tower.*"] if family == "gemma4-moe" else []
+    else:
+        qc, hfq = _modelopt(spec, d)
+        if spec.stale_block:  # the pre-FP4 model's block, left in config.json (DeepSeek-V3-0324-FP4)
+            config["quantization_config"] = dict(_BLOCK_FP8)
+        elif qc is not None:
+            config["quantization_config"] = qc
+        files[HF_QUANT_CONFIG] = hfq
+    return files
