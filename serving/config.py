@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ..core.converted_config import ConvertedConfigError, ConvertedQuantConfig
+from ..core.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
 from ..core.engines import (
     ENGINES,
     LAYOUTS,
@@ -27,6 +27,7 @@ __all__ = [
     "check_layout",
     "check_rank_shape",
     "check_tp_layout",
+    "checked_source",
     "rank_param_sizes",
     "expert_container",
     "parse_quant_config",
@@ -81,6 +82,15 @@ def check_layout(
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _MTP = re.compile(r"(?:^|\.)mtp\.(?:layers\.)?(\d+)\.")  # DeepSeek `mtp.0.`, Qwen3.5 / Qwen3-Next `mtp.layers.0.`
+
+
+def checked_source(config: dict, *, engine: str, engine_version: str) -> tuple[ConvertedQuantConfig, dict | None]:
+    """What each plugin's `from_config` starts from: the checkpoint's block parsed, its layout checked against the
+    running engine (refused before any layer is built), and the source's own quantisation block that the engine's
+    config for the non-expert layers is built from (None: the source quantised nothing else)."""
+    spec = parse_quant_config(config)
+    check_layout(spec, engine=engine, engine_version=engine_version)
+    return spec, serving_block(spec)
 
 
 def expert_container(spec: ConvertedQuantConfig, prefix: str, *, num_hidden_layers: int | None = None) -> str | None:

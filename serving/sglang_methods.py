@@ -31,16 +31,14 @@ from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
 from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.utils import set_weight_attrs
 
-from ..core.converted_config import serving_block
 from ..core.engines import ENGINES, QUANT_METHOD
 from ..core.tensor_io import act_torch_dtype
 from ..core.tensor_model import SourceFormat
 from ..formats.tiles import GROUP_SIZE, roundup
 from .config import (
     PluginConfigError,
-    check_layout,
+    checked_source,
     expert_container,
-    parse_quant_config,
     rank_param_sizes,
 )
 from .params import register_marlin_params, register_param, same_bytes_loader
@@ -209,9 +207,7 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict) -> SglangMarlinFp4Config:
-        spec = parse_quant_config(config)
-        check_layout(spec, engine="sglang", engine_version=sglang.__version__)
-        block = serving_block(spec)
+        spec, block = checked_source(config, engine="sglang", engine_version=sglang.__version__)
         if block is None:
             return cls(spec, None)
         from_file = spec.original_quantization_config is None  # only hf_quant_config.json had one

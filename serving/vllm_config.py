@@ -19,13 +19,11 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 from vllm.model_executor.layers.quantization.modelopt import ModelOptNvFp4Config
 from vllm.model_executor.models.gpt_oss import GptOssRoutedExperts
 
-from ..core.converted_config import serving_block
 from ..formats.tiles import GROUP_SIZE
 from .config import (
     PluginConfigError,
-    check_layout,
+    checked_source,
     expert_container,
-    parse_quant_config,
 )
 from .plugin_config import MarlinFp4ConfigMixin
 from .vllm_gpt_oss import PrepackedGptOssMxfp4MarlinMoE
@@ -39,9 +37,7 @@ class VllmMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
 
     @classmethod
     def from_config(cls, config: dict) -> VllmMarlinFp4Config:
-        spec = parse_quant_config(config)
-        check_layout(spec, engine="vllm", engine_version=vllm.__version__)
-        block = serving_block(spec)
+        spec, block = checked_source(config, engine="vllm", engine_version=vllm.__version__)
         if block is None:
             return cls(spec, None)
         name, resolved = vllm_inner_method(block, _hf_config() or SimpleNamespace(model_type=spec.source_model_type))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from common import byte_diff
 
-__all__ = ["model_state", "run_diff_cases", "state_diff", "zero_fill"]
+__all__ = ["draft_diff", "model_state", "run_diff_cases", "state_diff", "zero_fill"]
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -34,6 +34,16 @@ def state_diff(engine: dict[str, torch.Tensor], plugin: dict[str, torch.Tensor])
     differ = {n: d for n in both if (d := byte_diff(plugin[n], engine[n])) is not None}
     return {"only_engine": sorted(set(engine) - set(plugin)), "only_plugin": sorted(set(plugin) - set(engine)),
             "differ": differ, "compared": len(both)}
+
+
+def draft_diff(engine_model: torch.nn.Module, plugin_model: torch.nn.Module) -> dict:
+    """state_diff of two draft models (serving_tests/test_draft_differential.py), with what the draft test also
+    reports of the engine's: the draft class the engine built and the quantisation methods it gave."""
+    out = state_diff(model_state(engine_model), model_state(plugin_model))
+    out["draft_class"] = type(engine_model).__name__
+    out["methods"] = sorted({type(m.quant_method).__name__ for m in engine_model.modules()
+                             if getattr(m, "quant_method", None) is not None})
+    return out
 
 
 def run_diff_cases(cases: dict, diff) -> dict:

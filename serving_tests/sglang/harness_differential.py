@@ -38,13 +38,14 @@ from harness_sglang import sglang_cpu
 from mla_cpu import use_cpu_rope_device
 
 
-def _model(path: str, dtype: str):
+def _model(path: str, dtype: str, draft: bool = False):
+    """SGLang's model loader on `path` (`draft`: the MTP draft model, as its draft worker builds it)."""
     from sglang.srt.configs.load_config import LoadConfig
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader, _get_quantization_config, _initialize_model
     from sglang.srt.model_loader.utils import set_default_torch_dtype
 
-    model_config = ModelConfig(path, dtype=dtype)
+    model_config = ModelConfig(path, dtype=dtype, is_draft_model=draft)
     quant = _get_quantization_config(model_config, LoadConfig())
     with set_default_torch_dtype(model_config.dtype):
         model = _initialize_model(model_config, LoadConfig(), quant)

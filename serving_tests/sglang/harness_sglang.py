@@ -8,21 +8,11 @@ import os
 
 import torch
 from common import compare_params
+from layer_cases import FINAL, case_tensors
 
 import synth
 
 PREFIX = "model.layers.0.mlp.experts"  # SGLang's module name for checkpoint `layers.0.ffn.experts`
-FINAL = {
-    "mxfp4": ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"],
-    "nvfp4": [
-        "w13_weight",
-        "w2_weight",
-        "w13_weight_scale",
-        "w2_weight_scale",
-        "w13_weight_scale_2",
-        "w2_weight_scale_2",
-    ],
-}
 
 
 def _reference_repack(b_q_weight, perm, size_k, size_n, num_bits, **_):
@@ -276,7 +266,7 @@ def run_case(
     hidden: int,
     inter: int,
     convert_for: str = "sglang",
-    small_scales: bool = False,
+    small_scales: tuple[int, ...] = (),
     checkpoints: list | None = None,
     padded: dict | None = None,
 ) -> dict:
@@ -285,32 +275,11 @@ def run_case(
     os.environ["HF_HUB_OFFLINE"] = "1"  # ServerArgs(model_path="dummy") must not look for a model online
     from sglang.srt.plugins import load_plugins
 
-    from dsv4_convert.core.target import MarlinTarget
-
     load_plugins()
     dtype = getattr(torch, act_dtype)
-    src = synth.source_experts(
-        fmt,
-        experts=experts,
-        hidden=hidden,
-        inter=inter,
-        small_scales_for=tuple(range(experts)) if small_scales else (),
-    )
-    target = MarlinTarget(engine=convert_for, act_dtype=act_dtype)
-    conv = None if padded else synth.converted_experts(src, fmt, target, experts=experts)
-    qc = synth.quant_config(
-        fmt,
-        MarlinTarget(engine="sglang", act_dtype=act_dtype),
-        rescale=synth.rescale_factors(src, target, range(experts)),
-    )
-    layout = None
-    if padded is not None:  # `--tp/--ep` output for the split `padded` (may differ from the one run)
-        layout = synth.tp_layout(fmt, "sglang", hidden=hidden, inter=inter, experts=experts, **padded)
-        conv = synth.padded_experts(src, fmt, target, layout, experts=experts)
-        qc = {**qc, "tp_layout": layout, "layouts": [padded]}
-    if checkpoints is not None:  # the real converter's output (dsv4-convert synth + *-to-marlin)
-        src, _ = synth.load_checkpoint_experts(checkpoints[0])
-        conv, qc = synth.load_checkpoint_experts(checkpoints[1])
+    src, conv, qc, layout = case_tensors(fmt, "sglang", act_dtype=act_dtype, experts=experts, hidden=hidden,
+                                         inter=inter, convert_for=convert_for, small_scales=small_scales,
+                                         padded=padded, checkpoints=checkpoints)
     from dsv4_convert.serving.config import PluginConfigError
 
     with sglang_cpu(world=world, rank=rank, ep=ep, dtype=dtype), gpu_loader(padded is not None):

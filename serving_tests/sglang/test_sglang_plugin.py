@@ -25,72 +25,38 @@ from __future__ import annotations
 
 import pytest
 from common import spawn_ranks, split_params
-
-import synth
+from layer_cases import EXPERTS, HIDDEN, layer_case, with_checkpoints
 
 sglang = pytest.importorskip("sglang")
 
-H, I, E = 256, 256, 4  # per-rank I: 128 at TP=2 (MXFP4 needs 128, NVFP4 64), 256 at EP=2
 
-
-def _case(case_id, fmt, act_dtype, *, ep=False, **extra):
-    return {
-        "id": case_id,
-        "fmt": fmt,
-        "act_dtype": act_dtype,
-        "ep": ep,
-        "experts": E,
-        "hidden": H,
-        "inter": I,
-        **extra,
-    }
 
 
 # codec-built converted tensors (serving_tests/synth.py): what the converter cannot be asked for
 CASES = [
     # negative control: bytes converted for vLLM (bf16 rescale, fp32 globals) must NOT match SGLang's
-    _case("negative-vllm-bytes", "nvfp4", "bfloat16", convert_for="vllm", small_scales=True),
+    layer_case("negative-vllm-bytes", "nvfp4", "bfloat16", convert_for="vllm", small_scales=list(range(EXPERTS))),
 ]
-EP_CASES = [_case("mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True)]
+EP_CASES = [layer_case("mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True)]
 
 # `--tp/--ep` padded MXFP4 output (serving_tests/synth.py padded_experts, the ROUND3 layout) loaded at
 # the recorded split; SGLang's own path pads the unconverted source itself (I_shard 96 -> 128).
-PAD_CASES = [_case("pad-mxfp4-bf16-tp2", "mxfp4", "bfloat16", inter=192, padded={"tp": 2, "ep": 1})]
+PAD_CASES = [layer_case("pad-mxfp4-bf16-tp2", "mxfp4", "bfloat16", inter=192, padded={"tp": 2, "ep": 1})]
 # H 384 -> 512 as well: SGLang's own loader cannot load this source (see test_sglang_h_padding_...);
 # the plugin's real region is compared with this rank's slice of the source instead
-H_PAD_CASES = [_case("pad-mxfp4-h384-tp2", "mxfp4", "bfloat16", hidden=384, inter=192, padded={"tp": 2, "ep": 1})]
+H_PAD_CASES = [layer_case("pad-mxfp4-h384-tp2", "mxfp4", "bfloat16", hidden=384, inter=192, padded={"tp": 2, "ep": 1})]
 PAD_EP_CASES = [
-    _case("pad-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, inter=96, padded={"tp": 2, "ep": 2}),
-    _case("refuse-mxfp4-tp2-at-ep2", "mxfp4", "bfloat16", ep=True, inter=192, padded={"tp": 2, "ep": 1}),
+    layer_case("pad-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, inter=96, padded={"tp": 2, "ep": 2}),
+    layer_case("refuse-mxfp4-tp2-at-ep2", "mxfp4", "bfloat16", ep=True, inter=192, padded={"tp": 2, "ep": 1}),
 ]
 
 # the key cases on the real converter output: `dsv4-convert synth` + `*-to-marlin --target sglang`
 CKPT_CASES = [
-    _case("ckpt-mxfp4-bf16-tp2", "mxfp4", "bfloat16"),
-    _case("ckpt-nvfp4-bf16-tp2", "nvfp4", "bfloat16"),
-    _case("ckpt-nvfp4-fp16-tp2", "nvfp4", "float16"),
+    layer_case("ckpt-mxfp4-bf16-tp2", "mxfp4", "bfloat16"),
+    layer_case("ckpt-nvfp4-bf16-tp2", "nvfp4", "bfloat16"),
+    layer_case("ckpt-nvfp4-fp16-tp2", "nvfp4", "float16"),
 ]
-CKPT_EP_CASES = [_case("ckpt-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True)]
-
-
-def _with_checkpoints(cases, tmp):
-    out = []
-    for c in cases:
-        split = c.get("padded") or {}
-        ckpt = synth.make_checkpoints(
-            tmp,
-            c["fmt"],
-            engine="sglang",
-            act_dtype=c["act_dtype"],
-            experts=c["experts"],
-            hidden=c["hidden"],
-            inter=c["inter"],
-            **split,
-        )
-        out.append({**c, "checkpoints": list(ckpt)})
-    return out
-
-
+CKPT_EP_CASES = [layer_case("ckpt-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True)]
 # the padded cases on the real converter's `--tp/--ep` output
 CKPT_PAD_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_CASES + H_PAD_CASES]
 CKPT_PAD_EP_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_EP_CASES if not c["id"].startswith("refuse")]
@@ -100,19 +66,9 @@ CKPT_PAD_EP_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_EP_CASES if not
 def results(tmp_path_factory):
     """Every case in one spawn of 2 gloo ranks (the engine import dominates the run time)."""
     tmp = tmp_path_factory.mktemp("ranks")
-    cases = CASES + EP_CASES + PAD_CASES + PAD_EP_CASES + H_PAD_CASES + _with_checkpoints(
-        CKPT_CASES + CKPT_EP_CASES + CKPT_PAD_CASES + CKPT_PAD_EP_CASES, tmp)
+    cases = CASES + EP_CASES + PAD_CASES + PAD_EP_CASES + H_PAD_CASES + with_checkpoints(
+        CKPT_CASES + CKPT_EP_CASES + CKPT_PAD_CASES + CKPT_PAD_EP_CASES, tmp, "sglang")
     return spawn_ranks("harness_sglang:run_cases", {"cases": cases}, tmp)
-
-
-@pytest.fixture(scope="module")
-def tp_results(results):
-    return results
-
-
-@pytest.fixture(scope="module")
-def ep_results(results):
-    return results
 
 
 def _assert_equal(results, case_id, expected_local):
@@ -128,17 +84,17 @@ def _assert_equal(results, case_id, expected_local):
 @pytest.mark.parametrize(
     "case_id", [c["id"] for c in CASES + CKPT_CASES if not c["id"].startswith("negative")]
 )
-def test_tp2_plugin_params_byte_equal_engine(tp_results, case_id):
-    _assert_equal(tp_results, case_id, expected_local=E)
+def test_tp2_plugin_params_byte_equal_engine(results, case_id):
+    _assert_equal(results, case_id, expected_local=EXPERTS)
 
 
-def test_tp2_engine_path_is_sglang_marlin_method(tp_results):
-    methods = {res[c["id"]]["engine_method"] for res in tp_results for c in CASES + CKPT_CASES}
+def test_tp2_engine_path_is_sglang_marlin_method(results):
+    methods = {res[c["id"]]["engine_method"] for res in results for c in CASES + CKPT_CASES}
     assert methods == {"Mxfp4MarlinMoEMethod", "ModelOptNvFp4FusedMoEMethod"}
 
 
-def test_negative_control_wrong_target_differs(tp_results):
-    for res in tp_results:
+def test_negative_control_wrong_target_differs(results):
+    for res in results:
         diff = res["negative-vllm-bytes"]["diff"]
         assert diff["w13_weight"] is None  # weights are engine-independent...
         assert (
@@ -147,11 +103,11 @@ def test_negative_control_wrong_target_differs(tp_results):
 
 
 @pytest.mark.parametrize("case_id", [c["id"] for c in EP_CASES + CKPT_EP_CASES])
-def test_ep2_plugin_params_byte_equal_engine(ep_results, case_id):
-    _assert_equal(ep_results, case_id, expected_local=E // 2)
+def test_ep2_plugin_params_byte_equal_engine(results, case_id):
+    _assert_equal(results, case_id, expected_local=EXPERTS // 2)
 
 
-def _assert_padded(results, case_id, expected_local, h_pad=H):
+def _assert_padded(results, case_id, expected_local, h_pad=HIDDEN):
     for rank, res in enumerate(results):
         r = res[case_id]
         assert r["plugin_method"].startswith("Prepacked") and r["local_experts"] == expected_local, r
@@ -165,7 +121,7 @@ def _assert_padded(results, case_id, expected_local, h_pad=H):
 
 
 @pytest.mark.parametrize("case_id, local", split_params(
-    [c for c in PAD_CASES + CKPT_PAD_CASES if "h384" not in c["id"]], PAD_EP_CASES + CKPT_PAD_EP_CASES, E))
+    [c for c in PAD_CASES + CKPT_PAD_CASES if "h384" not in c["id"]], PAD_EP_CASES + CKPT_PAD_EP_CASES, EXPERTS))
 def test_padded_layout_real_region_byte_equal_and_padding_inert(results, case_id, local):
     _assert_padded(results, case_id, expected_local=local)
 
@@ -182,7 +138,7 @@ def test_padded_layout_whole_tensors_byte_equal(results):
 
 @pytest.mark.parametrize("case_id", [c["id"] for c in H_PAD_CASES + CKPT_PAD_CASES if "h384" in c["id"]])
 def test_sglang_h_padding_plugin_loads_real_region_equal_to_source(results, case_id):
-    _assert_padded(results, case_id, expected_local=E, h_pad=512)
+    _assert_padded(results, case_id, expected_local=EXPERTS, h_pad=512)
     for res in results:
         # SGLang's own path: create_weights rounds H to 256 (torch.empty), but _load_w13 copies the
         # [I_shard, H/2] source into a [I_shard, H_pad/2] slice: a size mismatch, so no reference

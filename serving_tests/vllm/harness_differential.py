@@ -30,16 +30,24 @@ from nemotron_cpu import use_cpu_nemotron_h
 
 
 def _model(path: str, dtype: str, text_only: bool = False):
-    from vllm.config import KernelConfig, ModelConfig, VllmConfig, set_current_vllm_config
-    from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
-    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.config import KernelConfig, ModelConfig, VllmConfig
 
     model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
                                language_model_only=text_only)
     vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
     model_class = cuda_model_class(model_config.hf_config)  # DeepSeek-V4: serving_tests/vllm/dsv4_cpu.py
+    return _load(path, vllm_config, model_config, model_class)
+
+
+def _load(path: str, vllm_config, model_config, model_class=None):
+    """vLLM's model loader's steps: build under the model's dtype and config, the model's own `load_weights`,
+    then `process_weights_after_loading` over every module (parameters zero-filled first: zero_fill says why)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
     with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype), as_sm120(model_class):
-        model = initialize_model(vllm_config=vllm_config, model_class=model_class)
+        model = initialize_model(vllm_config=vllm_config, model_config=model_config, model_class=model_class)
         zero_fill(model)
         model.load_weights(checkpoint_tensors(path))
         process_weights_after_loading(model, model_config, torch.device("cpu"))

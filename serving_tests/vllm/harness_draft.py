@@ -11,22 +11,11 @@ in both drafts alike (the drafts' BF16 MTP experts are the first unquantised MoE
 from __future__ import annotations
 
 import harness_differential
-import torch
-from common import checkpoint_tensors
-from differential_state import model_state, state_diff, zero_fill
+from differential_state import draft_diff
 
 
 def _draft(path: str, dtype: str):
-    from vllm.config import (
-        KernelConfig,
-        ModelConfig,
-        ParallelConfig,
-        SpeculativeConfig,
-        VllmConfig,
-        set_current_vllm_config,
-    )
-    from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
-    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.config import KernelConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 
     target = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True)
     parallel = ParallelConfig()
@@ -34,22 +23,11 @@ def _draft(path: str, dtype: str):
                              target_parallel_config=parallel)
     vllm_config = VllmConfig(model_config=target, parallel_config=parallel, speculative_config=spec,
                              kernel_config=KernelConfig(moe_backend="marlin"))
-    draft_config = spec.draft_model_config
-    with set_current_vllm_config(vllm_config), set_default_torch_dtype(draft_config.dtype):
-        model = initialize_model(vllm_config=vllm_config, model_config=draft_config)
-        zero_fill(model)
-        model.load_weights(checkpoint_tensors(path))
-        process_weights_after_loading(model, draft_config, torch.device("cpu"))
-    return model
+    return harness_differential._load(path, vllm_config, spec.draft_model_config)
 
 
 def _diff_drafts(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:
-    engine_model = _draft(source, dtype)
-    out = state_diff(model_state(engine_model), model_state(_draft(converted, dtype)))
-    out["draft_class"] = type(engine_model).__name__
-    out["methods"] = sorted({type(m.quant_method).__name__ for m in engine_model.modules()
-                             if getattr(m, "quant_method", None) is not None})
-    return out
+    return draft_diff(_draft(source, dtype), _draft(converted, dtype))
 
 
 def _keep_unquantised_experts_as_loaded() -> None:

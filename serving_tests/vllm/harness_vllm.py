@@ -11,23 +11,13 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 import torch
 from common import compare_params
 from cpu_platform import allow_x86_without_triton
+from layer_cases import FINAL, case_tensors
 
 import synth
 
 allow_x86_without_triton()  # vLLM 0.34 on an x86 CPU (cpu_platform.py says why)
 
 PREFIX = "model.layers.0.ffn.experts"  # vLLM's module name for checkpoint `layers.0.ffn.experts`
-FINAL = {
-    "mxfp4": ["w13_weight", "w2_weight", "w13_weight_scale", "w2_weight_scale"],
-    "nvfp4": [
-        "w13_weight",
-        "w2_weight",
-        "w13_weight_scale",
-        "w2_weight_scale",
-        "w13_weight_scale_2",
-        "w2_weight_scale_2",
-    ],
-}
 
 
 def _reference_repack(b_q_weight, size_k, size_n, num_bits, is_a_8bit=False, **_):
@@ -185,27 +175,11 @@ def _run_case(rank, world, *, fmt, act_dtype, ep, experts, hidden, inter, conver
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.plugins import load_general_plugins
 
-    from dsv4_convert.core.target import MarlinTarget
-
     load_general_plugins()
     dtype = getattr(torch, act_dtype)
-    src = synth.source_experts(
-        fmt, experts=experts, hidden=hidden, inter=inter, small_scales_for=tuple(small_scales)
-    )
-    target = MarlinTarget(engine=convert_for, act_dtype=act_dtype, w4a8=w4a8)
-    conv = None if padded else synth.converted_experts(src, fmt, target, experts=experts)
-    qc = synth.quant_config(
-        fmt,
-        MarlinTarget(engine="vllm", act_dtype=act_dtype, w4a8=w4a8),
-        rescale=synth.rescale_factors(src, target, range(experts)),
-    )
-    if padded is not None:  # `--tp/--ep` output for the split `padded` (may differ from the one run)
-        layout = synth.tp_layout(fmt, "vllm", hidden=hidden, inter=inter, experts=experts, **padded)
-        conv = synth.padded_experts(src, fmt, target, layout, experts=experts)
-        qc = {**qc, "tp_layout": layout, "layouts": [padded]}
-    if checkpoints is not None:  # the real converter's output (dsv4-convert synth + *-to-marlin)
-        src, _ = synth.load_checkpoint_experts(checkpoints[0])
-        conv, qc = synth.load_checkpoint_experts(checkpoints[1])
+    src, conv, qc, _ = case_tensors(fmt, "vllm", act_dtype=act_dtype, experts=experts, hidden=hidden, inter=inter,
+                                    convert_for=convert_for, small_scales=small_scales, padded=padded,
+                                    checkpoints=checkpoints, w4a8=w4a8)
     with vllm_cpu(world=world, rank=rank, ep=ep, dtype=dtype) as fresh:
         engine = make_layer(
             fresh, engine_config(fmt), experts=experts, hidden=hidden, inter=inter, dtype=dtype

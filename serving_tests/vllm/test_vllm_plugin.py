@@ -36,100 +36,67 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 vllm = pytest.importorskip("vllm")
 
 from common import spawn_ranks, split_params
+from layer_cases import EXPERTS, layer_case, with_checkpoints
 
-import synth
 from dsv4_convert.core.engines import release_for
 
 W4A8_SERVED = release_for("vllm", vllm.__version__).w4a8
 
-H, I, E = 256, 256, 4
 
-
-def _case(case_id, fmt, act_dtype, *, ep=False, **extra):
-    return {
-        "id": case_id,
-        "fmt": fmt,
-        "act_dtype": act_dtype,
-        "ep": ep,
-        "experts": E,
-        "hidden": H,
-        "inter": I,
-        **extra,
-    }
 
 
 # codec-built converted tensors (serving_tests/synth.py): what the converter cannot be asked for
 CASES = [
     # small block scales: vLLM's bf16 rescale factor > 1
-    _case("nvfp4-bf16-small-tp2", "nvfp4", "bfloat16", small_scales=[0, 1, 2, 3]),
+    layer_case("nvfp4-bf16-small-tp2", "nvfp4", "bfloat16", small_scales=[0, 1, 2, 3]),
     # negative control: SGLang's output (globals rounded to bf16) loaded by the vLLM plugin must NOT
     # match vLLM's fp32 globals. (With small scales the plugin's rescale step would re-derive vLLM's
     # scale bytes from SGLang's, so the control uses normal scales, where only the globals differ.)
-    _case("negative-sglang-bytes", "nvfp4", "bfloat16", convert_for="sglang"),
+    layer_case("negative-sglang-bytes", "nvfp4", "bfloat16", convert_for="sglang"),
 ]
 EP_CASES = [
-    _case("mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True),
+    layer_case("mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True),
     # experts 0-1 (rank 0) have small scales: rank 0's rescale factor differs from the stored one
-    _case("nvfp4-bf16-ep2-rescale", "nvfp4", "bfloat16", ep=True, small_scales=[0, 1]),
+    layer_case("nvfp4-bf16-ep2-rescale", "nvfp4", "bfloat16", ep=True, small_scales=[0, 1]),
 ]
 
 # `--tp/--ep` padded output (serving_tests/synth.py padded_experts, the ROUND3 layout), loaded at the
 # recorded split; vLLM's own path pads the unconverted source itself. NVFP4: I_shard 96 -> 128 (the
 # golden nvfp4_moe_vllm_bfloat16_pad shape); MXFP4: I_shard 96 -> 128 and H 384 -> 512.
 PAD_CASES = [
-    _case("pad-nvfp4-bf16-tp2", "nvfp4", "bfloat16", inter=192, padded={"tp": 2, "ep": 1},
+    layer_case("pad-nvfp4-bf16-tp2", "nvfp4", "bfloat16", inter=192, padded={"tp": 2, "ep": 1},
           small_scales=[0, 1, 2, 3]),
-    _case("pad-mxfp4-bf16-tp2", "mxfp4", "bfloat16", hidden=384, inter=192, padded={"tp": 2, "ep": 1}),
+    layer_case("pad-mxfp4-bf16-tp2", "mxfp4", "bfloat16", hidden=384, inter=192, padded={"tp": 2, "ep": 1}),
 ]
 PAD_EP_CASES = [
-    _case("pad-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True, inter=96, padded={"tp": 2, "ep": 2},
+    layer_case("pad-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True, inter=96, padded={"tp": 2, "ep": 2},
           small_scales=[0, 1]),
-    _case("pad-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, hidden=384, inter=96, padded={"tp": 2, "ep": 2}),
+    layer_case("pad-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, hidden=384, inter=96, padded={"tp": 2, "ep": 2}),
     # written padded for TP 2 / EP 1, served at TP 2 / EP 2: refused
-    _case("refuse-mxfp4-tp2-at-ep2", "mxfp4", "bfloat16", ep=True, hidden=384, inter=192,
+    layer_case("refuse-mxfp4-tp2-at-ep2", "mxfp4", "bfloat16", ep=True, hidden=384, inter=192,
           padded={"tp": 2, "ep": 1}),
 ]
 
 # W4A8 (`--w4a8`: MXFP4 weights for fp8 activations, the golden mxfp4_moe_vllm_bfloat16_a8 layout),
 # loaded with VLLM_MARLIN_INPUT_DTYPE=fp8; and the two refusals when the kernel and bytes disagree
 W4A8_CASES = [
-    _case("w4a8-mxfp4-bf16-tp2", "mxfp4", "bfloat16", w4a8=True),
-    _case("w4a8-mxfp4-bf16-pad-tp2", "mxfp4", "bfloat16", w4a8=True, hidden=384, inter=192,
+    layer_case("w4a8-mxfp4-bf16-tp2", "mxfp4", "bfloat16", w4a8=True),
+    layer_case("w4a8-mxfp4-bf16-pad-tp2", "mxfp4", "bfloat16", w4a8=True, hidden=384, inter=192,
           padded={"tp": 2, "ep": 1}),
 ]
-W4A8_EP_CASES = [_case("w4a8-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, w4a8=True)]
+W4A8_EP_CASES = [layer_case("w4a8-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, w4a8=True)]
 W4A8_REFUSED = [
-    _case("refuse-w4a8-bytes-a16-kernel", "mxfp4", "bfloat16", w4a8=True, kernel_a8=False),
-    _case("refuse-a16-bytes-w4a8-kernel", "mxfp4", "bfloat16", kernel_a8=True),
+    layer_case("refuse-w4a8-bytes-a16-kernel", "mxfp4", "bfloat16", w4a8=True, kernel_a8=False),
+    layer_case("refuse-a16-bytes-w4a8-kernel", "mxfp4", "bfloat16", kernel_a8=True),
 ]
 
 # the key cases on the real converter output: `dsv4-convert synth` + `*-to-marlin --target vllm`
 CKPT_CASES = [
-    _case("ckpt-mxfp4-bf16-tp2", "mxfp4", "bfloat16"),
-    _case("ckpt-nvfp4-bf16-tp2", "nvfp4", "bfloat16"),
-    _case("ckpt-nvfp4-fp16-tp2", "nvfp4", "float16"),
+    layer_case("ckpt-mxfp4-bf16-tp2", "mxfp4", "bfloat16"),
+    layer_case("ckpt-nvfp4-bf16-tp2", "nvfp4", "bfloat16"),
+    layer_case("ckpt-nvfp4-fp16-tp2", "nvfp4", "float16"),
 ]
-CKPT_EP_CASES = [_case("ckpt-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True)]
-
-
-def _with_checkpoints(cases, tmp):
-    out = []
-    for c in cases:
-        split = c.get("padded") or {}
-        ckpt = synth.make_checkpoints(
-            tmp,
-            c["fmt"],
-            engine="vllm",
-            act_dtype=c["act_dtype"],
-            experts=c["experts"],
-            hidden=c["hidden"],
-            inter=c["inter"],
-            **split,
-        )
-        out.append({**c, "checkpoints": list(ckpt)})
-    return out
-
-
+CKPT_EP_CASES = [layer_case("ckpt-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True)]
 # the padded cases on the real converter's `--tp/--ep` output
 CKPT_PAD_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_CASES]
 CKPT_PAD_EP_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_EP_CASES if not c["id"].startswith("refuse")]
@@ -139,19 +106,9 @@ CKPT_PAD_EP_CASES = [{**c, "id": "ckpt-" + c["id"]} for c in PAD_EP_CASES if not
 def results(tmp_path_factory):
     """Every case in one spawn of 2 gloo ranks (the engine import dominates the run time)."""
     tmp = tmp_path_factory.mktemp("ranks")
-    cases = CASES + EP_CASES + PAD_CASES + PAD_EP_CASES + W4A8_CASES + W4A8_EP_CASES + W4A8_REFUSED + _with_checkpoints(
-        CKPT_CASES + CKPT_EP_CASES + CKPT_PAD_CASES + CKPT_PAD_EP_CASES, tmp)
+    cases = CASES + EP_CASES + PAD_CASES + PAD_EP_CASES + W4A8_CASES + W4A8_EP_CASES + W4A8_REFUSED + with_checkpoints(
+        CKPT_CASES + CKPT_EP_CASES + CKPT_PAD_CASES + CKPT_PAD_EP_CASES, tmp, "vllm")
     return spawn_ranks("harness_vllm:run_cases", {"cases": cases}, tmp)
-
-
-@pytest.fixture(scope="module")
-def tp_results(results):
-    return results
-
-
-@pytest.fixture(scope="module")
-def ep_results(results):
-    return results
 
 
 def _assert_equal(results, case_id, expected_local):
@@ -168,36 +125,36 @@ def _assert_equal(results, case_id, expected_local):
 @pytest.mark.parametrize(
     "case_id", [c["id"] for c in CASES + CKPT_CASES if not c["id"].startswith("negative")]
 )
-def test_tp2_plugin_params_byte_equal_engine(tp_results, case_id):
-    _assert_equal(tp_results, case_id, expected_local=E)
+def test_tp2_plugin_params_byte_equal_engine(results, case_id):
+    _assert_equal(results, case_id, expected_local=EXPERTS)
 
 
-def test_tp2_engine_path_is_vllm_marlin_method(tp_results):
-    assert {res[c["id"]]["engine_method"] for res in tp_results for c in CASES + CKPT_CASES} == {
+def test_tp2_engine_path_is_vllm_marlin_method(results):
+    assert {res[c["id"]]["engine_method"] for res in results for c in CASES + CKPT_CASES} == {
         "Mxfp4MoEMethod",
         "ModelOptNvFp4FusedMoE",
     }
 
 
-def test_negative_control_wrong_target_differs(tp_results):
-    for res in tp_results:
+def test_negative_control_wrong_target_differs(results):
+    for res in results:
         diff = res["negative-sglang-bytes"]["diff"]
         assert diff["w13_weight"] is None and diff["w13_weight_scale"] is None  # same bytes in both engines
         assert diff["w13_weight_scale_2"] is not None and diff["w2_weight_scale_2"] is not None
 
 
 @pytest.mark.parametrize("case_id", [c["id"] for c in EP_CASES + CKPT_EP_CASES])
-def test_ep2_plugin_params_byte_equal_engine(ep_results, case_id):
-    _assert_equal(ep_results, case_id, expected_local=E // 2)
+def test_ep2_plugin_params_byte_equal_engine(results, case_id):
+    _assert_equal(results, case_id, expected_local=EXPERTS // 2)
 
 
-def test_ep2_rank_rescale_factor_was_recomputed(ep_results):
-    stored, rank0 = ep_results[0]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"]
+def test_ep2_rank_rescale_factor_was_recomputed(results):
+    stored, rank0 = results[0]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"]
     assert stored == 1.0 and rank0 > 1.0  # rank 0 re-encoded its scales; rank 1 kept the stored bytes
-    assert ep_results[1]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"] == [1.0, 1.0]
+    assert results[1]["nvfp4-bf16-ep2-rescale"]["rescale"]["w13"] == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("case_id, local", split_params(PAD_CASES + CKPT_PAD_CASES, PAD_EP_CASES + CKPT_PAD_EP_CASES, E))
+@pytest.mark.parametrize("case_id, local", split_params(PAD_CASES + CKPT_PAD_CASES, PAD_EP_CASES + CKPT_PAD_EP_CASES, EXPERTS))
 def test_padded_layout_byte_equal_engine(results, case_id, local):
     _assert_equal(results, case_id, expected_local=local)
 
@@ -208,8 +165,8 @@ def test_real_converter_padded_output_was_tested(results):
 
 def test_padded_shapes_are_vllms_padded_sizes(results):
     # w13_weight [E, H/16, 4 I]: I_shard 96 -> 128 for both formats, H 384 -> 512 for MXFP4 only
-    assert results[0]["pad-nvfp4-bf16-tp2"]["shapes"]["w13_weight"] == [E, 256 // 16, 4 * 128]
-    assert results[1]["pad-mxfp4-bf16-ep2"]["shapes"]["w2_weight"] == [E // 2, 128 // 16, 2 * 512]
+    assert results[0]["pad-nvfp4-bf16-tp2"]["shapes"]["w13_weight"] == [EXPERTS, 256 // 16, 4 * 128]
+    assert results[1]["pad-mxfp4-bf16-ep2"]["shapes"]["w2_weight"] == [EXPERTS // 2, 128 // 16, 2 * 512]
 
 
 def test_padded_layout_refused_at_another_split(results):
@@ -231,11 +188,11 @@ def _assert_w4a8(results, case_id, expected_local):
 
 @pytest.mark.parametrize("case_id", [c["id"] for c in W4A8_CASES])
 def test_tp2_w4a8_byte_equal_engine_or_refused(results, case_id):
-    _assert_w4a8(results, case_id, expected_local=E)
+    _assert_w4a8(results, case_id, expected_local=EXPERTS)
 
 
 def test_ep2_w4a8_byte_equal_engine_or_refused(results):
-    _assert_w4a8(results, "w4a8-mxfp4-bf16-ep2", expected_local=E // 2)
+    _assert_w4a8(results, "w4a8-mxfp4-bf16-ep2", expected_local=EXPERTS // 2)
 
 
 @pytest.mark.parametrize("case_id, message", [
