@@ -29,7 +29,6 @@ class Case:
     edit: str | None = None     # a name in EDITS: rewrites the synth source before conversion
     dtypes: tuple[str, ...] = ("bfloat16",)  # model dtypes to build under (each converted for that act dtype)
     engines: tuple[str, ...] = ("vllm", "sglang")
-    blocked: str | None = None  # why the whole model cannot be built here yet (reported as a skip)
     text_only: bool = False     # a multimodal wrapper served text-only (vLLM --language-model-only): no tower built
 
     @property

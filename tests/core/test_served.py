@@ -64,10 +64,8 @@ def _differential_cases() -> list[dict]:
             cases = []
             for call in node.value.elts:
                 case = dict(zip(("family", "fmt", "edit", "dtypes", "engines"), map(ast.literal_eval, call.args)))
-                # `blocked=<a module-level reason>`: the whole model cannot be built on CPU yet (a skip)
-                case |= {k.arg: True if k.arg == "blocked" else ast.literal_eval(k.value) for k in call.keywords}
-                cases.append({"edit": None, "dtypes": ("bfloat16",), "engines": ("vllm", "sglang"),
-                              "blocked": False} | case)
+                case |= {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+                cases.append({"edit": None, "dtypes": ("bfloat16",), "engines": ("vllm", "sglang")} | case)
             return cases
     raise AssertionError("serving_tests/differential.py has no CASES")
 
@@ -111,7 +109,7 @@ def test_every_proof_case_has_its_entry_on_every_release():
 def test_every_differential_proof_has_its_entry_and_every_entry_a_differential_proof():
     """The differential proof (serving_tests/test_differential.py) is what makes an entry: each of its cases is an
     entry on every release of its engines, and each entry names the differential case of its family and format
-    first (a `blocked` case, a skip, is never a proof: its entry names the layer-level proof instead)."""
+    first."""
     from dsv4_convert.core.served import _DIFF
 
     cases = _differential_cases()
@@ -120,14 +118,9 @@ def test_every_differential_proof_has_its_entry_and_every_entry_a_differential_p
             if key.split(" ")[0] in c["engines"]:
                 family = FAMILY_SPECS[c["family"]].family if c["family"] in FAMILY_SPECS else c["family"]  # kimi-k2
                 assert entries(family, c["fmt"], key), f"differential proof of {c} has no entry on {key}"
-    blocked = {(c["family"], c["fmt"]) for c in cases if c["blocked"]}
     for s in SERVED:
         differential = [p for p in s.proofs if p.startswith(_DIFF + f"[{s.family}-{s.source_format}")]
-        # a blocked case is a skip, never a proof: its entry names the layer-level proof that stands in
-        if (s.family, s.source_format) in blocked:
-            assert not differential and s.proofs, s
-        else:
-            assert differential and s.proofs[0] == differential[0], s
+        assert differential and s.proofs[0] == differential[0], s
 
 
 def test_entries_name_known_families_formats_and_releases_once():
