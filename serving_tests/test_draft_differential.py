@@ -69,7 +69,8 @@ def results(tmp_path_factory, request):
 def test_plugin_draft_equals_the_engines_draft_of_the_source(results, case):
     r = results[case]
     if (ENGINE, case.removesuffix("-bfloat16").removesuffix("-fused-globals")) in ENGINE_CANNOT:  # fails once it loads
-        assert "error" in r and "engine_model = _draft(source" in r["traceback"], r
+        # the failure is in the engine's own load of the source (the harnesses' line marked SOURCE_LINE)
+        assert "error" in r and "engine_model = " in r["traceback"] and "SOURCE_LINE" in r["traceback"], r
         pytest.skip(f"{ENGINE} cannot load this source's draft itself: {r['error']}")
     assert "error" not in r, r.get("traceback", r)
     assert r["compared"] > 0 and r["draft_class"].endswith(("MTP", "NextN")), r

@@ -14,8 +14,8 @@ from differential_state import draft_diff
 
 def _diff_drafts(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:
     torch.cuda.get_device_capability = lambda device=None: harness_differential.CAPABILITY.get(fmt, harness_differential.SM120)
-    return draft_diff(harness_differential._model(source, dtype, draft=True),
-                      harness_differential._model(converted, dtype, draft=True))
+    engine_model = harness_differential._model(source, dtype, draft=True)  # SOURCE_LINE: the engine's own load
+    return draft_diff(engine_model, harness_differential._model(converted, dtype, draft=True))
 
 
 def run(rank: int, world: int, *, cases: dict) -> dict:

@@ -27,7 +27,8 @@ def _draft(path: str, dtype: str):
 
 
 def _diff_drafts(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:
-    return draft_diff(_draft(source, dtype), _draft(converted, dtype))
+    engine_model = _draft(source, dtype)  # SOURCE_LINE: the engine's own load
+    return draft_diff(engine_model, _draft(converted, dtype))
 
 
 def _keep_unquantised_experts_as_loaded() -> None:
