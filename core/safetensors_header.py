@@ -13,6 +13,7 @@ TensorRefs are absolute file offsets (8 + header length + relative offset).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import operator
 import os
@@ -196,6 +197,27 @@ def _decode_fast(text: str) -> dict | None:
     return obj if isinstance(obj, dict) else None
 
 
+def _slot_setters():
+    return tuple(getattr(TensorRef, f.name).__set__ for f in dataclasses.fields(TensorRef))
+
+
+_SET_NAME, _SET_FILE, _SET_DTYPE, _SET_SHAPE, _SET_BEGIN, _SET_END = _slot_setters()  # in field order
+
+
+def _tensor_ref(name: str, file: str, dtype: str, shape: tuple, begin: int, end: int) -> TensorRef:
+    """TensorRef(name, file, dtype, shape, begin, end), at half the cost of the frozen dataclass's
+    __init__ (one per tensor: 10^5 in a real checkpoint); the fields are set through their slots, as
+    that __init__ does (tests/core/test_safetensors_header.py compares the two)."""
+    ref = object.__new__(TensorRef)
+    _SET_NAME(ref, name)
+    _SET_FILE(ref, file)
+    _SET_DTYPE(ref, dtype)
+    _SET_SHAPE(ref, shape)
+    _SET_BEGIN(ref, begin)
+    _SET_END(ref, end)
+    return ref
+
+
 def _no_key_lost(text: str, obj: dict, tensors: dict, metadata: dict) -> bool:
     """True when the header `text` names no key twice at any level, given that `obj` (its hook-less
     decode, in which a repeated key keeps its last value) passed every check. Then every object in it is
@@ -241,7 +263,7 @@ def _check(obj: object, *, n: int, file_size: int, file: str,
     if pos < data_len:
         raise _err("header.data_size_mismatch", f"the file has {data_len - pos} trailing bytes after the "
                    f"last tensor (data buffer {data_len} bytes, tensors cover {pos})", file=file)
-    tensors = {name: TensorRef(name, file, dtype, shape, data_start + begin, data_start + end)
+    tensors = {name: _tensor_ref(name, file, dtype, shape, data_start + begin, data_start + end)
                for name, dtype, shape, begin, end in parsed}
     return tensors, dict(metadata)
 

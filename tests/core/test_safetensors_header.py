@@ -235,3 +235,16 @@ def test_unreadable_file(tmp_path):
     with pytest.raises(InputError) as info:
         read_header(tmp_path / "absent.safetensors")
     assert info.value.error_id == "header.unreadable"
+
+
+def test_tensor_refs_are_built_as_the_dataclass_builds_them():
+    """parse_header builds TensorRefs through their slots (core/safetensors_header.py _tensor_ref): the same
+    object as TensorRef(...) in every field; a field added to TensorRef fails here until _tensor_ref sets it."""
+    from dataclasses import astuple
+
+    from dsv4_convert.core.safetensors_header import _tensor_ref
+    from dsv4_convert.core.tensor_model import TensorRef
+    args = ("layers.0.ffn.experts.1.w1.weight", "model-00001.safetensors", "U8", (2, 8), 80, 96)
+    fast, slow = _tensor_ref(*args), TensorRef(*args)
+    assert fast == slow and astuple(fast) == astuple(slow) == args and hash(fast) == hash(slow)
+
