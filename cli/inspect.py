@@ -75,21 +75,26 @@ def summarize(ckpt: Checkpoint) -> dict:
     """The `--json` document (docs/INSPECT.md, schema_version 1)."""
     projections = ckpt.projections
     experts: dict[str, set[int]] = defaultdict(set)
-    roles: dict[str, Counter] = defaultdict(Counter)
+    kinds: Counter = Counter()  # the projections by what their rows show; formatted once per kind, not per projection
     for p in projections:
         experts[p.layer].add(p.expert)
-        shape = f"{p.weight.dtype}{list(p.weight.shape)} + {p.scale.dtype}{list(p.scale.shape)}"
-        if p.expert_index is not None:
-            shape = f"{p.quant.value} [{p.n}, {p.k}] from stacked " + shape
-        roles[p.role.value][(p.quant.value, p.n, p.k, shape)] += 1
+        w, s = p.weight, p.scale
+        kinds[(p.role, p.quant, p.n, p.k, w.dtype, w.shape, s.dtype, s.shape, p.expert_index is not None)] += 1
+    roles: dict[str, Counter] = defaultdict(Counter)
+    by_quant: Counter = Counter()
+    for (role, quant, n, k, w_dtype, w_shape, s_dtype, s_shape, stacked), count in kinds.items():
+        shape = f"{w_dtype}{list(w_shape)} + {s_dtype}{list(s_shape)}"
+        if stacked:
+            shape = f"{quant.value} [{n}, {k}] from stacked " + shape
+        roles[role.value][(quant.value, n, k, shape)] += count
+        by_quant[quant.value] += count
     layers = sorted(experts, key=lambda layer: (layer.startswith("mtp."), natural_key(layer)))
-    fp4, fp4_layers = ckpt.projection_names, _fp4_layers(ckpt)
-    by_cat = Counter()
-    dtypes = Counter()
-    for ref in ckpt.tensors.values():
-        by_cat["fp4_experts" if ref.name in fp4 else "fp4_other" if ref.name in fp4_layers
-               else _category(ref.dtype)] += ref.nbytes
-        dtypes[ref.dtype] += 1
+    tensors, fp4, fp4_layers = ckpt.tensors, ckpt.projection_names, _fp4_layers(ckpt)
+    by_cat = Counter(fp4_experts=sum(tensors[name].nbytes for name in fp4))
+    for name, ref in tensors.items():
+        if name not in fp4:
+            by_cat["fp4_other" if name in fp4_layers else _category(ref.dtype)] += ref.nbytes
+    dtypes = Counter(ref.dtype for ref in tensors.values())
     qc = _quant_block(ckpt)
     hq = (ckpt.hf_quant_config or {}).get("quantization") or {}
     declared = declared_group_size(ckpt.config, ckpt.hf_quant_config)
@@ -108,7 +113,7 @@ def summarize(ckpt: Checkpoint) -> dict:
         "experts_per_layer": {layer: len(experts[layer]) for layer in layers},
         "projections": {
             "total": len(projections),
-            "by_quant": dict(Counter(p.quant.value for p in projections)),
+            "by_quant": dict(by_quant),
             "by_role": {role: sum(c.values()) for role, c in sorted(roles.items())},
         },
         "shapes_by_role": {
@@ -116,7 +121,7 @@ def summarize(ckpt: Checkpoint) -> dict:
                    for (q, n, k, s), c in sorted(counter.items())]
             for role, counter in sorted(roles.items())
         },
-        "group_sizes": sorted({p.group_size for p in projections}),
+        "group_sizes": sorted({kind[1].group_size for kind in kinds}),
         "declared_group_size": declared[0] if declared else None,
         "bytes": {"fp4_experts": by_cat["fp4_experts"], "fp4_other": by_cat["fp4_other"], "fp8": by_cat["fp8"],
                   "bf16": by_cat["bf16"],

@@ -19,6 +19,7 @@ from .naming import (
     PER_EXPERT,
     SCHEMES,
     Scheme,
+    expert_parser,
     first_expert_like,
     logical_k,
     parse_expert_name,
@@ -94,6 +95,7 @@ def _schemes(*names: str) -> tuple[Scheme, ...]:
 _DS = _schemes("deepseek")
 _GPTOSS = _schemes("gpt-oss")
 _PER_EXPERT = tuple(s for s in SCHEMES if s.layout == PER_EXPERT)
+_PARSE_PER_EXPERT = expert_parser(_PER_EXPERT)
 # ModelOpt's Hugging Face exports: every scheme but DeepSeek-V4's own names and gpt-oss's MXFP4 stacks
 _HF = tuple(s for s in SCHEMES if s not in _DS + _GPTOSS)
 
@@ -101,8 +103,9 @@ _HF = tuple(s for s in SCHEMES if s not in _DS + _GPTOSS)
 def _has(tensors: Mapping[str, TensorRef], schemes: tuple[Scheme, ...],
          suffixes: tuple[str, ...] | None = None) -> Scheme | None:
     """The first scheme of `schemes` that spells some tensor (with one of `suffixes`), or None."""
+    parse = expert_parser(schemes)
     for name in tensors:
-        parsed = parse_expert_name(name, schemes)
+        parsed = parse(name)
         if parsed is not None and (suffixes is None or parsed.suffix in suffixes):
             return parsed.scheme
     return None
@@ -121,7 +124,7 @@ def _marlin_words(config, tensors) -> str | None:
     for name, ref in tensors.items():
         if ref.dtype != "I32" or len(ref.shape) != 2:
             continue
-        m = parse_expert_name(name, _PER_EXPERT)  # converted checkpoints always use per-expert names
+        m = _PARSE_PER_EXPERT(name)  # converted checkpoints always use per-expert names
         if m is None or m.suffix != "weight":
             continue
         scale = tensors.get(f"{m.prefix}.weight_scale")
@@ -306,7 +309,7 @@ def _check_consistency(fmt: SourceFormat, config, hfq, tensors) -> None:
         return
     found = None
     for name, ref in tensors.items():
-        parsed = parse_expert_name(name, _PER_EXPERT)
+        parsed = _PARSE_PER_EXPERT(name)
         if parsed and parsed.suffix in _WEIGHT_SUFFIXES and ref.dtype in WEIGHT_DTYPES and not parsed.layer.startswith("mtp."):
             found = _sibling_quant(parsed.prefix, ref, tensors)
             if found:

@@ -20,8 +20,8 @@ from .naming import (
     SCHEMES,
     STACKED,
     ExpertName,
+    expert_parser,
     logical_k,
-    parse_expert_name,
     per_expert_key,
 )
 from .tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
@@ -60,14 +60,14 @@ def _sort_key(p: Projection):
     return (mtp, int(p.layer.split(".")[-1]), p.expert, ROLE_ORDER[p.role])
 
 
-_PER_EXPERT = tuple(s for s in SCHEMES if s.layout == PER_EXPERT)
-_STACKED = tuple(s for s in SCHEMES if s.layout == STACKED)
+_PER_EXPERT = expert_parser(tuple(s for s in SCHEMES if s.layout == PER_EXPERT))
+_STACKED = expert_parser(tuple(s for s in SCHEMES if s.layout == STACKED))
 
 
 def _collect(tensors: Mapping[str, TensorRef]) -> dict[str, _Parts]:
     groups: dict[str, _Parts] = {}
     for name, ref in tensors.items():
-        parsed = parse_expert_name(name, _PER_EXPERT)
+        parsed = _PER_EXPERT(name)
         if parsed is None:
             continue
         if parsed.prefix not in groups:
@@ -177,7 +177,7 @@ def _group_stacked(tensors: Mapping[str, TensorRef]) -> list[Projection]:
     stacks: dict[tuple[str, str], dict[str, TensorRef]] = {}  # (stack base, scheme) -> part -> ref
     parsed_of = {}
     for name, ref in tensors.items():
-        parsed = parse_expert_name(name, _STACKED)
+        parsed = _STACKED(name)
         if parsed is not None:
             stacks.setdefault(parsed.prefix, {})[parsed.suffix] = ref
             parsed_of[parsed.prefix] = parsed

@@ -31,12 +31,15 @@ def num_hidden_layers(config: dict | None) -> int | None:
 
 
 def _layer_of(name: str, layers: int | None) -> str | None:
-    parts = name.split(".")
-    if parts[0] == "mtp":
-        index = next((i for i, p in enumerate(parts[1:], 1) if p.isdecimal()), None)
-        return ".".join(parts[:index + 1]) if index is not None else None
+    if name.startswith("mtp"):  # split only these: this runs for every tensor name
+        parts = name.split(".")
+        if parts[0] == "mtp":
+            index = next((i for i, p in enumerate(parts[1:], 1) if p.isdecimal()), None)
+            return ".".join(parts[:index + 1]) if index is not None else None
+    if layers is None:
+        return None
     m = _APPENDED.match(name)
-    if m and layers is not None and int(m.group(2)) >= layers:
+    if m and int(m.group(2)) >= layers:
         return f"{m.group(1)}.{m.group(2)}"
     return None
 
@@ -52,12 +55,18 @@ def copied_mtp_layers(names: Iterable[str], config: dict | None, converted: Iter
     """{draft layer: its tensor count} for the draft layers none of whose tensors is a converted FP4 expert
     (`converted`: the converted projections' tensor names): a conversion copies those byte for byte."""
     names, layers = list(names), num_hidden_layers(config)
+    return _copied(names, [_layer_of(n, layers) for n in names], converted, layers)
+
+
+def _copied(names: list[str], of: list[str | None], converted: Iterable[str], layers: int | None) -> dict[str, int]:
+    """copied_mtp_layers from each name's draft layer (`of`, in the order of `names`: read once per name)."""
     counts: dict[str, int] = {}
-    for n in names:
-        if (layer := _layer_of(n, layers)) is not None:
+    layer_of = dict(zip(names, of))
+    for layer in of:
+        if layer is not None:
             counts[layer] = counts.get(layer, 0) + 1
     for n in converted:
-        if (layer := _layer_of(n, layers)) is not None:
+        if (layer := layer_of[n] if n in layer_of else _layer_of(n, layers)) is not None:
             counts.pop(layer, None)
     return {layer: counts[layer] for layer in sorted(counts, key=natural_key)}
 
@@ -65,5 +74,7 @@ def copied_mtp_layers(names: Iterable[str], config: dict | None, converted: Iter
 def draft_bytes(tensors: dict, config: dict | None, converted: Iterable[str]) -> int:
     """Bytes of the copied draft layers (copied_mtp_layers) among `tensors` (name -> ref with nbytes): weights an
     engine loads only for speculative decoding (its main model skips them)."""
-    copied, layers = copied_mtp_layers(tensors, config, converted), num_hidden_layers(config)
-    return sum(ref.nbytes for name, ref in tensors.items() if _layer_of(name, layers) in copied)
+    names, layers = list(tensors), num_hidden_layers(config)
+    of = [_layer_of(n, layers) for n in names]
+    copied = _copied(names, of, converted, layers)
+    return sum(ref.nbytes for ref, layer in zip(tensors.values(), of) if layer in copied) if copied else 0

@@ -20,6 +20,7 @@ import numpy as np
 from .detect import detect_format
 from .errors import InputError, UsageError
 from .files import CONFIG, HF_QUANT_CONFIG, INDEX_FILE, SINGLE_FILE, SOURCE_DIR
+from .gc_pause import builds_tables
 from .grouping import group_projections
 from .index import check_index, listing, natural_key, read_json, read_weight_map
 from .safetensors_header import read_header
@@ -137,6 +138,7 @@ def _has_weights(root: Path) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- checkpoint
+@builds_tables  # 10^5 acyclic objects: no garbage collection while they are built
 def open_checkpoint(source: str | Path) -> Checkpoint:
     """Read config files, the index and every shard header (no tensor data); detect the format and
     group the FP4 projections. Raises InputError for unreadable input and ContentError for content

@@ -13,7 +13,9 @@ TensorRefs are absolute file offsets (8 + header length + relative offset).
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import operator
 import os
 import struct
 from pathlib import Path
@@ -74,6 +76,7 @@ def _numel(shape: list[int]) -> int | None:
     return numel
 
 
+_BY_OFFSETS = operator.itemgetter(3, 4)  # (name, dtype, shape, begin, end) -> (begin, end)
 _BITS = {**{d: size * 8 for d, size in DTYPE_SIZES.items()}, **SUB_BYTE_BITS}
 
 
@@ -163,6 +166,14 @@ def parse_header(buf: bytes, *, file_size: int, file: str,
                    file=file) from None
     if not text.startswith("{"):
         raise _err("header.not_object", "header must be a JSON object starting with '{'", file=file)
+    fast = _decode_fast(text)
+    if fast is not None:
+        try:
+            result = _check(fast, n=n, file_size=file_size, file=file, allow_truncated=allow_truncated)
+        except InputError:
+            result = None  # the slow path below reports the error, in the same order as it always did
+        if result is not None and _no_key_lost(text, fast, result[0], result[1]):
+            return result
     try:
         obj = json.loads(text, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as e:
@@ -173,9 +184,57 @@ def parse_header(buf: bytes, *, file_size: int, file: str,
     except (ValueError, RecursionError) as e:  # an integer of over 4300 digits; nesting too deep
         raise _err("header.not_json", f"header is not valid JSON ({type(e).__name__}: {str(e)[:120]})",
                    file=file) from None
+    return _check(obj, n=n, file_size=file_size, file=file, allow_truncated=allow_truncated)
+
+
+def _decode_fast(text: str) -> dict | None:
+    """json.loads without the duplicate-key hook (a Python call per object: 10^5 of them in a real
+    checkpoint), or None when the text does not decode to an object (the slow path names the error)."""
+    try:
+        obj = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _slot_setters():
+    return tuple(getattr(TensorRef, f.name).__set__ for f in dataclasses.fields(TensorRef))
+
+
+_SET_NAME, _SET_FILE, _SET_DTYPE, _SET_SHAPE, _SET_BEGIN, _SET_END = _slot_setters()  # in field order
+
+
+def _tensor_ref(name: str, file: str, dtype: str, shape: tuple, begin: int, end: int) -> TensorRef:
+    """TensorRef(name, file, dtype, shape, begin, end), at half the cost of the frozen dataclass's
+    __init__ (one per tensor: 10^5 in a real checkpoint); the fields are set through their slots, as
+    that __init__ does (tests/core/test_safetensors_header.py compares the two)."""
+    ref = object.__new__(TensorRef)
+    _SET_NAME(ref, name)
+    _SET_FILE(ref, file)
+    _SET_DTYPE(ref, dtype)
+    _SET_SHAPE(ref, shape)
+    _SET_BEGIN(ref, begin)
+    _SET_END(ref, end)
+    return ref
+
+
+def _no_key_lost(text: str, obj: dict, tensors: dict, metadata: dict) -> bool:
+    """True when the header `text` names no key twice at any level, given that `obj` (its hook-less
+    decode, in which a repeated key keeps its last value) passed every check. Then every object in it is
+    the top level, `__metadata__` (str -> str) or a 3-key tensor entry, so the decoded keys number
+    `decoded` below. In JSON a `:` outside a string follows a key, one per key, so text.count(":") >=
+    the keys in the text >= decoded, and equality means no key was lost. A `:` inside a name or a
+    metadata value answers False, and the caller decodes again with the hook (exact, slower)."""
+    decoded = len(obj) + 3 * len(tensors) + len(metadata)
+    return text.count(":") == decoded
+
+
+def _check(obj: object, *, n: int, file_size: int, file: str,
+           allow_truncated: bool) -> tuple[dict[str, TensorRef], dict[str, str]]:
+    """Every rule after JSON decoding, on a decoded header object."""
     if not isinstance(obj, dict):
         raise _err("header.not_object", "header must be a JSON object", file=file)
-
+    obj = dict(obj)  # the caller's object stays whole (the fast path may decode again)
     metadata = obj.pop("__metadata__", None)
     metadata = {} if metadata is None else metadata  # null is allowed (the reference reads it as absent)
     if not isinstance(metadata, dict) or not all(
@@ -184,7 +243,7 @@ def parse_header(buf: bytes, *, file_size: int, file: str,
                    f"{metadata!r:.200}", file=file)
 
     parsed = [(name, *(_valid_entry(entry) or _parse_entry(name, entry, file=file))) for name, entry in obj.items()]
-    parsed.sort(key=lambda p: (p[3], p[4]))
+    parsed.sort(key=_BY_OFFSETS)
     data_start, data_len = 8 + n, file_size - 8 - n
     pos, prev = 0, None
     for name, _dtype, _shape, begin, end in parsed:
@@ -204,8 +263,7 @@ def parse_header(buf: bytes, *, file_size: int, file: str,
     if pos < data_len:
         raise _err("header.data_size_mismatch", f"the file has {data_len - pos} trailing bytes after the "
                    f"last tensor (data buffer {data_len} bytes, tensors cover {pos})", file=file)
-    tensors = {name: TensorRef(name=name, file=file, dtype=dtype, shape=shape,
-                               begin=data_start + begin, end=data_start + end)
+    tensors = {name: _tensor_ref(name, file, dtype, shape, data_start + begin, data_start + end)
                for name, dtype, shape, begin, end in parsed}
     return tensors, dict(metadata)
 

@@ -123,6 +123,33 @@ def test_duplicate_keys(tmp_path):
     assert err.tensor == "a"
 
 
+# The header is decoded without a duplicate-key hook first and counted (core/safetensors_header.py
+# _no_key_lost); these are the cases that count must send to the exact, hooked decode.
+@pytest.mark.parametrize("text, key", [
+    ('{"a":{"dtype":"U8","dtype":"U8","shape":[2],"data_offsets":[0,2]}}', "dtype"),  # inside an entry
+    ('{"__metadata__":{"k":"v","k":"w"},"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}}', "k"),
+    ('{"a:b":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"a:b":{"dtype":"U8","shape":[2],'
+     '"data_offsets":[0,2]}}', "a:b"),  # a colon in the name (the count cannot tell)
+    ('{"a"  :{"dtype":"U8","shape":[2],"data_offsets":[0,2]},"a"\n:{"dtype":"U8","shape":[2],'
+     '"data_offsets":[0,2]}}', "a"),  # whitespace before the colons
+    ('{"x":{"dtype":"U8","dtype":"U8","shape":[2],"data_offsets":[0,2]},"y":{"dtype":"Q9","shape":[1],'
+     '"data_offsets":[2,3]}}', "dtype"),  # and an unknown dtype after it: the duplicate is named first
+])
+def test_duplicate_keys_at_every_level(tmp_path, text, key):
+    p = tmp_path / "s.safetensors"
+    _raw(p, text.encode(), b"\0\0")
+    err = _fails(p, "header.duplicate_key")
+    assert repr(key) in err.message
+
+
+def test_names_and_metadata_with_colons_are_read(tmp_path):
+    """A `:` inside a name or a metadata value is not a key (the count falls back to the exact decode)."""
+    p = tmp_path / "s.safetensors"
+    _raw(p, {"__metadata__": {"note": "a: b"}, "x:y": _entry("U8", [2], 0, 2)}, b"\0\0")
+    tensors, meta = read_header(p)
+    assert list(tensors) == ["x:y"] and meta == {"note": "a: b"}
+
+
 def test_unknown_dtype(tmp_path):
     p = tmp_path / "s.safetensors"
     _raw(p, {"w": _entry("F3", [4], 0, 4)}, b"\0" * 4)
@@ -208,3 +235,16 @@ def test_unreadable_file(tmp_path):
     with pytest.raises(InputError) as info:
         read_header(tmp_path / "absent.safetensors")
     assert info.value.error_id == "header.unreadable"
+
+
+def test_tensor_refs_are_built_as_the_dataclass_builds_them():
+    """parse_header builds TensorRefs through their slots (core/safetensors_header.py _tensor_ref): the same
+    object as TensorRef(...) in every field; a field added to TensorRef fails here until _tensor_ref sets it."""
+    from dataclasses import astuple
+
+    from dsv4_convert.core.safetensors_header import _tensor_ref
+    from dsv4_convert.core.tensor_model import TensorRef
+    args = ("layers.0.ffn.experts.1.w1.weight", "model-00001.safetensors", "U8", (2, 8), 80, 96)
+    fast, slow = _tensor_ref(*args), TensorRef(*args)
+    assert fast == slow and astuple(fast) == astuple(slow) == args and hash(fast) == hash(slow)
+
