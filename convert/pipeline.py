@@ -30,7 +30,7 @@ from .pieces import Piece, piece_sidecar, seal, split_shards
 from .plan import ConvertPlan
 from .publish import finalize
 from .quant_config import build_record
-from .safetensors_writer import ShardWriter
+from .safetensors_writer import ShardWriter, direct_pays
 
 __all__ = ["ConvertResult", "run_conversion", "auto_workers"]
 
@@ -86,7 +86,8 @@ def _write_piece_job(root: str, fmt: SourceFormat, target, piece: Piece, tmp_pat
         # no fsync per shard: --resume re-hashes every recorded shard, and publish fsyncs everything
         # once before the rename, so the disk writes overlap with the conversion of later shards
         writer = ShardWriter(Path(tmp_path), [o.spec for o in shard.tensors], metadata, fsync=False,
-                             part=None if piece.whole else (piece.start, piece.stop))
+                             part=None if piece.whole else (piece.start, piece.stop),
+                             direct=direct_pays(Path(tmp_path).parent))
         try:
             current, parts, lost = None, {}, {}
             for i in range(piece.start, piece.stop):

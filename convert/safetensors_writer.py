@@ -5,7 +5,8 @@ is appended one tensor at a time, so a shard never has to be held in memory. The
 Where the filesystem allows it the bytes go to disk with O_DIRECT from aligned buffers, written and
 hashed in a thread beside the conversion (runtime/direct_io.py says why: the page-cache copy and its
 writeback cost more CPU than anything else the writer does). DSV4_CONVERT_DIRECT_IO=0 forces the
-buffered path below, which is also the fallback where O_DIRECT is refused.
+buffered path below, which is also the fallback where O_DIRECT is refused, and the converter's
+choice on tmpfs (`direct_pays`).
 
 Buffered, writeback starts as the data is written: every `_KICK` bytes the writer asks the kernel to
 start writing that range to disk (Linux `sync_file_range(SYNC_FILE_RANGE_WRITE)`: it queues the I/O
@@ -52,6 +53,21 @@ def _sync_file_range():
 
 
 _start_writeback = _sync_file_range()
+_TMPFS_MAGIC = 0x01021994  # statfs f_type of tmpfs (linux/magic.h)
+
+
+def direct_pays(folder: Path) -> bool:
+    """Whether O_DIRECT saves anything for files in `folder`: not on tmpfs (/dev/shm), which since
+    Linux 6.6 accepts O_DIRECT but still copies into its page cache, so the bounce buffers' copy and
+    the direct-write path's extra kernel work are pure cost: 0.4-0.5 of 2.1-2.4 CPU s for one 1.36 GB
+    layer (docs/PERFORMANCE.md). A filesystem type this cannot read counts as a disk (O_DIRECT)."""
+    try:
+        buf = ctypes.create_string_buffer(256)  # struct statfs, f_type first (a C long on Linux)
+        if ctypes.CDLL(None, use_errno=True).statfs(os.fsencode(folder), buf) != 0:
+            return True
+        return ctypes.c_long.from_buffer(buf).value != _TMPFS_MAGIC
+    except (OSError, AttributeError):
+        return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,10 +227,10 @@ class ShardWriter:
     goes through the page cache (O_DIRECT needs block-aligned ranges, and parts meet at any byte):
     through a shared mapping of its range where the filesystem allocates ahead, else pwrite. It is
     not hashed: `close()` returns (None, bytes written); the whole file is hashed once every
-    part is written (convert/pieces.py)."""
+    part is written (convert/pieces.py). `direct=False`: a whole shard goes through the page cache too."""
 
     def __init__(self, path: Path, specs: list[TensorSpec], metadata: dict[str, str] | None = None, *,
-                 fsync: bool = True, part: tuple[int, int] | None = None):
+                 fsync: bool = True, part: tuple[int, int] | None = None, direct: bool = True):
         self.path = Path(path)
         header = header_bytes(list(specs), metadata)  # checks every spec before a file is created
         start, stop = part or (0, len(specs))
@@ -222,7 +238,7 @@ class ShardWriter:
         self._specs = list(specs)[:stop]
         self._next = start
         self._hash = new_hash() if self._whole else None
-        fd = direct_io.open_direct(self.path) if self._whole else None
+        fd = direct_io.open_direct(self.path) if self._whole and direct else None
         offset = 0 if start == 0 else len(header) + sum(s.nbytes for s in self._specs[:start])
         length = sum(s.nbytes for s in self._specs[start:]) + (len(header) if start == 0 else 0)
         mapped = None if self._whole else _MappedSink.open(self.path, offset, length)
