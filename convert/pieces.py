@@ -58,11 +58,16 @@ def _units(shard: ShardPlan) -> list[tuple[int, int]]:
     return units
 
 
-def split_shards(shards: list[ShardPlan], workers: int, *, min_bytes: int | None = None) -> list[Piece]:
+def split_shards(shards: list[ShardPlan], workers: int, *, min_bytes: int | None = None,
+                 auto: bool = False) -> list[Piece]:
     """The jobs for `workers` processes: one whole piece per shard while shards are at least as many
     as workers, else each shard cut into pieces of about total / (2 * workers) bytes (not below
-    `min_bytes`). The pieces of a shard are in file order."""
-    if workers <= len(shards) or not shards:
+    `min_bytes`). The pieces of a shard are in file order. `auto` (the worker count was not asked
+    for): whole shards already while they are at least half as many as workers, with one worker
+    each: splitting would at most double the processes, which gains less than `seal`'s second pass
+    costs (docs/PERFORMANCE.md: 8 shards on 16 cores, 8 whole 8.3 s, 16 split 9.6 s; 1 shard on 2
+    cores, whole 1.37 s, split 1.43 s; 4 shards on 16 cores still split, 3.0 s against 3.5 s)."""
+    if workers <= len(shards) * (2 if auto else 1) or not shards:
         return [Piece(s, 0, len(s.tensors)) for s in shards]
     total = sum(s.nbytes for s in shards)
     if min_bytes is None:

@@ -166,7 +166,7 @@ def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None =
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting",
                    disable=not progress, dynamic_ncols=True)
         local = executor.name == "local"  # Ray tasks write whole shards: pieces of a file share one page cache
-        pieces = split_shards(todo, auto_workers(workers, total, None) if local else 1)
+        pieces = split_shards(todo, auto_workers(workers, total, None) if local else 1, auto=workers is None)
         if local and len(pieces) > 1:
             load_kernels()  # once here, inherited by every forked worker
         pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers)
