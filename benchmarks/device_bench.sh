@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole conversion table (benchmarks/bench_convert.py) on the GPU box, in about 6 minutes: the
+# The whole conversion table (benchmarks/bench_convert.py) on the GPU box, in about 7 minutes: the
 # small conversion cold and warm, start-up on header sets of 8 and 43 layers, then 8 real-size layers
 # (29 GB, or what /dev/shm holds) in shards of 1 GiB (32 shards) and 4 GiB (8 shards), CPU route x
 # workers, beside a single-stream and a parallel copy. The box has no network and no install of this
@@ -38,5 +38,5 @@ part() {  # part SECONDS ARGS...: one bench_convert run under a time limit, in a
 }
 : >"$LOG"
 part 230 --layers "$LAYERS" --shard-gib 1 --workers auto 4 8 12 --repeat 2 --copies 2
-part 150 --layers "$LAYERS" --shard-gib 4 --workers auto 4 8 --repeat 2 --copies 2 --skip-small
+part 190 --layers "$LAYERS" --shard-gib 4 --workers auto 4 8 16 --repeat 2 --copies 2 --skip-small
 echo "[device_bench] done in $SECONDS s" | tee -a "$LOG"

@@ -150,10 +150,13 @@ _PAD_HINT = ("convert for one split with --tp N [--ep M] (written padded per ran
              "TP/EP splits the engine pads")
 
 
-def _verdicts(ckpt: Checkpoint, engine: str, tp: int, ep: int) -> dict[str, RankTiles]:
+def _verdicts(ckpt: Checkpoint, engine: str, tp: int, ep: int, shapes: dict | None = None) -> dict[str, RankTiles]:
+    """container -> the tile rule's verdict at TP `tp` / EP `ep`; `shapes`: moe_layers of the checkpoint,
+    when the caller has them (one pass over the projections, not one per split)."""
     n = model_dims(ckpt.config)["experts"]
     return {c: moe_rank_tiles(m.quant.value, engine_facts(engine).padding, hidden=m.hidden, intermediate=m.intermediate, tp=tp, ep=ep,
-                              experts=n or m.experts) for c, m in moe_layers(ckpt.projections).items()}
+                              experts=n or m.experts)
+            for c, m in (shapes if shapes is not None else moe_layers(ckpt.projections)).items()}
 
 
 def _split_list(verdicts: dict[tuple[int, int], list[RankTiles]]) -> str:
@@ -183,7 +186,7 @@ def serving_layouts(ckpt: Checkpoint, engine: str, *, refuse: bool = True) -> tu
     """The (TP, EP) splits in {1, 2, 4, 8} that every experts layer serves without padding (formats/tiles.py).
     Raises convert.needs_padding, before any work, when there is none (unless `refuse` is False: --tp/--ep)."""
     shapes = moe_layers(ckpt.projections)
-    verdicts = {tp_ep: list(_verdicts(ckpt, engine, *tp_ep).values()) for tp_ep in LAYOUT_CANDIDATES}
+    verdicts = {tp_ep: list(_verdicts(ckpt, engine, *tp_ep, shapes).values()) for tp_ep in LAYOUT_CANDIDATES}
     layouts = tuple(tp_ep for tp_ep, vs in verdicts.items() if all(v.ok for v in vs))
     if refuse and shapes and not layouts:
         m = next(iter(shapes.values()))
@@ -288,8 +291,10 @@ def build_plan(ckpt: Checkpoint, target: MarlinTarget, *, max_shard_size: int | 
 
 def _mirror_shards(items) -> tuple[ShardPlan, ...]:
     by_file: dict[str, list[OutTensor]] = {}
+    names: dict[str, str] = {}  # a few shards, 10^5 tensors: one Path per shard, not per tensor
     for file, o in items:
-        by_file.setdefault(Path(file).name, []).append(o)
+        name = names.get(file) or names.setdefault(file, Path(file).name)
+        by_file.setdefault(name, []).append(o)
     return tuple(ShardPlan(f, tuple(ts)) for f, ts in by_file.items())
 
 
