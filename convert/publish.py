@@ -19,7 +19,8 @@ from ..core.files import (
     SOURCE_DIR,
     SOURCE_HEADERS,
 )
-from ..runtime.staging import Staging, write_json_atomic
+from ..runtime.stage_files import write_json_atomic
+from ..runtime.staging import Staging
 from .plan import ConvertPlan
 from .quant_config import rewrite_config, rewrite_hf_quant_config
 from .serving_notes import serving_markdown

@@ -18,8 +18,6 @@ from pathlib import Path
 
 from ..core.errors import InputError, OutputError
 from ..core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS, REPLACED, staging_entry_ok
-from ..core.reader import is_download_metadata
-from ..core.small_files import read_small
 from .digest import HASH_ALGORITHM, file_digest
 from .paths import (
     check_aliasing,
@@ -34,50 +32,9 @@ from .paths import (
     unlisted_entries,
 )
 from .signals import signals_deferred
+from .stage_files import first_change, fsync_dir, read_json, remove_entry, source_stamp, write_json_atomic
 
-__all__ = ["Staging", "source_stamp", "write_json_atomic"]
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    """Through a fresh temporary file (O_EXCL, never through a link a stale one may be) and a rename."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)  # a name, never what it links to
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def source_stamp(root: Path) -> dict[str, list[int]]:
-    """{relative path: [size, mtime_ns, ctime_ns, inode]} of every file of the input (not the downloader's bookkeeping,
-    which is not copied): any edit since changes it."""
-    root = Path(root)
-    stamp = {}
-    for p in sorted(root.rglob("*")):
-        if is_download_metadata(p.relative_to(root)):
-            continue
-        try:
-            st = p.stat()
-        except OSError:
-            continue
-        if not p.is_dir():
-            stamp[p.relative_to(root).as_posix()] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-    return stamp
-
-
-def _first_change(old: dict, new: dict) -> str | None:
-    return next((k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)), None)
-
+__all__ = ["Staging"]
 
 class Staging:
     """The one owner of OUT's life cycle: the CLI builds it and checks it before any work, the
@@ -171,12 +128,12 @@ class Staging:
         lock = self.path / LOCK
         if LOCK in names and not plain_file(lock):
             raise not_ours(f"its lock {lock} is not a plain file this tool made (a link, a hard link or a special file)")
-        if LOCK in names and (names <= {LOCK} or _read_json(self.path / PROGRESS).get("fingerprint")):
+        if LOCK in names and (names <= {LOCK} or read_json(self.path / PROGRESS).get("fingerprint")):
             extra = sorted(n for n in names if not staging_entry_ok(n, self._source_names()))
             if extra:
                 raise not_ours(f"it holds {extra[0]!r}, which no run of this tool writes there", file=self.path / extra[0])
             return
-        if _read_json(self.path / MANIFEST).get("producer", {}).get("name") == "dsv4-convert":
+        if read_json(self.path / MANIFEST).get("producer", {}).get("name") == "dsv4-convert":
             extra = unlisted_entries(self.path)  # killed inside publish: lock and progress gone, manifest written last
             if not extra:
                 return
@@ -231,11 +188,11 @@ class Staging:
             self._release()
             raise OutputError(f"an interrupted run left {self.path}", error_id="output.interrupted_run",
                               hint="pass --resume to continue it, or --force to start over")
-        state = _read_json(self.path / PROGRESS)
+        state = read_json(self.path / PROGRESS)
         same = state.get("fingerprint") == fingerprint
         if self.resume and not self.force and state and not same:
             self._release()
-            changed = _first_change(state.get("sources") or {}, self.stamp) if self.source else None
+            changed = first_change(state.get("sources") or {}, self.stamp) if self.source else None
             why = (f"the input changed since the interrupted run ({changed}: its size, mtime, ctime or inode differs)" if changed
                    else "it was staged from a different input or different options")
             raise OutputError(f"cannot resume {self.path}: {why}", error_id="output.resume_mismatch",
@@ -249,13 +206,13 @@ class Staging:
         for entry in self.path.iterdir():
             shard = entry.name.removesuffix(LOST_SUFFIX)  # a kept shard keeps its lost-scale record
             if entry.name not in (LOCK, PROGRESS) and entry.name not in keep and shard not in keep:
-                _remove(entry)
+                remove_entry(entry)
         algorithm = state.get("hash_algorithm", "sha256")
         for name, rec in keep.items():
             f = self.path / name
             if not plain_file(f):  # a link (or a hard link: not a file a run wrote alone) is dropped, by name
                 if os.path.lexists(f):
-                    _remove(f)
+                    remove_entry(f)
                 continue
             digest = rec.get("hash", rec.get("sha256"))
             if algorithm == HASH_ALGORITHM and f.stat().st_size == rec["size"] and file_digest(f, algorithm) == digest:
@@ -303,7 +260,7 @@ class Staging:
         """fsync everything, then rename `<out>.partial` to `<out>` (replacing `<out>` under --force).
         The staging directory stays flock'd until the rename is done: no other run adopts it meanwhile."""
         if self.source is not None and self.stamp:
-            changed = _first_change(self.stamp, source_stamp(self.source))
+            changed = first_change(self.stamp, source_stamp(self.source))
             if changed:
                 raise InputError(f"{changed} changed while it was being converted; nothing was published",
                                  error_id="input.changed_during_run", file=str(self.source / changed),
@@ -314,7 +271,7 @@ class Staging:
                     os.fsync(fh.fileno())
         if (self.path / PROGRESS).exists():
             (self.path / PROGRESS).unlink()
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         check_replaceable(self.out, force=self.force, allow_empty=True)  # again: it may have changed since
         self._drop_lock_file()
         step()  # (the crash tests' step points: each state a kill can leave here is recovered or explained)
@@ -330,7 +287,7 @@ class Staging:
             self.published = True
         self._release()
         step()
-        _fsync_dir(self.out.parent)
+        fsync_dir(self.out.parent)
         for holder in ([old] if old is not None else []) + self.leftovers:  # --force asked to replace them
             shutil.rmtree(holder)
 
@@ -382,17 +339,3 @@ class Staging:
                 os.close(fd)
                 setattr(self, attr, None)
 
-
-def _read_json(path: Path) -> dict:
-    try:
-        obj = json.loads(read_small(path))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return obj if isinstance(obj, dict) else {}
-
-
-def _remove(p: Path) -> None:
-    if p.is_dir() and not p.is_symlink():
-        shutil.rmtree(p)
-    else:
-        p.unlink()

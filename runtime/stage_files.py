@@ -1,0 +1,75 @@
+"""The staging directory's small files and facts (runtime/staging.py): JSON records written atomically,
+the input's stamp that `--resume` and publish compare, and removing what a run left."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ..core.reader import is_download_metadata
+from ..core.small_files import read_small
+
+__all__ = ["fsync_dir", "write_json_atomic", "source_stamp", "first_change", "read_json", "remove_entry"]
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory: the renames and creations in it are on disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """Through a fresh temporary file (O_EXCL, never through a link a stale one may be) and a rename."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # a name, never what it links to
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def source_stamp(root: Path) -> dict[str, list[int]]:
+    """{relative path: [size, mtime_ns, ctime_ns, inode]} of every file of the input (not the downloader's bookkeeping,
+    which is not copied): any edit since changes it."""
+    root = Path(root)
+    stamp = {}
+    for p in sorted(root.rglob("*")):
+        if is_download_metadata(p.relative_to(root)):
+            continue
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        if not p.is_dir():
+            stamp[p.relative_to(root).as_posix()] = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+    return stamp
+
+
+def first_change(old: dict, new: dict) -> str | None:
+    """The first path (in sorted order) whose stamp differs between two source stamps, or None."""
+    return next((k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)), None)
+
+
+def read_json(path: Path) -> dict:
+    """A small JSON record as a dict; {} when it is missing, unreadable or not an object."""
+    try:
+        obj = json.loads(read_small(path))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def remove_entry(p: Path) -> None:
+    """A file, a link (the link itself) or a whole directory."""
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p)
+    else:
+        p.unlink()
