@@ -64,8 +64,9 @@ def run_options(fn):
     for opt in reversed([
         click.option("--workers", type=click.IntRange(1), default=None, show_default="number of cores",
                      help="Processes converting in parallel; with more workers than "
-                          "shards, each shard is split into pieces written side by side. Small inputs run in one "
-                          "process."),
+                          "shards, each shard is split into pieces written side by side. By default, shards "
+                          "at least half as many as the cores stay whole (one worker each: a split shard is "
+                          "hashed again at the end), and small inputs run in one process."),
         click.option("--max-shard-size", default=None, metavar="SIZE",
                      help="Re-shard the output (e.g. 5GB). Default: keep the input's shards."),
         click.option("--resume", is_flag=True, help="Continue an interrupted run; finished shards whose hash verifies are kept."),
