@@ -6,7 +6,8 @@
 # project: its python3 has numpy, numba, xxhash, click, tqdm, safetensors and torch, and the package
 # is a view of this tree made from pyproject's package-dir (as tests/gpu/run.sh makes it).
 # Usage: benchmarks/device_bench.sh [LAYERS]   (default auto: as many as /dev/shm holds, at most 8);
-# BENCH_ARGS="--experts 4 --header-layers 2" appends arguments to every part (a quick check of this script).
+# BENCH_ARGS="--experts 4 --header-layers 2" appends arguments to every part (a quick check of this script);
+# PARTS="4" runs only the 4 GiB-shard part (PARTS="1" only the 1 GiB one; default both).
 # Output: $OUT/bench_convert.txt (or ./bench-results/); each part has a time limit, so a slow box
 # still returns what it measured.
 set -uo pipefail
@@ -37,6 +38,7 @@ part() {  # part SECONDS ARGS...: one bench_convert run under a time limit, in a
   rm -rf "$WORK"
 }
 : >"$LOG"
-part 230 --layers "$LAYERS" --shard-gib 1 --workers auto 4 8 12 --repeat 2 --copies 2
-part 190 --layers "$LAYERS" --shard-gib 4 --workers auto 4 8 16 --repeat 2 --copies 2 --skip-small
+PARTS=${PARTS:-1 4}  # which shard sizes (GiB) to run: PARTS=4 re-times the 4 GiB table alone
+[[ " $PARTS " == *" 1 "* ]] && part 230 --layers "$LAYERS" --shard-gib 1 --workers auto 4 8 12 --repeat 2 --copies 2
+[[ " $PARTS " == *" 4 "* ]] && part 190 --layers "$LAYERS" --shard-gib 4 --workers auto 4 8 16 --repeat 2 --copies 2 --skip-small
 echo "[device_bench] done in $SECONDS s" | tee -a "$LOG"
