@@ -186,9 +186,9 @@ _MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192",)}  # I = 192: SGLa
 
 
 def _hybrid_rows(key: str) -> tuple[Served, ...]:
-    return tuple(Served(family, fmt, key, frozenset({method}), (f"{_DIFF}[{family}-{fmt}-bfloat16]",
-                                                                *(f"{_DIFF}[{family}-{fmt}-{edit}-bfloat16]"
-                                                                  for edit in _MORE_PROOFS.get((family, fmt), ()))))
+    return tuple(Served(family, fmt, key, frozenset({method}),
+                        (_differential(family, fmt),
+                         *(_differential(family, f"{fmt}-{edit}") for edit in _MORE_PROOFS.get((family, fmt), ()))))
                  for family, fmt, method in _HYBRID if not _refused(family, fmt, key))
 
 

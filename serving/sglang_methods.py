@@ -181,16 +181,16 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
     def process_weights_after_loading(self, layer) -> None:
         # SGLang keeps only the gate's global for w13 (as in its own Marlin branch) and stores the
         # processed global in the activation dtype, shape [E].
-        g13 = layer.w13_weight_global_scale.data
-        if g13.dim() == 1:  # non-gated: one global per expert, kept as loaded
-            g13 = g13.unsqueeze(1)
-        elif not torch.equal(g13[:, 0].view(torch.int16), g13[:, 1].view(torch.int16)):
-            logger.warning(
-                "dsv4-convert: gate and up global scales differ for %s; SGLang uses the gate's "
-                "(as it does for unconverted checkpoints)",
-                getattr(layer, "layer_name", "experts"),
-            )
-        layer.w13_weight_scale_2 = torch.nn.Parameter(g13[:, 0].contiguous(), requires_grad=False)
+        g13 = layer.w13_weight_global_scale.data  # non-gated: [E], one global per expert, kept as loaded
+        if g13.dim() == 2:  # gated: [E, 2], the gate's kept
+            if not torch.equal(g13[:, 0].view(torch.int16), g13[:, 1].view(torch.int16)):
+                logger.warning(
+                    "dsv4-convert: gate and up global scales differ for %s; SGLang uses the gate's "
+                    "(as it does for unconverted checkpoints)",
+                    getattr(layer, "layer_name", "experts"),
+                )
+            g13 = g13[:, 0]
+        layer.w13_weight_scale_2 = torch.nn.Parameter(g13.contiguous(), requires_grad=False)
         layer.w2_weight_scale_2 = torch.nn.Parameter(
             layer.w2_weight_global_scale.data.clone(), requires_grad=False
         )

@@ -61,11 +61,17 @@ CAPABILITY = {"nvfp4-ct": (9, 0)}
 SM120 = (12, 0)
 
 
+def use_capability_of(fmt: str) -> None:
+    """torch.cuda.get_device_capability answers the GPU generation SGLang would run `fmt` on (CAPABILITY):
+    what compressed-tensors' scheme selection asks while the model is built."""
+    capability = CAPABILITY.get(fmt, SM120)
+    torch.cuda.get_device_capability = lambda device=None: capability
+
+
 def _diff(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:
     """`text_only` (a multimodal wrapper's replica has no vision tensors): SGLang builds its tower in both
     models all the same, zero-filled and compared like the rest."""
-    capability = CAPABILITY.get(fmt, SM120)
-    torch.cuda.get_device_capability = lambda device=None: capability  # what scheme selection asks
+    use_capability_of(fmt)
     engine = model_state(_model(source, dtype))
     plugin = model_state(_model(converted, dtype))
     return state_diff(engine, plugin)

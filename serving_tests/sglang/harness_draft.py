@@ -8,12 +8,11 @@ parameter and buffer. The set-up and CPU substitutions are harness_differential.
 from __future__ import annotations
 
 import harness_differential
-import torch
 from differential_state import draft_diff
 
 
 def _diff_drafts(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:
-    torch.cuda.get_device_capability = lambda device=None: harness_differential.CAPABILITY.get(fmt, harness_differential.SM120)
+    harness_differential.use_capability_of(fmt)
     engine_model = harness_differential._model(source, dtype, draft=True)  # SOURCE_LINE: the engine's own load
     return draft_diff(engine_model, harness_differential._model(converted, dtype, draft=True))
 

@@ -6,11 +6,10 @@ a refusal row of core/served.py says the engine cannot load the source itself.""
 from __future__ import annotations
 
 import harness_differential
-import torch
 
 
 def _load_source(*, source: str, converted: str | None = None, dtype: str, fmt: str, text_only: bool = False) -> dict:
-    torch.cuda.get_device_capability = lambda device=None: harness_differential.CAPABILITY.get(fmt, harness_differential.SM120)
+    harness_differential.use_capability_of(fmt)
     model = harness_differential._model(source, dtype)
     return {"loaded": True, "parameters": sum(1 for _ in model.parameters())}
 
