@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterable
 
 from .index import natural_key
+from .structure import model_dims
 
 __all__ = ["copied_mtp_layers", "draft_bytes", "mtp_layers", "num_hidden_layers"]
 
@@ -22,12 +23,9 @@ _APPENDED = re.compile(r"^((?:[\w]+\.)*?layers)\.(\d+)\.")
 
 
 def num_hidden_layers(config: dict | None) -> int | None:
-    """The decoder's layer count (a nested `text_config` wins); None where the config has none."""
-    config = config or {}
-    for c in (config.get("text_config"), config):
-        if isinstance(c, dict) and isinstance(c.get("num_hidden_layers"), int):
-            return c["num_hidden_layers"]
-    return None
+    """The decoder's layer count (core/structure.py model_dims: a nested `text_config` wins); None where the
+    config has none."""
+    return model_dims(config or {})["layers"]
 
 
 def _layer_of(name: str, layers: int | None) -> str | None:

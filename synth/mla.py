@@ -25,7 +25,7 @@ import torch
 
 from .seeded import dense
 
-__all__ = ["MLA", "mla_config", "mla_tensors"]
+__all__ = ["MLA", "mla_config", "mla_tensors", "ones_weight"]
 
 MLA = {"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 INDEXER = {"index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048}
@@ -40,7 +40,8 @@ def mla_config(heads: int, q_lora_rank: int, *, indexer: bool) -> dict:
             "rms_norm_eps": 1e-6, "attention_bias": False, **(INDEXER if indexer else {})}
 
 
-def _norm(out: dict, name: str, size: int, dtype: torch.dtype) -> None:
+def ones_weight(out: dict, name: str, size: int, dtype: torch.dtype) -> None:
+    """A norm's weight as the replicas write it: ones."""
     out[name] = torch.ones(size, dtype=dtype)
 
 
@@ -58,12 +59,12 @@ def mla_tensors(out: dict, seed: int, p: str, hidden: int, heads: int, q_lora_ra
     }
     for proj, shape in shapes.items():
         out[f"{a}.{proj}.weight"] = dense(seed, f"{a}.{proj}", shape, dtype=dtype)
-    _norm(out, f"{a}.q_a_layernorm.weight", q_lora_rank, dtype)
-    _norm(out, f"{a}.kv_a_layernorm.weight", MLA["kv_lora_rank"], dtype)
+    ones_weight(out, f"{a}.q_a_layernorm.weight", q_lora_rank, dtype)
+    ones_weight(out, f"{a}.kv_a_layernorm.weight", MLA["kv_lora_rank"], dtype)
     if indexer:
         i, n, d = f"{a}.indexer", INDEXER["index_n_heads"], INDEXER["index_head_dim"]
         out[f"{i}.wq_b.weight"] = dense(seed, f"{i}.wq_b", (n * d, q_lora_rank), dtype=dtype)
         out[f"{i}.wk.weight"] = dense(seed, f"{i}.wk", (d, hidden), dtype=dtype)
-        _norm(out, f"{i}.k_norm.weight", d, dtype)
+        ones_weight(out, f"{i}.k_norm.weight", d, dtype)
         out[f"{i}.k_norm.bias"] = torch.zeros(d, dtype=dtype)
         out[f"{i}.weights_proj.weight"] = dense(seed, f"{i}.weights_proj", (n, hidden), dtype=dtype)

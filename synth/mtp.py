@@ -35,7 +35,7 @@ import torch
 
 from .hybrid import gated_attention
 from .layouts import Dims
-from .mla import mla_tensors
+from .mla import mla_tensors, ones_weight
 from .seeded import dense
 
 __all__ = ["MINIMAX_MTP_CONFIG", "deepseek_mtp_layer", "qwen_mtp_block"]
@@ -46,27 +46,23 @@ Mlp = Callable[..., None]     # family_layers._mlp(out, seed, base, h, inter, ki
 Linear = Callable[..., None]  # family_layers._linear(out, seed, name, n, k, kind, dtype)
 
 
-def _ones(out: dict, name: str, size: int, dtype: torch.dtype) -> None:
-    out[name] = torch.ones(size, dtype=dtype)
-
-
 def deepseek_mtp_layer(out: dict, seed: int, prefix: str, d: Dims, mlp: Mlp, dtype: torch.dtype, *,
                        indexer: bool) -> None:
     """`<prefix>.<num_hidden_layers>.*`: DeepSeek's MTP layer as ModelOpt's FP4 releases hold it, all BF16."""
     p, h = f"{prefix}.{d.layers}", d.hidden
     out[f"{p}.embed_tokens.weight"] = dense(seed, f"{p}.embed_tokens", (d.vocab, h), dtype=dtype)
-    _ones(out, f"{p}.enorm.weight", h, dtype)
-    _ones(out, f"{p}.hnorm.weight", h, dtype)
+    ones_weight(out, f"{p}.enorm.weight", h, dtype)
+    ones_weight(out, f"{p}.hnorm.weight", h, dtype)
     out[f"{p}.eh_proj.weight"] = dense(seed, f"{p}.eh_proj", (h, 2 * h), dtype=dtype)
-    _ones(out, f"{p}.input_layernorm.weight", h, dtype)
+    ones_weight(out, f"{p}.input_layernorm.weight", h, dtype)
     mla_tensors(out, seed, p, h, d.heads, d.q_lora_rank, dtype, indexer=indexer)
-    _ones(out, f"{p}.post_attention_layernorm.weight", h, dtype)
+    ones_weight(out, f"{p}.post_attention_layernorm.weight", h, dtype)
     out[f"{p}.mlp.gate.weight"] = dense(seed, f"{p}.mlp.gate", (d.experts, h), dtype=dtype)
     out[f"{p}.mlp.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
     mlp(out, seed, f"{p}.mlp.shared_experts", h, d.intermediate, "bf16", dtype)
     for e in range(d.experts):
         mlp(out, seed, f"{p}.mlp.experts.{e}", h, d.intermediate, "bf16", dtype)
-    _ones(out, f"{p}.shared_head.norm.weight", h, dtype)
+    ones_weight(out, f"{p}.shared_head.norm.weight", h, dtype)
     out[f"{p}.shared_head.head.weight"] = dense(seed, f"{p}.shared_head.head", (d.vocab, h), dtype=dtype)
 
 
@@ -75,14 +71,14 @@ def qwen_mtp_block(out: dict, seed: int, d: Dims, mlp: Mlp, linear: Linear, dtyp
     h = d.hidden
     out["mtp.fc.weight"] = dense(seed, "mtp.fc", (h, 2 * h), dtype=dtype)
     for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden"):
-        _ones(out, f"mtp.{norm}.weight", h, dtype)
+        ones_weight(out, f"mtp.{norm}.weight", h, dtype)
     p = "mtp.layers.0"
-    _ones(out, f"{p}.input_layernorm.weight", h, dtype)
+    ones_weight(out, f"{p}.input_layernorm.weight", h, dtype)
     gated_attention(out, seed, p, d, linear, kind="bf16", dtype=dtype)
-    _ones(out, f"{p}.post_attention_layernorm.weight", h, dtype)
+    ones_weight(out, f"{p}.post_attention_layernorm.weight", h, dtype)
     out[f"{p}.mlp.gate.weight"] = dense(seed, f"{p}.mlp.gate", (d.experts, h), dtype=dtype)
     mlp(out, seed, f"{p}.mlp.shared_expert", h, d.intermediate, "bf16", dtype)
     out[f"{p}.mlp.shared_expert_gate.weight"] = dense(seed, f"{p}.mlp.shared_expert_gate", (1, h), dtype=dtype)
     for e in range(d.experts):
         mlp(out, seed, f"{p}.mlp.experts.{e}", h, d.intermediate, "bf16", dtype)
-    _ones(out, "mtp.norm.weight", h, dtype)
+    ones_weight(out, "mtp.norm.weight", h, dtype)

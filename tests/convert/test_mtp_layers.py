@@ -72,7 +72,8 @@ def test_deepseek_replica_ships_a_bf16_mtp_layer_excluded_from_nvfp4(synth_sourc
                  "mlp.experts.3.down_proj.weight"):
         assert mtp.get(f"model.layers.{n}.{tail}") == "BF16", tail
     assert {d for k, d in mtp.items() if not k.endswith("e_score_correction_bias")} == {"BF16"}
-    assert open_checkpoint(src).projections and all(p.layer != str(n) for p in open_checkpoint(src).projections)
+    projections = open_checkpoint(src).projections
+    assert projections and all(p.layer != str(n) for p in projections)
 
 
 def test_kimi_and_minimax_replicas_write_no_mtp_tensors(synth_source):
