@@ -1,10 +1,19 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 HERE = Path(__file__).parent
 for p in (HERE, HERE / "stubs"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
+
+
+@pytest.fixture(scope="session")
+def case_dir(tmp_path_factory):
+    """Where differential.make_case writes each case's source and conversion once per session: the whole-model
+    and the draft differential tests compare the same replicas."""
+    return tmp_path_factory.mktemp("cases")
 
 
 # ---- the served table's proofs (core/served.py): an entry is served on this engine release exactly when its

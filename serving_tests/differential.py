@@ -135,14 +135,21 @@ def _run(*args) -> None:
         raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
 
 
-def make_case(tmp, case: Case, engine: str, dtype: str) -> tuple[Path, Path]:
-    """(source, its conversion for `engine` at `dtype`), each written once per session."""
+def make_source(tmp, case: Case) -> Path:
+    """The case's source replica (synth, then its edit), written once per session in `tmp`."""
     src = Path(tmp, f"src-{case.id}")
-    out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
     if not src.exists():
         _run("synth", src, "--family", case.family, "--format", case.fmt, *SYNTH_ARGS.get(case.edit, ()), "-q")
         if case.edit in EDITS:
             EDITS[case.edit](src)
+    return src
+
+
+def make_case(tmp, case: Case, engine: str, dtype: str) -> tuple[Path, Path]:
+    """(source, its conversion for `engine` at `dtype`), each written once per session in `tmp` (the
+    session's `case_dir`, serving_tests/conftest.py: the differential and draft tests share them)."""
+    src = make_source(tmp, case)
+    out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
     if not out.exists():
         command = "mxfp4-to-marlin" if case.fmt.startswith("mxfp4") else "nvfp4-to-marlin"
         _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q")

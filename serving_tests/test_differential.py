@@ -73,7 +73,7 @@ IDS = [f"{case.id}-{dtype}" for case, dtype in RUNS]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory, request):
+def results(tmp_path_factory, case_dir, request):
     """Every selected case in one spawned rank (the engine import dominates the run time)."""
     tmp = tmp_path_factory.mktemp("differential")
     selected = {item.callspec.params.get("case") for item in request.session.items if hasattr(item, "callspec")}
@@ -81,7 +81,7 @@ def results(tmp_path_factory, request):
     for (case, dtype), case_id in zip(RUNS, IDS):
         if case_id not in selected:
             continue
-        src, conv = make_case(tmp, case, ENGINE, dtype)
+        src, conv = make_case(case_dir, case, ENGINE, dtype)
         cases[case_id] = {"source": str(src), "converted": str(conv), "dtype": dtype, "fmt": case.fmt,
                           "text_only": case.text_only}
     t0 = time.monotonic()

@@ -54,13 +54,13 @@ SOURCE_METHOD_EXPERTS = ("glm4-moe",)
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory, request):
+def results(tmp_path_factory, case_dir, request):
     tmp = tmp_path_factory.mktemp("drafts")
     selected = {item.callspec.params.get("case") for item in request.session.items if hasattr(item, "callspec")}
     cases = {}
     for case, case_id in zip(DRAFTS, IDS):
         if case_id in selected:
-            src, conv = make_case(tmp, case, ENGINE, "bfloat16")
+            src, conv = make_case(case_dir, case, ENGINE, "bfloat16")
             cases[case_id] = {"source": str(src), "converted": str(conv), "dtype": "bfloat16", "fmt": case.fmt}
     return spawn_ranks("harness_draft:run", {"cases": cases}, tmp, world=1)[0]
 

@@ -12,28 +12,18 @@ Substitutions: those of serving_tests/test_differential.py and serving_tests/sgl
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from common import installed_engine, spawn_ranks
-
-from synth import converter_cli
+from differential import Case, make_source
 
 ENGINE = installed_engine()
 if ENGINE is None:
     pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).parent / ENGINE))
-
-
-def _source(tmp: Path, family: str, fmt: str) -> Path:
-    src = tmp / f"src-{family}-{fmt}"
-    proc = subprocess.run([*converter_cli(), "synth", str(src), "--family", family, "--format", fmt, "-q"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return src
 
 
 @pytest.mark.skipif(ENGINE != "sglang", reason="core/served.py REFUSED: SGLang 0.5.23 x llama4")
@@ -43,7 +33,7 @@ def test_sglang_cannot_load_the_modelopt_llama4_source_itself(tmp_path):
     (mllama4.py) routes that name through `_handle_expert_scale_params`, which takes it for one scale shared by
     all experts and writes it into every expert's slot: `param.data[expert_id] = loaded_weight` cannot broadcast
     the whole stack into one expert (RuntimeError, expand)."""
-    src = _source(tmp_path, "llama4", "nvfp4-modelopt-hf")
+    src = make_source(tmp_path, Case("llama4", "nvfp4-modelopt-hf"))
     cases = {"llama4": {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf"}}
     (result,) = spawn_ranks("harness_refusal:run", {"cases": cases}, tmp_path, world=1)
     r = result["llama4"]
