@@ -30,8 +30,6 @@ from layer_cases import EXPERTS, HIDDEN, layer_case, with_checkpoints
 sglang = pytest.importorskip("sglang")
 
 
-
-
 # codec-built converted tensors (serving_tests/synth.py): what the converter cannot be asked for
 CASES = [
     # negative control: bytes converted for vLLM (bf16 rescale, fp32 globals) must NOT match SGLang's

@@ -43,8 +43,6 @@ from dsv4_convert.core.engines import release_for
 W4A8_SERVED = release_for("vllm", vllm.__version__).w4a8
 
 
-
-
 # codec-built converted tensors (serving_tests/synth.py): what the converter cannot be asked for
 CASES = [
     # small block scales: vLLM's bf16 rescale factor > 1
@@ -65,16 +63,16 @@ EP_CASES = [
 # golden nvfp4_moe_vllm_bfloat16_pad shape); MXFP4: I_shard 96 -> 128 and H 384 -> 512.
 PAD_CASES = [
     layer_case("pad-nvfp4-bf16-tp2", "nvfp4", "bfloat16", inter=192, padded={"tp": 2, "ep": 1},
-          small_scales=[0, 1, 2, 3]),
+               small_scales=[0, 1, 2, 3]),
     layer_case("pad-mxfp4-bf16-tp2", "mxfp4", "bfloat16", hidden=384, inter=192, padded={"tp": 2, "ep": 1}),
 ]
 PAD_EP_CASES = [
     layer_case("pad-nvfp4-bf16-ep2", "nvfp4", "bfloat16", ep=True, inter=96, padded={"tp": 2, "ep": 2},
-          small_scales=[0, 1]),
+               small_scales=[0, 1]),
     layer_case("pad-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, hidden=384, inter=96, padded={"tp": 2, "ep": 2}),
     # written padded for TP 2 / EP 1, served at TP 2 / EP 2: refused
     layer_case("refuse-mxfp4-tp2-at-ep2", "mxfp4", "bfloat16", ep=True, hidden=384, inter=192,
-          padded={"tp": 2, "ep": 1}),
+               padded={"tp": 2, "ep": 1}),
 ]
 
 # W4A8 (`--w4a8`: MXFP4 weights for fp8 activations, the golden mxfp4_moe_vllm_bfloat16_a8 layout),
@@ -82,7 +80,7 @@ PAD_EP_CASES = [
 W4A8_CASES = [
     layer_case("w4a8-mxfp4-bf16-tp2", "mxfp4", "bfloat16", w4a8=True),
     layer_case("w4a8-mxfp4-bf16-pad-tp2", "mxfp4", "bfloat16", w4a8=True, hidden=384, inter=192,
-          padded={"tp": 2, "ep": 1}),
+               padded={"tp": 2, "ep": 1}),
 ]
 W4A8_EP_CASES = [layer_case("w4a8-mxfp4-bf16-ep2", "mxfp4", "bfloat16", ep=True, w4a8=True)]
 W4A8_REFUSED = [
