@@ -124,11 +124,10 @@ def _engines(d: Doctor, extra_module: str | None) -> None:
 def _checkpoint(d: Doctor, path: str) -> None:
     from ..core.converted_config import ConvertedConfigError, converted_record
     from ..core.reader import open_checkpoint, resolve_source
-    from ..core.tensor_model import SourceFormat
     ckpt = open_checkpoint(resolve_source(path))
     info = {"path": path, "format": ckpt.format.value}
     engines, record = list(LAYOUTS), None
-    if ckpt.format is SourceFormat.MARLIN:
+    if ckpt.format.converted:
         try:
             record = converted_record(ckpt.config)
         except ConvertedConfigError as e:
@@ -161,7 +160,7 @@ def _checkpoint(d: Doctor, path: str) -> None:
     if not installed:
         want = " or ".join(LAYOUTS[t].name for t in engines) or "an engine"
         d.findings.append(f"{path} needs {want}, which is not installed here")
-    if ckpt.format is SourceFormat.MARLIN:
+    if ckpt.format.converted:
         for engine in served:
             if record is not None:
                 _ask_engine(d, path, engine, record, ckpt.config)

@@ -17,7 +17,8 @@ from ..core.errors import Interrupted, OutputError
 from ..core.files import LOST_SUFFIX
 from ..core.reader import TensorReader
 from ..core.rescale import stack_rescale_factors
-from ..core.tensor_model import Projection, Quant, SourceFormat
+from ..core.source_formats import SourceFormat
+from ..core.tensor_model import Projection, Quant
 from ..core.units import human_size
 from ..runtime.executors import ExecutorSpec, auto_workers, make_executor
 from ..runtime.jobs import RunDir

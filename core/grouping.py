@@ -10,7 +10,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .detect import ALLOWED_QUANTS
 from .dtypes import SCALE_DTYPES, WEIGHT_DTYPES
 from .errors import ContentError
 from .naming import (
@@ -24,7 +23,8 @@ from .naming import (
     logical_k,
     per_expert_key,
 )
-from .tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
+from .source_formats import SourceFormat
+from .tensor_model import Projection, Quant, Role, TensorRef
 
 __all__ = ["group_projections"]
 
@@ -42,9 +42,9 @@ def group_projections(fmt: SourceFormat, config: Mapping,
                       tensors: Mapping[str, TensorRef]) -> tuple[Projection, ...]:
     """Every FP4 expert projection, sorted by (trunk layers, MTP layers), expert, gate/up/down."""
     projections = [p for parts in _collect(tensors).values() if (p := _projection(fmt, parts)) is not None]
-    if fmt is not SourceFormat.MARLIN:
+    if not fmt.converted:
         projections += _group_stacked(tensors)
-    allowed = ALLOWED_QUANTS[fmt]
+    allowed = fmt.quants
     for p in projections:
         if p.quant not in allowed:
             raise ContentError(
@@ -101,7 +101,7 @@ def _projection(fmt: SourceFormat, parts: _Parts) -> Projection | None:
                                error_id="group.scale_without_weight", tensor=s.name, file=s.file,
                                hint="the checkpoint is incomplete: re-download or re-export it")
         return None
-    if fmt is SourceFormat.MARLIN:
+    if fmt.converted:
         return _marlin_projection(parts, weight)
     if weight.dtype not in WEIGHT_DTYPES:
         return None  # FP8 / BF16 experts: passthrough, their `.scale` is not an FP4 scale

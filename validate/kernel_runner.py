@@ -25,7 +25,7 @@ from ..core.engines import engine_facts
 from ..core.errors import DsvError
 from ..core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from ..core.rescale import stack_key
-from ..core.tensor_model import Quant, Role, SourceFormat
+from ..core.tensor_model import Quant, Role
 from ..formats.marlin.scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
 from ..formats.marlin.torch_route import (
     byte_table,
@@ -130,8 +130,8 @@ class _Layer:
         """`owner` is the projection whose global the engine uses (the gate for up)."""
         sf = self.sf.get(stack_key(proj), 1.0)
         nv = proj.quant is Quant.NVFP4
-        if self.ckpt.format is SourceFormat.MARLIN:
-            q, s, _ = self._get(self.reader, proj, SourceFormat.MARLIN)
+        if self.ckpt.format.converted:
+            q, s, _ = self._get(self.reader, proj, self.ckpt.format)
             g = self.reader.get(owner.marlin_global).float().reshape(()) if nv else None
             ref_proj = self.refs.get(proj.key)
             if ref_proj is not None:
@@ -199,7 +199,7 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
     groups = defaultdict(lambda: defaultdict(dict))
     for p in ckpt.projections:
         groups[p.layer][p.expert][p.role] = p
-    marlin = ckpt.format is SourceFormat.MARLIN
+    marlin = ckpt.format.converted
     kind = "--against SRC" if ref_ckpt is not None else ("Marlin bytes decoded" if marlin else "source dequant")
     with TensorReader(ckpt.root) as reader, (TensorReader(ref_ckpt.root) if ref_ckpt else nullcontext()) as rr:
         sf = rescale_factors(ckpt, opts, reader, ckpt.projections)
@@ -240,7 +240,7 @@ def _layout_notes(ckpt, opts, layouts, against: bool) -> list[str]:
     if not padded:
         return []
     sizes = "; ".join(f"TP {tp} / EP {ep}: I_shard {i} -> {ip}, H {h} -> {hp}" for tp, ep, i, ip, h, hp in padded)
-    if ckpt.format is not SourceFormat.MARLIN:
+    if not ckpt.format.converted:
         return [f"kernel: source experts padded per rank as {opts.engine} pads them ({sizes}), as the converter "
                 "writes that split"]
     if against:
