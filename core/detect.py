@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .detectors import WEIGHT_SUFFIXES, expert_dtype, hfq_block, parse_per_expert, qc_block, spelling
+from .detectors import expert_dtype, hfq_block, parse_per_expert, qc_block, spelling
 from .dtypes import SCALE_DTYPES, WEIGHT_DTYPES
 from .errors import ContentError
 from .naming import SCHEMES, first_expert_like, logical_k, parse_expert_name, unknown_part
-from .source_formats import FORMATS, SourceFormat
+from .source_formats import FORMATS, SourceFormat, tensor_suffixes
 from .tensor_model import Quant, TensorRef
 
 __all__ = ["declared_group_size", "detect_format"]
@@ -85,11 +85,12 @@ def _check_unparsed(tensors: Mapping[str, TensorRef]) -> None:
     """An FP4 expert tensor no scheme spells (packed codes in an `experts` module, with an FP4 block scale
     beside it) would be copied unconverted next to its converted siblings: refuse it, naming the part of its
     path not understood (`detect.unknown_expert_name`)."""
+    names = tensor_suffixes()
     for name in tensors:
-        if not name.endswith(WEIGHT_SUFFIXES) or first_expert_like((name,)) is None or parse_expert_name(name):
+        if not name.endswith(names.weight) or first_expert_like((name,)) is None or parse_expert_name(name):
             continue
         ref, stem = tensors[name], name.rsplit(".", 1)[0]
-        scale = tensors.get(f"{stem}.weight_scale") or tensors.get(f"{stem}.scale")
+        scale = next((tensors[f"{stem}.{s}"] for s in names.scale if f"{stem}.{s}" in tensors), None)
         if (ref.dtype in WEIGHT_DTYPES and len(ref.shape) == 2 and scale is not None
                 and scale.dtype in {*SCALE_DTYPES["nvfp4"], *SCALE_DTYPES["mxfp4"]}):
             raise ContentError(
@@ -104,10 +105,10 @@ def _check_consistency(fmt: SourceFormat, config, hfq, tensors) -> None:
     expected = fmt.trunk
     if expected is None:
         return
-    found = None
+    found, names = None, tensor_suffixes()
     for name, ref in tensors.items():
         parsed = parse_per_expert(name)
-        if parsed and parsed.suffix in WEIGHT_SUFFIXES and ref.dtype in WEIGHT_DTYPES and not parsed.layer.startswith("mtp."):
+        if parsed and parsed.suffix in names.weight and ref.dtype in WEIGHT_DTYPES and not parsed.layer.startswith("mtp."):
             found = _sibling_quant(parsed.prefix, ref, tensors)
             if found:
                 break
@@ -131,7 +132,7 @@ def _check_consistency(fmt: SourceFormat, config, hfq, tensors) -> None:
 
 def _sibling_quant(prefix: str, weight: TensorRef, tensors) -> tuple[Quant, TensorRef, int] | None:
     k = logical_k(weight)
-    for suffix in ("weight_scale", "scale"):
+    for suffix in tensor_suffixes().scale:
         s = tensors.get(f"{prefix}.{suffix}")
         if s is not None and s.shape and s.shape[-1]:
             quant = Quant.NVFP4 if s.dtype == "F8_E4M3" else Quant.MXFP4 if s.dtype in SCALE_DTYPES["mxfp4"] else None

@@ -162,9 +162,10 @@ def modelopt_algo(fmt, config, hfq, tensors) -> str | None:
 def ct(fmt, config, hfq, tensors) -> str | None:
     qc = qc_block(config)
     scheme = _lower(qc.get("quant_method")) == "compressed-tensors" and fmt.ct_format in _ct_formats(qc) and _has(
-        tensors, _PER_EXPERT, ("weight_packed",))
+        tensors, _PER_EXPERT, (fmt.suffixes.weight,))
     if scheme:
-        return f"quant_method compressed-tensors, format {fmt.ct_format}, weight_packed expert tensors ({scheme.name} names)"
+        return (f"quant_method compressed-tensors, format {fmt.ct_format}, {fmt.suffixes.weight} expert tensors "
+                f"({scheme.name} names)")
     return None
 
 

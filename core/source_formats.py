@@ -15,7 +15,8 @@ from . import detectors
 from .tensor_model import Quant
 
 __all__ = ["FORMATS", "MULTIPLIER", "RECIPROCAL", "GlobalRule", "SourceFormat", "SynthSpec", "Suffixes",
-           "reciprocal_global", "source_format", "synth_formats"]
+           "reciprocal_global", "source_format", "synth_formats",
+           "tensor_suffixes"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class SynthSpec:
     gate/down/up file order; "hf": a Hugging Face MoE; "gpt-oss": gpt-oss's stacked experts). `config`: which
     config writer of synth/configs.py. `mtp_format`: the format of the MTP experts when it is another (ModelOpt
     keeps DeepSeek-V4's MTP experts MXFP4). `linear`: how a family's quantised dense linears are written
-    ("nvfp4": ModelOpt's tensors, "nvfp4-ct": compressed-tensors' tensors)."""
+    ("nvfp4": ModelOpt's tensors, "ct-nvfp4": compressed-tensors' tensors)."""
     tree: str
     config: str
     mtp_format: str | None = None
@@ -130,7 +131,7 @@ _ROWS = (
                  detectors.ct, frozenset({Quant.NVFP4}), Quant.NVFP4, _CT_NVFP4, "U8", "F8_E4M3",
                  ("config.json quantization_config (quant_method compressed-tensors, format)",),
                  moe_method=Quant.NVFP4, global_rule=RECIPROCAL, ct_format="nvfp4-pack-quantized", every_linear=True,
-                 synth=SynthSpec("hf", "ct", linear="nvfp4-ct")),
+                 synth=SynthSpec("hf", "ct", linear="ct-nvfp4")),
     SourceFormat("mxfp4-ct", "compressed-tensors mxfp4-pack-quantized",
                  detectors.ct, frozenset({Quant.MXFP4}), Quant.MXFP4, Suffixes("weight_packed", "weight_scale"),
                  "U8", "U8", ("config.json quantization_config (quant_method compressed-tensors, format)",),
@@ -153,6 +154,14 @@ def source_format(name: str) -> SourceFormat:
     if row is None:
         raise ValueError(f"{name!r} is not a source format (known: {', '.join(FORMATS)})")
     return row
+
+
+def tensor_suffixes() -> Suffixes:
+    """Every source row's suffixes, in table order, one tuple per part (grouping and detection look a
+    projection's tensors up by these; a new row's names are known to them without another edit)."""
+    rows = [r.suffixes for r in FORMATS.values() if r.suffixes is not None and not r.converted]
+    return Suffixes(*(tuple(dict.fromkeys(getattr(s, part) for s in rows if getattr(s, part)))
+                      for part in ("weight", "scale", "global_scale", "input_scale")))
 
 
 def reciprocal_global(name: str) -> bool:

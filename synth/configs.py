@@ -85,8 +85,8 @@ def _hf_config(d: Dims) -> dict[str, Any]:
     }
 
 
-def _ct_config(quant: str) -> dict[str, Any]:
-    fmt = f"{quant}-pack-quantized"
+def _ct_config(quant: str, fmt: str | None = None) -> dict[str, Any]:
+    fmt = fmt or f"{quant}-pack-quantized"
     if quant == "nvfp4":
         weights = {**_fp4_args(16), "strategy": "tensor_group", "symmetric": True,
                    "scale_dtype": "torch.float8_e4m3fn"}
@@ -126,7 +126,7 @@ def _modelopt_hf(d: Dims) -> tuple[dict, dict]:
 
 def _ct(d: Dims, row: SourceFormat) -> tuple[dict, None]:
     config = _hf_config(d)
-    config["quantization_config"] = _ct_config(row.trunk.value)
+    config["quantization_config"] = _ct_config(row.trunk.value, row.ct_format)
     return config, None
 
 

@@ -39,7 +39,7 @@ def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: t
         out[f"{name}.weight_scale"], out[f"{name}.input_scale"] = scale.reshape(()), torch.tensor(0.01)
     else:
         packed, scale, g = quantize_nvfp4(w, nvfp4_global_for(group_peak or w.abs().max().item()))
-        if kind == "nvfp4-ct":
+        if kind == "ct-nvfp4":
             out[f"{name}.weight_packed"], out[f"{name}.weight_scale"] = packed, scale
             out[f"{name}.weight_global_scale"], out[f"{name}.input_global_scale"] = global_to_ct(g), torch.ones(1)
         else:
