@@ -9,12 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..formats.constants import MXFP4_GROUP, NVFP4_GROUP
-
-if TYPE_CHECKING:  # the table (core/source_formats.py) reads Quant from here
-    from .source_formats import SourceFormat
 
 __all__ = ["Quant", "Role", "TensorRef", "Projection", "Checkpoint", "MoeLayer", "moe_layers"]
 
@@ -109,7 +105,7 @@ class Projection:
 class Checkpoint:
     """What the reader knows about a checkpoint directory from config files and headers alone."""
     root: Path
-    format: SourceFormat
+    format: object  # its row of the source-format table (core/source_formats.py SourceFormat), which imports this module
     config: dict
     hf_quant_config: dict | None
     tensors: dict[str, TensorRef]  # every tensor, in file order
