@@ -200,15 +200,16 @@ def _layer(make, prefix, roles=("gate_proj", "up_proj", "down_proj")):
 
 
 @pytest.mark.parametrize("where", ["config.json", "hf_quant_config.json"])
-def test_modelopt_mxfp4_export_reads_as_mxfp4(where):
-    """MXFP4_MLP_WEIGHT_ONLY_CFG: both files say quant_algo "mxfp4" (lower case); was a contradiction that blamed
-    a correct config."""
-    block = {"quant_method": "modelopt", "quant_algo": "mxfp4", "producer": {"name": "modelopt"}}
+@pytest.mark.parametrize("algo", ["mxfp4", "W4A16_MXFP4"])
+def test_modelopt_mxfp4_export_reads_as_mxfp4(where, algo):
+    """MXFP4_MLP_WEIGHT_ONLY_CFG: ModelOpt 0.47 writes quant_algo "mxfp4" (lower case) in both files, 0.48
+    "W4A16_MXFP4" (issue #35); each was a contradiction that blamed a correct config."""
+    block = {"quant_method": "modelopt", "quant_algo": algo, "producer": {"name": "modelopt"}}
     config = {"quantization_config": block} if where == "config.json" else {}
-    hfq = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "mxfp4"}}
+    hfq = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": algo}}
     tensors = _layer(_mxfp4_modelopt, "model.layers.0.mlp.experts")
     fmt, reason = detect_format(config, hfq, tensors)
-    assert fmt is ROWS["mxfp4-modelopt-hf"] and "mxfp4" in reason
+    assert fmt is ROWS["mxfp4-modelopt-hf"] and algo.lower() in reason
     ps = group_projections(fmt, config, tensors)
     assert {p.quant for p in ps} == {Quant.MXFP4} and len(ps) == 6 and all(p.group_size == 32 for p in ps)
 
