@@ -145,7 +145,7 @@ def _check_args(fmt, layers, experts, hidden, intermediate, shards, hash_layers,
             problems.append(f"--{label} must be a positive multiple of 32 (the MXFP4 block), got {value}")
     if not 0 <= hash_layers <= layers:
         problems.append(f"hash_layers must be in [0, {layers}], got {hash_layers}")
-    dsv4 = [f for f in synth_formats() if source_format(f).synth.tree == "deepseek-v4"]
+    dsv4 = sorted(f for f in synth_formats() if source_format(f).synth.tree == "deepseek-v4")
     if mtp and fmt not in dsv4:
         problems.append(f"--mtp needs a DeepSeek-V4 format ({', '.join(dsv4)}), not {fmt}")
     if dtype not in (torch.bfloat16, torch.float16):
