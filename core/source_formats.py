@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from . import detectors
 from .tensor_model import Quant
 
-__all__ = ["FORMATS", "MULTIPLIER", "RECIPROCAL", "GlobalRule", "SourceFormat", "SynthSpec", "Suffixes",
+__all__ = ["FORMATS", "MULTIPLIER", "RECIPROCAL", "GlobalRule", "SourceFormat", "SynthSpec", "Suffixes", "global_rule_of",
            "reciprocal_global", "source_format", "synth_formats",
            "tensor_suffixes"]
 
@@ -162,6 +162,13 @@ def tensor_suffixes() -> Suffixes:
     rows = [r.suffixes for r in FORMATS.values() if r.suffixes is not None and not r.converted]
     return Suffixes(*(tuple(dict.fromkeys(getattr(s, part) for s in rows if getattr(s, part)))
                       for part in ("weight", "scale", "global_scale", "input_scale")))
+
+
+def global_rule_of(tensor: str) -> GlobalRule | None:
+    """The global-scale rule of the source row whose global suffix ends `tensor` (a projection read without
+    its checkpoint's format)."""
+    return next((r.global_rule for r in FORMATS.values() if r.suffixes and r.suffixes.global_scale
+                 and not r.converted and tensor.endswith("." + r.suffixes.global_scale)), None)
 
 
 def reciprocal_global(name: str) -> bool:

@@ -157,3 +157,10 @@ def test_no_format_branch_outside_the_table():
 def test_the_branch_finder_sees_a_made_up_branch(line):
     assert len(format_branches(line, frozenset(FORMATS))) == 1
     assert format_branches("row = source_format(fmt)\nif row.global_rule.reciprocal:\n    pass", frozenset(FORMATS)) == []
+
+
+def test_the_docs_list_every_row():
+    """docs/INSPECT.md's `format` field lists the table's names, no more and no fewer."""
+    line = next(t for t in (ROOT / "docs" / "INSPECT.md").read_text().splitlines() if t.startswith("| `format` |"))
+    named = {n for n in line.split("`")[1::2] if n == "marlin" or n.startswith(("nvfp4-", "mxfp4-"))}
+    assert named == set(FORMATS)
