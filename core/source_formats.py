@@ -90,6 +90,9 @@ class SourceFormat:
     def __str__(self) -> str:
         return self.value
 
+    def __repr__(self) -> str:
+        return f"SourceFormat({self.value!r})"
+
     def __reduce__(self):  # worker processes get the row by name, from the table they import
         return source_format, (self.value,)
 
