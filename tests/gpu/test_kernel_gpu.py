@@ -18,7 +18,7 @@ from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.formats.marlin.scales import unpermute_scale_columns
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
-from tests.helpers.kernel_cli import MODULE, needs_kernels, run_cli
+from tests.helpers.kernel_cli import PROVIDER, TARGETS, needs_kernels, run_cli
 from tests.helpers.kernel_cli import edit as _edit
 from tests.helpers.kernel_cli import kernel as _kernel
 from tests.helpers.kernel_cli import record as _record
@@ -29,11 +29,11 @@ pytestmark = needs_kernels
 
 @pytest.fixture(scope="session")
 def module_path():
-    return MODULE
+    return PROVIDER
 
 
 FORMATS = ("nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-dsv4", "mxfp4-ct", "mxfp4-gptoss")
-CASES = [(f, t, a) for f in FORMATS for t in ("vllm", "sglang") for a in ("bfloat16", "float16")
+CASES = [(f, t, a) for f in FORMATS for t in TARGETS for a in ("bfloat16", "float16")
          if not (f.startswith("mxfp4") and a == "float16")]  # no fp16 MXFP4 Marlin kernel in either engine
 
 
@@ -114,9 +114,10 @@ CONTROLS = {
 }
 
 
-@pytest.mark.parametrize("fmt,target,act", [("nvfp4-modelopt-dsv4", "vllm", "bfloat16"),
-                                            ("nvfp4-ct", "sglang", "float16"),
-                                            ("mxfp4-dsv4", "sglang", "bfloat16")])
+@pytest.mark.parametrize("fmt,target,act", [c for c in [("nvfp4-modelopt-dsv4", "vllm", "bfloat16"),
+                                                          ("nvfp4-modelopt-dsv4", "sglang", "bfloat16"),
+                                                          ("nvfp4-ct", "sglang", "float16"),
+                                                          ("mxfp4-dsv4", "sglang", "bfloat16")] if c[1] in TARGETS])
 @pytest.mark.parametrize("control", sorted(CONTROLS))
 def test_kernel_fails_on_broken_output(sources, module_path, tmp_path, fmt, target, act, control):
     if control == "global-not-rescaled" and fmt.startswith("mxfp4"):
