@@ -48,7 +48,7 @@ class Doctor:
 def _gpus(d: Doctor) -> None:
     import torch
     d.torch = {"version": torch.__version__, "cuda": torch.version.cuda,
-               "cuda_available": bool(torch.cuda.is_available())}
+               "cuda_available": bool(torch.cuda.is_available()), "threads": torch.get_num_threads()}
     if not torch.cuda.is_available():
         d.findings.append("no CUDA GPU is usable here (" + ("this torch has no CUDA" if torch.version.cuda is None
                                                             else "none visible") + "): this machine cannot serve")

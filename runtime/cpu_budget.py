@@ -16,8 +16,13 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["BYTES_PER_THREAD", "BYTES_PER_WORKER", "auto_workers", "cgroup_cpu_quota", "job_threads",
-           "parse_cpu_max", "physical_cores", "usable_cpus"]
+__all__ = ["BYTES_PER_THREAD", "BYTES_PER_WORKER", "LIBRARY_THREAD_VARS", "auto_workers", "bound_library_threads",
+           "cgroup_cpu_quota", "job_threads", "parse_cpu_max", "physical_cores", "usable_cpus"]
+
+# the thread pools of the libraries a command may import (torch's OpenMP pool, MKL, numba) size themselves
+# from these, read once at their import; unset, each takes the machine's cores, not the budget (OpenBLAS:
+# one thread, cli/main.py)
+LIBRARY_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 BYTES_PER_WORKER = 128 << 20  # below this much work per worker, another process is not worth starting
 BYTES_PER_THREAD = 32 << 20  # below this much work per thread, another repack thread is not worth waking
@@ -95,3 +100,12 @@ def job_threads(workers: int, job_bytes: int | None) -> int:
         return 1
     cap = usable_cpus()
     return cap if job_bytes is None else max(1, min(cap, 1 + job_bytes // BYTES_PER_THREAD))
+
+
+def bound_library_threads() -> None:
+    """At CLI start, before any of those libraries is imported: their pools get the usable CPUs, not every
+    core of the machine (torch under `taskset -c 0` would otherwise start a thread per physical core). A value
+    the user set wins."""
+    n = str(usable_cpus())
+    for var in LIBRARY_THREAD_VARS:
+        os.environ.setdefault(var, n)

@@ -31,7 +31,9 @@ BUILDS=$VERSIONS
 OUTDIR=$(realpath -m "${OUT:-gpu-results}")
 mkdir -p "$OUTDIR"
 t0=$SECONDS
-if [[ -n "${SGLANG_JIT_CACHE_SEED:-}" && -f "$SGLANG_JIT_CACHE_SEED" ]]; then
+# default seed: the cache the equipment folder carries from an earlier device run (a stale one is only rebuilt)
+: "${SGLANG_JIT_CACHE_SEED:=$(ls "$ROOT/${KERNELS[sglang]}"/jit-cache-*.tgz 2>/dev/null | head -1)}"
+if [[ " $BUILDS " == *" sglang "* && -n "$SGLANG_JIT_CACHE_SEED" && -f "$SGLANG_JIT_CACHE_SEED" ]]; then
   mkdir -p "$SGLANG_JIT_CACHE_DIR" && tar xzf "$SGLANG_JIT_CACHE_SEED" -C "$SGLANG_JIT_CACHE_DIR"
 fi
 for v in $BUILDS; do  # the builds run in parallel (about 70 s for both vLLM ones on 16 cores, 250 s for SGLang's)

@@ -16,6 +16,7 @@ import pytest
 
 from dsv4_convert.runtime.cpu_budget import (
     BYTES_PER_THREAD,
+    LIBRARY_THREAD_VARS,
     cgroup_cpu_quota,
     job_threads,
     parse_cpu_max,
@@ -80,6 +81,9 @@ def test_under_taskset_the_tool_sizes_itself_for_one_cpu(tmp_path):
     pinned = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", probe], capture_output=True, text=True,
                             check=True).stdout.split()
     assert pinned == ["1", "1", "1", "1"]
+    env = {k: v for k, v in os.environ.items() if k not in LIBRARY_THREAD_VARS}
+    doctor = subprocess.run(["taskset", "-c", "0", *CLI, "doctor", "--json"], capture_output=True, text=True, env=env)
+    assert json.loads(doctor.stdout)["torch"]["threads"] == 1  # torch's pool: the one CPU given
     run_cli("synth", tmp_path / "src", "-q")
     for prefix in (["taskset", "-c", "0"], []):
         proc = subprocess.run([*prefix, *CLI, "nvfp4-to-marlin", str(tmp_path / "src"), str(tmp_path / "out"),
