@@ -69,9 +69,12 @@ run_version() {  # one pytest process per build, in parallel: the cases are smal
   export DSV4_MARLIN_MODULE DSV4_GPU_RESULTS="$OUTDIR/$v/gpu_results.jsonl"
   rm -f "$DSV4_GPU_RESULTS"
   echo "[gpu] $v kernels: ${DSV4_KERNEL_ENGINE:-$DSV4_MARLIN_MODULE}"
-  # --import-mode=append: the root (tests/ is a package) goes after the package view on sys.path
+  # --import-mode=append: the root (tests/ is a package) goes after the package view on sys.path;
+  # --dist loadgroup (with -n): a module whose fixture runs many CLI processes stays on one worker (xdist_group)
+  local dist=()
+  [[ " $* " == *" -n "* || " $* " == *" --numprocesses"* ]] && dist=(--dist loadgroup)
   python3 -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=append --rootdir "$ROOT" \
-    --basetemp "/tmp/gpu-tests-$v" "${tests[@]}" "$@"
+    --basetemp "/tmp/gpu-tests-$v" "${dist[@]}" "${tests[@]}" "$@"
 }
 declare -A pids
 for v in $VERSIONS; do

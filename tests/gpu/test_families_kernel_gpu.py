@@ -21,7 +21,9 @@ import pytest
 from dsv4_convert.synth import SYNTH_FAMILIES
 from tests.helpers.kernel_cli import KERNELS, PROVIDER, TARGETS, kernel, needs_kernels, record, run_cli, status
 
-pytestmark = needs_kernels
+# one xdist worker for the module: its fixture converts and validates every family (8 CLI processes at a time);
+# spread over 14 workers, each built the whole fixture, 112 CLI processes at once (load 350-400, issue 36)
+pytestmark = [needs_kernels, pytest.mark.xdist_group("families")]
 
 CASES = [(family, fmt, target) for family, formats in SYNTH_FAMILIES.items() for fmt in formats
          for target in TARGETS]

@@ -72,9 +72,11 @@ def test_sglang_and_vllm_kernels_on_the_same_sglang_bytes(tmp_path, fmt, act):
     record(sglang_vs_vllm=f"{fmt}/{act}", sglang_rel_max=float(rs.max()), vllm_rel_max=float(rv.max()),
            sglang_vs_vllm_rel_max=float(rsv.max()), bitwise_equal_fraction=same, provider=sglang.name)
     assert float(rs.max()) <= KERNEL_REL_ERROR_MAX[act] and float(rv.max()) <= KERNEL_REL_ERROR_MAX[act]
-    # the same bytes through two builds of the same Marlin code: only the global's product differs (SGLang: in
-    # the activation dtype, vLLM: fp32), far below the quantisation error
-    assert float(rsv.max()) <= KERNEL_REL_ERROR_MAX[act] / 4
+    # the same bytes through two builds of the same Marlin code: only the global's product differs (SGLang
+    # multiplies the output, already rounded to the activation dtype, by the global in that dtype, __hmul2;
+    # vLLM multiplies in fp32 before its one rounding): one more rounding, about 2**-9 (bf16) / 2**-12 (fp16)
+    # relative per element, below the quantisation error
+    assert float(rsv.max()) <= KERNEL_REL_ERROR_MAX[act] / 2
     if fmt.startswith("mxfp4"):  # no global: the same arithmetic
         assert same == 1.0
 
