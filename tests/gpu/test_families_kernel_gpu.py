@@ -3,7 +3,8 @@ Marlin kernels of the vLLM release named by DSV4_MARLIN_MODULE (tests/gpu/run.sh
 vLLM 0.33.0's build and once with 0.34.0's: their op schemas differ, 26 vs 25 GEMM arguments).
 
 Substitutions: the engine is the test build of vLLM's Marlin kernels (../shared/marlin-kernels[-0.34],
-sources unchanged; the device has no vLLM or sgl_kernel), loaded through --kernel-provider module:PATH.
+sources unchanged; the device has no vLLM), loaded through --kernel-provider module:PATH; or SGLang 0.5.23's own JIT ops
+(--kernel-provider sglang, the test build of its wheel's sources: tests/gpu/run.sh VERSIONS=sglang).
 Sources are `dsv4-convert synth --family F --format X` replicas (real names and configs, shrunk sizes),
 converted by the real CLI; `--allow-unservable` only where the converter's gate refuses the family.
 Nemotron-H (non-gated relu2 experts, served) runs w13 as the up projection alone (N = I), w2, and each layer

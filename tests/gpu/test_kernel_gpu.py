@@ -1,7 +1,8 @@
 """validate --kernel on the GPU with vLLM 0.33.0's real Marlin kernels (the `module` provider).
 
 Substitutions: the engine is the test build of vLLM 0.33.0's Marlin kernels (../shared/marlin-kernels,
-sources unchanged; the device has no vLLM or sgl_kernel), loaded through --kernel-provider module:PATH.
+sources unchanged; the device has no vLLM), loaded through --kernel-provider module:PATH; or SGLang 0.5.23's own JIT ops
+(--kernel-provider sglang, the test build of its wheel's sources: tests/gpu/run.sh VERSIONS=sglang).
 Checkpoints are `dsv4-convert synth` outputs converted by the real CLI; broken outputs are made by
 editing the converted safetensors files (each edit is one defect a converter could make).
 """

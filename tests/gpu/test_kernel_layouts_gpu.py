@@ -3,7 +3,7 @@ and the engine's own rounding of an NVFP4 global, with vLLM 0.33.0's real Marlin
 
 Substitutions: as tests/gpu/test_kernel_gpu.py: the engine is the test build of vLLM 0.33.0's Marlin
 kernels (../shared/marlin-kernels, loaded through --kernel-provider module:PATH; the device has no
-vLLM or sgl_kernel); checkpoints are `synth` outputs converted by the real CLI. Broken layouts are made
+vLLM or SGLang; the SGLang build runs SGLang's own ops: tests/gpu/run.sh); checkpoints are `synth` outputs converted by the real CLI. Broken layouts are made
 by editing converted files: two ranks' blocks swapped (rank block geometry by plain index arithmetic
 from the recorded tp_layout, not with formats/padded_layout.py, the code under test), or one expert
 re-encoded by the project's CPU codec from a source matrix padded at the FRONT of each rank block.
