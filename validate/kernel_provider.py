@@ -99,7 +99,9 @@ class KernelProvider:
 
 def _build_error(p: KernelProvider, e: Exception) -> KernelBuildError:
     jit = p.ops.jit
-    tail = " | ".join(line.strip() for line in str(e).strip().splitlines()[-6:] if line.strip())
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    errors = [line for line in lines[1:] if "error" in line.lower()]  # the compiler's own words, where it said any
+    tail = " | ".join(lines[:1] + (errors or lines[1:])[-4:])[:1200]
     return KernelBuildError(
         f"{p.name} compiles its Marlin MoE kernel on first use ({', '.join(p.ops.sources)} in the {p.ops.dist} "
         f"package), and that build failed on this machine: {type(e).__name__}: {tail}",

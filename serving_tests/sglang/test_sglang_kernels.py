@@ -113,3 +113,30 @@ def test_doctor_fails_clearly_where_sglang_could_not_build_its_kernel(tmp_path):
     assert f"there is none at {tmp_path / 'cuda'}/bin/nvcc" in text and "install the CUDA toolkit" in text
     if not jit["needs"]["sgl_kernel"]:
         assert "needs sgl_kernel, which is not installed here" in text
+
+
+@pytest.mark.slow
+def test_a_jit_build_that_fails_is_the_typed_kernel_build_error(tmp_path, monkeypatch):
+    """SGLang's real op and loader, on this CPU machine: its JIT finds no GPU (target compute_00) and its build
+    fails; validate's provider turns that into KernelBuildError with what failed and what to install (validate
+    reports it as the kernel.build finding), never a traceback.
+    Substitution: the weight type is a stand-in with an `id` (sgl_kernel is not installed in this CPU venv; the
+    build fails before SGLang reads it)."""
+    import torch
+
+    from dsv4_convert.validate.kernel_provider import KernelBuildError, KernelProvider, _op
+    monkeypatch.setenv(K.jit.cache_env, str(tmp_path / "cache"))
+    gemm, names = _op(K.gemm)
+    provider = KernelProvider("sglang 0.5.23 (JIT)", gemm, names, None, (), type("T", (), {"id": 0})(),
+                              dict(K.renames), dict(K.fixed), "act", K)
+    i32 = dict(dtype=torch.int32)
+    with pytest.raises(KernelBuildError) as e:
+        provider.moe_gemm(
+            a=torch.zeros(16, 128, dtype=torch.bfloat16), c_or_none=None, b_q_weight=torch.zeros(1, 8, 128, **i32),
+            b_bias_or_none=None, b_scales=torch.zeros(1, 8, 64, dtype=torch.uint8), global_scale=None,
+            b_zeros_or_none=None, g_idx_or_none=None, perm_or_none=None, is_ep=False, workspace=torch.zeros(4, **i32), sorted_token_ids=torch.zeros(16, **i32),
+            expert_ids=torch.zeros(1, **i32), num_tokens_past_padded=torch.tensor([16], **i32),
+            topk_weights=torch.ones(16, 1), moe_block_size=16, top_k=1, mul_topk_weights=False, b_type=provider.fe2m1,
+            size_m=16, size_n=64, size_k=128, use_atomic_add=False, use_fp32_reduce=False, is_zp_float=False)
+    assert "moe_wna16_marlin.cuh" in e.value.message and "build failed on this machine" in e.value.message
+    assert "install a CUDA toolkit" in e.value.hint and "dsv4-convert doctor" in e.value.hint

@@ -93,3 +93,12 @@ def test_a_missing_argument_names_it():
 
 def test_a_torch_ops_names_come_from_its_registered_schema():
     assert schema_names(torch.ops.aten.addmm) == ("self", "mat1", "mat2", "beta", "alpha")
+
+
+def test_a_failed_jit_build_is_one_kernel_build_finding_with_its_fix():
+    from dsv4_convert.validate.checks.kernel import KernelCase, kernel_build
+    case = KernelCase("0", "w13", "bfloat16", "sglang 0.5.23 (JIT)", "source")
+    assert list(kernel_build(case, None)) == []
+    case.build_error = ("sglang 0.5.23 (JIT) compiles its Marlin MoE kernel on first use ... failed", "install nvcc")
+    (f,) = kernel_build(case, None)
+    assert f.message.endswith("failed. Fix: install nvcc") and f.layer == "0"
