@@ -48,7 +48,7 @@ from .kernel_moe import (
     run_layer,
     run_stack,
 )
-from .kernel_provider import select_provider
+from .kernel_provider import KernelBuildError, select_provider
 from .kernel_shapes import kernel_layouts
 from .runner import rescale_factors, resolve_options
 
@@ -218,13 +218,22 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                     continue  # the engines have no fp16 MXFP4 Marlin kernel (quant_config.mxfp4_act_dtype)
                 case = KernelCase(layer, stack, opts.act_dtype, provider.name, kind)
                 t0 = time.monotonic()
-                if stack == _LAYER:
-                    case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.act_dtype]
-                    _run_layer(layer_prep, experts, members, case, opts, kopts, dev)
-                else:
-                    _run_stack(layer_prep, experts, members, roles, case, opts, kopts, dev)
+                try:
+                    if stack == _LAYER:
+                        case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.act_dtype]
+                        _run_layer(layer_prep, experts, members, case, opts, kopts, dev)
+                    else:
+                        _run_stack(layer_prep, experts, members, roles, case, opts, kopts, dev)
+                except KernelBuildError as e:  # nothing can run: one finding, the rest not run
+                    case.build_error = (e.message, e.hint)
+                    report.results += [Result(c.id, f) for c in checks if c.id == "kernel.build" for f in c(case, opts)]
+                    report.ran.add("kernel.build")
+                    report.notes.append("kernel checks stopped: the engine could not build its Marlin kernel here")
+                    return
                 report.results += [Result(c.id, f) for c in checks for f in c(case, opts)]
-                report.ran |= {c.id for c in checks if c.id != "kernel.repack" or case.repack}
+                jit = provider.ops is not None and provider.ops.jit is not None
+                report.ran |= {c.id for c in checks if (c.id != "kernel.repack" or case.repack)
+                               and (c.id != "kernel.build" or jit)}
                 worst = sorted(case.rel.items(), key=lambda t: -t[1])[:5]
                 report.kernel.append({"layer": layer, "projection": stack, "experts": len(case.rel),
                                       "max_rel_error": worst[0][1] if worst else None,
