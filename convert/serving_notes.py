@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
 from ..core.mtp import copied_mtp_layers
 from ..core.tensor_model import Quant
+from ..core.version import install_sentence
 from .plan import ConvertPlan
 
 __all__ = ["serving_markdown"]
@@ -42,7 +43,7 @@ built for SM100. Marlin (4-bit weights, 16-bit activations) is the tensor-core p
 Force it with `{flag}`, so that the engine does not auto-select a backend that fails late.
 
 ## Launch
-1. Install the plugin into the server's environment: `pip install dsv4-convert`. It registers the
+1. Install the plugin into the server's environment: {install_sentence()}. It registers the
    `{QUANT_METHOD}` quantization method through the engine's plugin entry point. Pass no
    `--quantization` flag: the engine reads `quant_method: {QUANT_METHOD}` from config.json.
 2. Start {t.engine} in the folder that holds this checkpoint's folder (elsewhere, give its absolute path;

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..core.version import install_command
 from .jobs import RunDir, one_thread_per_job
 
 __all__ = ["ExecutorSpec", "LocalExecutor", "auto_workers", "make_executor", "physical_cores", "refuse_device"]
@@ -163,6 +164,6 @@ def make_executor(spec: ExecutorSpec, workers: int, bar=None, *, max_in_flight: 
         import ray  # noqa: F401
     except ImportError:
         raise UsageError("--executor ray needs Ray, which is not installed", error_id="usage.ray_missing",
-                         hint="pip install 'dsv4-convert[ray]' (on every node of the cluster)") from None
+                         hint=f"{install_command('ray')} (on every node of the cluster)") from None
     from .ray_executor import RayExecutor
     return RayExecutor(spec.address, bar, max_in_flight=max_in_flight)

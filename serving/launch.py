@@ -25,6 +25,7 @@ from ..core.mtp import draft_bytes
 from ..core.served import checkpoint_refusal
 from ..core.structure import model_dims
 from ..core.tensor_model import Checkpoint, SourceFormat
+from ..core.version import install_sentence
 from ..formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 
 __all__ = [
@@ -280,7 +281,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                          "release listed, or convert the source again without --w4a8")
     if shape.converted:
         reasoning.append("a dsv4-convert checkpoint needs the dsv4-convert plugin in the server's environment "
-                         "(`pip install dsv4-convert`; no --quantization flag: the engine reads quant_method "
+                         f"({install_sentence()}; no --quantization flag: the engine reads quant_method "
                          f"{QUANT_METHOD} from config.json); check the log for "
                          f"`{registration_log_line(engine, ENGINES[engine].version)}`")
     if chosen is not None:
