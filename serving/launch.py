@@ -22,6 +22,7 @@ from ..core.engines import (
     registration_log_line,
 )
 from ..core.mtp import draft_bytes
+from ..core.parallel_rules import split_dims, split_refusals
 from ..core.served import checkpoint_refusal
 from ..core.structure import model_dims
 from ..core.tensor_model import Checkpoint, SourceFormat
@@ -69,6 +70,8 @@ class ModelShape:
     not_served: dict = field(default_factory=dict)
     roles: int = 3  # projections per expert: 3 gated (gate, up, down), 2 non-gated (Nemotron-H: up, down)
     draft_bytes: int = 0  # copied MTP (draft) layers (core/mtp.py): loaded only for speculative decoding
+    # engine -> what its TP divisibility rules read from config.json (core/parallel_rules.py): heads, KV heads, ...
+    split_dims: dict = field(default_factory=dict)
 
 
 def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
@@ -104,6 +107,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       converted=ckpt.format is SourceFormat.MARLIN, converted_for=record.target_engine if record else None,
                       converted_layout=layout, w4a8=bool(record and record.w4a8),
                       roles=len({p.role for p in ckpt.projections}) or 3,
+                      split_dims={e: split_dims(ckpt.config, e) for e in ENGINES},
                       not_served={e: checkpoint_refusal(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e)
                                   for e in ENGINES})
 
@@ -226,6 +230,9 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
             fits = loads and kv >= MIN_KV_GIB
             reasons = []
             fixed = shape.converted_layout
+            refused = split_refusals(shape.split_dims.get(engine, {}), tp)
+            if refused:  # the engine refuses the whole model at this TP, whatever the experts allow
+                reasons.append(f"{engine} refuses TP {tp} for this model: {'; '.join(refused)}")
             if fixed is not None and (tp, ep) != fixed:
                 reasons.append(f"converted for TP {fixed[0]} / EP {fixed[1]} only (quantization_config.tp_layout)")
             elif not tiles.servable:
@@ -245,6 +252,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                 valid = (tp, ep) == fixed and tiles.servable and fits
             else:
                 valid = (tiles.ok if shape.converted else tiles.servable) and fits
+            valid = valid and not refused
             candidates.append(ConfigVerdict(tp, ep, tiles, weights, repack, kv, fits, valid, reasons, grow))
     usable = [c for c in candidates if c.valid]
     chosen = max(usable, key=lambda c: (c.tp, c.tiles.ok, -c.ep), default=None)
@@ -257,6 +265,9 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                      "need (N%64, K%128) or "
                      f"(N%128, K%64), and I/TP % {group} == 0; with EP each expert stays whole on one rank "
                      "(MoE TP = TP / EP)")
+    if dims := shape.split_dims.get(engine):
+        reasoning.append(f"{engine} splits over TP: " + ", ".join(f"{v} {k}" for k, v in dims.items())
+                         + " (heads divisible by TP, KV heads and TP one dividing the other: core/parallel_rules.py)")
     reasoning.append(f"memory per GPU = weights / TP + activations {ACTIVATION_GIB:g} + CUDA graphs "
                      f"{CUDA_GRAPH_GIB:g} + runtime {RUNTIME_GIB:g} GiB; the rest is KV cache (need >= "
                      f"{MIN_KV_GIB:g} GiB)" + ("" if shape.converted else "; loading a source checkpoint also "
