@@ -11,7 +11,6 @@ from pathlib import Path
 from ..core.engines import MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
 from ..core.errors import ContentError
 from ..core.files import CONFIG, HF_QUANT_CONFIG, shard_name
-from ..core.parallel_rules import split_dims, split_refusals
 from ..core.served import refusal, source_block
 from ..core.structure import RULES as STRUCTURE_RULES
 from ..core.structure import model_dims
@@ -170,11 +169,6 @@ def _split_list(verdicts: dict[tuple[int, int], list[RankTiles]]) -> str:
 def layout_tiles(ckpt: Checkpoint, engine: str, tp: int, ep: int) -> dict[str, RankTiles]:
     """`--tp/--ep`: container -> the tile rule's verdict at that split. Raises convert.layout_impossible,
     before any work, when some experts layer cannot be served there even with the engine's padding."""
-    refused = split_refusals(split_dims(ckpt.config, engine), tp)
-    if refused:  # the engine refuses the whole model at this TP: padded experts for it would never load
-        raise ContentError(f"{engine} refuses TP {tp} for this model at launch: {'; '.join(refused)}",
-                           error_id="convert.split_refused", file="config.json",
-                           hint="pick a --tp the engine accepts; `dsv4-convert plan` lists the splits and why")
     tiles = _verdicts(ckpt, engine, tp, ep)
     bad = next((v for v in tiles.values() if v.status == IMPOSSIBLE), None)
     if bad is not None:
