@@ -165,12 +165,12 @@ def _tp_layout_problems(tl, experts: dict, engine: str | None) -> list[Problem]:
         if name not in experts:
             out.append(Problem(EXPERTS_MAP, f"tp_layout.containers[{name!r}] is not listed in experts"))
         elif not isinstance(c, dict) or c.get("status") not in (OK, PAD) or not all(
-                _is_int(c.get(k)) and c[k] > 0 for k in LAYOUT_KEYS):
-            out.append(Problem(TP_LAYOUT, f"tp_layout.containers[{name!r}] needs status ok|pad and positive "
-                               f"integer {', '.join(LAYOUT_KEYS)}"))
+                _is_int(c.get(k)) and c[k] > 0 for k in LAYOUT_KEYS) or not isinstance(c.get("gated", True), bool):
+            out.append(Problem(TP_LAYOUT, f"tp_layout.containers[{name!r}] needs status ok|pad, positive "
+                               f"integer {', '.join(LAYOUT_KEYS)} and gated true|false when present"))
         elif not out and engine is not None and experts[name] in FORMATS:
             v = moe_rank_tiles(experts[name], engine_facts(engine).padding, hidden=c["hidden"], intermediate=c["intermediate"],
-                               tp=tl["tp"], ep=tl["ep"])
+                               tp=tl["tp"], ep=tl["ep"], gated=c.get("gated", True))
             got = (c["status"], c["i_shard"], c["i_pad"], c["h_pad"])
             if got != (v.status, v.i_shard, v.i_pad, v.h_pad):
                 out.append(Problem(TP_LAYOUT, f"tp_layout.containers[{name!r}] records (status, i_shard, i_pad, "

@@ -23,27 +23,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .engines import ENGINES, engine_facts
+
 __all__ = ["SPLIT_RULES", "SplitRule", "split_dims", "split_refusals"]
 
 
 @dataclass(frozen=True, slots=True)
 class SplitRule:
     what: str  # what the engine splits, for messages
-    keys: dict  # engine -> the config.json keys it reads (first present wins), "*" for every engine
+    keys: tuple[str, ...]  # the config.json keys every engine reads (first present wins)
     check: str  # "divides": value % TP == 0; "either": value % TP == 0 or TP % value == 0;
     #             "divides_or_one": value % TP == 0 or value == 1
     default: int | None = None  # the engine's default when no key is present (None: the rule does not apply)
     unless: str | None = None  # a config key whose presence switches the rule off (MLA: kv_lora_rank)
+    engine_key: str | None = None  # an EngineFacts field naming the key instead, where the engines differ
+
+    def keys_of(self, engine: str) -> tuple[str, ...]:
+        return (getattr(engine_facts(engine), self.engine_key),) if self.engine_key else self.keys
 
     def value(self, config: dict, engine: str) -> int | None:
         for c in (config.get("text_config") or {}, config):  # a multimodal config's text model wins
             if not isinstance(c, dict) or (self.unless and c.get(self.unless) is not None):
                 continue
-            for k in self.keys.get(engine, self.keys.get("*", ())):
+            for k in self.keys_of(engine):
                 v = c.get(k)
                 if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                     return v
-        return self.default if _has_any(config, self.keys) else None
+        every = {k for e in ENGINES for k in self.keys_of(e)}  # the model has the part when some engine's key is there
+        return self.default if _has_any(config, every) else None
 
     def holds(self, value: int, tp: int) -> bool:
         if self.check == "either":
@@ -53,19 +60,17 @@ class SplitRule:
         return value % tp == 0
 
 
-def _has_any(config: dict, keys: dict) -> bool:
-    """The model has the component at all (a Mamba layer): some engine's key for it is in the config."""
-    names = {k for ks in keys.values() for k in ks}
-    return any(isinstance(c, dict) and names & set(c) for c in (config.get("text_config"), config))
+def _has_any(config: dict, keys: set[str]) -> bool:
+    return any(isinstance(c, dict) and keys & set(c) for c in (config.get("text_config"), config))
 
 
 SPLIT_RULES = (
-    SplitRule("attention heads", {"*": ("num_attention_heads", "n_heads")}, "divides"),
-    SplitRule("KV heads", {"*": ("num_key_value_heads",)}, "either", unless="kv_lora_rank"),
-    SplitRule("linear-attention key heads", {"*": ("linear_num_key_heads",)}, "divides"),
-    SplitRule("linear-attention value heads", {"*": ("linear_num_value_heads",)}, "divides"),
-    SplitRule("Mamba-2 heads", {"*": ("mamba_num_heads",)}, "divides"),
-    SplitRule("Mamba-2 groups", {"vllm": ("n_groups",), "sglang": ("mamba_n_groups",)}, "divides_or_one", default=8),
+    SplitRule("attention heads", ("num_attention_heads", "n_heads"), "divides"),
+    SplitRule("KV heads", ("num_key_value_heads",), "either", unless="kv_lora_rank"),
+    SplitRule("linear-attention key heads", ("linear_num_key_heads",), "divides"),
+    SplitRule("linear-attention value heads", ("linear_num_value_heads",), "divides"),
+    SplitRule("Mamba-2 heads", ("mamba_num_heads",), "divides"),
+    SplitRule("Mamba-2 groups", (), "divides_or_one", default=8, engine_key="mamba_groups_key"),
 )
 
 

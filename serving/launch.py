@@ -25,7 +25,7 @@ from ..core.mtp import draft_bytes
 from ..core.parallel_rules import split_dims, split_refusals
 from ..core.served import checkpoint_refusal
 from ..core.structure import model_dims
-from ..core.tensor_model import Checkpoint, SourceFormat
+from ..core.tensor_model import Checkpoint, SourceFormat, gated_experts
 from ..core.version import install_sentence
 from ..formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 
@@ -69,6 +69,7 @@ class ModelShape:
     # engine -> why its plugin is not proven to serve this model once converted (core/served.py), None: served
     not_served: dict = field(default_factory=dict)
     roles: int = 3  # projections per expert: 3 gated (gate, up, down), 2 non-gated (Nemotron-H: up, down)
+    gated: bool = True  # the tile rule's w13: gate | up, or up alone (core/tensor_model.py gated_experts)
     draft_bytes: int = 0  # copied MTP (draft) layers (core/mtp.py): loaded only for speculative decoding
     # engine -> what its TP divisibility rules read from config.json (core/parallel_rules.py): heads, KV heads, ...
     split_dims: dict = field(default_factory=dict)
@@ -107,6 +108,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       converted=ckpt.format is SourceFormat.MARLIN, converted_for=record.target_engine if record else None,
                       converted_layout=layout, w4a8=bool(record and record.w4a8),
                       roles=len({p.role for p in ckpt.projections}) or 3,
+                      gated=gated_experts(p.role for p in ckpt.projections) or not ckpt.projections,
                       split_dims={e: split_dims(ckpt.config, e) for e in ENGINES},
                       not_served={e: checkpoint_refusal(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e)
                                   for e in ENGINES})
@@ -217,7 +219,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
     for tp in (t for t in (1, 2, 4, 8, 16) if t <= gpus):
         for ep in sorted({1, tp}):
             tiles = moe_rank_tiles(shape.quant, engine_facts(engine).padding, hidden=shape.hidden, intermediate=shape.intermediate,
-                                   tp=tp, ep=ep, experts=shape.experts)
+                                   tp=tp, ep=ep, experts=shape.experts, gated=shape.gated)
             # a source the engine pads holds padded experts per rank; a converted checkpoint's bytes are final
             grow = 1.0 if shape.converted else padding_factor(tiles)
             weights = (shape.expert_bytes * grow + shape.other_bytes) / tp / GIB
@@ -261,7 +263,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                      f"experts + {shape.other_bytes / GIB:.1f} GiB of other weights" + (
                          f"; the MTP (draft) layers' {shape.draft_bytes / GIB:.1f} GiB are not counted (loaded only "
                          "with speculative decoding)" if shape.draft_bytes else ""))
-    reasoning.append(f"tile rule per rank: w13 [N={'2*' if shape.roles == 3 else ''}I/TP, K=H] and w2 [N=H, K=I/TP] "
+    reasoning.append(f"tile rule per rank: w13 [N={'2*' if shape.gated else ''}I/TP, K=H] and w2 [N=H, K=I/TP] "
                      "need (N%64, K%128) or "
                      f"(N%128, K%64), and I/TP % {group} == 0; with EP each expert stays whole on one rank "
                      "(MoE TP = TP / EP)")
