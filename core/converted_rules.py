@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..formats.marlin.reference_scales import possible_rescale_factors
 from ..formats.tiles import GROUP_SIZE, OK, PAD, moe_rank_tiles
 from .engines import ACT_DTYPES, ENGINES, LAYOUTS, QUANT_METHOD, READABLE_FORMAT_VERSIONS, engine_facts
 
@@ -138,8 +137,12 @@ def _rescale_problem(value, fmt: str | None, layout, act_dtype) -> str | None:
     if not _is_number(value) or not math.isfinite(value) or value <= 0:
         return "expected a finite positive number"
     facts = LAYOUTS.get(layout)
-    if fmt is None or facts is None or not isinstance(act_dtype, str):
-        return None  # the container, layout or dtype is refused by its own rule
+    if value == 1 or fmt is None or facts is None or not isinstance(act_dtype, str):
+        return None  # the identity (every rescale allows it); else the container, layout or dtype has its own rule
+    # imported here: the codec module loads the compiled kernels (~0.8 s), which every command's start-up and
+    # both plugins' config parsing would otherwise pay for a record that holds only 1s
+    from ..formats.marlin.reference_scales import possible_rescale_factors
+
     if fmt != "nvfp4":
         allowed, why = frozenset({1.0}), f"{fmt} experts have no rescale"
     elif not facts.rescale:
