@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
+from dsv4_convert.core.source_formats import source_format
+from dsv4_convert.core.tensor_model import Quant, Role
 from dsv4_convert.formats.marlin.scales import marlin_to_nvfp4_global
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
 from dsv4_convert.validate.kernel_moe import Stack, dequant, reference_product, rel_errors, run_stack
@@ -38,7 +39,7 @@ def _stack(src, out, act: str) -> Stack:
     qs, ss, gs, ref = [], [], [], []
     with TensorReader(ckpt.root) as r, TensorReader(sck.root) as sr:
         for p in sorted((p for p in ckpt.projections if p.layer == "0" and p.role is Role.DOWN), key=lambda p: p.expert):
-            d = load_projection(r, p, fmt=SourceFormat.MARLIN)
+            d = load_projection(r, p, fmt=source_format("marlin"))
             w = load_projection(sr, refs[p.key], fmt=sck.format)
             kept = None
             if p.quant is Quant.NVFP4:
