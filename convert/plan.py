@@ -153,7 +153,7 @@ def _verdicts(ckpt: Checkpoint, engine: str, tp: int, ep: int, shapes: dict | No
     when the caller has them (one pass over the projections, not one per split)."""
     n = model_dims(ckpt.config)["experts"]
     return {c: moe_rank_tiles(m.quant.value, engine_facts(engine).padding, hidden=m.hidden, intermediate=m.intermediate, tp=tp, ep=ep,
-                              experts=n or m.experts)
+                              experts=n or m.experts, gated=m.gated)
             for c, m in (shapes if shapes is not None else moe_layers(ckpt.projections)).items()}
 
 

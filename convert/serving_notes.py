@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from ..core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
 from ..core.mtp import copied_mtp_layers
+from ..core.parallel_rules import split_dims, split_refusals
 from ..core.tensor_model import Quant
+from ..core.version import install_sentence
 from .plan import ConvertPlan
 
 __all__ = ["serving_markdown"]
@@ -21,7 +23,9 @@ def _w4a8_note(t) -> str:
 
 def serving_markdown(plan: ConvertPlan, out_name: str) -> str:
     t = plan.target
-    layouts = list(plan.layouts)
+    dims = split_dims(plan.checkpoint.config, t.engine)  # the engine's TP rules (heads, ...): core/parallel_rules.py
+    refused = {te: why for te in plan.layouts if (why := split_refusals(dims, te[0]))}
+    layouts = [te for te in plan.layouts if te not in refused]
     tp, ep = plan.tp_layout or max(layouts, key=lambda te: (te[0], -te[1]), default=(1, 1))
     nvfp4 = any(p.quant is Quant.NVFP4 for p in plan.projections)
     flag = ENGINES[t.engine].moe_backend_flag
@@ -42,7 +46,7 @@ built for SM100. Marlin (4-bit weights, 16-bit activations) is the tensor-core p
 Force it with `{flag}`, so that the engine does not auto-select a backend that fails late.
 
 ## Launch
-1. Install the plugin into the server's environment: `pip install dsv4-convert`. It registers the
+1. Install the plugin into the server's environment: {install_sentence()}. It registers the
    `{QUANT_METHOD}` quantization method through the engine's plugin entry point. Pass no
    `--quantization` flag: the engine reads `quant_method: {QUANT_METHOD}` from config.json.
 2. Start {t.engine} in the folder that holds this checkpoint's folder (elsewhere, give its absolute path;
@@ -50,7 +54,7 @@ Force it with `{flag}`, so that the engine does not auto-select a backend that f
 
        {launch}
 
-   {_splits(plan, layouts)}
+   {_splits(plan, layouts)}{_refused(t.engine, refused)}
    {"The activation dtype must be the one converted for (NVFP4 bytes depend on it)." if nvfp4 else ""}
 3. Check the log for the plugin's line, and that no Marlin repack of the experts is logged:
 
@@ -86,6 +90,14 @@ def _splits(plan: ConvertPlan, layouts: list[tuple[int, int]]) -> str:
             f"the experts\n   are written padded per rank exactly as {plan.target.engine} pads them "
             f"(quantization_config.tp_layout; {sizes}).\n   The plugin refuses any other --tp/--ep; for another "
             "split, convert the source again with that --tp/--ep.")
+
+
+def _refused(engine: str, refused: dict) -> str:
+    if not refused:
+        return ""
+    first = next(iter(refused.values()))
+    return (f"\n   {engine} refuses {', '.join(f'TP {t} / EP {e}' for t, e in refused)} for this model at launch "
+            f"({'; '.join(first)}), whatever the experts allow.")
 
 
 def _mtp(plan: ConvertPlan) -> str:

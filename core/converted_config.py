@@ -42,10 +42,12 @@ class ContainerLayout:
     i_pad: int
     h_pad: int
     status: str  # OK | PAD
+    gated: bool = True  # the tile rule's w13: gate | up; False (written only then): up alone (Nemotron-H)
 
     def as_dict(self) -> dict:
         return {"hidden": self.hidden, "intermediate": self.intermediate, "i_shard": self.i_shard,
-                "i_pad": self.i_pad, "h_pad": self.h_pad, "status": self.status}
+                "i_pad": self.i_pad, "h_pad": self.h_pad, "status": self.status,
+                **({} if self.gated else {"gated": False})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,7 @@ class TpLayout:
 
     @classmethod
     def from_tiles(cls, tp: int, ep: int, tiles: dict[str, RankTiles]) -> TpLayout:
-        return cls(tp, ep, {c: ContainerLayout(v.hidden, v.intermediate, v.i_shard, v.i_pad, v.h_pad, v.status)
+        return cls(tp, ep, {c: ContainerLayout(v.hidden, v.intermediate, v.i_shard, v.i_pad, v.h_pad, v.status, v.gated)
                             for c, v in tiles.items()})
 
     def as_dict(self) -> dict:
@@ -73,7 +75,7 @@ class TpLayout:
         for name, c in self.containers.items():
             if c.status == PAD:
                 out[name] = moe_rank_tiles(experts[name], engine_facts(engine).padding, hidden=c.hidden, intermediate=c.intermediate,
-                                           tp=self.tp, ep=self.ep)
+                                           tp=self.tp, ep=self.ep, gated=c.gated)
         return out
 
 
@@ -176,7 +178,7 @@ class ConvertedQuantConfig:
             source_format=cfg.get("source_format"), model_type=cfg.get("model_type"),
             layouts=tuple((d["tp"], d["ep"]) for d in cfg.get("layouts") or ()),
             tp_layout=None if tl is None else TpLayout(tl["tp"], tl["ep"], {
-                n: ContainerLayout(**{k: c[k] for k in (*LAYOUT_KEYS, "status")})
+                n: ContainerLayout(**{k: c[k] for k in (*LAYOUT_KEYS, "status")}, gated=c.get("gated", True))
                 for n, c in tl["containers"].items()}),
             packed_modules=tuple(cfg.get("packed_modules") or ()),
             producer_version=(cfg.get("producer") or {}).get("version"),

@@ -98,10 +98,9 @@ class EngineFacts:
     probe: str  # "module:function" that builds the engine's quantisation config (serving/probe.py)
     inner_method: object  # (block, model_type) -> the method the engine resolves a source block to
     # (which of those methods the plugins are proven with, per family and release: core/served.py)
-    # NVFP4 non-gated experts (Nemotron-H, w13 = up alone): the engine's Marlin preparation pads each rank's I
-    # with zeros to a multiple of this on top of `padding` (SGLang 0.5.23 prepare_moe_nvfp4_layer_for_marlin:
-    # 128, "if not is_gated"; vLLM pads both kinds by its one NVFP4 rule); its loader zero-fills a padded buffer
-    non_gated_i_multiple: int = 1
+    # the config.json key of a Mamba-2 model's group count (core/parallel_rules.py): vLLM's NemotronH reads
+    # `n_groups`; SGLang 0.5.23's NemotronHConfig reads `mamba_n_groups` (default 8, which the release matches)
+    mamba_groups_key: str = "n_groups"
 
     @property
     def fp32_global(self) -> bool:
@@ -140,8 +139,13 @@ class EngineFacts:
 
 _VLLM_PAD = EnginePadding("vllm", {"nvfp4": PadRule(64, 1, "zeros", i_multiple_h_unaligned=128),
                                    "mxfp4": PadRule(128, 256, "zeros")})
+# NVFP4 non-gated experts (Nemotron-H, w13 = up alone): SGLang 0.5.23 prepare_moe_nvfp4_layer_for_marlin pads
+# each rank's I with zeros to a multiple of 128 (`if not layer.moe_runner_config.is_gated`), gated ones never; the
+# plugin creates that buffer and SGLang's loader zero-fills its tail (serving/sglang_methods.py). vLLM pads both
+# kinds by its one NVFP4 rule.
 _SGLANG_PAD = EnginePadding("sglang", {"nvfp4": None,
-                                       "mxfp4": PadRule(128, 256, "uninitialised (torch.empty; dsv4-convert writes zeros)")})
+                                       "mxfp4": PadRule(128, 256, "uninitialised (torch.empty; dsv4-convert writes zeros)")},
+                            non_gated={"nvfp4": PadRule(128, 1, "zeros", loader_fills=True)})
 
 ENGINES = {
     # vllm-L4: vLLM >= 0.20 (docs/spec/MARLIN_FP4.md §9)
@@ -159,7 +163,7 @@ ENGINES = {
     # (0.5.23, sglang/srt/arg_groups/fields/parallel.py); a bare --tp only works as an argparse abbreviation.
     "sglang": EngineFacts(
         "sglang", "SGLang", "sglang-L2", (0, 5, 23), global_dtype="act", scale_clamp=False, rescale=False,
-        padding=_SGLANG_PAD, non_gated_i_multiple=128,
+        padding=_SGLANG_PAD, mamba_groups_key="mamba_n_groups",
         moe_backend_flag="--moe-runner-backend marlin", memory_flag="--mem-fraction-static",
         memory_profiled=False, serve="python -m sglang.launch_server --model-path {path}", tp_flag="--tp-size {tp}",
         ep_flag="--ep-size {ep}",

@@ -183,7 +183,8 @@ _HYBRID = (
 
 
 # further differential cases of a family (serving_tests/differential.py), named in its row after the first
-_MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192",)}  # I = 192: SGLang pads non-gated experts
+# I = 192: SGLang pads non-gated experts at load; I = 96: written padded for TP 1 (the non-gated tile rule)
+_MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192", "i96")}
 
 
 def _hybrid_rows(key: str) -> tuple[Served, ...]:

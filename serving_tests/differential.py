@@ -95,7 +95,12 @@ EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads, "fused-gl
 SYNTH_ARGS = {
     # I = 192: not a multiple of 128, so SGLang pads non-gated experts (as Nemotron-3-Nano's 1856 -> 1920)
     "i192": ("--intermediate", "192"),
+    # I = 96: w13 N = 96 breaks the Marlin tile rule unpadded; both engines pad it to 128 (SGLang's non-gated rule,
+    # vLLM's one NVFP4 rule), so the conversion is written padded for TP 1 (CONVERT_ARGS)
+    "i96": ("--intermediate", "96"),
 }
+# edits whose conversion is for one split (`--tp/--ep`: the padded per-rank layout)
+CONVERT_ARGS = {"i96": ("--tp", "1")}
 
 CASES = (
     # DeepSeek-V4: vLLM builds its CUDA model class (serving_tests/vllm/dsv4_cpu.py says why and what stands in)
@@ -125,6 +130,7 @@ CASES = (
     # nemotron: Nemotron-H (Mamba-2 + attention + non-gated relu2 experts: w13 is up_proj alone)
     Case("nemotron-h", "nvfp4-modelopt-hf"),
     Case("nemotron-h", "nvfp4-modelopt-hf", edit="i192"),
+    Case("nemotron-h", "nvfp4-modelopt-hf", edit="i96"),  # issue 37 item 7: the non-gated tile rule, padded
     Case("gemma4-moe", "nvfp4-ct", text_only=True),  # mtp: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (synth/families.py)
 )
 
@@ -152,5 +158,6 @@ def make_case(tmp, case: Case, engine: str, dtype: str) -> tuple[Path, Path]:
     out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
     if not out.exists():
         command = "mxfp4-to-marlin" if case.fmt.startswith("mxfp4") else "nvfp4-to-marlin"
-        _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q")
+        _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q",
+             *CONVERT_ARGS.get(case.edit, ()))
     return src, out

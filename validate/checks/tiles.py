@@ -16,9 +16,10 @@ __all__ = ["containers", "tile_rules_per_rank"]
 
 
 def containers(c: CheckpointInput) -> dict[str, dict]:
-    """experts container -> {quant, hidden, intermediate, experts, layer} (core.tensor_model.moe_layers)."""
+    """experts container -> {quant, hidden, intermediate, experts, layer, gated} (core.tensor_model.moe_layers)."""
     return {name: {"quant": m.quant.value, "layer": m.layer, "experts": m.experts, "hidden": m.hidden,
-                   "intermediate": m.intermediate} for name, m in moe_layers(c.checkpoint.projections).items()}
+                   "intermediate": m.intermediate, "gated": m.gated}
+            for name, m in moe_layers(c.checkpoint.projections).items()}
 
 
 @check(id="structure.tile.tp", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -50,13 +51,13 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     for name, info in containers(c).items():
         if info["hidden"] is None or name in padded:  # padded: written for exactly this split (tp_layout)
             continue
-        key = (info["quant"], info["hidden"], info["intermediate"])
+        key = (info["quant"], info["hidden"], info["intermediate"], info["gated"])
         if key in seen:
             seen[key].append(info["layer"])
             continue
         seen[key] = [info["layer"]]
         v = moe_rank_tiles(info["quant"], engine_facts(opts.engine).padding, hidden=info["hidden"], intermediate=info["intermediate"],
-                           tp=opts.tp, ep=opts.ep, experts=n_experts or info["experts"])
+                           tp=opts.tp, ep=opts.ep, experts=n_experts or info["experts"], gated=info["gated"])
         if v.ok:
             continue
         # a source is padded by the engine at load (a warning); pre-packed tiles cannot be padded afterwards
