@@ -276,6 +276,10 @@ FAMILIES: tuple[Family, ...] = (
            examples="nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-V3-0324-FP4, Kimi-K2 NVFP4"),
     # DeepSeek-V3.2: V3's names plus the sparse-attention indexer (vLLM 0.33 deepseek_v2.py DeepseekV32ForCausalLM)
     Family("deepseek-v32", ("DeepseekV32ForCausalLM",), "hf-mlp", "hf-mlp", examples="DeepSeek-V3.2 NVFP4"),
+    # GLM-5 / 5.1 / 5.2 / 5.3 (glm_moe_dsa): DeepSeek-V3.2's MLA + sparse-attention indexer with HF expert names;
+    # vLLM 0.33 / 0.34 vllm/models/deepseek_v32/__init__.py builds it with the DSA class ("GLM-5.2 (glm_moe_dsa)
+    # reuses the CUDA DSA module"), SGLang 0.5.23 glm4_moe.py GlmMoeDsaForCausalLM(DeepseekV2ForCausalLM)
+    Family("glm5-moe", ("GlmMoeDsaForCausalLM",), "hf-mlp", "hf-mlp", examples="nvidia/GLM-5.x-NVFP4 (GLM-5 / 5.1 / 5.2 / 5.3)"),
     Family("glm4-moe", ("Glm4MoeForCausalLM",), "hf-mlp", "hf-mlp",
            examples="GLM-4.5 / 4.6 / 4.7 NVFP4 (MTP layer in mtp.safetensors)",
            # GLM-4.6 / 4.7 FP4 releases keep the MTP layer in mtp.safetensors, outside the index; SGLang 0.5.23

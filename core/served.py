@@ -181,6 +181,12 @@ _HYBRID = (
 )
 
 
+# issue 35's families (the newest releases' models), proven by their differential case alone, as _HYBRID's
+_NEW_FAMILIES = (
+    ("glm5-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),  # GLM-5.x: V3.2's DSA model in vLLM, DeepseekV2 in SGLang
+)
+
+
 # further differential cases of a family (serving_tests/differential.py), named in its row after the first
 _MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192",)}  # I = 192: SGLang pads non-gated experts
 
@@ -189,7 +195,7 @@ def _hybrid_rows(key: str) -> tuple[Served, ...]:
     return tuple(Served(family, fmt, key, frozenset({method}),
                         (_differential(family, fmt),
                          *(_differential(family, f"{fmt}-{edit}") for edit in _MORE_PROOFS.get((family, fmt), ()))))
-                 for family, fmt, method in _HYBRID if not _refused(family, fmt, key))
+                 for family, fmt, method in (*_HYBRID, *_NEW_FAMILIES) if not _refused(family, fmt, key))
 
 
 SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS for row in (*_rows(key), *_hybrid_rows(key)))

@@ -21,6 +21,15 @@ The facts per family, and where they come from:
   the model cards of nvidia/Kimi-K2.6-NVFP4 reproductions describe); deepseek-v32 (DeepseekV32ForCausalLM,
   `model_type: deepseek_v32`, MLA plus the sparse-attention indexer, synth/mla.py; the NVFP4 release's
   attention precision is this generator's assumption: BF16, as R1-FP4).
+- glm5-moe (GLM-5 / 5.1 / 5.2 / 5.3, nvidia/GLM-5.x-NVFP4): GlmMoeDsaForCausalLM, `model_type: glm_moe_dsa`, DeepSeek-
+  V3.2's MLA + sparse-attention indexer (synth/mla.py) with GLM-5's head sizes (qk_nope_head_dim 192, v_head_dim 256,
+  index_n_heads 32: transformers 5 configuration_glm_moe_dsa.py GlmMoeDsaConfig, whose defaults are zai-org/GLM-5's;
+  the GLM-5 technical report's table), `first_k_dense_replace` dense layers, one shared expert, sigmoid router with
+  `e_score_correction_bias` (`n_routed_experts`, HF expert names `mlp.experts.E.{gate,up,down}_proj`), one MTP layer
+  `model.layers.<num_hidden_layers>` (NeMo Megatron-Bridge GLM-5 notes). vLLM 0.33 / 0.34 build it with the DSA class
+  of DeepSeek-V3.2 (vllm/models/deepseek_v32/__init__.py), SGLang 0.5.23 with glm4_moe.py GlmMoeDsaForCausalLM, a
+  DeepseekV2ForCausalLM. The NVFP4 release's precision split (BF16 attention and MTP layer, NVFP4 MLPs and experts)
+  is assumed to follow DeepSeek-V3.2's recipe (not confirmed from its file list).
 - glm4-moe (GLM-4.5/4.6/4.7): Glm4MoeForCausalLM, `first_k_dense_replace`, `mlp.shared_experts`, router
   `mlp.gate` with `e_score_correction_bias`; the MTP layer `model.layers.<num_hidden_layers>.*` lives in
   `mtp.safetensors`, which model.safetensors.index.json does not list (vLLM 0.33 glm4_moe_mtp.py; the
@@ -113,6 +122,11 @@ _DEEPSEEK = {"n_shared_experts": 1, "topk_method": "noaux_tc", "scoring_func": "
              "hidden_act": "silu", "num_nextn_predict_layers": 0}
 _DEEPSEEK_MTP = {**_DEEPSEEK, "num_nextn_predict_layers": 1}  # DeepSeek-R1 / V3 / V3.2 (synth/mtp.py); Kimi-K2 0
 
+# GLM-5 / 5.1 (zai-org/GLM-5 config.json as transformers 5 GlmMoeDsaConfig's defaults keep it: qk_nope_head_dim 192,
+# v_head_dim 256, index_n_heads 32; no YaRN scaling, rope_theta 1e6 is this generator's assumption)
+_GLM5_ATTENTION = {"qk_nope_head_dim": 192, "v_head_dim": 256, "index_n_heads": 32, "rope_theta": 1000000,
+                   "rope_scaling": None, "rms_norm_eps": 1e-5}
+
 FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     FamilySpec("qwen3-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_moe", "mlp",
                config={"norm_topk_prob": True, "decoder_sparse_step": 1}),
@@ -129,6 +143,9 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                config={**_DEEPSEEK, "routed_scaling_factor": 2.827, "rope_theta": 50000}),
     FamilySpec("deepseek-v32", ("nvfp4-modelopt-hf",), "deepseek_v32", "mlp", shared="shared_experts",
                dense_layers=1, attention="mla-indexer", config=_DEEPSEEK_MTP, mtp="layer"),
+    # GLM-5.x: DeepSeek-V3.2's layout with GLM-5's head sizes (the docstring names the sources)
+    FamilySpec("glm5-moe", ("nvfp4-modelopt-hf",), "glm_moe_dsa", "mlp", shared="shared_experts",
+               dense_layers=1, attention="mla-indexer", mtp="layer", config={**_DEEPSEEK_MTP, **_GLM5_ATTENTION}),
     FamilySpec("glm4-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "glm4_moe", "mlp", shared="shared_experts",
                dense_layers=1, mtp="file", config={"n_shared_experts": 1, "num_nextn_predict_layers": 1}),
     FamilySpec("qwen3.5-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_5_moe", "mlp", shared="shared_expert",

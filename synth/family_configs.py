@@ -17,7 +17,7 @@ __all__ = ["family_config_files"]
 
 _BLOCK_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
-_N_ROUTED = ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe")
+_N_ROUTED = ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm_moe_dsa")
 
 
 def _arch_config(spec: FamilySpec, d: Dims) -> dict:
