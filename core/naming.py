@@ -293,7 +293,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3-next", ("Qwen3NextForCausalLM",), "hf-mlp", "hf-mlp",
            examples="Qwen3-Next-80B-A3B / Qwen3-Coder-Next NVFP4"),
     Family("nemotron-h", ("NemotronHForCausalLM",), "nemotron-h", "nemotron-h",
-           examples="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4"),
+           examples="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4, Nemotron-3 Super / Ultra NVFP4 (LatentMoE)"),
     Family("gemma4-moe", ("Gemma4ForConditionalGeneration",), "gemma4", "gemma4", examples="Gemma-4 MoE NVFP4"),
     Family("minimax-m2", ("MiniMaxM2ForCausalLM",), "block-sparse-moe", "block-sparse-moe",
            examples="MiniMax-M2.x NVFP4"),

@@ -191,10 +191,15 @@ _NEW_FAMILIES = (
 _MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192",)}  # I = 192: SGLang pads non-gated experts
 
 
+# further replicas of a family (synth/families.py FamilySpec.name), each its own differential case, named in its row
+_REPLICA_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("nemotron-3-super",)}  # LatentMoE (moe_latent_size)
+
+
 def _hybrid_rows(key: str) -> tuple[Served, ...]:
     return tuple(Served(family, fmt, key, frozenset({method}),
                         (_differential(family, fmt),
-                         *(_differential(family, f"{fmt}-{edit}") for edit in _MORE_PROOFS.get((family, fmt), ()))))
+                         *(_differential(family, f"{fmt}-{edit}") for edit in _MORE_PROOFS.get((family, fmt), ())),
+                         *(_differential(replica, fmt) for replica in _REPLICA_PROOFS.get((family, fmt), ()))))
                  for family, fmt, method in (*_HYBRID, *_NEW_FAMILIES) if not _refused(family, fmt, key))
 
 

@@ -126,6 +126,7 @@ CASES = (
     # nemotron: Nemotron-H (Mamba-2 + attention + non-gated relu2 experts: w13 is up_proj alone)
     Case("nemotron-h", "nvfp4-modelopt-hf"),
     Case("nemotron-h", "nvfp4-modelopt-hf", edit="i192"),
+    Case("nemotron-3-super", "nvfp4-modelopt-hf"),  # LatentMoE: routed experts at moe_latent_size
     Case("gemma4-moe", "nvfp4-ct", text_only=True),  # mtp: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (synth/families.py)
 )
 

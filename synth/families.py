@@ -74,6 +74,7 @@ from dataclasses import dataclass, field
 from ..core.naming import family_named
 from .mtp import MINIMAX_MTP_CONFIG
 from .nemotron import BF16 as NEMOTRON_BF16
+from .nemotron import LATENT_BF16 as NEMOTRON_LATENT_BF16
 
 __all__ = ["FAMILY_SPECS", "FamilySpec"]
 
@@ -107,6 +108,7 @@ class FamilySpec:
     routed_only: bool = False      # NVFP4 on the routed experts only (dense MLP and shared experts BF16)
     stale_block: bool = False      # config.json keeps the pre-FP4 block-FP8 block (DeepSeek-V3-0324-FP4)
     examples: str = ""             # the releases a replica stands for, when not all of its family's
+    latent_moe: bool = False       # routed experts at `moe_latent_size` (Nemotron-3 Super / Ultra: synth/nemotron.py)
 
     @property
     def key(self) -> str:
@@ -161,6 +163,9 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     # Nemotron-H (synth/nemotron.py): Mamba-2 / attention / MoE layers, non-gated experts
     FamilySpec("nemotron-h", ("nvfp4-modelopt-hf",), "nemotron_h", "mixer", shared="shared_experts",
                layer_prefix="backbone.layers", bf16=NEMOTRON_BF16),
+    FamilySpec("nemotron-h", ("nvfp4-modelopt-hf",), "nemotron_h", "mixer", shared="shared_experts",
+               layer_prefix="backbone.layers", bf16=(*NEMOTRON_BF16, *NEMOTRON_LATENT_BF16), latent_moe=True,
+               name="nemotron-3-super", examples="Nemotron-3 Super / Ultra NVFP4 (LatentMoE, moe_latent_size)"),
     # Gemma-4 MoE (synth/gemma4.py): experts and router beside a dense MLP in every layer
     # compressed-tensors: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (llm-compressor; its ignore list is assumed to be the
     # router, attention, vision tower and lm_head, as RedHatAI's Gemma-4 FP8 recipe lists them)

@@ -96,7 +96,7 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
 def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
     """config.json and, for ModelOpt, hf_quant_config.json of a family checkpoint."""
     spec = FAMILY_SPECS[family]
-    config = nemotron_config(d) if family == "nemotron-h" else _arch_config(spec, d)
+    config = nemotron_config(d, latent=spec.latent_moe) if spec.family == "nemotron-h" else _arch_config(spec, d)
     if family == "gemma4-moe":
         config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "torch_dtype": "bfloat16",
                   "text_config": gemma4_text_config(d), "tie_word_embeddings": True,

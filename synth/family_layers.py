@@ -136,8 +136,8 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
                    dtype: torch.dtype = torch.bfloat16) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(indexed tensors in file order, tensors of the file outside the index: GLM's mtp.safetensors)."""
     spec = FAMILY_SPECS[family]
-    if family == "nemotron-h":
-        return nemotron_tensors(fmt, seed, d, _linear, dtype), {}
+    if spec.family == "nemotron-h":
+        return nemotron_tensors(fmt, seed, d, _linear, dtype, latent=spec.latent_moe), {}
     if family == "gemma4-moe":
         return gemma4_tensors(fmt, seed, d, _linear, family_named(family).source_scheme, dtype), {}
     root = spec.prefix.rsplit(".layers", 1)[0]
