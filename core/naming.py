@@ -286,6 +286,11 @@ FAMILIES: tuple[Family, ...] = (
            # adds it for Glm4MoeForCausalLM with num_nextn_predict_layers > 0 (model_loader/weight_utils.py
            # maybe_add_mtp_safetensors, citing baseten-admin/glm-4.7-fp4)
            outside_index={MTP_FILE: "GLM's MTP layer (SGLang loads it for speculative decoding)"}),
+    # Kimi-K2.5 / K2.6: a DeepSeek-V3 text model (Kimi-K2's) under `language_model.model.layers` beside a MoonViT tower
+    # (vLLM 0.33 / 0.34 kimi_k25.py builds `language_model` as DeepseekV2ForCausalLM from text_config; SGLang 0.5.23
+    # kimi_k25.py strips `language_model.` and loads the rest with DeepseekV3ForCausalLM's loader)
+    Family("kimi-k25", ("KimiK25ForConditionalGeneration",), "hf-language-model", "hf-language-model",
+           examples="Kimi-K2.5 / K2.6 NVFP4 (ModelOpt, moonshotai's language_model.model.* names)"),
     Family("qwen3.5-moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), "hf-language-model",
            "hf-language-model", examples="nvidia/Qwen3.6-35B-A3B-NVFP4, RedHatAI Qwen3.5 NVFP4"),
     # Qwen3-Next / Qwen3-Coder-Next: HF per-expert names under model.layers, shared expert, BF16 mtp.* (vLLM 0.33

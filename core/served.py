@@ -184,6 +184,7 @@ _HYBRID = (
 # issue 35's families (the newest releases' models), proven by their differential case alone, as _HYBRID's
 _NEW_FAMILIES = (
     ("glm5-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),  # GLM-5.x: V3.2's DSA model in vLLM, DeepseekV2 in SGLang
+    ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
 )
 
 

@@ -112,6 +112,7 @@ CASES = (
     Case("deepseek-v3", "nvfp4-modelopt-hf"),
     Case("kimi-k2", "nvfp4-modelopt-hf"),
     Case("deepseek-v32", "nvfp4-modelopt-hf"),
+    Case("kimi-k25", "nvfp4-modelopt-hf", text_only=True),  # Kimi-K2.5 / K2.6: no MoonViT tensors in the replica
     Case("glm5-moe", "nvfp4-modelopt-hf"),  # GLM-5.x: V3.2's DSA model (vLLM) / DeepseekV2ForCausalLM (SGLang)
     Case("minimax-m2", "nvfp4-modelopt-hf"),
     Case("mixtral", "nvfp4-modelopt-hf", engines=("vllm",)),

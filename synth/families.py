@@ -30,6 +30,13 @@ The facts per family, and where they come from:
   of DeepSeek-V3.2 (vllm/models/deepseek_v32/__init__.py), SGLang 0.5.23 with glm4_moe.py GlmMoeDsaForCausalLM, a
   DeepseekV2ForCausalLM. The NVFP4 release's precision split (BF16 attention and MTP layer, NVFP4 MLPs and experts)
   is assumed to follow DeepSeek-V3.2's recipe (not confirmed from its file list).
+- kimi-k25 (Kimi-K2.5 / K2.6): KimiK25ForConditionalGeneration, `model_type: kimi_k25`, the Kimi-K2 text model
+  (`text_config` of model_type kimi_k2, read as DeepseekV3Config: transformers 5 configuration_kimi_k25.py, SGLang
+  0.5.23 configs/kimi_k25.py) under `language_model.model.*` and `language_model.lm_head` (moonshotai's names: vLLM
+  0.33 / 0.34 kimi_k25.py builds `language_model` as DeepseekV2ForCausalLM; SGLang 0.5.23 kimi_k25.py strips
+  `language_model.`), a MoonViT tower `vision_tower.*` and `mm_projector.*` (not written: the replica is served
+  text-only), ModelOpt NVFP4 on the routed experts only, as the Kimi-K2 replica. nvidia/Kimi-K2.5-NVFP4's legacy
+  `language_model.layers.*` names (both engines remap them) are not modelled.
 - glm4-moe (GLM-4.5/4.6/4.7): Glm4MoeForCausalLM, `first_k_dense_replace`, `mlp.shared_experts`, router
   `mlp.gate` with `e_score_correction_bias`; the MTP layer `model.layers.<num_hidden_layers>.*` lives in
   `mtp.safetensors`, which model.safetensors.index.json does not list (vLLM 0.33 glm4_moe_mtp.py; the
@@ -109,6 +116,7 @@ class FamilySpec:
     stale_block: bool = False      # config.json keeps the pre-FP4 block-FP8 block (DeepSeek-V3-0324-FP4)
     examples: str = ""             # the releases a replica stands for, when not all of its family's
     latent_moe: bool = False       # routed experts at `moe_latent_size` (Nemotron-3 Super / Ultra: synth/nemotron.py)
+    text_model_type: str = ""      # a nested text_config's model_type when not `<model_type>_text` (Kimi-K2.5: kimi_k2)
 
     @property
     def key(self) -> str:
@@ -143,6 +151,11 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                routed_only=True, attention="mla", name="kimi-k2", architecture="DeepseekV3ForCausalLM",
                examples="Kimi-K2 NVFP4 (DeepseekV3ForCausalLM, model_type kimi_k2)",
                config={**_DEEPSEEK, "routed_scaling_factor": 2.827, "rope_theta": 50000}),
+    FamilySpec("kimi-k25", ("nvfp4-modelopt-hf",), "kimi_k25", "mlp", shared="shared_experts", dense_layers=1,
+               routed_only=True, attention="mla", nested=True, text_model_type="kimi_k2", layer_prefix="language_model.model.layers",
+               lm_head="language_model.lm_head.weight",
+               config={**_DEEPSEEK, "routed_scaling_factor": 2.827, "rope_theta": 50000,
+                       "architectures": ["DeepseekV3ForCausalLM"]}),  # the text config's, as Kimi-K2's (SGLang reads it)
     FamilySpec("deepseek-v32", ("nvfp4-modelopt-hf",), "deepseek_v32", "mlp", shared="shared_experts",
                dense_layers=1, attention="mla-indexer", config=_DEEPSEEK_MTP, mtp="layer"),
     # GLM-5.x: DeepSeek-V3.2's layout with GLM-5's head sizes (the docstring names the sources)

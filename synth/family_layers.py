@@ -3,6 +3,8 @@ each layer's attention, MLP or experts in the family's precision split, the head
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..core.naming import family_named
@@ -96,7 +98,7 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
         return
     moe = f"{p}.{spec.moe}"
     out[f"{moe}.{spec.router}.weight"] = dense(seed, f"{moe}.{spec.router}", (d.experts, h), dtype=dtype)
-    if spec.family in ("deepseek-v3", "deepseek-v32", "glm4-moe", "glm5-moe"):
+    if spec.family in ("deepseek-v3", "deepseek-v32", "glm4-moe", "glm5-moe", "kimi-k25"):
         out[f"{moe}.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
     elif spec.config.get("use_routing_bias"):  # MiniMax-M2
         out[f"{moe}.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
@@ -110,6 +112,8 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
         out.update(_k_major_stacks(seed, f"{moe}.experts", str(layer), d, dtype))
     elif experts_layer:
         scheme = family_named(spec.family).source_scheme
+        if spec.prefix != scheme.layer_prefixes[0] and spec.prefix in scheme.layer_prefixes:  # the scheme's 2nd spelling
+            scheme = replace(scheme, layer_prefixes=(spec.prefix,))  # (Kimi-K2.5: language_model.model.layers)
         out.update(encode_layer_experts(fmt, seed, str(layer), experts=d.experts, hidden=h, inter=d.intermediate,
                                         tweaks=Tweaks(), dtype=dtype, scheme=scheme))
 
