@@ -116,6 +116,14 @@ SCHEMES: tuple[Scheme, ...] = (
     # `.up_proj.` -> `.w3.`, `.down_proj.` -> `.w2.` for them.
     _per_expert("block-sparse-moe-hf", ("model.layers",), "block_sparse_moe.experts", _HF_ROLES,
                 "vLLM 0.33 mixtral.py hf_to_vllm_mapper orig_to_new_substr; llm-compressor 0.14 Mixtral export"),
+    # The `block_sparse_moe` experts of a text model nested in a multimodal wrapper: MiniMax-M3 / M3.1's VL checkpoint
+    # `language_model.model.layers.L.block_sparse_moe.experts.E.w{1,3,2}` (vLLM 0.34 models/minimax_m3 nvidia/model.py
+    # builds `language_model` and maps no prefix; get_expert_mapping ckpt w1 / w2 / w3), Kimi-K3's
+    # `language_model.layers.L.block_sparse_moe.experts.E.w{1,3,2}` (vLLM 0.34 models/kimi_k3 nvidia/model.py
+    # hf_to_vllm_mapper `language_model.layers.` -> `language_model.model.layers.`; ckpt_gate_proj_name="w1").
+    _per_expert("block-sparse-moe-lm", ("language_model.model.layers", "language_model.layers"),
+                "block_sparse_moe.experts", _W_ROLES,
+                "vLLM 0.34 models/minimax_m3/nvidia/model.py, models/kimi_k3/nvidia/model.py expert mappings"),
     # Llama-4 per-expert names: what a converted Llama-4 keeps (vLLM 0.33 llama4.py load_weights: the
     # non-fused expert_params_mapping with gate_proj / up_proj / down_proj places them).
     _per_expert("llama4", ("language_model.model.layers",), "feed_forward.experts", _HF_ROLES,
@@ -291,6 +299,29 @@ FAMILIES: tuple[Family, ...] = (
     # kimi_k25.py strips `language_model.` and loads the rest with DeepseekV3ForCausalLM's loader)
     Family("kimi-k25", ("KimiK25ForConditionalGeneration",), "hf-language-model", "hf-language-model",
            examples="Kimi-K2.5 / K2.6 NVFP4 (ModelOpt, moonshotai's language_model.model.* names)"),
+    # Recognised, not yet proven (no serving test loads them: core/served.py has no rows, so the gate refuses them
+    # with that reason). GLM-5.3-Flash: HF expert names, text `model.layers`, multimodal `model.language_model.layers`
+    # (vLLM 0.34 models/glm5next common/model.py: fused_moe_make_expert_params_mapping gate_proj / up_proj /
+    # down_proj, the multimodal mapper `model.language_model.` -> `language_model.model.`; SGLang 0.5.23 glm5_next.py
+    # `model.language_model.` -> `model.`); hybrid KDA linear attention + MLA + sparse indexer + mHC, swiglu_limit.
+    Family("glm5-next", ("Glm5NextForCausalLM",), "hf-mlp", "hf-mlp", examples="GLM-5.3-Flash NVFP4 (text)"),
+    Family("glm5-next-vl", ("Glm5NextForConditionalGeneration",), "hf-language-model", "hf-language-model",
+           examples="GLM-5.3-Flash NVFP4 (multimodal)"),
+    # Qwen3.8-Flash-Next: Qwen3-Next's sparse MoE block (HF expert names) under `model.language_model.layers` (vLLM
+    # 0.34 models/qwen4_exp nvidia/model.py Qwen4ExpSparseMoeBlock(Qwen3NextSparseMoeBlock), mapper
+    # `model.language_model.` -> `model.`); its per-layer embedding (PLE) tables are no experts
+    Family("qwen4-exp", ("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"), "hf-language-model",
+           "hf-language-model", examples="Qwen3.8-Flash-Next NVFP4"),
+    # MiniMax-M3 / M3.1: MiniMax-M2's `block_sparse_moe.experts.E.w{1,3,2}` (text), under `language_model.model.layers`
+    # in the VL checkpoint; clamped SwiGLU
+    Family("minimax-m3", ("MiniMaxM3SparseForCausalLM",), "block-sparse-moe", "block-sparse-moe",
+           examples="nvidia/MiniMax-M3-NVFP4 (text)"),
+    Family("minimax-m3-vl", ("MiniMaxM3SparseForConditionalGeneration",), "block-sparse-moe-lm", "block-sparse-moe-lm",
+           examples="MiniMax-M3 / M3.1 NVFP4 (multimodal)"),
+    # Kimi-K3: `language_model.layers.L.block_sparse_moe.experts.E.w{1,3,2}.weight_packed` (compressed-tensors MXFP4 /
+    # NVFP4), latent MoE at `routed_expert_hidden_size` (core/structure.py model_dims), SiTU activation
+    Family("kimi-k3", ("KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration"), "block-sparse-moe-lm",
+           "block-sparse-moe-lm", examples="Kimi-K3 (compressed-tensors MXFP4 / NVFP4)"),
     Family("qwen3.5-moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), "hf-language-model",
            "hf-language-model", examples="nvidia/Qwen3.6-35B-A3B-NVFP4, RedHatAI Qwen3.5 NVFP4"),
     # Qwen3-Next / Qwen3-Coder-Next: HF per-expert names under model.layers, shared expert, BF16 mtp.* (vLLM 0.33
