@@ -189,7 +189,8 @@ _NEW_FAMILIES = (
 
 
 # further differential cases of a family (serving_tests/differential.py), named in its row after the first
-_MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192",)}  # I = 192: SGLang pads non-gated experts
+_MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192",),  # I = 192: SGLang pads non-gated experts
+                ("kimi-k25", "nvfp4-modelopt-hf"): ("nvidia-names",)}  # nvidia's `language_model.layers.*` excludes
 
 
 # further replicas of a family (synth/families.py FamilySpec.name), each its own differential case, named in its row

@@ -35,8 +35,8 @@ The facts per family, and where they come from:
   0.5.23 configs/kimi_k25.py) under `language_model.model.*` and `language_model.lm_head` (moonshotai's names: vLLM
   0.33 / 0.34 kimi_k25.py builds `language_model` as DeepseekV2ForCausalLM; SGLang 0.5.23 kimi_k25.py strips
   `language_model.`), a MoonViT tower `vision_tower.*` and `mm_projector.*` (not written: the replica is served
-  text-only), ModelOpt NVFP4 on the routed experts only, as the Kimi-K2 replica. nvidia/Kimi-K2.5-NVFP4's legacy
-  `language_model.layers.*` names (both engines remap them) are not modelled.
+  text-only), ModelOpt NVFP4 on the routed experts only, as the Kimi-K2 replica. nvidia/Kimi-K2.5-NVFP4's config
+  names the layers `language_model.layers.*` in its exclude lists: serving_tests/differential.py's `nvidia-names` edit.
 - glm4-moe (GLM-4.5/4.6/4.7): Glm4MoeForCausalLM, `first_k_dense_replace`, `mlp.shared_experts`, router
   `mlp.gate` with `e_score_correction_bias`; the MTP layer `model.layers.<num_hidden_layers>.*` lives in
   `mtp.safetensors`, which model.safetensors.index.json does not list (vLLM 0.33 glm4_moe_mtp.py; the
