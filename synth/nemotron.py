@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..core.source_formats import source_format
 from .layouts import Dims
 from .seeded import dense
 
@@ -79,7 +80,7 @@ def latent_size(d: Dims) -> int:
 
 def nemotron_tensors(fmt: str, seed: int, d: Dims, linear: Linear, dtype: torch.dtype,
                      *, latent: bool = False) -> dict[str, torch.Tensor]:
-    quant = "nvfp4-ct" if fmt == "nvfp4-ct" else "nvfp4"
+    quant = source_format(fmt).synth.linear
     h, hd, out = d.hidden, d.heads * d.head_dim, {}
     width = latent_size(d) if latent else h  # the routed experts' width
     out["backbone.embeddings.weight"] = dense(seed, "embed", (d.vocab, h), dtype=dtype)
