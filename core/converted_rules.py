@@ -183,7 +183,7 @@ def _tp_layout_problems(tl, experts: dict, engine: str | None) -> list[Problem]:
 
 # the model dimensions this tool reads from config.json: positive integers when present
 _DIM_KEYS = ("hidden_size", "moe_intermediate_size", "intermediate_size", "num_hidden_layers", "n_routed_experts",
-             "num_local_experts", "num_experts")
+             "num_local_experts", "num_experts", "moe_latent_size", "routed_expert_hidden_size")
 
 
 def model_config_problems(config: dict) -> list[Problem]:

@@ -182,16 +182,29 @@ _HYBRID = (
 )
 
 
+# issue 35's families (the newest releases' models), proven by their differential case alone, as _HYBRID's
+_NEW_FAMILIES = (
+    ("glm5-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),  # GLM-5.x: V3.2's DSA model in vLLM, DeepseekV2 in SGLang
+    ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
+)
+
+
 # further differential cases of a family (serving_tests/differential.py), named in its row after the first
 # I = 192: SGLang pads non-gated experts at load; I = 96: written padded for TP 1 (the non-gated tile rule)
-_MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192", "i96")}
+_MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192", "i96"),
+                ("kimi-k25", "nvfp4-modelopt-hf"): ("nvidia-names",)}  # nvidia's `language_model.layers.*` excludes
+
+
+# further replicas of a family (synth/families.py FamilySpec.name), each its own differential case, named in its row
+_REPLICA_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("nemotron-3-super",)}  # LatentMoE (moe_latent_size)
 
 
 def _hybrid_rows(key: str) -> tuple[Served, ...]:
     return tuple(Served(family, fmt, key, frozenset({method}),
                         (_differential(family, fmt),
-                         *(_differential(family, f"{fmt}-{edit}") for edit in _MORE_PROOFS.get((family, fmt), ()))))
-                 for family, fmt, method in _HYBRID if not _refused(family, fmt, key))
+                         *(_differential(family, f"{fmt}-{edit}") for edit in _MORE_PROOFS.get((family, fmt), ())),
+                         *(_differential(replica, fmt) for replica in _REPLICA_PROOFS.get((family, fmt), ()))))
+                 for family, fmt, method in (*_HYBRID, *_NEW_FAMILIES) if not _refused(family, fmt, key))
 
 
 SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS for row in (*_rows(key), *_hybrid_rows(key)))

@@ -44,16 +44,26 @@ class Rule:
         return self.fn(ckpt)
 
 
+# The width the routed experts run at, by the config field the engines read, before `hidden_size`: latent MoE
+# projects the hidden state down before the experts and back after them. Nemotron-3 Super / Ultra:
+# `moe_latent_size` (vLLM 0.33 / 0.34 and SGLang 0.5.23 nemotron_h.py: `self.moe_hidden_size = config.moe_latent_size
+# if self.use_latent_moe else config.hidden_size`, the FusedMoE's hidden_size); Kimi-K3: `routed_expert_hidden_size`
+# (vLLM 0.34 models/kimi_k3 `use_latent_moe = routed_expert_hidden_size is not None`).
+EXPERT_WIDTH_KEYS = ("moe_latent_size", "routed_expert_hidden_size", "hidden_size")
+
+
 def model_dims(config: dict) -> dict:
     """hidden / intermediate / experts / layers from a DeepSeek-V4 or Hugging Face config (None when absent);
-    a nested `text_config` (multimodal configs) wins over the top level."""
+    a nested `text_config` (multimodal configs) wins over the top level. `hidden` is the width the routed experts
+    run at (EXPERT_WIDTH_KEYS: the latent width of a latent MoE), the one home of that fact for the structure
+    check, validate and `plan`'s tiles."""
     def get(*keys):
         for c in (config.get("text_config") or {}, config):
             for k in keys:
                 if isinstance(c.get(k), int) and not isinstance(c.get(k), bool):
                     return c[k]
         return None
-    return {"hidden": get("hidden_size"), "intermediate": get("moe_intermediate_size", "intermediate_size"),
+    return {"hidden": get(*EXPERT_WIDTH_KEYS), "intermediate": get("moe_intermediate_size", "intermediate_size"),
             "experts": get("n_routed_experts", "num_local_experts", "num_experts"),
             "layers": get("num_hidden_layers")}
 
@@ -90,7 +100,7 @@ def padded_containers(ckpt: Checkpoint) -> dict:
 
 
 def expert_dims(ckpt: Checkpoint) -> Iterator[Violation]:
-    """Every projection's [N, K] must be what hidden_size / moe_intermediate_size imply (gate/up [I, H],
+    """Every projection's [N, K] must be what the experts' width (model_dims) / moe_intermediate_size imply (gate/up [I, H],
     down [H, I]); without them, what the rest of its layer implies. A reshaped or transposed tensor
     reads as another matrix."""
     dims = model_dims(ckpt.config)

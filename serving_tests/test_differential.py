@@ -43,6 +43,8 @@ equivalent; nothing else is changed):
   attention's input GEMMs), and the FP8 block-linear kernel lookup (attention, shared experts) -> vLLM's sm_120
   choice, CUTLASS block FP8, whose weight processing is torch code (on CPU vLLM lists only AMX kernels).
   serving_tests/vllm/dsv4_cpu.py; the same stand-ins in both models, never a compared tensor.
+- DeepSeek-V3.2 and GLM-5.x (vLLM): the CUDA DSA class (`models/deepseek_v32/nvidia/model.py`), built under the
+  same capability stand-in as DeepSeek-V4's (serving_tests/vllm/dsv4_cpu.py).
 - DeepSeek-V4 (SGLang): the mHC kernels' JIT warm-up at the end of `load_weights` -> nothing (it asks the CUDA
   SM count and runs kernels on dummy inputs). serving_tests/sglang/dsv4_cpu.py.
 - DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent / ENGINE))
 
 # the families whose replicas carry a draft layer the engine builds a draft model for (synth/mtp.py)
 DRAFTS = (Case("deepseek-v3", "nvfp4-modelopt-hf"), Case("deepseek-v32", "nvfp4-modelopt-hf"),
+          Case("glm5-moe", "nvfp4-modelopt-hf"),
           Case("qwen3-next", "nvfp4-modelopt-hf"), Case("qwen3-next", "nvfp4-ct"),
           Case("qwen3.5-moe", "nvfp4-modelopt-hf"), Case("qwen3.5-moe", "nvfp4-ct"),
           Case("glm4-moe", "nvfp4-modelopt-hf"), Case("glm4-moe", "nvfp4-ct", edit="fused-globals"))

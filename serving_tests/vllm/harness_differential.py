@@ -35,7 +35,7 @@ def _model(path: str, dtype: str, text_only: bool = False):
     model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
                                language_model_only=text_only)
     vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
-    model_class = cuda_model_class(model_config.hf_config)  # DeepSeek-V4: serving_tests/vllm/dsv4_cpu.py
+    model_class = cuda_model_class(model_config.hf_config)  # DeepSeek-V4, DSA: serving_tests/vllm/dsv4_cpu.py
     return _load(path, vllm_config, model_config, model_class)
 
 

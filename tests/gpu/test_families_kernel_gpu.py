@@ -73,13 +73,14 @@ def test_every_family_passes_the_engines_kernel(reports, family, fmt, target):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
-def test_nemotron_h_non_gated_layers_run_through_the_engines_kernels(reports, target):
+@pytest.mark.parametrize("replica", ("nemotron-h", "nemotron-3-super"))  # Nano; Super / Ultra (latent-width experts)
+def test_nemotron_h_non_gated_layers_run_through_the_engines_kernels(reports, replica, target):
     """Served (no --allow-unservable), and every MoE layer ran three cases: the one-shard w13, w2, and the whole
     layer with the engines' relu2 activation, each within its limit (kernel.gemm passes)."""
-    unservable, data = reports[("nemotron-h", "nvfp4-modelopt-hf", target)]
+    unservable, data = reports[(replica, "nvfp4-modelopt-hf", target)]
     rows = {(r["layer"], r["projection"]): r for r in data["kernel"]}
     layers = {layer for layer, _ in rows}
-    record(suite="families-nemotron", kernels=KERNELS, target=target,
+    record(suite="families-nemotron", kernels=KERNELS, replica=replica, target=target,
            rows=[[k[0], k[1], r["experts"], r["max_rel_error"], r["limit"]] for k, r in sorted(rows.items())])
     assert not unservable
     assert layers and set(rows) == {(layer, p) for layer in layers for p in ("w13", "w2", "w13+relu2+w2")}, rows

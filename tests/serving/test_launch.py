@@ -113,3 +113,15 @@ def test_stacked_experts_are_counted_once():
     shape = shape_from_checkpoint(ckpt)
     assert shape.expert_bytes == sum(t.nbytes for t in tensors.values())  # about 53 MB, not 4 x 3 x that
     assert shape.other_bytes == 0
+
+
+def test_latent_moe_tiles_come_from_the_experts_width(tmp_path):
+    """`plan` sizes the expert tiles at the width the experts have (Nemotron-3 Super: moe_latent_size), never
+    hidden_size alone (core/structure.py model_dims, the one home of that width)."""
+    from dsv4_convert.core.reader import open_checkpoint
+    from dsv4_convert.synth import write_synthetic_checkpoint
+
+    root = write_synthetic_checkpoint(tmp_path / "n3s", format="nvfp4-modelopt-hf", family="nemotron-3-super",
+                                      layers=2, experts=4, hidden=256, intermediate=128, shards=1)
+    shape = shape_from_checkpoint(open_checkpoint(root))
+    assert (shape.hidden, shape.intermediate) == (128, 128)
