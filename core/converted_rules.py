@@ -87,7 +87,7 @@ def block_problems(cfg: dict) -> list[Problem]:
     gs = cfg.get("group_size")
     if gs is not None and (not _is_int(gs) or gs not in GROUP_SIZE.values()):
         bad(BAD_VALUE, f"group_size is {gs!r}, expected {' or '.join(map(str, sorted(GROUP_SIZE.values())))}")
-    for key in ("target_engine_version", "source_format", "model_type"):
+    for key in ("target_engine_version", "source_format", "model_type", "expert_dtype"):
         if cfg.get(key) is not None and not isinstance(cfg[key], str):
             bad(BAD_VALUE, f"{key} must be a string, got {cfg[key]!r}")
     layouts = cfg.get("layouts", [])
