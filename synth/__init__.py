@@ -29,7 +29,7 @@ from ..core.version import __version__
 from ..runtime.paths import check_replaceable, out_path
 from .configs import config_files
 from .defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
-from .dsv41 import dsv41_config, dsv41_tensors
+from .dsv41 import dsv41_config, dsv41_tensors, dsv41_tokenizer
 from .families import FAMILY_SPECS
 from .family_configs import family_config_files
 from .family_layers import family_tensors
@@ -224,7 +224,7 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
         if family in FAMILY_SPECS:
             configs.update(family_config_files(family, format, dims))
         elif family == "deepseek-v41":
-            configs[CONFIG] = dsv41_config(dims)
+            configs.update({CONFIG: dsv41_config(dims), **dsv41_tokenizer(dims)})
         for fname, obj in configs.items():
             _write_json(staging / fname, obj)
         for rec in records:

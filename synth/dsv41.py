@@ -14,8 +14,11 @@ The facts and where they come from (vLLM 0.34.0 `vllm/models/deepseek_v41`, its 
   `ffn.gate` with `bias` and, in a vision checkpoint, `bias_vl` on every MoE layer (deepseek_v4/nvidia/model.py:
   "Vision checkpoints route image sentinel tokens with bias_vl ... Created on every MoE layer"), FP8 shared experts,
   routed experts `layers.L.ffn.experts.E.w{1,3,2}.{weight,scale}`). V4.1 builds no hash layers (nvidia/model.py
-  DeepseekV4MoE: num_hash_layers=0) and no learned `hc_head` ("v4.1 has no learned hc_head"); `compress_ratios`
-  0 (sliding window) with `kv_source_layer_ids` [0] (attention.py: compressors live on the KV source layers only).
+  DeepseekV4MoE: num_hash_layers=0) and no learned `hc_head` ("v4.1 has no learned hc_head"). The replica's
+  attention is sliding-window only (`compress_ratios` 0), as DeepSeek-V4's replica: vLLM builds a compressor on
+  every trunk layer listed in `kv_source_layer_ids` (attention.py; its compressor asserts head_dim 512) and an
+  indexer on `index_source_layer_ids`, so the one KV source id is past the trunk (the model reads
+  max(kv_source_layer_ids)) and no layer indexes. Not modelled: the release's compressed and indexed layers.
 - Engram, on the layers of `engram_layer_ids` (common/engram.py Engram, ParallelEngramEmbedding, EngramLayout):
   `layers.L.engram.embed.weight` F8_E4M3 [num_embeddings, engram_head_dim] with per-row 1x32 E8M0 scales
   `engram.embed.scale` [num_embeddings, engram_head_dim / 32] (the mapper routes it to `embed_tokens.weight_scale_inv`),
@@ -45,12 +48,12 @@ from .experts import Tweaks
 from .layouts import DSV4_HC_MULT, Dims, _dsv4_block, _fp8_linear, _norm
 from .seeded import dense, fp8_block_quantize
 
-__all__ = ["DSV41_BLOCK", "dsv41_config", "dsv41_tensors", "draft_experts", "engram_layout"]
+__all__ = ["DSV41_BLOCK", "dsv41_config", "dsv41_tensors", "dsv41_tokenizer", "draft_experts", "engram_layout"]
 
 DSV41_BLOCK = 32          # the dense linears' FP8 block (quantization_config weight_block_size [32, 32])
 DRAFT_STAGES = 3          # mtp.0, mtp.1, mtp.2
 _ENGRAM = {"engram_max_ngram_size": 3, "engram_n_heads": 2, "engram_head_dim": 64, "engram_vocab_size": 16,
-           "engram_compressed_vocab_size": 16, "engram_pad_token_id": 2}
+           "engram_pad_token_id": 2}
 _MARKOV_RANK = 32
 _VISION = {"model_type": "deepseek_v41_vision", "num_hidden_layers": 1, "hidden_size": 64,
            "num_attention_heads": 2, "intermediate_size": 128, "patch_size": 4, "downsample_ratio": 2,
@@ -105,13 +108,13 @@ def _vision(out: dict, seed: int, d: Dims, dtype: torch.dtype) -> None:
     linear("vision.patch_embed.proj", dim, 3 * patch * patch)
     for i in range(v["num_hidden_layers"]):
         b = f"vision.blocks.{i}"
-        _norm(out, seed, f"{b}.norm1.weight", dim, torch.float32)
+        _norm(out, seed, f"{b}.norm1.weight", dim, dtype)
         linear(f"{b}.attn.wqkv", 3 * dim, dim)
         linear(f"{b}.attn.wo", dim, dim)
-        _norm(out, seed, f"{b}.norm2.weight", dim, torch.float32)
+        _norm(out, seed, f"{b}.norm2.weight", dim, dtype)
         linear(f"{b}.mlp.w1", 2 * inter, dim, bias=False)
         linear(f"{b}.mlp.w2", dim, inter, bias=False)
-    _norm(out, seed, "vision.norm.weight", dim, torch.float32)
+    _norm(out, seed, "vision.norm.weight", dim, dtype)
     linear("aligner.w1", d.hidden, dim * v["downsample_ratio"] ** 2)
     linear("aligner.w2", d.hidden, d.hidden)
     for name in ("image_start", "image_end", "image_newline"):
@@ -161,7 +164,7 @@ def dsv41_config(d: Dims) -> dict:
         "num_experts_per_tok": d.top_k, "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5,
         "swiglu_limit": 10.0, "num_hash_layers": 0, "vocab_size": d.vocab, "tie_word_embeddings": False,
         "max_position_embeddings": 4096, "compress_ratios": [0] * (d.layers + DRAFT_STAGES),
-        "kv_source_layer_ids": [0], "index_source_layer_ids": [0], "sliding_window": 128,
+        "kv_source_layer_ids": [d.layers], "index_source_layer_ids": [], "sliding_window": 128,
         "hc_mult": DSV4_HC_MULT, "hc_sinkhorn_iters": 20, "hc_eps": 1e-06, "index_n_heads": 64,
         "index_head_dim": 128, "index_topk": 512, "topk_method": "noaux_tc", "norm_topk_prob": True,
         "hidden_act": "silu", "rms_norm_eps": 1e-06, "rope_theta": 10000, "compress_rope_theta": 160000,
@@ -172,10 +175,28 @@ def dsv41_config(d: Dims) -> dict:
         "dspark_markov_rank": _MARKOV_RANK,
         # Engram
         "engram_layer_ids": _engram_layers(d), "engram_num_embeddings": [sum(engram_layout(d))] * len(_engram_layers(d)),
-        **_ENGRAM,
+        # every synthetic token normalises to itself (dsv41_tokenizer): the compressed vocabulary is the vocabulary
+        "engram_compressed_vocab_size": d.vocab, **_ENGRAM,
     }
     return {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "torch_dtype": "bfloat16",
             "text_config": text, "vision_config": dict(_VISION),
+            # the image span's token (129264 of the release's 129280; SGLang 0.5.23 configs/deepseek_v4.py default)
+            "image_token_id": d.vocab - 16,
             "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                                     "scale_fmt": "ue8m0", "weight_block_size": [DSV41_BLOCK, DSV41_BLOCK],
                                     "expert_dtype": "fp4"}}
+
+
+def dsv41_tokenizer(d: Dims) -> dict[str, dict]:
+    """tokenizer.json, a word-level vocabulary of `d.vocab` synthetic tokens, and tokenizer_config.json naming two
+    of them BOS and EOS (ids 0 and 1, as config.json says), so that no token is added. V4.1's engines read the tokenizer
+    while building the model: vLLM's Engram hash (common/engram.py NgramHashState) compresses the vocabulary by
+    normalising each token's text and checks the result against `engram_compressed_vocab_size`; every token here
+    is a distinct lower-case word, so the compressed vocabulary is the vocabulary."""
+    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+                 "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None, "decoder": None,
+                 "model": {"type": "WordLevel", "vocab": {f"t{i}": i for i in range(d.vocab)}, "unk_token": "t3"}}
+    return {"tokenizer.json": tokenizer,
+            "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "t0",
+                                      "eos_token": "t1", "model_max_length": 4096,
+                                      "synthetic": "dsv4-convert synth (no real vocabulary)"}}

@@ -39,7 +39,13 @@ def use_cpu_stand_ins() -> None:
 
 
 def cuda_model_class(hf_config):
-    """The DeepSeek-V4 class a CUDA user gets, or None (every other family: the registry's class)."""
+    """The DeepSeek-V4 / V4.1 class a CUDA user gets, or None (every other family: the registry's class). V4.1's
+    registry entry (`vllm.models.deepseek_v41`) already picks the CUDA class off ROCm; named here so that it is
+    built, loaded and processed as on sm_120 too (as_sm120)."""
+    if hf_config.model_type == "deepseek_v41":
+        from vllm.models.deepseek_v41.nvidia.vl_model import DeepseekV41ForCausalLM
+
+        return DeepseekV41ForCausalLM
     if hf_config.model_type != "deepseek_v4":
         return None
     from vllm.models.deepseek_v4.nvidia.model import DeepseekV4ForCausalLM
