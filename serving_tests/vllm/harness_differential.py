@@ -41,6 +41,16 @@ def _model(path: str, dtype: str, text_only: bool = False):
     return _load(path, vllm_config, model_config, model_class)
 
 
+def cuda_draft_class(draft_model_config):
+    """The draft class a CUDA user gets where the registry's differs on the CPU platform (dsv4_cpu.py): DeepSeek-V4.1's
+    DSpark draft (the registry's `vllm.models.deepseek_v41` entry already picks it off ROCm); None otherwise."""
+    if draft_model_config.hf_config.architectures == ["DSparkV41DraftModel"]:
+        from vllm.models.deepseek_v41.nvidia.dspark import DSparkDeepseekV4ForCausalLM
+
+        return DSparkDeepseekV4ForCausalLM
+    return None
+
+
 def _load(path: str, vllm_config, model_config, model_class=None):
     """vLLM's model loader's steps: build under the model's dtype and config, the model's own `load_weights`,
     then `process_weights_after_loading` over every module (parameters zero-filled first: zero_fill says why)."""
