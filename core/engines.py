@@ -21,7 +21,7 @@ from .errors import UsageError
 from .inner_methods import resolve_sglang, resolve_vllm
 
 __all__ = [
-    "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "FORMAT_VERSION", "GEMM_ARGS_033", "GEMM_ARGS_034", "LAYOUTS",
+    "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "EngramHost", "FORMAT_VERSION", "GEMM_ARGS_033", "GEMM_ARGS_034", "LAYOUTS",
     "MXFP4_NEEDS_BF16", "QUANT_METHOD", "READABLE_FORMAT_VERSIONS", "RELEASES", "EngineError", "EngineFacts",
     "KernelOps", "Package", "Release", "engine_facts", "engine_inner_method", "launch_command",
     "mxfp4_dtype_problem", "parallel_flags", "registration_log_line", "release", "release_for", "shell_quote",
@@ -98,6 +98,16 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
+class EngramHost:
+    """Where the engine keeps DeepSeek-V4.1's Engram tables (core/side_tables.py), and how a launch picks:
+    `host` in pinned host memory (the GPUs gather rows from it), or on the GPUs, sharded over TP.
+    `on_host` / `on_gpu` turn the server command `{cmd}` into one with that placement."""
+    default_on_host: bool
+    on_host: str
+    on_gpu: str
+
+
+@dataclass(frozen=True)
 class EngineFacts:
     name: str
     display: str  # the engine's own spelling, for messages
@@ -127,6 +137,7 @@ class EngineFacts:
     # with zeros to a multiple of this on top of `padding` (SGLang 0.5.23 prepare_moe_nvfp4_layer_for_marlin:
     # 128, "if not is_gated"; vLLM pads both kinds by its one NVFP4 rule); its loader zero-fills a padded buffer
     non_gated_i_multiple: int = 1
+    engram: EngramHost | None = None  # DeepSeek-V4.1's Engram tables: where they live and how to move them
 
     @property
     def fp32_global(self) -> bool:
@@ -180,7 +191,10 @@ ENGINES = {
         packages=(Package("vllm", "vllm", ("_moe_C*.so",)),),
         kernels=KernelOps("vllm", "vllm._custom_ops", "_moe_C.moe_wna16_marlin_gemm", "_C.gptq_marlin_repack",
                           "vllm.scalar_type", "vllm"),
-        probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm),
+        probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm,
+        # vLLM 0.34 config/engram.py EngramConfig.cpu_offload = True ("Store embedding weights in pinned CPU memory
+        # for UVA lookup"), set with --engram-config (engine/arg_utils.py); 0.33.0 the same
+        engram=EngramHost(True, "{cmd}", """{cmd} --engram-config '{{"cpu_offload": false}}'""")),
     # sglang-L2: the NVFP4 Marlin fallback and the DSv4 MXFP4 Marlin method exist only since 0.5.2x;
     # 0.5.23 is the version verified byte for byte. --tp-size / --ep-size are server_args' own names
     # (0.5.23, sglang/srt/arg_groups/fields/parallel.py); a bare --tp only works as an argparse abbreviation.
@@ -195,7 +209,10 @@ ENGINES = {
         packages=(Package("sglang", "sglang"), Package("sgl-kernel", "sgl_kernel", ("**/*.so",))),
         kernels=KernelOps("sgl_kernel", "sgl_kernel", "sgl_kernel.moe_wna16_marlin_gemm",
                           "sgl_kernel.gptq_marlin_repack", "sgl_kernel.scalar_type", "sgl-kernel"),
-        probe="dsv4_convert.serving.probe:sglang_quant_config", inner_method=resolve_sglang),
+        probe="dsv4_convert.serving.probe:sglang_quant_config", inner_method=resolve_sglang,
+        # SGLang 0.5.23 srt/environ.py SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE = EnvBool(False): "keep the tables in
+        # host memory ... and gather rows from the GPU instead of sharding them over HBM" (layers/engram.py)
+        engram=EngramHost(False, "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1 {cmd}", "{cmd}")),
 }
 LAYOUTS = {e.layout_tag: e for e in ENGINES.values()}
 

@@ -266,11 +266,8 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("deepseek-v4", ("DeepseekV4ForCausalLM",), "deepseek", "deepseek",
            examples="deepseek-ai/DeepSeek-V4-Flash, nvidia/DeepSeek-V4-Flash-NVFP4"),
-    # DeepSeek-V4.1: V4's names and experts, DSpark draft stages mtp.{0,1,2} with their own expert count
-    # (dspark_n_routed_experts: core/structure.py layer_experts), Engram tables and a BF16 vision tower copied as
-    # they are (vLLM 0.34 models/deepseek_v41; SGLang 0.5.23 builds it as DeepseekV4ForCausalLM)
-    Family("deepseek-v41", ("DeepseekV41ForCausalLM",), "deepseek", "deepseek",
-           examples="deepseek-ai/DeepSeek-V4.1-Flash"),
+    # V4's names; DSpark stages mtp.0-2 sized by dspark_n_routed_experts (core/structure.py), Engram, vision copied
+    Family("deepseek-v41", ("DeepseekV41ForCausalLM",), "deepseek", "deepseek", examples="deepseek-ai/DeepSeek-V4.1-Flash"),
     Family("gpt-oss", ("GptOssForCausalLM",), "gpt-oss", "hf-mlp", examples="openai/gpt-oss-20b, -120b"),
     Family("qwen3-moe", ("Qwen3MoeForCausalLM",), "hf-mlp", "hf-mlp",
            examples="nvidia/Qwen3-30B-A3B-NVFP4, nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4, "
