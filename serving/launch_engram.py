@@ -1,29 +1,25 @@
 """DeepSeek-V4.1's Engram tables and vision tower in `plan`'s memory model (serving/launch.py): what one GPU holds,
 where the tables go (core/engines.py EngramHost: the engine's default placement and how to pick the other), and the
-line of reasoning that says so. Which tensors they are: core/side_tables.py."""
+line of reasoning that says so. Which tensors they are: core/side_tables.py. `shape` is launch.py's ModelShape
+(not imported: launch.py imports this module)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..core.engines import ENGINES
-
-if TYPE_CHECKING:
-    from .launch import ModelShape
 
 __all__ = ["engram_placements", "engram_reason", "weights_per_gpu"]
 
 GIB = 1 << 30
 
 
-def weights_per_gpu(shape: ModelShape, tp: int, grow: float, engram_on_gpu: bool) -> float:
+def weights_per_gpu(shape, tp: int, grow: float, engram_on_gpu: bool) -> float:
     """GiB of weights one GPU holds: experts and other weights / TP, the vision tower whole, the Engram tables / TP
     on the GPUs or none (host memory)."""
     sharded = shape.expert_bytes * grow + shape.other_bytes - shape.engram_bytes - shape.vision_bytes
     return (sharded / tp + shape.vision_bytes + (shape.engram_bytes / tp if engram_on_gpu else 0)) / GIB
 
 
-def engram_placements(shape: ModelShape, engine: str, engram: str) -> list[bool | None]:
+def engram_placements(shape, engine: str, engram: str) -> list[bool | None]:
     """Engram on the GPUs (True) or in host memory (False), in the order to try: the engine's default first
     (`auto`), or the one asked for; [None] for a model without Engram tables."""
     facts = ENGINES[engine].engram
@@ -34,7 +30,7 @@ def engram_placements(shape: ModelShape, engine: str, engram: str) -> list[bool 
     return [not facts.default_on_host, facts.default_on_host]
 
 
-def engram_reason(shape: ModelShape, engine: str, on_gpu: bool, tried: list) -> str:
+def engram_reason(shape, engine: str, on_gpu: bool, tried: list) -> str:
     facts = ENGINES[engine].engram
     gib = shape.engram_bytes / GIB
     where = (f"on the GPUs, sharded over TP ({gib:.1f} GiB / TP per GPU)" if on_gpu else
