@@ -19,6 +19,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.served import entries
 from dsv4_convert.core.structure import RULES, experts_beyond_config, experts_incomplete, layer_experts
@@ -95,6 +96,12 @@ def test_converts_copies_engram_vision_and_draft_parts_validates_and_reverses(so
     assert any(".engram.embed.scale" in n for n in copied) and any(n.startswith("vision.") for n in copied)
     assert {n: out_t.get(n) for n in copied} == {n: src_t[n] for n in copied}
     assert src_t["layers.1.engram.embed.weight"][0] == "torch.float8_e4m3fn"
+
+    # SERVING.md says where the engine keeps the Engram tables and how to launch with the other placement
+    facts = ENGINES[target].engram
+    other = (facts.on_gpu if facts.default_on_host else facts.on_host).format(cmd="").strip()
+    notes = (out / "SERVING.md").read_text()
+    assert "## The Engram tables" in notes and other in notes
 
     block = json.loads((out / "config.json").read_text())["quantization_config"]
     assert block["expert_dtype"] == "fp4" and block["model_type"] == "deepseek_v41"
