@@ -22,8 +22,8 @@ from safetensors import safe_open
 from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.served import entries
+from dsv4_convert.core.source_formats import source_format
 from dsv4_convert.core.structure import RULES, experts_beyond_config, experts_incomplete, layer_experts
-from dsv4_convert.core.tensor_model import SourceFormat
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 
 _SIZES = {"layers": 2, "experts": 8, "hidden": 256, "intermediate": 128, "shards": 2}
@@ -40,7 +40,7 @@ def source(synth_source):
 
 def test_recognised_with_three_draft_stages_of_their_own_size(source):
     ckpt = open_checkpoint(source)
-    assert ckpt.format is SourceFormat.MXFP4_DSV4
+    assert ckpt.format == source_format("mxfp4-dsv4")
     text = ckpt.config["text_config"]
     per_layer: dict[str, set[int]] = {}
     for p in ckpt.projections:
