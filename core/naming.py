@@ -274,6 +274,8 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("deepseek-v4", ("DeepseekV4ForCausalLM",), "deepseek", "deepseek",
            examples="deepseek-ai/DeepSeek-V4-Flash, nvidia/DeepSeek-V4-Flash-NVFP4"),
+    # V4's names; DSpark stages mtp.0-2 sized by dspark_n_routed_experts (core/structure.py), Engram, vision copied
+    Family("deepseek-v41", ("DeepseekV41ForCausalLM",), "deepseek", "deepseek", examples="deepseek-ai/DeepSeek-V4.1-Flash"),
     Family("gpt-oss", ("GptOssForCausalLM",), "gpt-oss", "hf-mlp", examples="openai/gpt-oss-20b, -120b"),
     Family("qwen3-moe", ("Qwen3MoeForCausalLM",), "hf-mlp", "hf-mlp",
            examples="nvidia/Qwen3-30B-A3B-NVFP4, nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4, "

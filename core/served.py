@@ -111,6 +111,14 @@ def _rows(key: str) -> tuple[Served, ...]:
                (_differential("deepseek-v4", "mxfp4-dsv4"), *_dsv4(e, "ckpt-mxfp4-bf16-tp2"))),
         Served("deepseek-v4", "nvfp4-modelopt-dsv4", key, dsv4_fp8,
                (_differential("deepseek-v4", "nvfp4-modelopt-dsv4"), *_dsv4(e, "ckpt-nvfp4-bf16-tp2"))),
+        # DeepSeek-V4.1 (Engram, vision tower, DSpark stages copied as they are): its 32x32 FP8 block; the plugin's
+        # config answers the inner config's fields, which V4.1's loader reads (weight_block_size)
+        Served("deepseek-v41", "mxfp4-dsv4", key,
+               _method(e, {"quant_method": "fp8", "weight_block_size": [32, 32], "expert_dtype": "fp4"}, "deepseek_v41"),
+               (_differential("deepseek-v41", "mxfp4-dsv4"),
+                "serving_tests/test_draft_differential.py::test_plugin_draft_equals_the_engines_draft_of_the_source"
+                "[deepseek-v41-mxfp4-dsv4-bfloat16]",  # the DSpark draft (mtp.0-2, its own expert count)
+                "serving_tests/test_plugin_config.py::test_config_answers_the_inner_configs_fields_for_dsv41")),
         Served("gpt-oss", "mxfp4-gptoss", key, _method(e, {"quant_method": "mxfp4"}, "gpt_oss"),
                (_differential("gpt-oss", "mxfp4-gptoss-kv-heads"), *_gpt_oss(e))),
         Served("qwen3-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),

@@ -125,6 +125,8 @@ CASES = (
     # DeepSeek-V4: vLLM builds its CUDA model class (serving_tests/vllm/dsv4_cpu.py says why and what stands in)
     Case("deepseek-v4", "nvfp4-modelopt-dsv4"),
     Case("deepseek-v4", "mxfp4-dsv4"),
+    # DeepSeek-V4.1 (Engram, vision tower, DSpark stages): vLLM builds DeepseekV41ForCausalLM (vllm/dsv41_cpu.py)
+    Case("deepseek-v41", "mxfp4-dsv4"),
     Case("gpt-oss", "mxfp4-gptoss", edit="kv-heads"),
     Case("qwen3-moe", "nvfp4-modelopt-hf", dtypes=("bfloat16", "float16")),
     Case("qwen3-moe", "nvfp4-ct"),

@@ -42,13 +42,19 @@ def use_cpu_stand_ins() -> None:
 
 
 def cuda_model_class(hf_config):
-    """The class a CUDA user gets where the CPU registry gives another one (DeepSeek-V4; the DSA models DeepSeek-V3.2
-    and GLM-5.x: `vllm/models/deepseek_v32/__init__.py` picks `nvidia/model.py`'s DeepseekV32ForCausalLM on CUDA,
-    deepseek_v2.py's generic classes elsewhere), or None (every other family: the registry's class)."""
+    """The class a CUDA user gets where the CPU registry gives another one (DeepSeek-V4 / V4.1; the DSA models
+    DeepSeek-V3.2 and GLM-5.x: `vllm/models/deepseek_v32/__init__.py` picks `nvidia/model.py`'s DeepseekV32ForCausalLM
+    on CUDA, deepseek_v2.py's generic classes elsewhere), or None (every other family: the registry's class). V4.1's
+    registry entry (`vllm.models.deepseek_v41`) already picks the CUDA class off ROCm; named here so that it is
+    built, loaded and processed as on sm_120 too (as_sm120)."""
     if hf_config.model_type in _DSA_MODEL_TYPES:
         from vllm.models.deepseek_v32.nvidia.model import DeepseekV32ForCausalLM
 
         return DeepseekV32ForCausalLM
+    if hf_config.model_type == "deepseek_v41":
+        from vllm.models.deepseek_v41.nvidia.vl_model import DeepseekV41ForCausalLM
+
+        return DeepseekV41ForCausalLM
     if hf_config.model_type != "deepseek_v4":
         return None
     from vllm.models.deepseek_v4.nvidia.model import DeepseekV4ForCausalLM
