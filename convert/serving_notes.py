@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
 from ..core.mtp import copied_mtp_layers
 from ..core.parallel_rules import split_dims, split_refusals
+from ..core.side_tables import engram_table_bytes
 from ..core.tensor_model import Quant
 from ..core.version import install_sentence
 from .plan import ConvertPlan
@@ -64,7 +65,7 @@ An engine without the plugin refuses this checkpoint (`{QUANT_METHOD}` is unknow
 repacking the packed bytes a second time. To get the original checkpoint back, run
 `dsv4-convert marlin-to-source {shell_quote(out_name)} ORIGINAL`.
 
-{_mtp(plan)}## What `{t.layout_tag}` means
+{_mtp(plan)}{_engram(plan, launch)}## What `{t.layout_tag}` means
 NVFP4 block scales are {scales}. MXFP4 scales are permuted E8M0 bytes. The exact layout is in
 dsv4-convert's docs/FORMAT.md.
 """
@@ -112,3 +113,17 @@ def _mtp(plan: ConvertPlan) -> str:
             f"does not load them. An engine's draft model (speculative decoding) asks {QUANT_METHOD} for their "
             "methods, which gives them the source's own non-expert config; docs/SERVING.md says which engine "
             "release is proven to load that draft.\n\n")
+
+
+def _engram(plan: ConvertPlan, launch: str) -> str:
+    """A paragraph for DeepSeek-V4.1's Engram tables (core/side_tables.py): copied, and where the engine keeps them
+    (core/engines.py EngramHost), with the launch that puts them in the other place."""
+    size = engram_table_bytes(plan.checkpoint.tensors)
+    facts = ENGINES[plan.target.engine].engram
+    if not size or facts is None:
+        return ""
+    here = "in pinned host memory" if facts.default_on_host else "on the GPUs, sharded over TP"
+    other = facts.on_gpu if facts.default_on_host else facts.on_host
+    return (f"## The Engram tables\n{size / (1 << 30):.1f} GiB of Engram tables (`layers.L.engram.embed.*`), copied "
+            f"byte for byte. {plan.target.engine} keeps them {here} by default; the other placement:\n\n"
+            f"       {other.format(cmd=launch)}\n\n`dsv4-convert plan` says which placement fits your GPUs.\n\n")

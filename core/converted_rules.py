@@ -91,7 +91,7 @@ def block_problems(cfg: dict) -> list[Problem]:
         bad(BAD_VALUE, f"group_size is {gs!r}, expected {' or '.join(map(str, sorted(GROUP_SIZE.values())))}")
     elif gs is not None and wf in GROUP_SIZE and gs != GROUP_SIZE[wf]:
         bad(BAD_VALUE, f"group_size is {gs}, but {wf} blocks are {GROUP_SIZE[wf]} values")
-    for key in ("target_engine_version", "source_format", "model_type"):
+    for key in ("target_engine_version", "source_format", "model_type", "expert_dtype"):
         if cfg.get(key) is not None and not isinstance(cfg[key], str):
             bad(BAD_VALUE, f"{key} must be a string, got {cfg[key]!r}")
     layouts = cfg.get("layouts", [])
@@ -183,7 +183,7 @@ def _tp_layout_problems(tl, experts: dict, engine: str | None) -> list[Problem]:
 
 # the model dimensions this tool reads from config.json: positive integers when present
 _DIM_KEYS = ("hidden_size", "moe_intermediate_size", "intermediate_size", "num_hidden_layers", "n_routed_experts",
-             "num_local_experts", "num_experts")
+             "num_local_experts", "num_experts", "moe_latent_size", "routed_expert_hidden_size")
 
 
 def model_config_problems(config: dict) -> list[Problem]:

@@ -22,9 +22,9 @@ from .inner_methods import resolve_sglang, resolve_vllm
 from .kernel_table import SGLANG_0523_KERNELS, VLLM_033_KERNELS, VLLM_034_KERNELS, KernelOps
 
 __all__ = [
-    "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "FORMAT_VERSION", "LAYOUTS", "MXFP4_NEEDS_BF16", "QUANT_METHOD",
-    "READABLE_FORMAT_VERSIONS", "RELEASES", "EngineError", "EngineFacts", "KernelOps", "Package", "Release",
-    "engine_facts", "engine_inner_method", "launch_command",
+    "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "EngramHost", "FORMAT_VERSION", "LAYOUTS", "MXFP4_NEEDS_BF16",
+    "QUANT_METHOD", "READABLE_FORMAT_VERSIONS", "RELEASES", "EngineError", "EngineFacts", "KernelOps", "Package",
+    "Release", "engine_facts", "engine_inner_method", "launch_command",
     "mxfp4_dtype_problem", "parallel_flags", "registration_log_line", "release", "release_for", "shell_quote",
     "version_tuple", "w4a8_problem",
 ]
@@ -73,6 +73,16 @@ class Release:
         return self.first <= version_tuple(version) < self.below
 
 
+@dataclass(frozen=True)
+class EngramHost:
+    """Where the engine keeps DeepSeek-V4.1's Engram tables (core/side_tables.py), and how a launch picks:
+    `host` in pinned host memory (the GPUs gather rows from it), or on the GPUs, sharded over TP.
+    `on_host` / `on_gpu` turn the server command `{cmd}` into one with that placement."""
+    default_on_host: bool
+    on_host: str
+    on_gpu: str
+
+
 @dataclass(frozen=True, slots=True)
 class EngineFacts:
     name: str
@@ -101,6 +111,7 @@ class EngineFacts:
     # the config.json key of a Mamba-2 model's group count (core/parallel_rules.py): vLLM's NemotronH reads
     # `n_groups`; SGLang 0.5.23's NemotronHConfig reads `mamba_n_groups` (default 8, which the release matches)
     mamba_groups_key: str = "n_groups"
+    engram: EngramHost | None = None  # DeepSeek-V4.1's Engram tables: where they live and how to move them
 
     @property
     def fp32_global(self) -> bool:
@@ -157,7 +168,10 @@ ENGINES = {
         sm120_moe_default="vLLM usually auto-selects Marlin on sm_120, but an SM100 path can still be picked "
                           "for NVFP4",
         packages=(Package("vllm", "vllm"),),
-        probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm),
+        probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm,
+        # vLLM 0.34 config/engram.py EngramConfig.cpu_offload = True ("Store embedding weights in pinned CPU memory
+        # for UVA lookup"), set with --engram-config (engine/arg_utils.py); 0.33.0 the same
+        engram=EngramHost(True, "{cmd}", """{cmd} --engram-config '{{"cpu_offload": false}}'""")),
     # sglang-L2: the NVFP4 Marlin fallback and the DSv4 MXFP4 Marlin method exist only since 0.5.2x;
     # 0.5.23 is the version verified byte for byte. --tp-size / --ep-size are server_args' own names
     # (0.5.23, sglang/srt/arg_groups/fields/parallel.py); a bare --tp only works as an argparse abbreviation.
@@ -171,7 +185,10 @@ ENGINES = {
                           "flashinfer_trtllm_routed)",
         # sglang 0.5.23 requires sglang-kernel==0.4.10 (import name sgl_kernel): its scalar types, no Marlin op
         packages=(Package("sglang", "sglang"), Package("sglang-kernel", "sgl_kernel")),
-        probe="dsv4_convert.serving.probe:sglang_quant_config", inner_method=resolve_sglang),
+        probe="dsv4_convert.serving.probe:sglang_quant_config", inner_method=resolve_sglang,
+        # SGLang 0.5.23 srt/environ.py SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE = EnvBool(False): "keep the tables in
+        # host memory ... and gather rows from the GPU instead of sharding them over HBM" (layers/engram.py)
+        engram=EngramHost(False, "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1 {cmd}", "{cmd}")),
 }
 LAYOUTS = {e.layout_tag: e for e in ENGINES.values()}
 

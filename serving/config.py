@@ -82,6 +82,8 @@ def check_layout(
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _MTP = re.compile(r"(?:^|\.)mtp\.(?:layers\.)?(\d+)\.")  # DeepSeek `mtp.0.`, Qwen3.5 / Qwen3-Next `mtp.layers.0.`
+# SGLang 0.5.23's DSpark draft (models/deepseek_v4_dspark.py) builds DeepSeek-V4.1's stage `mtp.N` as `stages.N`
+_STAGE = re.compile(r"(?:^|\.)stages\.(\d+)\.")
 
 
 def checked_source(config: dict, *, engine: str, engine_version: str) -> tuple[ConvertedQuantConfig, dict | None]:
@@ -106,7 +108,7 @@ def expert_container(spec: ConvertedQuantConfig, prefix: str, *, num_hidden_laye
         elif m := _LAYER.search(name + "."):
             by_layer[int(m.group(1))] = name
     p = prefix + "."
-    if m := _MTP.search(p):
+    if m := _MTP.search(p) or _STAGE.search(p):
         return by_mtp.get(int(m.group(1)))
     if ".decoder." in p or p.startswith("decoder."):
         return by_mtp.get(0)

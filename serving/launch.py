@@ -24,10 +24,12 @@ from ..core.engines import (
 from ..core.mtp import draft_bytes
 from ..core.parallel_rules import split_dims, split_refusals
 from ..core.served import checkpoint_refusal
+from ..core.side_tables import engram_table_bytes, vision_bytes
 from ..core.structure import model_dims
 from ..core.tensor_model import Checkpoint, gated_experts
 from ..core.version import install_sentence
 from ..formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
+from .launch_engram import engram_placements, engram_reason, weights_per_gpu
 
 __all__ = [
     "ACTIVATION_GIB",
@@ -73,6 +75,8 @@ class ModelShape:
     draft_bytes: int = 0  # copied MTP (draft) layers (core/mtp.py): loaded only for speculative decoding
     # engine -> what its TP divisibility rules read from config.json (core/parallel_rules.py): heads, KV heads, ...
     split_dims: dict = field(default_factory=dict)
+    engram_bytes: int = 0  # DeepSeek-V4.1's Engram tables (core/side_tables.py), part of other_bytes
+    vision_bytes: int = 0  # its vision tower, part of other_bytes: whole on every GPU
 
 
 def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
@@ -110,6 +114,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       roles=len({p.role for p in ckpt.projections}) or 3,
                       gated=gated_experts(p.role for p in ckpt.projections) or not ckpt.projections,
                       split_dims={e: split_dims(ckpt.config, e) for e in ENGINES},
+                      engram_bytes=engram_table_bytes(ckpt.tensors), vision_bytes=vision_bytes(ckpt.tensors),
                       not_served={e: checkpoint_refusal(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e)
                                   for e in ENGINES})
 
@@ -210,7 +215,20 @@ def _backend(engine: str, arch: str) -> tuple[str, str]:
 
 
 def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "sm_120", engine: str = DEFAULT_ENGINE,
-              act_dtype: str = "bfloat16", path: str = "PATH") -> LaunchPlan:
+              act_dtype: str = "bfloat16", path: str = "PATH", engram: str = "auto") -> LaunchPlan:
+    """`engram`: where DeepSeek-V4.1's Engram tables go, `gpu`, `host` or `auto` (the engine's default, else the
+    other placement where only that one fits)."""
+    placements = engram_placements(shape, engine, engram)
+    for engram_on_gpu in placements:
+        plan = _make_plan(shape, gpus=gpus, gpu_mem_gib=gpu_mem_gib, arch=arch, engine=engine, act_dtype=act_dtype,
+                          path=path, engram_on_gpu=engram_on_gpu, tried=placements)
+        if plan.chosen is not None:
+            break
+    return plan
+
+
+def _make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str, engine: str, act_dtype: str,
+               path: str, engram_on_gpu: bool | None, tried: list) -> LaunchPlan:
     group = GROUP_SIZE[shape.quant]
     mem_flag, mem = _mem_flag(engine, gpu_mem_gib)
     backend, why = _backend(engine, arch)
@@ -222,7 +240,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                                    tp=tp, ep=ep, experts=shape.experts, gated=shape.gated)
             # a source the engine pads holds padded experts per rank; a converted checkpoint's bytes are final
             grow = 1.0 if shape.converted else padding_factor(tiles)
-            weights = (shape.expert_bytes * grow + shape.other_bytes) / tp / GIB
+            weights = weights_per_gpu(shape, tp, grow, bool(engram_on_gpu))
             repack = 0.0 if shape.converted else shape.largest_layer_expert_bytes * grow / tp / GIB
             if not ENGINES[engine].memory_profiled:
                 kv = mem * gpu_mem_gib - weights
@@ -281,6 +299,8 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
         f"vLLM may use this share; it profiles activations and CUDA graphs inside it, leaving "
         f"{RUNTIME_GIB:g} GiB for the CUDA context outside"))
     reasoning.append(f"MoE backend {backend}: {why}")
+    if engram_on_gpu is not None:
+        reasoning.append(engram_reason(shape, engine, engram_on_gpu, tried))
     if shape.not_served.get(engine):
         reasoning.append(f"NOT SERVED: the dsv4-convert plugin for {engine} is not proven to load this model "
                          f"{'as converted' if shape.converted else 'once converted'}: {shape.not_served[engine]} "
@@ -321,5 +341,8 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
             reasoning.append(f"{gpus // chosen.tp} replicas of TP {chosen.tp} (data parallel) would use all {gpus} GPUs")
     command = None if chosen is None else launch_command(engine, path, tp=chosen.tp, ep=chosen.ep,
                                                          act_dtype=act_dtype, memory=mem)
+    if command is not None and engram_on_gpu is not None:
+        facts = ENGINES[engine].engram
+        command = (facts.on_gpu if engram_on_gpu else facts.on_host).format(cmd=command)
     return LaunchPlan(shape, gpus, gpu_mem_gib, arch, engine, act_dtype, mem_flag, mem, backend, why, candidates,
                       chosen, command, reasoning)

@@ -232,6 +232,14 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
     def get_scaled_act_names(self) -> list[str]:
         return self.inner.get_scaled_act_names() if self.inner is not None else []
 
+    def can_fuse_shared_expert(self) -> bool:
+        """No: SGLang fuses a DeepSeek-V3 / GLM-5 shared expert into the routed FusedMoE as one more expert, by
+        default for 256 routed + 1 shared on sm_80 and newer, unless the config says it cannot (deepseek_v2.py
+        shared_experts_fusion_disable_reason -> deepseek_common/utils.py quant_blocks_shared_experts_fusion). The
+        conversion holds the routed experts alone in Marlin order; the shared expert keeps the source's own format
+        and method, so it cannot join those buffers."""
+        return False
+
     def _num_hidden_layers(self):
         try:
             from sglang.srt.runtime_context import process_model_config

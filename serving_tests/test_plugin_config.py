@@ -144,3 +144,28 @@ def test_engine_startup_refuses_every_bad_rescale_factor(converted, tmp_path, va
     with pytest.raises(ValueError) as e:  # vLLM wraps the plugin's error in its config's ValidationError
         _engine_startup_quant_config(bad)
     assert "[converted_config.rescale_factor]" in str(e.value) and repr(key) in str(e.value), str(e.value)
+
+
+def test_config_answers_the_inner_configs_fields_for_dsv41():
+    """DeepSeek-V4.1's model reads the quantisation config's `weight_block_size` while it builds and loads (vLLM
+    0.34: [32, 32] with FP4 experts names the dense FP8 scales `weight_scale`, models/deepseek_v41/nvidia/model.py
+    _linear_scale_param_name; the shared experts' TP padding reads it too): the plugin's config answers with the
+    inner config's value, as the engine's own config for the source would."""
+    from dsv4_convert.synth.dsv41 import dsv41_config
+    from dsv4_convert.synth.layouts import Dims
+
+    block = dsv41_config(Dims(2, 8, 256, 128, 0, False))["quantization_config"]
+    qc = {**synth.quant_config("mxfp4", MarlinTarget(engine=ENGINE), original=block), "model_type": "deepseek_v41",
+          "expert_dtype": block["expert_dtype"]}
+    cfg = _config_class().from_config(qc)
+    assert list(cfg.inner.weight_block_size) == [32, 32]
+    assert list(cfg.weight_block_size) == [32, 32]
+    with pytest.raises(AttributeError):
+        cfg.no_such_field_anywhere  # noqa: B018 - what neither config has is still an AttributeError
+    if ENGINE == "vllm":
+        from types import SimpleNamespace
+
+        from vllm.models.deepseek_v41.nvidia.model import _linear_scale_param_name
+
+        # the VllmConfig holds only what the function reads (its quant_config): the engine's own function decides
+        assert _linear_scale_param_name(SimpleNamespace(quant_config=cfg), "fp4") == "weight_scale"

@@ -43,6 +43,7 @@ def test_written_block_round_trips(converted):
     ({"group_size": True}, "converted_config.bad_value"),
     ({"rescale_factors": {"model.layers.9.mlp.experts.w13": 1.0}}, "converted_config.experts_map"),
     ({"quant_method": "modelopt"}, "converted_config.not_ours"),
+    ({"expert_dtype": 4}, "converted_config.bad_value"),
 ])
 def test_wrong_types_refused_with_their_id(converted, change, error_id):
     with pytest.raises(ConvertedConfigError) as e:
@@ -108,6 +109,17 @@ def test_a_factor_other_than_1_is_refused_where_no_rescale_happens(converted, co
 def test_group_size_must_be_the_weight_formats(converted):
     with pytest.raises(ConvertedConfigError, match="nvfp4 blocks are 16 values"):
         ConvertedQuantConfig.parse({**_block(converted), "group_size": 32})
+
+
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+def test_expert_dtype_round_trips_at_the_top_of_the_block(converted):
+    """DeepSeek-V4.1's block keeps the source's expert_dtype where vLLM's DeepseekV41Config reads it; a block
+    without one (every other source) writes none."""
+    block = _block(converted)
+    assert "expert_dtype" not in block
+    with_dtype = {**block, "expert_dtype": "fp4"}
+    spec = ConvertedQuantConfig.parse(with_dtype)
+    assert spec.expert_dtype == "fp4" and spec.as_dict() == with_dtype
 
 
 def test_model_dimension_of_the_wrong_type():
