@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import UsageError
-from .jobs import RunDir, one_thread_per_job
+from .jobs import RunDir, one_thread_per_job, stop_with_parent
 
 __all__ = ["ExecutorSpec", "LocalExecutor", "auto_workers", "make_executor", "physical_cores", "refuse_device"]
 
@@ -70,8 +70,9 @@ def auto_workers(workers: int | None, total_bytes: int, jobs: int | None) -> int
 _progress_queue = None
 
 
-def _init_worker(q) -> None:
+def _init_worker(q, parent: int) -> None:
     global _progress_queue
+    stop_with_parent(parent)  # a SIGKILLed run leaves no worker behind (nor the locks it inherited)
     _progress_queue = q
     one_thread_per_job()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
@@ -118,7 +119,7 @@ class LocalExecutor:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             self.queue = ctx.Queue()
             self.executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                                initargs=(self.queue,))
+                                                initargs=(self.queue, os.getpid()))
 
     def map(self, fn, argsets, on_result, *, reports_progress: bool = False, job_bytes=None) -> None:
         """Run fn(*args) for each args; on_result(result) in the parent as each one finishes. A job that

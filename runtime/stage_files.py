@@ -1,8 +1,10 @@
 """The staging directory's small files and facts (runtime/staging.py): JSON records written atomically,
-the input's stamp that `--resume` and publish compare, and removing what a run left."""
+the input's stamp that `--resume` and publish compare, removing what a run left, and the lock
+descriptors a forked worker must not keep."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -11,7 +13,38 @@ from pathlib import Path
 from ..core.reader import is_download_metadata
 from ..core.small_files import read_small
 
-__all__ = ["fsync_dir", "write_json_atomic", "source_stamp", "first_change", "read_json", "remove_entry"]
+__all__ = ["fsync_dir", "write_json_atomic", "source_stamp", "first_change", "read_json", "remove_entry", "hold",
+           "let_go"]
+
+_HELD: set[int] = set()  # this process's lock descriptors (the staging directory's and its lock file's)
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child (a pool worker): close its copies of the lock descriptors. A flock belongs to
+    the open file description, so a copy kept by a worker would hold the lock after the run died (its
+    O_CLOEXEC acts on exec only); closing a copy leaves the parent's lock as it was."""
+    for fd in _HELD:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
+def hold(fd: int) -> None:
+    """`fd` holds one of this run's locks (flock'd by the caller): a forked child closes its copy."""
+    _HELD.add(fd)
+
+
+def let_go(fd: int) -> None:
+    """Unlock and close a descriptor `hold` was given."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    _HELD.discard(fd)
+    os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:

@@ -32,7 +32,16 @@ from .paths import (
     unlisted_entries,
 )
 from .signals import signals_deferred
-from .stage_files import first_change, fsync_dir, read_json, remove_entry, source_stamp, write_json_atomic
+from .stage_files import (
+    first_change,
+    fsync_dir,
+    hold,
+    let_go,
+    read_json,
+    remove_entry,
+    source_stamp,
+    write_json_atomic,
+)
 
 __all__ = ["Staging"]
 
@@ -156,6 +165,7 @@ class Staging:
                              error_id="output.locked",
                              hint="wait for it to finish, or stop it; two runs never share one output")
         self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        hold(self._dir_fd)
         try:
             fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -176,6 +186,7 @@ class Staging:
                 raise partial_not_ours_error(self.path)(
                     f"its lock {path} is not a plain file this tool made (a hard link or a special file)")
         self._lock_fd = fd
+        hold(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -327,15 +338,13 @@ class Staging:
         """Before publishing: the lock file must not be in the output (the directory lock stays)."""
         if self._lock_fd is not None:
             os.unlink(self.path / LOCK)
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            let_go(self._lock_fd)
             self._lock_fd = None
 
     def _release(self) -> None:
         for attr in ("_lock_fd", "_dir_fd"):
             fd = getattr(self, attr)
             if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
+                let_go(fd)
                 setattr(self, attr, None)
 
