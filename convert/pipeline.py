@@ -210,7 +210,9 @@ def _user_error(e: BaseException, staging: Staging, plan: ConvertPlan):
             return Interrupted(f"interrupted; the verified shards stay in {staging_path}",
                                error_id="convert.interrupted", file=str(staging_path),
                                hint="run the same command with --resume to finish")
-        return Interrupted("interrupted; the partial output was removed", error_id="convert.interrupted")
+        return Interrupted("interrupted; the partial output was removed", error_id="convert.interrupted",
+                           hint="run the same command again; it starts over. With --resume, an interrupted run "
+                                "keeps its finished shards and the next --resume continues from them")
     if isinstance(e, BrokenProcessPool):
         return OutputError("a worker process died (killed, or out of memory); the partial output was removed",
                            error_id="convert.worker_died", hint="retry with fewer --workers")

@@ -25,6 +25,12 @@ class SourceFormat(str, Enum):
     MXFP4_GPTOSS = "mxfp4-gptoss"          # gpt-oss *_blocks / *_scales (stacked, gate/up interleaved)
     MARLIN = "marlin"                      # this tool's own output (quant_method marlin_fp4)
 
+    @property
+    def quant(self) -> Quant | None:
+        """The FP4 format of its experts (every source format's name starts with it); None for MARLIN."""
+        head = self.value.split("-", 1)[0]
+        return Quant(head) if head in Quant._value2member_map_ else None
+
 
 class Quant(str, Enum):
     NVFP4 = "nvfp4"
@@ -33,6 +39,11 @@ class Quant(str, Enum):
     @property
     def group_size(self) -> int:
         return NVFP4_GROUP if self is Quant.NVFP4 else MXFP4_GROUP
+
+    @property
+    def convert_command(self) -> str:
+        """The dsv4-convert command that converts experts of this format."""
+        return f"{self.value}-to-marlin"
 
 
 class Role(str, Enum):

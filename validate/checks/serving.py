@@ -87,8 +87,10 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
     method = engine_inner_method(engine.name, block, spec.source_model_type)
     why = refusal(c.config, spec.source_format or "unknown", engine.name, block)
     if why is not None:
+        quant = SourceFormat(spec.source_format).quant if spec.source_format in SourceFormat._value2member_map_ else None
+        command = f"`dsv4-convert {quant.convert_command}`" if quant else "the converter"
         yield Finding("config.json", f"the {engine.name} plugin is not proven to serve this checkpoint: {why} "
-                      "(core/served.py; `dsv4-convert nvfp4-to-marlin` refuses the same source).", file="config.json")
+                      f"(core/served.py; {command} refuses the same source).", file="config.json")
     quantised = _quantised_linears(c)
     if method is None:
         if quantised:
