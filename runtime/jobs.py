@@ -63,7 +63,8 @@ class RunDir:
         tmp = self.tmp(name)
         if tmp.stat().st_size != size:  # a second writer (a zombie retry) would show here first
             raise OutputError(f"{name}: the task reported {size} bytes, {tmp} has {tmp.stat().st_size}",
-                              error_id="convert.worker_died", hint="rerun with --resume")
+                              error_id="convert.worker_died",
+                              hint="another process wrote this run's file: stop it, then run the same command again")
         for suffix in sidecars:
             side = self.path / (name + suffix)
             if side.exists():

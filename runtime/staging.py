@@ -50,11 +50,10 @@ class Staging:
     converter (or marlin-to-source) opens, fills, publishes or discards the same object."""
 
     def __init__(self, out: Path, *, force: bool = False, resume: bool = False, source: Path | None = None,
-                 fence=None):
-        self.out = out_path(out)
-        self.path = staging_path(self.out)
+                 fence=None, resumable: bool = True):
+        self.out, self.path = out_path(out), staging_path(out_path(out))
         self.fence = fence  # called with the lock held, before adopting: stops an older run's surviving workers
-        self.force, self.resume = force, resume
+        self.force, self.resume, self.resumable = force, resume, resumable  # resumable: the command has --resume
         self.source = Path(source).resolve() if source is not None else None
         self.stamp: dict = {}
         self._lock_fd: int | None = None
@@ -198,7 +197,8 @@ class Staging:
         if not (self.resume or self.force):
             self._release()
             raise OutputError(f"an interrupted run left {self.path}", error_id="output.interrupted_run",
-                              hint="pass --resume to continue it, or --force to start over")
+                              hint="pass --resume to continue it, or --force to start over" if self.resumable
+                              else "pass --force to start over (it is deleted then)")
         state = read_json(self.path / PROGRESS)
         same = state.get("fingerprint") == fingerprint
         if self.resume and not self.force and state and not same:
@@ -347,4 +347,3 @@ class Staging:
             if fd is not None:
                 let_go(fd)
                 setattr(self, attr, None)
-
