@@ -12,24 +12,7 @@ from pathlib import Path
 
 from ..formats.constants import MXFP4_GROUP, NVFP4_GROUP
 
-__all__ = ["SourceFormat", "Quant", "Role", "TensorRef", "Projection", "Checkpoint", "MoeLayer", "moe_layers"]
-
-
-class SourceFormat(str, Enum):
-    MXFP4_DSV4 = "mxfp4-dsv4"              # DeepSeek-V4 native: w{1,2,3}.weight I8 + .scale F8_E8M0
-    NVFP4_MODELOPT_DSV4 = "nvfp4-modelopt-dsv4"  # ModelOpt re-quant with DeepSeek names
-    NVFP4_MODELOPT_HF = "nvfp4-modelopt-hf"      # ModelOpt generic HF names (gate/up/down_proj)
-    MXFP4_MODELOPT_HF = "mxfp4-modelopt-hf"      # ModelOpt MXFP4 export: weight U8 + weight_scale U8 (E8M0 bits)
-    NVFP4_CT = "nvfp4-ct"                  # compressed-tensors nvfp4-pack-quantized
-    MXFP4_CT = "mxfp4-ct"                  # compressed-tensors mxfp4-pack-quantized
-    MXFP4_GPTOSS = "mxfp4-gptoss"          # gpt-oss *_blocks / *_scales (stacked, gate/up interleaved)
-    MARLIN = "marlin"                      # this tool's own output (quant_method marlin_fp4)
-
-    @property
-    def quant(self) -> Quant | None:
-        """The FP4 format of its experts (every source format's name starts with it); None for MARLIN."""
-        head = self.value.split("-", 1)[0]
-        return Quant(head) if head in Quant._value2member_map_ else None
+__all__ = ["Quant", "Role", "TensorRef", "Projection", "Checkpoint", "MoeLayer", "gated_experts", "moe_layers"]
 
 
 class Quant(str, Enum):
@@ -127,7 +110,7 @@ class Projection:
 class Checkpoint:
     """What the reader knows about a checkpoint directory from config files and headers alone."""
     root: Path
-    format: SourceFormat
+    format: object  # its row of the source-format table (core/source_formats.py SourceFormat), which imports this module
     config: dict
     hf_quant_config: dict | None
     tensors: dict[str, TensorRef]  # every tensor, in file order
@@ -164,14 +147,24 @@ class MoeLayer:
     hidden: int
     intermediate: int
     experts: int
+    gated: bool = True  # w13 = gate | up (the engines' gated MoE); False: up alone (Nemotron-H's ReLU-squared)
+
+
+def gated_experts(roles) -> bool:
+    """The one rule for a container's (or a layer's) experts, from the roles of their projections: gated when
+    some expert has an up projection; non-gated experts (Nemotron-H) have their up_proj in the gate's role (the
+    engines' w1, core/naming.py)."""
+    return any(r is Role.UP for r in roles)
 
 
 def moe_layers(projections) -> dict[str, MoeLayer]:
     """experts container -> MoeLayer, from the down projection (N = H, K = I) or else the gate/up (N = I, K = H)."""
     shapes: dict[str, tuple] = {}
     experts: dict[str, set[int]] = {}
+    roles: dict[str, set[Role]] = {}
     for p in projections:
         experts.setdefault(p.container, set()).add(p.expert)
+        roles.setdefault(p.container, set()).add(p.role)
         if p.role is Role.DOWN or p.container not in shapes:
             shapes[p.container] = (p.layer, p.quant, *((p.n, p.k) if p.role is Role.DOWN else (p.k, p.n)))
-    return {c: MoeLayer(c, *shapes[c], len(experts[c])) for c in shapes}
+    return {c: MoeLayer(c, *shapes[c], len(experts[c]), gated_experts(roles[c])) for c in shapes}

@@ -23,8 +23,8 @@ from vllm.model_executor.layers.quantization.utils.layer_utils import replace_pa
 from vllm.model_executor.utils import set_weight_attrs
 
 from ..core.engines import ENGINES, QUANT_METHOD, release_for
+from ..core.source_formats import reciprocal_global
 from ..core.tensor_io import act_torch_dtype
-from ..core.tensor_model import SourceFormat
 from ..formats.marlin.scales import (
     nvfp4_global_to_marlin,
     nvfp4_scales_to_s0e5m3,
@@ -47,11 +47,12 @@ logger = logging.getLogger("dsv4_convert.serving")
 _GROUP = FusedMoeWeightScaleSupported.GROUP.value
 _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
 _MARLIN_HINT = "start vLLM with --moe-backend marlin"
-def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_partition):
+def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_partition, gated=True):
     """(H, I) of this rank's parameters: the unpadded sizes vLLM's layer has, or the padded ones a
-    `--tp/--ep` checkpoint records for exactly this split (serving/config.py rank_param_sizes)."""
+    `--tp/--ep` checkpoint records for exactly this split (serving/config.py rank_param_sizes); `gated`: the
+    layer's `is_act_and_mul` (the tile rule's w13 is gate | up, or up alone)."""
     return rank_param_sizes(spec, container, "vllm", hidden=hidden_size, i_shard=intermediate_size_per_partition,
-                            moe_tp=parallel.tp_size, ep=parallel.ep_size)
+                            moe_tp=parallel.tp_size, ep=parallel.ep_size, gated=gated)
 
 
 def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs, w4a8=False, w13_shards=2):
@@ -190,7 +191,7 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
         # are created at the padded size here (layer.intermediate_size_per_partition stays unpadded,
         # as it does in vLLM's own path)
         h, i = _rank_sizes(self.spec, self.container, layer.moe_config.moe_parallel_config, hidden_size,
-                           intermediate_size_per_partition)
+                           intermediate_size_per_partition, gated=self.moe.is_act_and_mul)
         layer.num_experts, layer.params_dtype, layer.quant_config = (
             num_experts,
             params_dtype,
@@ -250,10 +251,10 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
                     )
             replace_parameter(layer, f"{stack}_weight_scale_2", processed.float().contiguous())
             delattr(layer, gname)
-            if not (keeps and self.spec.source_format != SourceFormat.NVFP4_CT.value):
+            if not (keeps and not reciprocal_global(self.spec.source_format)):
                 replace_parameter(layer, f"{stack}_input_scale", None)
         keep_globals_as_engine(layer)  # compressed-tensors: vLLM's own method keeps the source's globals
-        if keeps and self.spec.source_format == SourceFormat.NVFP4_CT.value:
+        if keeps and reciprocal_global(self.spec.source_format):
             for stack in ("w13", "w2"):  # a second name of one parameter: no memory
                 layer.register_parameter(f"{stack}_weight_packed", getattr(layer, f"{stack}_weight"))
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors

@@ -14,8 +14,9 @@ import torch
 from safetensors import safe_open
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.source_formats import FORMATS
 from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
+from dsv4_convert.core.tensor_model import Quant, Role
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin, vllm_rescale_factor
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
@@ -64,7 +65,7 @@ def _expected(src_root: Path, target: MarlinTarget) -> tuple[dict[str, torch.Ten
                     q, s = nvfp4_to_marlin(d.weight, d.scale, target=target, sf=sf)
                     expected[f"{p.key}.weight_global_scale"] = nvfp4_global_to_marlin(
                         d.global_scale, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf)
-                    if ckpt.format is SourceFormat.NVFP4_CT:
+                    if ckpt.format is FORMATS["nvfp4-ct"]:
                         expected[f"{p.key}.weight_scale_2"] = d.global_scale
                         expected[f"{p.key}.ct_weight_global_scale"] = reader.get(p.global_scale)
                     else:
@@ -157,3 +158,23 @@ def test_max_shard_size_reshards_and_still_reverses(tmp_path, synth_source):
     assert len(files) > 2 and files[0].endswith(f"-of-{len(files):05d}.safetensors")
     run_cli("marlin-to-source", out, back, "-q")
     assert restored_tree(back) == tree_hashes(src)
+
+
+@pytest.mark.parametrize("fmt, command, engine", [("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "vllm"),
+                                                  ("mxfp4-dsv4", "mxfp4-to-marlin", "sglang")])
+def test_the_tool_reads_back_its_own_round_trip(tmp_path, synth_source, fmt, command, engine):
+    """Issue 37 item 8: IN -> OUT -> REV -> OUT2. REV is IN exactly (same file set, same bytes: no marker file),
+    REV converts again (it was refused input.reserved_name), and OUT2 is OUT byte for byte (OUT2 lies at the
+    same name in another folder: SERVING.md names the output folder)."""
+    src = synth_source(fmt, experts=4)
+    out, rev, out2 = tmp_path / "a" / "out", tmp_path / "rev", tmp_path / "b" / "out"
+    run_cli(command, src, out, "--target", engine, "--workers", "2", "-q")
+    run_cli("marlin-to-source", out, rev, "-q")
+    assert tree_hashes(rev) == tree_hashes(src)
+    run_cli(command, rev, out2, "--target", engine, "--workers", "2", "-q")
+    assert tree_hashes(out2) == tree_hashes(out)
+    run_cli("marlin-to-source", out, rev, "-q", "--force")  # still recognised as this tool's output
+    (rev / "notes.txt").write_text("the user's")
+    proc = run_cli("marlin-to-source", out, rev, "-q", "--force", check=False)
+    assert proc.returncode == 5 and "error[paths.unlisted_files]" in proc.stderr, proc.stderr
+    assert (rev / "notes.txt").read_text() == "the user's"

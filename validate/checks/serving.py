@@ -11,7 +11,7 @@ from ...core.converted_config import ConvertedConfigError, converted_record, ser
 from ...core.engines import ENGINES, engine_inner_method
 from ...core.inner_methods import FP4_METHODS
 from ...core.served import refusal
-from ...core.tensor_model import SourceFormat
+from ...core.source_formats import FORMATS
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 
@@ -33,7 +33,7 @@ def _blocks(c: CheckpointInput) -> tuple[str, dict | None, dict | None]:
     """(where, config.json's block, hf_quant_config.json) of the source; for a converted checkpoint,
     the ones it recorded from its source."""
     qc = c.config.get("quantization_config")
-    if c.checkpoint is not None and c.checkpoint.format is SourceFormat.MARLIN and isinstance(qc, dict):
+    if c.checkpoint is not None and c.checkpoint.format.converted and isinstance(qc, dict):
         return ("quantization_config.original_quantization_config / original_hf_quant_config",
                 qc.get("original_quantization_config"), qc.get("original_hf_quant_config"))
     return "config.json quantization_config / hf_quant_config.json", qc, c.hf_quant_config
@@ -61,7 +61,7 @@ def stale_quant_block(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
 
 def _record(c: CheckpointInput):
     """A converted checkpoint's record, or None: not converted, or a record marlin.config reports."""
-    if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
+    if c.checkpoint is None or not c.checkpoint.format.converted:
         return None
     try:
         return converted_record(c.config)
@@ -87,7 +87,8 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
     method = engine_inner_method(engine.name, block, spec.source_model_type)
     why = refusal(c.config, spec.source_format or "unknown", engine.name, block)
     if why is not None:
-        quant = SourceFormat(spec.source_format).quant if spec.source_format in SourceFormat._value2member_map_ else None
+        row = FORMATS.get(spec.source_format)  # its routed experts' FP4 format names the converter that refuses it
+        quant = row.trunk or (next(iter(row.quants)) if len(row.quants) == 1 else None) if row else None
         command = f"`dsv4-convert {quant.convert_command}`" if quant else "the converter"
         yield Finding("config.json", f"the {engine.name} plugin is not proven to serve this checkpoint: {why} "
                       f"(core/served.py; {command} refuses the same source).", file="config.json")
