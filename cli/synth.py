@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
+from ..core.families import family_named
 from ..core.files import SYNTH_MANIFEST
-from ..core.naming import family_named
 from ..core.source_formats import source_format
 from ..core.units import plural
 from ..synth import (

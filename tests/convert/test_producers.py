@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.core.naming import family_of
+from dsv4_convert.core.families import family_of
 from dsv4_convert.core.served import entries
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 from ...core import structure as rules
 from ...core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
+from ...core.families import outside_index_note
 from ...core.files import INDEX_FILE
 from ...core.index import unsafe_shard_paths
-from ...core.naming import outside_index_note
 from ...core.structure import model_dims
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
