@@ -120,7 +120,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     text = (f"converted {plural(result.projections, 'projection')} into {plural(result.shards, 'shard')}{reused} "
             f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "
             f"({human_rate(result.bytes_out, result.seconds)}) -> {result.out}")
-    if ckpt.left_out:  # original/, metal/: folders no engine reads (core/reader.py LEFT_OUT_DIRS)
+    if ckpt.left_out:  # original/, metal/: folders no engine reads (core/source_location.py LEFT_OUT_DIRS)
         text += f"\nleft out (no engine reads them): {_folders(ckpt.left_out)}"
     if mtp := copied_mtp_layers(ckpt.tensors, ckpt.config, ckpt.projection_names):  # core/mtp.py
         text += f"\nMTP (draft) layers copied byte for byte (no FP4 experts): {', '.join(mtp)} (SERVING.md)"

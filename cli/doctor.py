@@ -84,7 +84,8 @@ def _engines(d: Doctor, extra_module: str | None) -> None:
 
 def _checkpoint(d: Doctor, path: str) -> None:
     from ..core.converted_config import ConvertedConfigError, converted_record
-    from ..core.reader import open_checkpoint, resolve_source
+    from ..core.reader import open_checkpoint
+    from ..core.source_location import resolve_source
     ckpt = open_checkpoint(resolve_source(path))
     info = {"path": path, "format": ckpt.format.value}
     engines, record = list(LAYOUTS), None

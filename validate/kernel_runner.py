@@ -23,8 +23,9 @@ import torch
 
 from ..core.engines import engine_facts
 from ..core.errors import DsvError
-from ..core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
+from ..core.reader import TensorReader, load_projection, open_checkpoint
 from ..core.rescale import stack_key
+from ..core.source_location import resolve_source
 from ..core.tensor_model import Quant, Role, gated_experts
 from ..formats.marlin.scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
 from ..formats.marlin.torch_route import (

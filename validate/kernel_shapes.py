@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from ..core.engines import engine_facts
 from ..core.errors import ContentError, DsvError
-from ..core.reader import open_checkpoint, resolve_source
+from ..core.reader import open_checkpoint
+from ..core.source_location import resolve_source
 from ..core.structure import padded_containers
 from ..core.tensor_model import Quant, Role, moe_layers
 from ..formats.tiles import IMPOSSIBLE, PAD, RankTiles, kernel_tile_ok, moe_rank_tiles

@@ -23,8 +23,9 @@ from tqdm import tqdm
 from ..core.converted_config import record_or_none
 from ..core.errors import DsvError, InputError, UsageError
 from ..core.index import read_json
-from ..core.reader import TensorReader, open_checkpoint, resolve_source
+from ..core.reader import TensorReader, open_checkpoint
 from ..core.rescale import stack_key, stack_rescale_factors
+from ..core.source_location import resolve_source
 from ..core.structure import padded_containers, unreadable_tensors
 from ..core.tensor_model import Checkpoint
 from ..runtime.jobs import stop_with_parent

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from dsv4_convert.core.errors import ContentError, InputError, UsageError
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
+from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.source_formats import FORMATS as ROWS
 from dsv4_convert.core.source_formats import source_format
+from dsv4_convert.core.source_location import resolve_source
 from dsv4_convert.core.tensor_model import Quant, Role
 from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.ckpt_factory import FORMATS, make_checkpoint, write_json
