@@ -18,14 +18,15 @@ and every proof case (serving_tests/families.py CASES) has its entry. Pure: no e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .engine_config import source_load_refusal
 from .engines import RELEASES, EngineError, engine_inner_method, release_for
 from .naming import FAMILIES, Family, family_of
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
-           "refusal", "checkpoint_refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
+           "refusal", "checkpoint_refusal", "verdict", "verdicts", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
 
 # the engine releases the serving proofs run under (serving_tests/locks), by core/engines.py release key
 # ("<engine> <series>"); a release without rows here (vLLM 0.34 until its proofs run) serves nothing
@@ -112,11 +113,16 @@ def _rows(key: str) -> tuple[Served, ...]:
                (_differential("deepseek-v4", "nvfp4-modelopt-dsv4"), *_dsv4(e, "ckpt-nvfp4-bf16-tp2"))),
         Served("gpt-oss", "mxfp4-gptoss", key, _method(e, {"quant_method": "mxfp4"}, "gpt_oss"),
                (_differential("gpt-oss", "mxfp4-gptoss-kv-heads"), *_gpt_oss(e))),
+        # also what ModelOpt 0.47 exports (W4A16_NVFP4, NVFP4 MLP-only) and llm-compressor 0.14's NVFP4A16
+        # (tests/fixtures/producers, loaded as the producer wrote them)
         Served("qwen3-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                (_differential("qwen3-moe", "nvfp4-modelopt-hf"), _differential("qwen3-moe", "nvfp4-modelopt-hf", "float16"),
-                _differential("qwen3-moe", "nvfp4-modelopt-hf-2507"), *_whole_model("qwen3-moe", "nvfp4-modelopt-hf"))),
+                _differential("qwen3-moe", "nvfp4-modelopt-hf-2507"), *_whole_model("qwen3-moe", "nvfp4-modelopt-hf"),
+                _differential("qwen3-moe", "nvfp4-modelopt-hf-modelopt-w4a16-nvfp4"),
+                _differential("qwen3-moe", "nvfp4-modelopt-hf-modelopt-nvfp4-mlp-only"))),
         Served("qwen3-moe", "nvfp4-ct", key, frozenset({"compressed-tensors"}),
-               (_differential("qwen3-moe", "nvfp4-ct"), *_whole_model("qwen3-moe", "nvfp4-ct"))),
+               (_differential("qwen3-moe", "nvfp4-ct"), *_whole_model("qwen3-moe", "nvfp4-ct"),
+                _differential("qwen3-moe", "nvfp4-ct-llmc-nvfp4a16"))),
         # also the hf_quant_config.json-only source (test_no_block_in_config_json_builds_modelopt_fp4_...)
         Served("glm4-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                (_differential("glm4-moe", "nvfp4-modelopt-hf"), *_whole_model("glm4-moe", "nvfp4-modelopt-hf"),
@@ -136,6 +142,9 @@ def _rows(key: str) -> tuple[Served, ...]:
         *((Served("mixtral", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                   (_differential("mixtral", "nvfp4-modelopt-hf"), *_whole_model("mixtral", "nvfp4-modelopt-hf"))),)
           if not _refused("mixtral", "nvfp4-modelopt-hf", key) else ()),
+        # llm-compressor 0.14's NVFP4A16 Mixtral; on SGLang unproven (serving_tests/differential.py says why)
+        *((Served("mixtral", "nvfp4-ct", key, frozenset({"compressed-tensors"}),
+                  (_differential("mixtral", "nvfp4-ct-llmc-nvfp4a16"),)),) if key in ("vllm 0.33", "vllm 0.34") else ()),
     )
 
 
@@ -162,6 +171,23 @@ REFUSED: tuple[Refused, ...] = (
             "SGLang cannot load the ModelOpt source itself: mllama4.py _handle_expert_scale_params takes a stacked "
             "`experts.gate_up_proj_weight_scale` for a single scale for all experts (RuntimeError: expand)",
             "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_modelopt_llama4_source_itself"),
+    # the real producers' outputs (tests/fixtures/producers) no engine loads, as the producer wrote them
+    *(Refused(family, "mxfp4-modelopt-hf", key, (
+        "SGLang cannot load ModelOpt's MXFP4 export itself: `_parse_modelopt_quant_config` maps no quant_algo "
+        "'mxfp4', so `quant_method: modelopt` builds ModelOptFp8Config, which refuses it (\"ModelOptFp8Config only "
+        "supports regular FP8 quantization, but found 'mxfp4'\")" if key == "sglang 0.5.23" else
+        "vLLM cannot load ModelOpt's MXFP4 export itself: its ModelOpt override takes an algo holding 'FP4' for "
+        "modelopt_fp4, whose config refuses 'MXFP4' (modelopt.py: \"ModelOpt currently only supports: ['FP8', "
+        "'FP8_PER_CHANNEL_PER_TOKEN', 'FP8_PB_WO', 'NVFP4', 'W4A16_NVFP4', 'MXFP8', 'MIXED_PRECISION'] "
+        "quantizations in vLLM\")"),
+        "serving_tests/test_engine_refusals.py::test_neither_engine_loads_the_modelopt_mxfp4_source_itself")
+      for family in ("qwen3-moe", "deepseek-v3") for key in ENGINE_VERSIONS),
+    *(Refused(family, "mxfp4-ct", "sglang 0.5.23",
+              "SGLang cannot load llm-compressor's MXFP4A16 export itself (every Linear quantised, attention too): "
+              "its compressed-tensors lookup has no MXFP4 weight-only linear scheme (compressed_tensors.py "
+              "_get_scheme_from_parts: \"No compressed-tensors compatible scheme was found.\")",
+              "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself")
+      for family in ("qwen3-moe", "mixtral")),
 )
 
 
@@ -225,16 +251,19 @@ def _proven(family: Family | None, fmt: str, engine: str) -> str:
 
 
 def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | None, *,
-            method: str | None = None) -> str | None:
+            method: str | None = None, tensor_names: Iterable[str] = ()) -> str | None:
     """Why the plugins of `engine` (a name, or an engine-version key) are not proven to serve a conversion of
     this source, or None when some entry proves it: its family, its source format and the method the engine
     builds for its non-expert layers from `block` (source_block; `method`: the one an installed engine answered,
-    for doctor). Convert, validate and doctor all ask this."""
+    for doctor; `tensor_names`: the checkpoint's, for core/engine_config.py). Convert, validate and doctor all
+    ask this."""
     family = family_of(config)
     archs = config.get("architectures")
     if family is None:
         return (f"its architecture {archs!r} is in no model family dsv4-convert knows (core/naming.py FAMILIES), "
                 "so no serving test has loaded it through the plugins")
+    if why := source_load_refusal(config, engine, tensor_names):
+        return f"{_engine_of(engine)} cannot build this source itself: {why}"
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
     rows = entries(family.name, source_format, engine)
     engine_says = [r for r in REFUSED if r.family == family.name and r.source_format == source_format
@@ -253,16 +282,36 @@ def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | N
             f"{', '.join(sorted({m for s in rows for m in s.methods}))} ({', '.join(sorted({s.engine for s in rows}))})")
 
 
-def checkpoint_refusal(config: Mapping, hf_quant_config: Mapping | None, source_format: str, engine: str) -> str | None:
+def checkpoint_refusal(config: Mapping, hf_quant_config: Mapping | None, source_format: str, engine: str,
+                       tensor_names: Iterable[str] = ()) -> str | None:
     """`refusal` for a source checkpoint or for a conversion (source_format "marlin"), whose record names its
     source's format and blocks (core/converted_config.py serving_block: config.json's block, else the
     hf_quant_config.json one). `plan` asks this for each engine."""
     qc = config.get("quantization_config")
     if source_format != "marlin" or not isinstance(qc, dict):
-        return refusal(config, source_format, engine, source_block(config, hf_quant_config))
+        return refusal(config, source_format, engine, source_block(config, hf_quant_config), tensor_names=tensor_names)
     block = qc.get("original_quantization_config")
     block = block if block is not None else qc.get("original_hf_quant_config")
-    return refusal(config, str(qc.get("source_format") or "unknown"), engine, block)
+    return refusal(config, str(qc.get("source_format") or "unknown"), engine, block, tensor_names=tensor_names)
+
+
+def verdict(config: Mapping, hf_quant_config: Mapping | None, source_format: str, engine: str,
+            tensor_names: Iterable[str] = ()) -> str | None:
+    """`checkpoint_refusal`, and for a conversion first its layout: it is served only by the engine it was
+    written for (the other plugin refuses its layout). `engine`: a name or a release key. `plan` asks this."""
+    qc = config.get("quantization_config")
+    target = qc.get("target_engine") if source_format == "marlin" and isinstance(qc, dict) else None
+    if target and _engine_of(engine) != target:
+        return (f"converted for {target}: the {_engine_of(engine)} plugin refuses another engine's layout "
+                f"(convert the source with --target {_engine_of(engine)})")
+    return checkpoint_refusal(config, hf_quant_config, source_format, engine, tensor_names)
+
+
+def verdicts(config: Mapping, hf_quant_config: Mapping | None, source_format: str,
+             tensor_names: Iterable[str] = ()) -> dict[str, str | None]:
+    """`verdict` per engine release whose proofs ran (ENGINE_VERSIONS): None where served. `inspect` shows it."""
+    names = tuple(tensor_names)
+    return {key: verdict(config, hf_quant_config, source_format, key, names) for key in ENGINE_VERSIONS}
 
 
 # ------------------------------------------------------------------------------------ the README's matrix

@@ -58,6 +58,22 @@ def model_dims(config: dict) -> dict:
             "layers": get("num_hidden_layers")}
 
 
+# where a latent MoE keeps the width its routed experts run at, in the engines' own spelling: Nemotron-3 Super
+# `moe_latent_size` (vLLM 0.34.0 and SGLang 0.5.23 nemotron_h.py: `config.moe_latent_size if self.use_latent_moe
+# else config.hidden_size`), Kimi-K3 `routed_expert_hidden_size` (SGLang 0.5.23 kimi_k3.py, "Latent MoE")
+LATENT_WIDTH_KEYS = ("moe_latent_size", "routed_expert_hidden_size")
+
+
+def expert_width(config: dict) -> int | None:
+    """The width the routed experts really have (gate/up K, down N): the latent width of a latent MoE, else
+    hidden_size (None when the config has neither). `plan` computes expert tiles from it."""
+    for c in (config.get("text_config") or {}, config):
+        for k in LATENT_WIDTH_KEYS:
+            if isinstance(c.get(k), int) and not isinstance(c.get(k), bool):
+                return c[k]
+    return model_dims(config)["hidden"]
+
+
 def _implied(p: Projection) -> tuple[int, int]:
     """(H, I) as this projection's [N, K] implies them: gate/up are [I, H], down is [H, I]."""
     return (p.n, p.k) if p.role is Role.DOWN else (p.k, p.n)

@@ -22,8 +22,8 @@ from ..core.engines import (
     registration_log_line,
 )
 from ..core.mtp import draft_bytes
-from ..core.served import checkpoint_refusal
-from ..core.structure import model_dims
+from ..core.served import verdict
+from ..core.structure import expert_width, model_dims
 from ..core.tensor_model import Checkpoint, SourceFormat
 from ..formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 
@@ -96,14 +96,14 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
             hidden, intermediate = padded.hidden, padded.intermediate
     return ModelShape(name=ckpt.root.name, format=ckpt.format.value,
                       quant=max(quants, key=quants.get) if quants else "mxfp4",
-                      hidden=dims["hidden"] or hidden or 0, intermediate=dims["intermediate"] or intermediate or 0,
+                      hidden=expert_width(ckpt.config) or hidden or 0, intermediate=dims["intermediate"] or intermediate or 0,
                       experts=experts, layers=len([layer for layer in per_layer if not layer.startswith("mtp")]),
                       expert_bytes=expert_bytes, other_bytes=total - expert_bytes - draft, draft_bytes=draft,
                       largest_layer_expert_bytes=max(per_layer.values(), default=0),
                       converted=ckpt.format is SourceFormat.MARLIN, converted_for=record.target_engine if record else None,
                       converted_layout=layout, w4a8=bool(record and record.w4a8),
                       roles=len({p.role for p in ckpt.projections}) or 3,
-                      not_served={e: checkpoint_refusal(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e)
+                      not_served={e: verdict(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e, ckpt.tensors)
                                   for e in ENGINES})
 
 
@@ -137,6 +137,7 @@ class LaunchPlan:
     chosen: ConfigVerdict | None
     command: str | None
     reasoning: list[str]
+    not_served: str | None = None  # why the engine will not load it (then no command, no recommendation)
 
     def to_json(self) -> dict:
         return {
@@ -168,7 +169,8 @@ class LaunchPlan:
         title = (f"plan for {self.shape.name} ({self.shape.format}) on {self.gpus} x {self.gpu_mem_gib:g} GiB "
                  f"{self.arch}, {self.engine}")
         out = [title, ""] + table + [""] + [f"- {line}" for line in self.reasoning]
-        out += ["", "launch:" if self.command else "no configuration fits; see the reasons above",
+        out += ["", "launch:" if self.command else "NOT SERVED: no launch command" if self.not_served
+                else "no configuration fits; see the reasons above",
                 f"  {self.command}" if self.command else ""]
         return "\n".join(out).rstrip()
 
@@ -267,13 +269,12 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
         f"vLLM may use this share; it profiles activations and CUDA graphs inside it, leaving "
         f"{RUNTIME_GIB:g} GiB for the CUDA context outside"))
     reasoning.append(f"MoE backend {backend}: {why}")
-    if shape.not_served.get(engine):
-        reasoning.append(f"NOT SERVED: the dsv4-convert plugin for {engine} is not proven to load this model "
-                         f"{'as converted' if shape.converted else 'once converted'}: {shape.not_served[engine]} "
-                         "(the converter refuses it: convert.unservable_family; serve the source unconverted)")
-    if shape.converted and shape.converted_for and shape.converted_for != engine:
-        reasoning.append(f"WARNING: this checkpoint was converted for {shape.converted_for}, not {engine}; "
-                         "re-convert it or plan for the other engine")
+    not_served = shape.not_served.get(engine)
+    if not_served:  # what will not load gets no launch command and no recommendation
+        chosen = None
+        reasoning.append(f"NOT SERVED: {engine} with the dsv4-convert plugin is not proven to load this model "
+                         f"{'as converted' if shape.converted else 'once converted'}: {not_served} "
+                         "(the converter refuses it: convert.unservable_family); no launch command is given")
     if shape.w4a8:
         reasoning.append(f"W4A8 (fp8 activations) checkpoint: served by {ENGINES[engine].w4a8_versions()} only "
                          "(the engine table, core/engines.py); newer releases refuse it at start-up: install a "
@@ -308,4 +309,4 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
     command = None if chosen is None else launch_command(engine, path, tp=chosen.tp, ep=chosen.ep,
                                                          act_dtype=act_dtype, memory=mem)
     return LaunchPlan(shape, gpus, gpu_mem_gib, arch, engine, act_dtype, mem_flag, mem, backend, why, candidates,
-                      chosen, command, reasoning)
+                      chosen, command, reasoning, not_served)

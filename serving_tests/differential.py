@@ -13,13 +13,17 @@ model needs an engine step a CPU cannot run gets that step substituted there, li
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from synth import converter_cli
 
-__all__ = ["CASES", "EDITS", "SYNTH_ARGS", "Case", "make_case"]
+__all__ = ["CASES", "EDITS", "SYNTH_ARGS", "PRODUCERS", "Case", "make_case"]
+
+# the real producers' outputs (NVIDIA ModelOpt, llm-compressor): tests/convert/test_producers.py says how they were made
+PRODUCERS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "producers"
 
 
 @dataclass(frozen=True)
@@ -30,10 +34,12 @@ class Case:
     dtypes: tuple[str, ...] = ("bfloat16",)  # model dtypes to build under (each converted for that act dtype)
     engines: tuple[str, ...] = ("vllm", "sglang")
     text_only: bool = False     # a multimodal wrapper served text-only (vLLM --language-model-only): no tower built
+    producer: str | None = None  # a real producer's output (tests/fixtures/producers/NAME) as the source, not synth
 
     @property
     def id(self) -> str:
-        return f"{self.family}-{self.fmt}" + (f"-{self.edit}" if self.edit else "")
+        tag = self.producer.replace(f"-{self.family}-", "-") if self.producer else self.edit
+        return f"{self.family}-{self.fmt}" + (f"-{tag}" if tag else "")
 
 
 def _per_layer_attention_excludes(src: Path) -> None:
@@ -126,6 +132,14 @@ CASES = (
     Case("nemotron-h", "nvfp4-modelopt-hf"),
     Case("nemotron-h", "nvfp4-modelopt-hf", edit="i192"),
     Case("gemma4-moe", "nvfp4-ct", text_only=True),  # mtp: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (synth/families.py)
+    # producers: what ModelOpt 0.47 and llm-compressor 0.14 write (tests/fixtures/producers), loaded as written;
+    # the outputs no engine loads are refused in serving_tests/test_engine_refusals.py (core/served.py REFUSED)
+    Case("qwen3-moe", "nvfp4-modelopt-hf", producer="modelopt-qwen3-moe-w4a16-nvfp4"),  # W4A16_NVFP4
+    Case("qwen3-moe", "nvfp4-modelopt-hf", producer="modelopt-qwen3-moe-nvfp4-mlp-only"),
+    Case("qwen3-moe", "nvfp4-ct", producer="llmc-qwen3-moe-nvfp4a16"),
+    # SGLang 0.5.23's Mixtral takes head_dim = hidden_size / heads (mixtral.py), not the fixture's head_dim 32:
+    # it cannot load this tiny export (a real Mixtral's head_dim is that quotient), so it proves vLLM only
+    Case("mixtral", "nvfp4-ct", producer="llmc-mixtral-nvfp4a16", engines=("vllm",)),
 )
 
 
@@ -138,7 +152,9 @@ def _run(*args) -> None:
 def make_source(tmp, case: Case) -> Path:
     """The case's source replica (synth, then its edit), written once per session in `tmp`."""
     src = Path(tmp, f"src-{case.id}")
-    if not src.exists():
+    if case.producer and not src.exists():
+        shutil.copytree(PRODUCERS / case.producer, src)
+    elif not src.exists():
         _run("synth", src, "--family", case.family, "--format", case.fmt, *SYNTH_ARGS.get(case.edit, ()), "-q")
         if case.edit in EDITS:
             EDITS[case.edit](src)

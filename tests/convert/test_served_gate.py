@@ -99,5 +99,13 @@ def test_plan_says_which_engines_serve_it(tmp_path):
     doc = json.loads(proc.stdout)
     assert "'modelopt_mixed'" in doc["model"]["not_served"]["vllm"], doc["model"]
     assert any(r.startswith("NOT SERVED") for r in doc["reasoning"]), doc["reasoning"]
-    served = json.loads(run_cli("plan", _qwen3(tmp_path / "plain"), "--json", check=False).stdout)
+    # what will not load gets no launch command and no recommendation, and the exit code says so
+    assert proc.returncode == 4 and doc["exit_code"] == 4 and doc["error"]["id"] == "plan.not_served", doc
+    assert doc["command"] is None and doc["recommended"] is None and "'modelopt_mixed'" in doc["error"]["message"]
+    assert any(c["valid"] for c in doc["candidates"])  # the splits themselves would fit: only serving is refused
+    text = run_cli("plan", src, "--gpus", 1, "--target", "vllm", check=False)
+    assert text.returncode == 4 and "vllm serve" not in text.stdout + text.stderr, text.stdout
+    proc = run_cli("plan", _qwen3(tmp_path / "plain"), "--json", check=False)
+    served = json.loads(proc.stdout)
     assert served["model"]["not_served"] == {"sglang": None, "vllm": None}
+    assert proc.returncode == 0 and served["command"] and "error" not in served

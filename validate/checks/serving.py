@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...core.converted_config import ConvertedConfigError, converted_record, serving_block
+from ...core.engine_config import fix_hint, source_load_refusal
 from ...core.engines import ENGINES, engine_inner_method
 from ...core.inner_methods import FP4_METHODS
 from ...core.served import refusal
@@ -15,7 +16,7 @@ from ...core.tensor_model import SourceFormat
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 
-__all__ = ["inner_method_resolves", "stale_quant_block", "w4a8_releases"]
+__all__ = ["engine_config_keys", "inner_method_resolves", "stale_quant_block", "w4a8_releases"]
 
 _FP4_ALGOS = ("NVFP4", "FP4", "W4A16_NVFP4", "NVFP4_AWQ", "MIXED_PRECISION")
 _QUANTISED = {"U8", "I8", "F8_E4M3", "F8_E5M2"}  # a 2-D `.weight` of these dtypes is not 16-bit
@@ -117,3 +118,15 @@ def w4a8_releases(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
         yield Finding("config.json", f"W4A8 checkpoint: served only by {engine.w4a8_versions()}; "
                       f"{', '.join(refused) or 'no release'} refuse{'s' if len(refused) == 1 else ''} it at load "
                       "(no W4A8 Marlin).", file="config.json")
+
+
+@check(id="source.engine_config", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="add the missing keys to config.json with the values of the model's release (the finding names them), "
+            "then validate again")
+def engine_config_keys(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """An engine that cannot build the source's model from its config.json serves neither the source nor any conversion of it (which keeps that config): some producers' exports lack keys the engines read (core/engine_config.py)."""
+    names = c.checkpoint.tensors if c.checkpoint is not None else ()
+    for engine in ENGINES:
+        if why := source_load_refusal(c.config, engine, names):
+            yield Finding("config.json", f"{engine} cannot build or load this model: {why}. {fix_hint(c.config)}.",
+                          file="config.json")

@@ -71,3 +71,26 @@ def test_no_block_in_config_json_resolves_from_hf_quant_config(tmp_path):
     assert run(s.inner_method_resolves, on_disk(tmp_path / "out")) == []
     proc = run_cli("validate", tmp_path / "out", "--json", check=False)
     assert proc.returncode == 0, proc.stdout
+
+
+PRODUCERS = Path(__file__).resolve().parents[2] / "fixtures" / "producers"
+
+
+@pytest.mark.parametrize("name", ["modelopt-deepseek-v3-nvfp4", "llmc-deepseek-v3-nvfp4a16"])
+def test_a_config_the_engines_cannot_build_is_an_error(name):
+    """The real producers' DeepSeek-V3 exports (transformers 5 drops moe_layer_freq, topk_method, scoring_func):
+    both engines fail on the source itself (serving_tests/test_engine_refusals.py shows it), so validate says so."""
+    findings = run(s.engine_config_keys, on_disk(PRODUCERS / name))
+    assert {f.message.split(" ", 1)[0] for f in findings} == {"sglang", "vllm"}, findings
+    assert all(s.engine_config_keys.severity_of(f) is Severity.ERROR for f in findings)
+    assert any("'moe_layer_freq'" in f.message or "moe_layer_freq" in f.message for f in findings)
+    assert all('"topk_method": "noaux_tc"' in f.message for f in findings), findings
+
+
+def test_the_same_family_with_its_release_keys_passes(tmp_path):
+    """synth's DeepSeek-V3 replica carries the keys the releases' config.json does (the walk above can pass)."""
+    src, _ = synth(tmp_path / "src", format="nvfp4-modelopt-hf", family="deepseek-v3")
+    assert run(s.engine_config_keys, on_disk(src)) == []
+    _edit_config(src, lambda c: c.pop("moe_layer_freq"))
+    (f,) = run(s.engine_config_keys, on_disk(src))  # SGLang's alone: vLLM reads topk_method only
+    assert f.message.startswith("sglang cannot build") and "moe_layer_freq" in f.message
