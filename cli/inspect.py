@@ -13,9 +13,9 @@ from ..core.index import natural_key
 from ..core.mtp import mtp_layers
 from ..core.naming import family_of
 from ..core.reader import open_checkpoint
-from ..core.served import verdicts
 from ..core.tensor_model import Checkpoint, SourceFormat
 from ..core.units import human_size
+from ..core.verdicts import verdicts
 from .report import emit, report_options
 
 __all__ = ["SCHEMA_VERSION", "inspect", "render_table", "summarize"]

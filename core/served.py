@@ -26,7 +26,7 @@ from .engines import RELEASES, EngineError, engine_inner_method, release_for
 from .naming import FAMILIES, Family, family_of
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
-           "refusal", "checkpoint_refusal", "verdict", "verdicts", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
+           "refusal", "checkpoint_refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
 
 # the engine releases the serving proofs run under (serving_tests/locks), by core/engines.py release key
 # ("<engine> <series>"); a release without rows here (vLLM 0.34 until its proofs run) serves nothing
@@ -102,6 +102,9 @@ def _refused(family: str, fmt: str, key: str) -> bool:
     return any((r.family, r.source_format, r.engine) == (family, fmt, key) for r in REFUSED)
 
 
+_MIXED = {"sglang 0.5.23": ("modelopt_mixed",)}  # releases proven with Qwen3-MoE's MIXED_PRECISION export
+
+
 def _rows(key: str) -> tuple[Served, ...]:
     e = _engine_of(key)
     dsv4_fp8 = _method(e, {"quant_method": "fp8", "weight_block_size": [128, 128]}, "deepseek_v4")
@@ -115,11 +118,13 @@ def _rows(key: str) -> tuple[Served, ...]:
                (_differential("gpt-oss", "mxfp4-gptoss-kv-heads"), *_gpt_oss(e))),
         # also what ModelOpt 0.47 exports (W4A16_NVFP4, NVFP4 MLP-only) and llm-compressor 0.14's NVFP4A16
         # (tests/fixtures/producers, loaded as the producer wrote them)
-        Served("qwen3-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
+        # and, on SGLang, Qwen3-30B-A3B's ModelOpt MIXED_PRECISION export (FP8 attention: modelopt_mixed)
+        Served("qwen3-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4", *_MIXED.get(key, ())}),
                (_differential("qwen3-moe", "nvfp4-modelopt-hf"), _differential("qwen3-moe", "nvfp4-modelopt-hf", "float16"),
                 _differential("qwen3-moe", "nvfp4-modelopt-hf-2507"), *_whole_model("qwen3-moe", "nvfp4-modelopt-hf"),
                 _differential("qwen3-moe", "nvfp4-modelopt-hf-modelopt-w4a16-nvfp4"),
-                _differential("qwen3-moe", "nvfp4-modelopt-hf-modelopt-nvfp4-mlp-only"))),
+                _differential("qwen3-moe", "nvfp4-modelopt-hf-modelopt-nvfp4-mlp-only"),
+                *((_differential("qwen3-moe", "nvfp4-modelopt-hf-mixed-precision"),) if key in _MIXED else ()))),
         Served("qwen3-moe", "nvfp4-ct", key, frozenset({"compressed-tensors"}),
                (_differential("qwen3-moe", "nvfp4-ct"), *_whole_model("qwen3-moe", "nvfp4-ct"),
                 _differential("qwen3-moe", "nvfp4-ct-llmc-nvfp4a16"))),
@@ -293,25 +298,6 @@ def checkpoint_refusal(config: Mapping, hf_quant_config: Mapping | None, source_
     block = qc.get("original_quantization_config")
     block = block if block is not None else qc.get("original_hf_quant_config")
     return refusal(config, str(qc.get("source_format") or "unknown"), engine, block, tensor_names=tensor_names)
-
-
-def verdict(config: Mapping, hf_quant_config: Mapping | None, source_format: str, engine: str,
-            tensor_names: Iterable[str] = ()) -> str | None:
-    """`checkpoint_refusal`, and for a conversion first its layout: it is served only by the engine it was
-    written for (the other plugin refuses its layout). `engine`: a name or a release key. `plan` asks this."""
-    qc = config.get("quantization_config")
-    target = qc.get("target_engine") if source_format == "marlin" and isinstance(qc, dict) else None
-    if target and _engine_of(engine) != target:
-        return (f"converted for {target}: the {_engine_of(engine)} plugin refuses another engine's layout "
-                f"(convert the source with --target {_engine_of(engine)})")
-    return checkpoint_refusal(config, hf_quant_config, source_format, engine, tensor_names)
-
-
-def verdicts(config: Mapping, hf_quant_config: Mapping | None, source_format: str,
-             tensor_names: Iterable[str] = ()) -> dict[str, str | None]:
-    """`verdict` per engine release whose proofs ran (ENGINE_VERSIONS): None where served. `inspect` shows it."""
-    names = tuple(tensor_names)
-    return {key: verdict(config, hf_quant_config, source_format, key, names) for key in ENGINE_VERSIONS}
 
 
 # ------------------------------------------------------------------------------------ the README's matrix

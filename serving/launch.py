@@ -22,9 +22,9 @@ from ..core.engines import (
     registration_log_line,
 )
 from ..core.mtp import draft_bytes
-from ..core.served import verdict
 from ..core.structure import expert_width, model_dims
 from ..core.tensor_model import Checkpoint, SourceFormat
+from ..core.verdicts import verdict
 from ..formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 
 __all__ = [

@@ -96,7 +96,49 @@ def _fused_globals(src: Path) -> None:
             save_file(tensors, shard, metadata={"format": "pt"})
 
 
-EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads, "fused-globals": _fused_globals}
+def _mixed_precision(src: Path) -> None:
+    """Qwen3-30B-A3B exported by ModelOpt with quant_algo MIXED_PRECISION (the per-layer form ModelOpt writes when
+    a model holds more than one format: FP8 attention, NVFP4 experts; synth writes the same for Qwen3.5 /
+    Qwen3.6, synth/family_configs.py): the BF16 attention becomes ModelOpt FP8 per tensor (`weight` E4M3,
+    `weight_scale`, `input_scale`, as synth's FP8 linears), both configs list every quantised layer in
+    `quantized_layers`, and the attention leaves the exclusions. The experts' tensors are unchanged."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    layers = {}
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else None
+    for shard in sorted(src.glob("*.safetensors")):
+        tensors = load_file(shard)
+        for name in [n for n in tensors if ".self_attn." in n and n.endswith("_proj.weight")]:
+            w = tensors[name].float()
+            scale = (w.abs().max() / 448.0).float()
+            base = name.removesuffix(".weight")
+            tensors[name] = (w / scale).to(torch.float8_e4m3fn)
+            tensors[f"{base}.weight_scale"], tensors[f"{base}.input_scale"] = scale.reshape(()), torch.tensor(0.01)
+            layers[base] = {"quant_algo": "FP8"}
+            if index is not None:
+                index["weight_map"] |= {f"{base}.{t}": shard.name for t in ("weight_scale", "input_scale")}
+        layers |= {n.removesuffix(".weight"): {"quant_algo": "NVFP4", "group_size": 16}
+                   for n in tensors if ".experts." in n and n.endswith("_proj.weight")}
+        save_file(tensors, shard, metadata={"format": "pt"})
+    if index is not None:
+        index_path.write_text(json.dumps(index, indent=2))
+    config = json.loads((src / "config.json").read_text())
+    hfq = json.loads((src / "hf_quant_config.json").read_text())
+    keep = [m for m in config["quantization_config"]["ignore"] if "self_attn" not in m]
+    assert keep != config["quantization_config"]["ignore"], "synth's attention exclusion is gone: revisit this edit"
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                                     "quantized_layers": layers, "ignore": keep,
+                                     "producer": config["quantization_config"]["producer"]}
+    hfq["quantization"] = {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "quantized_layers": layers,
+                           "exclude_modules": keep}
+    (src / "config.json").write_text(json.dumps(config, indent=2))
+    (src / "hf_quant_config.json").write_text(json.dumps(hfq, indent=2))
+
+
+EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads, "fused-globals": _fused_globals,
+         "mixed-precision": _mixed_precision}
 # edits that are synth's own size arguments (the source is written with them; no rewrite after)
 SYNTH_ARGS = {
     # I = 192: not a multiple of 128, so SGLang pads non-gated experts (as Nemotron-3-Nano's 1856 -> 1920)
@@ -111,6 +153,8 @@ CASES = (
     Case("qwen3-moe", "nvfp4-modelopt-hf", dtypes=("bfloat16", "float16")),
     Case("qwen3-moe", "nvfp4-ct"),
     Case("qwen3-moe", "nvfp4-modelopt-hf", edit="2507"),
+    # Qwen3-30B-A3B in ModelOpt MIXED_PRECISION: SGLang builds modelopt_mixed for its non-expert layers
+    Case("qwen3-moe", "nvfp4-modelopt-hf", edit="mixed-precision", engines=("sglang",)),
     Case("glm4-moe", "nvfp4-modelopt-hf"),
     Case("glm4-moe", "nvfp4-ct", edit="fused-globals"),
     # fam-mla: DeepSeek-R1 / R1-0528 FP4 (MLA, hf_quant_config.json only), Kimi-K2, DeepSeek-V3.2 (MLA + indexer),

@@ -2,8 +2,8 @@
 (core/served.py), before anything is written: real CLI runs in subprocesses on real safetensors files.
 
 Substitutions: the checkpoints are `dsv4_convert.synth` Qwen3-MoE ModelOpt NVFP4 replicas with one config
-edit each (the ModelOpt MIXED_PRECISION block a Qwen3-30B-A3B export writes; an architecture string in no
-family), not released weights. The refusal is tested with
+edit each (the ModelOpt MIXED_PRECISION block a Qwen3-30B-A3B export writes: served on SGLang, refused on vLLM;
+an architecture string in no family), not released weights. The refusal is tested with
 DSV4_CONVERT_ALLOW_UNSERVABLE removed (tests/conftest.py sets it for the converter's other tests).
 """
 
@@ -67,7 +67,8 @@ def _arch(arch):
 def test_refused_before_writing_and_validate_gives_the_same_reason(tmp_path, case):
     src = _qwen3(tmp_path / "src", _mixed if case == "mixed-precision" else _arch(case))
     run = _env_without_flag()
-    for target in ("sglang", "vllm"):
+    # Qwen3's MIXED_PRECISION export is proven on SGLang (core/served.py), not on vLLM
+    for target in ("vllm",) if case == "mixed-precision" else ("sglang", "vllm"):
         out = tmp_path / f"out-{target}"
         proc = run("nvfp4-to-marlin", src, out, "--target", target, "--json")
         err = json.loads(proc.stdout)["error"]
@@ -84,10 +85,13 @@ def test_refused_before_writing_and_validate_gives_the_same_reason(tmp_path, cas
         shutil.rmtree(out)
 
 
-def test_served_source_converts_and_validates_clean(tmp_path):
-    src = _qwen3(tmp_path / "src")
+@pytest.mark.parametrize("case", ["nvfp4", "mixed-precision"])
+def test_served_source_converts_and_validates_clean(tmp_path, case):
+    """NVFP4 on vLLM; Qwen3's MIXED_PRECISION on SGLang, where its differential proof runs."""
+    src = _qwen3(tmp_path / "src", _mixed if case == "mixed-precision" else None)
     run = _env_without_flag()
-    proc = run("nvfp4-to-marlin", src, tmp_path / "out", "--target", "vllm", "-q")
+    target = "sglang" if case == "mixed-precision" else "vllm"
+    proc = run("nvfp4-to-marlin", src, tmp_path / "out", "--target", target, "-q")
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("validate", tmp_path / "out", "--json", check=False)
     assert proc.returncode == 0, proc.stdout

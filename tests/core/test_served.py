@@ -178,12 +178,15 @@ def test_every_entry_is_served_and_the_same_family_in_another_method_is_not():
         assert refusal(config, s.source_format, s.engine, None, method="not_a_method"), s
 
 
-def test_qwen3_mixed_precision_is_refused_where_nvfp4_is_served():
+def test_qwen3_mixed_precision_is_served_only_where_its_proof_ran():
+    """Qwen3-30B-A3B's ModelOpt MIXED_PRECISION export: proven on SGLang 0.5.23 (serving_tests/differential.py
+    edit mixed-precision), refused on vLLM, where only NVFP4 is proven."""
     config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
     for engine in ("sglang", "vllm"):
         assert refusal(config, "nvfp4-modelopt-hf", engine, NVFP4_BLOCK) is None
-        why = refusal(config, "nvfp4-modelopt-hf", engine, MIXED_BLOCK)
-        assert why and "'modelopt_mixed'" in why and "modelopt_fp4" in why, why
+    assert refusal(config, "nvfp4-modelopt-hf", "sglang 0.5.23", MIXED_BLOCK) is None
+    why = refusal(config, "nvfp4-modelopt-hf", "vllm", MIXED_BLOCK)
+    assert why and "'modelopt_mixed'" in why and "modelopt_fp4" in why, why
 
 
 def test_an_installed_version_maps_to_its_release():

@@ -86,7 +86,7 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
     engine = ENGINES[spec.target_engine]
     block = serving_block(spec)
     method = engine_inner_method(engine.name, block, spec.source_model_type)
-    why = refusal(c.config, spec.source_format or "unknown", engine.name, block)
+    why = refusal(c.config, spec.source_format or "unknown", engine.name, block, tensor_names=c.checkpoint.tensors)
     if why is not None:
         yield Finding("config.json", f"the {engine.name} plugin is not proven to serve this checkpoint: {why} "
                       "(core/served.py; `dsv4-convert nvfp4-to-marlin` refuses the same source).", file="config.json")

@@ -1,0 +1,30 @@
+"""The verdict on one checkpoint, per engine or engine release: served through the plugin, or why not (the one
+served table, core/served.py, and what a conversion records). `inspect` shows it per release, `plan` per engine."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from .served import ENGINE_VERSIONS, checkpoint_refusal
+
+__all__ = ["verdict", "verdicts"]
+
+
+def verdict(config: Mapping, hf_quant_config: Mapping | None, source_format: str, engine: str,
+            tensor_names: Iterable[str] = ()) -> str | None:
+    """`checkpoint_refusal`, and for a conversion first its layout: it is served only by the engine it was
+    written for (the other plugin refuses its layout). `engine`: a name or a release key. `plan` asks this."""
+    qc = config.get("quantization_config")
+    target = qc.get("target_engine") if source_format == "marlin" and isinstance(qc, dict) else None
+    name = engine.split(" ", 1)[0]
+    if target and name != target:
+        return (f"converted for {target}: the {name} plugin refuses another engine's layout "
+                f"(convert the source with --target {name})")
+    return checkpoint_refusal(config, hf_quant_config, source_format, engine, tensor_names)
+
+
+def verdicts(config: Mapping, hf_quant_config: Mapping | None, source_format: str,
+             tensor_names: Iterable[str] = ()) -> dict[str, str | None]:
+    """`verdict` per engine release whose proofs ran (ENGINE_VERSIONS): None where served. `inspect` shows it."""
+    names = tuple(tensor_names)
+    return {key: verdict(config, hf_quant_config, source_format, key, names) for key in ENGINE_VERSIONS}
