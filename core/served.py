@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from .engine_config import source_load_refusal
 from .engines import RELEASES, EngineError, engine_inner_method, release_for
+from .inner_methods import stale_block
 from .naming import FAMILIES, Family, family_of
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
@@ -136,9 +137,11 @@ def _rows(key: str) -> tuple[Served, ...]:
                (_differential("glm4-moe", "nvfp4-ct-fused-globals"), *_whole_model("glm4-moe", "nvfp4-ct"))),
         # DeepSeek-R1 / R1-0528 FP4 (MLA, hf_quant_config.json only) and Kimi-K2 (model_type kimi_k2) replicas;
         # V3-0324-FP4 as shipped (stale block-FP8 config.json) is built as FP8 by the engines themselves
-        # (test_v3_0324_as_shipped_is_built_as_block_fp8_by_the_engine_itself): refused by method
+        # (test_v3_0324_as_shipped_is_built_as_block_fp8_by_the_engine_itself); its conversion serves from
+        # hf_quant_config.json (`serves_from`), proven against the source without the stale block
         Served("deepseek-v3", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                (_differential("deepseek-v3", "nvfp4-modelopt-hf"), _differential("kimi-k2", "nvfp4-modelopt-hf"),
+                _differential("deepseek-v3-0324", "nvfp4-modelopt-hf"),
                 *_whole_model("deepseek-v3", "nvfp4-modelopt-hf"), *_whole_model("kimi-k2", "nvfp4-modelopt-hf"))),
         Served("deepseek-v32", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                (_differential("deepseek-v32", "nvfp4-modelopt-hf"), *_whole_model("deepseek-v32", "nvfp4-modelopt-hf"))),
@@ -234,10 +237,11 @@ def entries(family: str | None = None, source_format: str | None = None, engine:
 
 
 def source_block(config: Mapping, hf_quant_config: Mapping | None) -> dict | None:
-    """The source's quantisation block the engines serve the non-expert layers from: config.json's
-    `quantization_config`, and hf_quant_config.json only when config.json has none (both engines)."""
+    """The source's quantisation block a conversion's non-expert layers are served from: config.json's
+    `quantization_config`, and hf_quant_config.json when config.json has none (both engines) or a stale one (the
+    converter then records `serves_from`: core/converted_config.py serving_block)."""
     qc = config.get("quantization_config")
-    if isinstance(qc, dict):
+    if isinstance(qc, dict) and not stale_block(qc, hf_quant_config):
         return qc
     return dict(hf_quant_config) if isinstance(hf_quant_config, Mapping) else None
 
@@ -295,7 +299,7 @@ def checkpoint_refusal(config: Mapping, hf_quant_config: Mapping | None, source_
     qc = config.get("quantization_config")
     if source_format != "marlin" or not isinstance(qc, dict):
         return refusal(config, source_format, engine, source_block(config, hf_quant_config), tensor_names=tensor_names)
-    block = qc.get("original_quantization_config")
+    block = None if qc.get("serves_from") else qc.get("original_quantization_config")  # serving_block's choice
     block = block if block is not None else qc.get("original_hf_quant_config")
     return refusal(config, str(qc.get("source_format") or "unknown"), engine, block, tensor_names=tensor_names)
 

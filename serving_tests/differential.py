@@ -137,6 +137,19 @@ def _mixed_precision(src: Path) -> None:
     (src / "hf_quant_config.json").write_text(json.dumps(hfq, indent=2))
 
 
+def _without_stale_block(src: Path) -> None:
+    """The reference the engine loads for nvidia/DeepSeek-V3-0324-FP4: the source as shipped builds the block FP8 of
+    its stale config.json block (serving_tests/test_families.py shows it), so the engine's correct load of it is the
+    source with that block deleted (validate's fix for structure.quant_config.stale_block): both engines then read
+    hf_quant_config.json, which is what the converter records for the plugin (`serves_from`). Tensors unchanged."""
+    config = json.loads((src / "config.json").read_text())
+    assert config.pop("quantization_config")["quant_method"] == "fp8", "the replica's stale block changed"
+    (src / "config.json").write_text(json.dumps(config, indent=2))
+
+
+# family -> how the engine's reference load differs from the converted source (a release shipped broken)
+REFERENCES = {"deepseek-v3-0324": _without_stale_block}
+
 EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads, "fused-globals": _fused_globals,
          "mixed-precision": _mixed_precision}
 # edits that are synth's own size arguments (the source is written with them; no rewrite after)
@@ -161,6 +174,9 @@ CASES = (
     # MiniMax-M2; Mixtral on vLLM only (SGLang refuses it: core/served.py REFUSED)
     Case("deepseek-v3", "nvfp4-modelopt-hf"),
     Case("kimi-k2", "nvfp4-modelopt-hf"),
+    # nvidia/DeepSeek-V3-0324-FP4 as shipped (stale block-FP8 config.json block): the conversion serves from
+    # hf_quant_config.json; the engine's reference is the source without the stale block (REFERENCES)
+    Case("deepseek-v3-0324", "nvfp4-modelopt-hf"),
     Case("deepseek-v32", "nvfp4-modelopt-hf"),
     Case("minimax-m2", "nvfp4-modelopt-hf"),
     Case("mixtral", "nvfp4-modelopt-hf", engines=("vllm",)),
@@ -206,11 +222,18 @@ def make_source(tmp, case: Case) -> Path:
 
 
 def make_case(tmp, case: Case, engine: str, dtype: str) -> tuple[Path, Path]:
-    """(source, its conversion for `engine` at `dtype`), each written once per session in `tmp` (the
-    session's `case_dir`, serving_tests/conftest.py: the differential and draft tests share them)."""
+    """(the source the engine loads, its conversion for `engine` at `dtype`), each written once per session in
+    `tmp` (the session's `case_dir`, serving_tests/conftest.py: the differential and draft tests share them). The
+    engine loads the source itself, or its REFERENCES form where the release as shipped does not load correctly."""
     src = make_source(tmp, case)
     out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
     if not out.exists():
         command = "mxfp4-to-marlin" if case.fmt.startswith("mxfp4") else "nvfp4-to-marlin"
         _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q")
+    if case.family in REFERENCES:
+        ref = Path(tmp, f"ref-{case.id}")
+        if not ref.exists():
+            shutil.copytree(src, ref)
+            REFERENCES[case.family](ref)
+        return ref, out
     return src, out

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from ...core.converted_config import ConvertedConfigError, converted_record, serving_block
 from ...core.engine_config import fix_hint, source_load_refusal
 from ...core.engines import ENGINES, engine_inner_method
-from ...core.inner_methods import FP4_METHODS
+from ...core.inner_methods import FP4_METHODS, HF_QUANT_CONFIG_BLOCK, stale_block
 from ...core.served import refusal
 from ...core.tensor_model import SourceFormat
 from ..check import Finding, Scope, Severity, check
@@ -18,7 +18,6 @@ from ..inputs import CheckpointInput, Options
 
 __all__ = ["engine_config_keys", "inner_method_resolves", "stale_quant_block", "w4a8_releases"]
 
-_FP4_ALGOS = ("NVFP4", "FP4", "W4A16_NVFP4", "NVFP4_AWQ", "MIXED_PRECISION")
 _QUANTISED = {"U8", "I8", "F8_E4M3", "F8_E5M2"}  # a 2-D `.weight` of these dtypes is not 16-bit
 
 
@@ -46,13 +45,14 @@ def _blocks(c: CheckpointInput) -> tuple[str, dict | None, dict | None]:
 def stale_quant_block(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """Both engines read config.json's quantisation block and ignore hf_quant_config.json when it exists; a block left over from the model before FP4 export (nvidia/DeepSeek-V3-0324-FP4 keeps block FP8) makes them build FP8 methods for FP4 layers."""
     where, block, hf = _blocks(c)
+    qc = c.config.get("quantization_config")
+    if isinstance(qc, dict) and qc.get("serves_from") == HF_QUANT_CONFIG_BLOCK:
+        return  # a conversion that serves from hf_quant_config.json (the converter replaced the stale block)
     file_algo = _algo(hf)
     if not isinstance(block, dict) or file_algo is None:
         return
-    block_algo = _algo(block)
-    declared = block_algo or str(block.get("quant_method", "")).upper()
-    stale = block_algo != file_algo if block_algo else (
-        file_algo in _FP4_ALGOS and not str(block.get("quant_method", "")).lower().startswith(("modelopt", "compressed")))
+    declared = _algo(block) or str(block.get("quant_method", "")).upper()
+    stale = stale_block(block, hf)
     if stale:
         yield Finding("config.json", f"{where}: config.json's block says {declared} "
                       f"(quant_method {block.get('quant_method')!r}), hf_quant_config.json says quant_algo {file_algo}. "

@@ -45,16 +45,28 @@ def test_clean_source_and_conversion_pass(tmp_path):
         assert run(s.stale_quant_block, cin) == [] and run(s.inner_method_resolves, cin) == []
 
 
-def test_stale_block_reported_on_the_source_and_on_the_output(stale):
-    for root, where in zip(stale, ("config.json quantization_config", "original_quantization_config")):
-        (f,) = run(s.stale_quant_block, on_disk(root))
-        assert s.stale_quant_block.severity_of(f) is Severity.ERROR
-        assert where in f.message and "says FP8 (quant_method 'fp8')" in f.message
-        assert "hf_quant_config.json says quant_algo NVFP4" in f.message
+def test_stale_block_reported_on_the_source_and_replaced_in_the_output(stale):
+    """The source is reported; its conversion records `serves_from` hf_quant_config.json (the converter replaced the
+    stale block), so it serves the non-expert layers with ModelOpt NVFP4 and nothing is reported."""
+    (f,) = run(s.stale_quant_block, on_disk(stale[0]))
+    assert s.stale_quant_block.severity_of(f) is Severity.ERROR
+    assert "config.json quantization_config" in f.message and "says FP8 (quant_method 'fp8')" in f.message
+    assert "hf_quant_config.json says quant_algo NVFP4" in f.message
+    record = json.loads((stale[1] / "config.json").read_text())["quantization_config"]
+    assert record["serves_from"] == "hf_quant_config.json" and record["original_quantization_config"] == BLOCK_FP8
+    assert run(s.stale_quant_block, on_disk(stale[1])) == [] and run(s.inner_method_resolves, on_disk(stale[1])) == []
 
 
-def test_pre_flight_refuses_the_method_the_stale_block_resolves_to(stale):
-    (f,) = run(s.inner_method_resolves, on_disk(stale[1]))
+def test_pre_flight_refuses_the_method_a_recorded_stale_block_resolves_to(stale, tmp_path):
+    """A conversion whose record serves from the stale block (made before `serves_from`, or edited): reported."""
+    import shutil
+
+    out = tmp_path / "old"
+    shutil.copytree(stale[1], out)
+    _edit_config(out, lambda c: c["quantization_config"].pop("serves_from"))
+    (f,) = run(s.stale_quant_block, on_disk(out))
+    assert "original_quantization_config" in f.message
+    (f,) = run(s.inner_method_resolves, on_disk(out))
     assert s.inner_method_resolves.severity_of(f) is Severity.ERROR
     assert "vllm builds 'fp8' for the non-expert layers of this qwen3-moe nvfp4-modelopt-hf source" in f.message
 
