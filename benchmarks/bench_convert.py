@@ -47,13 +47,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _inputs import header_set, synth_layers  # noqa: E402
 from _measure import Run, measured  # noqa: E402
 
+from dsv4_convert.core.source_formats import source_format, synth_formats  # noqa: E402
 from dsv4_convert.runtime.executors import auto_workers, physical_cores  # noqa: E402
 from dsv4_convert.runtime.profiling import breakdown  # noqa: E402
 from dsv4_convert.runtime.settings import MARKS_ENV, PROFILE_ENV  # noqa: E402
 
 LAYER_GB = 3.6238848  # one real-size NVFP4 layer
-COMMANDS = {"nvfp4-modelopt-dsv4": "nvfp4-to-marlin", "nvfp4-modelopt-hf": "nvfp4-to-marlin",
-            "nvfp4-ct": "nvfp4-to-marlin", "mxfp4-dsv4": "mxfp4-to-marlin", "mxfp4-ct": "mxfp4-to-marlin"}
+# the formats synth writes one tensor per projection of (the source-format table), and the command of each
+COMMANDS = {name: f"{source_format(name).trunk.value}-to-marlin" for name in synth_formats()
+            if source_format(name).suffixes is not None}
 ROUTES = {  # name -> (extra CLI arguments, extra environment)
     "cpu": ([], {}),  # the local process pool (the converters run on the CPU only: docs/PERFORMANCE.md)
     "ray": (["--executor", "ray"], {"RAY_USAGE_STATS_ENABLED": "0"}),

@@ -1,9 +1,10 @@
 """`dsv4-convert doctor [PATH]`: can this machine serve the checkpoint? (docs/DOCTOR.md)
 
-Reports the GPUs, torch and CUDA, each engine installed (vLLM, SGLang, sgl_kernel) against the
-layout the checkpoint was converted for and the versions the plugin was verified with, whether the
-engines' Marlin extensions carry machine code (SASS) for this GPU or only PTX (vLLM #40923: PTX-only
-Marlin MoE kernels gave silently wrong output on sm_120), and the MoE backend flag to force.
+Reports the GPUs, torch and CUDA, each engine package installed (the engine table's `packages`) against
+the layout the checkpoint was converted for and the versions the plugin was verified with, the installed
+release's Marlin kernels as the table says it ships them (cli/doctor_kernels.py): a prebuilt extension's
+machine code (SASS) for this GPU or only PTX (vLLM #40923: PTX-only Marlin MoE kernels gave silently wrong
+output on sm_120), or a JIT's toolkit, tools and target (SGLang 0.5.23), and the MoE backend flag to force.
 Imports no engine: versions come from package metadata, code from the libraries' fatbinaries; for a
 converted checkpoint, each installed engine is asked (in a subprocess, serving/probe.py) to build its
 quantisation config from the checkpoint, without loading weights.
@@ -11,7 +12,6 @@ quantisation config from the checkpoint, without loading weights.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -21,14 +21,11 @@ from pathlib import Path
 import click
 
 from ..core.engines import ENGINES, LAYOUTS, EngineError, engine_inner_method, release_for, w4a8_problem
-from ..core.fatbin import FatbinError, read_cuda_code
 from ..runtime.settings import MARLIN_MODULE_ENV, settings
+from .doctor_kernels import check_library, engine_kernels
 from .report import emit, report_options
 
 __all__ = ["doctor"]
-
-_PR = "vLLM #40923: a Marlin MoE build with only PTX for this GPU gave silently wrong output on sm_120"
-
 
 @dataclass
 class Doctor:
@@ -38,6 +35,7 @@ class Doctor:
     # engine -> what the installed version serves, from the engine table: {"release", "w4a8"} or {"error"}
     releases: dict = field(default_factory=dict)
     extensions: list[dict] = field(default_factory=list)
+    jit: list[dict] = field(default_factory=list)  # an engine that compiles its Marlin kernels on first use
     checkpoint: dict | None = None
     recommended: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
@@ -50,7 +48,7 @@ class Doctor:
 def _gpus(d: Doctor) -> None:
     import torch
     d.torch = {"version": torch.__version__, "cuda": torch.version.cuda,
-               "cuda_available": bool(torch.cuda.is_available())}
+               "cuda_available": bool(torch.cuda.is_available()), "threads": torch.get_num_threads()}
     if not torch.cuda.is_available():
         d.findings.append("no CUDA GPU is usable here (" + ("this torch has no CUDA" if torch.version.cuda is None
                                                             else "none visible") + "): this machine cannot serve")
@@ -59,42 +57,6 @@ def _gpus(d: Doctor) -> None:
         p = torch.cuda.get_device_properties(i)
         d.gpus.append({"index": i, "name": p.name, "capability": f"{p.major}.{p.minor}", "sm": 10 * p.major + p.minor,
                        "memory_gib": round(p.total_memory / 2**30, 1)})
-
-
-def _package_dir(module: str) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _check_library(d: Doctor, owner: str, lib: Path) -> None:
-    row = {"engine": owner, "library": str(lib)}
-    try:
-        code = read_cuda_code(lib)
-    except (OSError, FatbinError) as e:
-        row["error"] = str(e)
-        d.extensions.append(row)
-        return
-    row.update(sass=sorted(code.sass), ptx=sorted(code.ptx))
-    verdicts = []
-    for g in d.gpus:
-        major, minor = divmod(g["sm"], 10)
-        if code.runs_natively(major, minor):
-            verdicts.append(f"sm_{g['sm']}: SASS")
-        elif code.ptx_for(major, minor):
-            verdicts.append(f"sm_{g['sm']}: PTX only")
-            d.findings.append(f"{lib.name} ({owner}) has no SASS for sm_{g['sm']} (GPU {g['index']}), only PTX "
-                              f"for {sorted(code.ptx)}: {_PR}; install an engine build with sm_{g['sm']} code")
-        else:
-            verdicts.append(f"sm_{g['sm']}: no code")
-            d.findings.append(f"{lib.name} ({owner}) has no code for sm_{g['sm']} (GPU {g['index']}): "
-                              f"SASS {sorted(code.sass)}, PTX {sorted(code.ptx)}")
-    row["verdict"] = verdicts
-    d.extensions.append(row)
 
 
 def _engines(d: Doctor, extra_module: str | None) -> None:
@@ -110,25 +72,23 @@ def _engines(d: Doctor, extra_module: str | None) -> None:
         if pkg is facts.packages[0]:
             try:
                 rel = release_for(facts.name, v)
-                d.releases[facts.name] = {"release": rel.key, "verified": rel.verified, "w4a8": rel.w4a8}
+                d.releases[facts.name] = {"release": rel.key, "verified": rel.verified, "w4a8": rel.w4a8,
+                                          "kernels": rel.kernels.build, "kernel_dist": rel.kernels.dist}
             except EngineError as e:
                 d.releases[facts.name] = {"error": e.message}
-        root = _package_dir(pkg.module)
-        libs = sorted({p for g in pkg.kernel_globs for p in root.glob(g)}) if root else []
-        for lib in libs:
-            _check_library(d, name, lib)
+                continue
+            engine_kernels(d, f"{facts.display} {v}", pkg.module, rel.kernels)
     if extra_module:
-        _check_library(d, "module", Path(extra_module))
+        check_library(d, "module", Path(extra_module))
 
 
 def _checkpoint(d: Doctor, path: str) -> None:
     from ..core.converted_config import ConvertedConfigError, converted_record
     from ..core.reader import open_checkpoint, resolve_source
-    from ..core.tensor_model import SourceFormat
     ckpt = open_checkpoint(resolve_source(path))
     info = {"path": path, "format": ckpt.format.value}
     engines, record = list(LAYOUTS), None
-    if ckpt.format is SourceFormat.MARLIN:
+    if ckpt.format.converted:
         try:
             record = converted_record(ckpt.config)
         except ConvertedConfigError as e:
@@ -162,7 +122,7 @@ def _checkpoint(d: Doctor, path: str) -> None:
     if not installed:
         want = " or ".join(LAYOUTS[t].name for t in engines) or "an engine"
         d.findings.append(f"{path} needs {want}, which is not installed here")
-    if ckpt.format is SourceFormat.MARLIN:
+    if ckpt.format.converted:
         for engine in served:
             if record is not None:
                 _ask_engine(d, path, engine, record, ckpt.config)
@@ -222,6 +182,16 @@ def _render(d: Doctor) -> str:
         what = (f" (release {r['release']}: W4A16{', W4A8' if r['w4a8'] else ', no W4A8'})" if "release" in r else
                 f" ({r['error']})" if "error" in r else "")
         lines.append(f"{name:<11} {v or 'not installed'}{what}")
+    for j in d.jit:
+        tk = j["toolkit"]
+        lines.append(f"  {j['engine']}: Marlin kernels JIT-compiled on first use; nvcc "
+                     f"{tk['nvcc_version'] or 'not found'} at {tk['cuda_home']} ({tk['found_by']}); "
+                     + ", ".join(f"{k} {'yes' if ok else 'MISSING'}" for k, ok in j["needs"].items()))
+        lines.append("  targets: " + ", ".join(f"sm_{t['sm']} -> {t['target']}" + ("" if t["gpu"] is not None
+                                                                                   else " (no GPU here)")
+                                               for t in j["targets"]))
+        lines.append(f"  built in {j['cache']}: {len(j['built'])}" + ("" if j["built"] else
+                                                                     " (the first server start compiles them)"))
     for x in d.extensions:
         code = x.get("error") or f"SASS {x['sass']}, PTX {x['ptx']}; " + ", ".join(x.get("verdict") or ["no GPU"])
         lines.append(f"  {Path(x['library']).name}: {code}")

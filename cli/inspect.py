@@ -13,7 +13,7 @@ from ..core.index import natural_key
 from ..core.mtp import mtp_layers
 from ..core.naming import family_of
 from ..core.reader import open_checkpoint
-from ..core.tensor_model import Checkpoint, SourceFormat
+from ..core.tensor_model import Checkpoint
 from ..core.units import human_size
 from ..core.verdicts import verdicts
 from .report import emit, report_options
@@ -40,7 +40,7 @@ def _category(dtype: str) -> str:
 
 def _quant_block(ckpt: Checkpoint) -> dict:
     """config.json's quantization_config; a converted checkpoint's through its record (the one reader)."""
-    if ckpt.format is SourceFormat.MARLIN:
+    if ckpt.format.converted:
         record = record_or_none(ckpt.config)
         return record.as_dict() if record else {}
     return ckpt.config.get("quantization_config") or {}
@@ -48,7 +48,7 @@ def _quant_block(ckpt: Checkpoint) -> dict:
 
 def _excluded(ckpt: Checkpoint) -> list[dict]:
     qc = _quant_block(ckpt)
-    if ckpt.format is SourceFormat.MARLIN:
+    if ckpt.format.converted:
         qc = qc.get("original_quantization_config") or {}
     out = []
     for key in ("ignore", "modules_to_not_convert", "exclude_modules"):

@@ -41,6 +41,7 @@ import click  # noqa: E402
 from ..core.errors import DsvError, Interrupted, OutputError, UsageError  # noqa: E402
 from ..core.version import __version__  # noqa: E402
 from ..runtime import settings  # noqa: E402
+from ..runtime.cpu_budget import bound_library_threads  # noqa: E402
 from . import commands  # noqa: E402
 from .command_paths import guard_command_line, parsed_params  # noqa: E402
 from .report import write_report  # noqa: E402
@@ -168,6 +169,7 @@ def _debug() -> bool:
 def main(argv=None):
     args = list(sys.argv[1:] if argv is None else argv)
     try:
+        bound_library_threads()  # the CPUs given, before torch / numba read their thread counts (cpu_budget.py)
         settings.load()  # every variable, once; before numba's import reads NUMBA_NUM_THREADS
         _register(args)  # the heavy imports, under _early_interrupt
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

@@ -10,6 +10,7 @@ import click
 
 from ..core.files import SYNTH_MANIFEST
 from ..core.naming import family_named
+from ..core.source_formats import source_format
 from ..synth import (
     DEFECT_NAMES,
     REAL_SIZE,
@@ -29,6 +30,7 @@ def _examples(name: str) -> str:
     return (spec and spec.examples) or family_named(spec.family if spec else name).examples
 
 
+_FORMAT_HELP = "\n".join(f"  {name:<20} {source_format(name).summary}" for name in SYNTH_FORMATS)
 _FAMILY_HELP = "\n".join(
     f"  {name:<16} {', '.join(fmts):<38} {_examples(name)}" for name, fmts in SYNTH_FAMILIES.items())
 _DEFECT_HELP = "\n".join(
@@ -46,13 +48,7 @@ files and, for each --defect, the exact tensor and element it changed.
 
 \b
 Formats (--format):
-  mxfp4-dsv4           DeepSeek-V4 native: experts w{{1,2,3}}.weight I8 + .scale F8_E8M0
-  nvfp4-modelopt-dsv4  ModelOpt re-quant with DeepSeek names (MTP experts stay MXFP4)
-  nvfp4-modelopt-hf    ModelOpt generic HF names (gate/up/down_proj)
-  nvfp4-ct             compressed-tensors nvfp4-pack-quantized (reciprocal global)
-  mxfp4-ct             compressed-tensors mxfp4-pack-quantized
-  mxfp4-gptoss         gpt-oss *_blocks / *_scales, gate/up interleaved row by row
-
+{_FORMAT_HELP}
 \b
 Model families (--family; real tensor names, config.json and quantisation config of that
 architecture's releases at shrunk sizes; --format picks among the family's formats, the first

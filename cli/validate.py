@@ -6,9 +6,10 @@ import sys
 
 import click
 
-from ..core.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
+from ..core.engines import ACT_DTYPES, DEFAULT_ENGINE
 from ..runtime.executors import refuse_device
 from ..validate.inputs import Options
+from ..validate.kernel_provider import providers
 from ..validate.runner import Unreadable
 from ..validate.runner import validate as run_validation
 from .kernel_opts import kernel_options, refuse_unsupported_shapes, run_kernel_checks
@@ -65,7 +66,7 @@ def _fraction(ctx, param, value):
                    "repack against the source bytes); see docs/VALIDATE.md")
 @click.option("--kernel-experts", default="all", show_default=True, metavar="N|all",
               help="experts per layer for --kernel (chosen deterministically from --seed)")
-@click.option("--kernel-provider", default="auto", show_default=True, metavar="|".join(("auto", *(f.kernels.provider for f in ENGINES.values()), "module:PATH")),
+@click.option("--kernel-provider", default="auto", show_default=True, metavar="|".join((*providers()[:-1], "module:PATH")),
               help="whose kernels --kernel runs: the installed engine, or a built extension")
 @click.option("--device", default=None, metavar="cuda[:N]", help="GPU for --kernel [default: cuda]")
 @click.option("--plot", "plot_file", metavar="FILE", help="per-layer heat map PNG (needs matplotlib)")

@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
-from ..core.tensor_model import Projection, Quant, SourceFormat
+from ..core.source_formats import SourceFormat
+from ..core.tensor_model import Projection, Quant
 from ..formats.constants import E4M3_NAN_BYTES, E8M0_NAN
 from ..formats.marlin.compiled_kernels import byte_presence
 from ..formats.marlin.reference_scales import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table
@@ -81,7 +82,7 @@ def convert_on_cpu(reader, p: Projection, fmt: SourceFormat, target, sf: float, 
         return parts
     parts["weight_scale"] = permute_scales(scale.reshape(1, n, -1), table=s0e5m3_table(clamp=target.clamps_scales, sf=sf))
     g = reader.array(p.global_scale).view(np.float32)
-    if fmt is SourceFormat.NVFP4_CT:  # a divisor: the ModelOpt multiplier is 1 / max, in float32
+    if fmt.global_rule.reciprocal:  # a divisor: the ModelOpt multiplier is 1 / max, in float32
         g = np.float32(1.0) / g.max()
     elif g.size != 1:
         return None

@@ -17,7 +17,8 @@ from ..core.errors import Interrupted, OutputError
 from ..core.files import LOST_SUFFIX
 from ..core.reader import TensorReader
 from ..core.rescale import stack_rescale_factors
-from ..core.tensor_model import Projection, Quant, SourceFormat
+from ..core.source_formats import SourceFormat
+from ..core.tensor_model import Projection, Quant
 from ..core.units import human_size
 from ..runtime.executors import ExecutorSpec, auto_workers, make_executor
 from ..runtime.jobs import RunDir
@@ -47,6 +48,8 @@ class ConvertResult:
     seconds: float
     rescale_factors: dict = field(default_factory=dict)
     lost_scales: int = 0  # NVFP4 scale bytes the target cannot represent (recorded for the reverse)
+    workers: int = 1  # processes the run used, and the most CPU threads one job used (runtime/cpu_budget.py)
+    threads: int = 1
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -70,7 +73,7 @@ def _report(nbytes: int, callback=None) -> None:
 def _write_piece(root: str, fmt: SourceFormat, target, piece: Piece, tmp_path: str, rescale: dict,
                  metadata: dict, threads: int, callback=None) -> tuple[str, str | None, int]:
     """One job of the run, in a worker: `piece` of its shard. The repack runs on `threads` threads
-    (the executor's threads_per_job: 1 in a pool worker, else the cores)."""
+    (the executor's threads_for the piece: 1 in a pool worker, else by its size, runtime/cpu_budget.py)."""
     freeze_imports()
     with profiled_job(piece.name):
         return _write_piece_job(root, fmt, target, piece, tmp_path, rescale, metadata, threads, callback)
@@ -169,7 +172,9 @@ def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None =
         pieces = split_shards(todo, auto_workers(workers, total, None) if local else 1, auto=workers is None)
         if local and len(pieces) > 1:
             load_kernels()  # once here, inherited by every forked worker
-        pool = make_executor(executor, auto_workers(workers, total, len(pieces)), bar, max_in_flight=workers)
+        used = auto_workers(workers, total, len(pieces)) if local else 1
+        pool = make_executor(executor, used, bar, max_in_flight=workers)
+        threads = max((pool.threads_for(pc.nbytes) for pc in pieces), default=1)
         mark("start")
         pool.check_paths(run, [ckpt.root / f for f in sorted({t.file for t in ckpt.tensors.values()})])
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
@@ -195,7 +200,7 @@ def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None =
         raise mapped from (None if isinstance(e, KeyboardInterrupt) else e)
     return ConvertResult(staging.out, len(plan.shards), len(done), sum(len(s.tensors) for s in plan.shards),
                          len(plan.projections), sum(t.nbytes for t in ckpt.tensors.values()), plan.output_bytes,
-                         time.perf_counter() - start, rescale, lost)
+                         time.perf_counter() - start, rescale, lost, used, threads)
 
 
 def _user_error(e: BaseException, staging: Staging, plan: ConvertPlan):
@@ -226,7 +231,7 @@ def _user_error(e: BaseException, staging: Staging, plan: ConvertPlan):
 
 def _write_pieces(pool, pieces: list[Piece], run: RunDir, staging: Staging, source: list, rescale: dict,
                   meta: dict) -> None:
-    """Every piece through the pool (each on the pool's threads_per_job CPU threads); a whole shard is
+    """Every piece through the pool (each on the threads the pool gives a job of its size); a whole shard is
     handed over as its job ends, a shard written in pieces once all of them are in and it is sealed
     (hashed, sidecars merged)."""
     split: dict[str, list[Piece]] = {}
@@ -238,7 +243,7 @@ def _write_pieces(pool, pieces: list[Piece], run: RunDir, staging: Staging, sour
         if sha is not None:
             _hand_over(run, staging, file, sha, size)
 
-    args = [(*source, pc, str(run.tmp(pc.shard.file)), rescale, meta, pool.threads_per_job)
+    args = [(*source, pc, str(run.tmp(pc.shard.file)), rescale, meta, pool.threads_for(pc.nbytes))
             for pc in pieces]
     pool.map(_write_piece, args, lambda r: done(*r), reports_progress=True, job_bytes=[pc.nbytes for pc in pieces])
     if split:  # hashing reads back from the page cache: one job per shard, in parallel

@@ -12,6 +12,7 @@ from ..core.engines import MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
 from ..core.errors import ContentError
 from ..core.files import CONFIG, HF_QUANT_CONFIG, shard_name
 from ..core.served import refusal, source_block
+from ..core.source_formats import SourceFormat
 from ..core.structure import RULES as STRUCTURE_RULES
 from ..core.structure import model_dims
 from ..core.target import MarlinTarget
@@ -20,7 +21,6 @@ from ..core.tensor_model import (
     Projection,
     Quant,
     Role,
-    SourceFormat,
     TensorRef,
     moe_layers,
 )
@@ -107,12 +107,10 @@ def _projection_outputs(p: Projection, fmt: SourceFormat, target: MarlinTarget,
     if p.quant is Quant.NVFP4:
         out.append(OutTensor(TensorSpec(f"{p.key}.weight_global_scale", target.global_dtype, ()), projection=p,
                              part="weight_global_scale", tiles=tiles))
-        if fmt is SourceFormat.NVFP4_CT:
+        if fmt.global_rule.reciprocal:  # the multiplier is written beside a kept copy of the source's global
             out.append(OutTensor(TensorSpec(f"{p.key}.weight_scale_2", "F32", ()), projection=p, part="weight_scale_2",
                                  tiles=tiles))
-            out.append(_keep(p, p.global_scale, f"{p.key}.ct_weight_global_scale"))
-        else:
-            out.append(_keep(p, p.global_scale, f"{p.key}.weight_scale_2"))
+        out.append(_keep(p, p.global_scale, f"{p.key}.{fmt.global_rule.kept_as}"))
         if p.input_scale is not None:
             out.append(_keep(p, p.input_scale, kept_input_name(p)))
     return out
@@ -215,7 +213,7 @@ def check_structure(ckpt: Checkpoint) -> None:
 
 
 def refuse_converted(ckpt: Checkpoint) -> None:
-    if ckpt.format is SourceFormat.MARLIN:
+    if ckpt.format.converted:
         raise ContentError(f"{ckpt.root} is already converted to Marlin", error_id="convert.already_marlin",
                            file="config.json", hint="use it as it is, or `dsv4-convert marlin-to-source` to undo")
 

@@ -38,8 +38,9 @@ from ..core.index import read_weight_map
 from ..core.reader import TensorReader, load_projection, open_checkpoint
 from ..core.safetensors_header import parse_header
 from ..core.small_files import read_small
+from ..core.source_formats import source_format
 from ..core.target import MarlinTarget
-from ..core.tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
+from ..core.tensor_model import Projection, Quant, Role, TensorRef
 from ..formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
 from ..formats.padded_layout import decode_rank_blocks, padded_nk, unpad_source
 from ..runtime.executors import ExecutorSpec, auto_workers, make_executor
@@ -253,7 +254,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
     try:
         spec = converted_record(ckpt.config)  # the one strict parser (the plugins use it too)
         target = MarlinTarget(spec.target_engine, spec.act_dtype, spec.w4a8)
-        fmt = SourceFormat(spec.source_format)
+        fmt = source_format(spec.source_format)
         layout = spec.split()
     except (KeyError, ValueError) as e:
         raise ContentError(f"config.json quantization_config is not a dsv4-convert block ({e})",
@@ -266,7 +267,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         decoded_by.setdefault(sp.weight.name, []).append((sp, "weight"))
         decoded_by.setdefault(sp.scale.name, []).append((sp, "scale"))
         if sp.global_scale is not None:
-            kept_as[sp.global_scale.name] = f"{sp.key}.{'ct_weight_global_scale' if fmt is SourceFormat.NVFP4_CT else 'weight_scale_2'}"
+            kept_as[sp.global_scale.name] = f"{sp.key}.{fmt.global_rule.kept_as}"
         if sp.input_scale is not None:
             kept_as[sp.input_scale.name] = kept_input_name(sp)
     converted = {p.key: p for p in ckpt.projections}

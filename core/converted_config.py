@@ -17,13 +17,11 @@ from .converted_rules import LAYOUT_KEYS, NOT_OURS, PRODUCER, Problem, block_pro
 from .engines import FORMAT_VERSION, LAYOUTS, QUANT_METHOD, engine_facts
 from .errors import ContentError
 from .files import CONFIG
+from .source_formats import FORMATS
 from .version import __version__
 
 __all__ = ["ContainerLayout", "ConvertedConfigError", "ConvertedQuantConfig", "TpLayout",
            "converted_record", "record_or_none", "read_tp_layout", "serving_block"]
-
-_MODEL_TYPE_OF_FORMAT = {"mxfp4-dsv4": "deepseek_v4", "nvfp4-modelopt-dsv4": "deepseek_v4", "mxfp4-gptoss": "gpt_oss"}
-
 
 class ConvertedConfigError(ContentError, ValueError):
     """The block is not one this tool (or its plugin) can use; `problems` lists every reason."""
@@ -124,7 +122,8 @@ class ConvertedQuantConfig:
     @property
     def source_model_type(self) -> str | None:
         """The source's model_type; blocks written before it was recorded name it through their format."""
-        return self.model_type or _MODEL_TYPE_OF_FORMAT.get(self.source_format)
+        row = FORMATS.get(self.source_format)
+        return self.model_type or (row.model_type if row else None)
 
     @property
     def padded(self) -> bool:

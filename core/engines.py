@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from ..formats.tiles import EnginePadding, PadRule
 from .errors import UsageError
 from .inner_methods import resolve_sglang, resolve_vllm
+from .kernel_table import SGLANG_0523_KERNELS, VLLM_033_KERNELS, VLLM_034_KERNELS, KernelOps
 
 __all__ = [
-    "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "FORMAT_VERSION", "GEMM_ARGS_033", "GEMM_ARGS_034", "LAYOUTS",
-    "MXFP4_NEEDS_BF16", "QUANT_METHOD", "READABLE_FORMAT_VERSIONS", "RELEASES", "EngineError", "EngineFacts",
-    "KernelOps", "Package", "Release", "engine_facts", "engine_inner_method", "launch_command",
+    "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "FORMAT_VERSION", "LAYOUTS", "MXFP4_NEEDS_BF16", "QUANT_METHOD",
+    "READABLE_FORMAT_VERSIONS", "RELEASES", "EngineError", "EngineFacts", "KernelOps", "Package", "Release",
+    "engine_facts", "engine_inner_method", "launch_command",
     "mxfp4_dtype_problem", "parallel_flags", "registration_log_line", "release", "release_for", "shell_quote",
     "version_tuple", "w4a8_problem",
 ]
@@ -38,18 +39,6 @@ DEFAULT_ENGINE = "sglang"
 MXFP4_NEEDS_BF16 = ("MXFP4 Marlin runs with bfloat16 activations only (vLLM compiles no fp16 MXFP4 kernel; "
                     "SGLang would push the E8M0 scales through fp16 and destroy them)")
 
-# The Marlin ops' argument names, in their schema's order, as vLLM registers them (csrc/moe/torch_bindings.cpp,
-# csrc/torch_bindings.cpp; read from the released wheels' `_moe_C` / `_C` libraries). vLLM 0.34.0 removed
-# the W4A8 path: `a_scales` from the MoE GEMM (26 -> 25 arguments), `is_a_8bit` from the repack (5 -> 4).
-GEMM_ARGS_034 = ("a", "c_or_none", "b_q_weight", "b_bias_or_none", "b_scales", "global_scale", "b_zeros_or_none",
-                 "workspace", "sorted_token_ids", "expert_ids", "num_tokens_past_padded", "topk_weights",
-                 "moe_block_size", "top_k", "mul_topk_weights", "b_type_id", "size_m", "size_n", "size_k",
-                 "use_atomic_add", "use_fp32_reduce", "is_zp_float", "thread_k", "thread_n", "blocks_per_sm")
-GEMM_ARGS_033 = GEMM_ARGS_034[:5] + ("a_scales",) + GEMM_ARGS_034[5:]
-REPACK_ARGS_034 = ("b_q_weight", "size_k", "size_n", "num_bits")
-REPACK_ARGS_033 = REPACK_ARGS_034 + ("is_a_8bit",)
-
-
 class EngineError(UsageError, ValueError):
     """An engine or engine version the table does not list (exit 2). A ValueError too: the callers that
     turn a bad target value into their own error keep catching it."""
@@ -57,21 +46,9 @@ class EngineError(UsageError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Package:
-    """An installed distribution doctor reads: its version, and the Marlin extensions inside it."""
+    """An installed distribution doctor reads the version of."""
     dist: str  # distribution name (package metadata)
     module: str  # import name
-    kernel_globs: tuple[str, ...] = ()  # Marlin MoE extension files inside the package
-
-
-@dataclass(frozen=True, slots=True)
-class KernelOps:
-    """Where `validate --kernel --kernel-provider NAME` finds an engine's Marlin ops (torch.ops paths)."""
-    provider: str  # the --kernel-provider name
-    module: str  # importing it registers the ops
-    gemm: str  # torch.ops path of moe_wna16_marlin_gemm
-    repack: str  # torch.ops path of gptq_marlin_repack
-    scalar_types: str  # module with `scalar_types.float4_e2m1f`
-    dist: str  # distribution, for the provider's version
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +63,7 @@ class Release:
     # after processing an NVFP4 MoE layer, the engine's own method keeps ModelOpt's fp32 input scales and
     # compressed-tensors' `w13/w2_weight_packed` (a second name of `w13/w2_weight`); False: input scales None
     keeps_moe_input_scales: bool
-    gemm_args: tuple[str, ...]  # moe_wna16_marlin_gemm's schema (argument names, in order)
-    repack_args: tuple[str, ...]  # gptq_marlin_repack's schema
+    kernels: KernelOps  # its Marlin MoE GEMM and repack
 
     @property
     def key(self) -> str:
@@ -119,7 +95,6 @@ class EngineFacts:
     ep_flag: str  # {ep} is the expert-parallel size
     sm120_moe_default: str  # which MoE path the engine picks on sm_120 by itself (why the flag is needed)
     packages: tuple[Package, ...]  # what doctor reads; the first is the engine itself
-    kernels: KernelOps
     probe: str  # "module:function" that builds the engine's quantisation config (serving/probe.py)
     inner_method: object  # (block, model_type) -> the method the engine resolves a source block to
     # (which of those methods the plugins are proven with, per family and release: core/served.py)
@@ -177,9 +152,7 @@ ENGINES = {
         ep_flag="--enable-expert-parallel",  # EP then spans the TP ranks
         sm120_moe_default="vLLM usually auto-selects Marlin on sm_120, but an SM100 path can still be picked "
                           "for NVFP4",
-        packages=(Package("vllm", "vllm", ("_moe_C*.so",)),),
-        kernels=KernelOps("vllm", "vllm._custom_ops", "_moe_C.moe_wna16_marlin_gemm", "_C.gptq_marlin_repack",
-                          "vllm.scalar_type", "vllm"),
+        packages=(Package("vllm", "vllm"),),
         probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm),
     # sglang-L2: the NVFP4 Marlin fallback and the DSv4 MXFP4 Marlin method exist only since 0.5.2x;
     # 0.5.23 is the version verified byte for byte. --tp-size / --ep-size are server_args' own names
@@ -192,9 +165,8 @@ ENGINES = {
         ep_flag="--ep-size {ep}",
         sm120_moe_default="SGLang's DeepSeek-V4 default on sm_120 is flashinfer_mxfp4 (NVFP4: "
                           "flashinfer_trtllm_routed)",
-        packages=(Package("sglang", "sglang"), Package("sgl-kernel", "sgl_kernel", ("**/*.so",))),
-        kernels=KernelOps("sgl_kernel", "sgl_kernel", "sgl_kernel.moe_wna16_marlin_gemm",
-                          "sgl_kernel.gptq_marlin_repack", "sgl_kernel.scalar_type", "sgl-kernel"),
+        # sglang 0.5.23 requires sglang-kernel==0.4.10 (import name sgl_kernel): its scalar types, no Marlin op
+        packages=(Package("sglang", "sglang"), Package("sglang-kernel", "sgl_kernel")),
         probe="dsv4_convert.serving.probe:sglang_quant_config", inner_method=resolve_sglang),
 }
 LAYOUTS = {e.layout_tag: e for e in ENGINES.values()}
@@ -203,15 +175,12 @@ LAYOUTS = {e.layout_tag: e for e in ENGINES.values()}
 # W4A8 repack and `marlin_quant_input`; VLLM_MARLIN_INPUT_DTYPE stops 0.34 at start-up.
 RELEASES = {r.key: r for r in (
     Release("vllm", "0.33", (0, 33, 0), (0, 34, 0), "0.33.0", w4a8=True,
-            keeps_moe_input_scales=False, gemm_args=GEMM_ARGS_033,
-            repack_args=REPACK_ARGS_033),
+            keeps_moe_input_scales=False, kernels=VLLM_033_KERNELS),
     Release("vllm", "0.34", (0, 34, 0), (0, 35, 0), "0.34.0", w4a8=False,
-            keeps_moe_input_scales=True, gemm_args=GEMM_ARGS_034,
-            repack_args=REPACK_ARGS_034),
-    # sgl_kernel keeps vLLM 0.33's op schema (its ops are read by name from their own schema at run time)
-    Release("sglang", "0.5.23", (0, 5, 23), (0, 5, 24), "0.5.23", w4a8=False,
-            keeps_moe_input_scales=False, gemm_args=GEMM_ARGS_033,
-            repack_args=REPACK_ARGS_033),
+            keeps_moe_input_scales=True, kernels=VLLM_034_KERNELS),
+    # SGLang 0.5.23 ships no prebuilt Marlin op (sglang-kernel 0.4.10 has none): core/kernel_table.py
+    Release("sglang", "0.5.23", (0, 5, 23), (0, 5, 24), "0.5.23", w4a8=False, keeps_moe_input_scales=False,
+            kernels=SGLANG_0523_KERNELS),
 )}
 
 

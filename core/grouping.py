@@ -10,7 +10,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .detect import ALLOWED_QUANTS
 from .dtypes import SCALE_DTYPES, WEIGHT_DTYPES
 from .errors import ContentError
 from .naming import (
@@ -24,7 +23,8 @@ from .naming import (
     logical_k,
     per_expert_key,
 )
-from .tensor_model import Projection, Quant, Role, SourceFormat, TensorRef
+from .source_formats import SourceFormat, Suffixes, tensor_suffixes
+from .tensor_model import Projection, Quant, Role, TensorRef
 
 __all__ = ["group_projections"]
 
@@ -41,10 +41,11 @@ class _Parts:
 def group_projections(fmt: SourceFormat, config: Mapping,
                       tensors: Mapping[str, TensorRef]) -> tuple[Projection, ...]:
     """Every FP4 expert projection, sorted by (trunk layers, MTP layers), expert, gate/up/down."""
-    projections = [p for parts in _collect(tensors).values() if (p := _projection(fmt, parts)) is not None]
-    if fmt is not SourceFormat.MARLIN:
+    names = tensor_suffixes()
+    projections = [p for parts in _collect(tensors).values() if (p := _projection(fmt, parts, names)) is not None]
+    if not fmt.converted:
         projections += _group_stacked(tensors)
-    allowed = ALLOWED_QUANTS[fmt]
+    allowed = fmt.quants
     for p in projections:
         if p.quant not in allowed:
             raise ContentError(
@@ -90,18 +91,23 @@ def _scalar(ref: TensorRef | None, what: str) -> TensorRef | None:
     return ref
 
 
-def _projection(fmt: SourceFormat, parts: _Parts) -> Projection | None:
+def _first(refs: dict, suffixes: tuple[str, ...]) -> TensorRef | None:
+    return next((refs[s] for s in suffixes if s in refs), None)
+
+
+def _projection(fmt: SourceFormat, parts: _Parts, names: Suffixes) -> Projection | None:
+    """`names`: every source format's tensor suffixes (core/source_formats.py tensor_suffixes)."""
     refs = parts.refs
-    weight = refs.get("weight") or refs.get("weight_packed")
-    scale_names = [s for s in ("weight_scale", "scale") if s in refs]
+    weight = _first(refs, names.weight)
+    scale_names = [s for s in names.scale if s in refs]
     if weight is None:
         if scale_names:
             s = refs[scale_names[0]]
-            raise ContentError(f"{s.name} has no weight ({parts.prefix}.weight / .weight_packed is missing)",
+            raise ContentError(f"{s.name} has no weight ({parts.prefix}.{' / .'.join(names.weight)} is missing)",
                                error_id="group.scale_without_weight", tensor=s.name, file=s.file,
                                hint="the checkpoint is incomplete: re-download or re-export it")
         return None
-    if fmt is SourceFormat.MARLIN:
+    if fmt.converted:
         return _marlin_projection(parts, weight)
     if weight.dtype not in WEIGHT_DTYPES:
         return None  # FP8 / BF16 experts: passthrough, their `.scale` is not an FP4 scale
@@ -109,11 +115,12 @@ def _projection(fmt: SourceFormat, parts: _Parts) -> Projection | None:
         raise _shape_error(weight, ["N", "K/2"], "packed FP4 expert weights are 2-D", error_id="group.weight_shape")
     if not scale_names:
         raise ContentError(f"{weight.name} ({weight.dtype} {list(weight.shape)}) has no block scale "
-                           f"({parts.prefix}.scale / .weight_scale is missing)", error_id="group.missing_scale",
+                           f"({parts.prefix}.{' / .'.join(reversed(names.scale))} is missing)",
+                           error_id="group.missing_scale",
                            tensor=weight.name, file=weight.file,
                            hint="the checkpoint is incomplete: re-download or re-export it")
     if len(scale_names) > 1:
-        raise ContentError(f"{parts.prefix} has both .scale and .weight_scale; cannot tell its format",
+        raise ContentError(f"{parts.prefix} has both .{' and .'.join(reversed(scale_names))}; cannot tell its format",
                            error_id="group.ambiguous_scale", tensor=weight.name, file=weight.file,
                            hint="remove the stale scale tensor (a half-finished conversion?)")
     scale = refs[scale_names[0]]
@@ -133,12 +140,12 @@ def _projection(fmt: SourceFormat, parts: _Parts) -> Projection | None:
                            f"{quant.value} scale is [N, K/{g}]", error_id="group.scale_shape")
     global_scale = input_scale = None
     if quant is Quant.NVFP4:
-        global_scale = _scalar(refs.get("weight_scale_2") or refs.get("weight_global_scale"), "global scale")
+        global_scale = _scalar(_first(refs, names.global_scale), "global scale")
         if global_scale is None:
-            raise ContentError(f"{weight.name} is NVFP4 but has no global scale ({parts.prefix}.weight_scale_2 "
-                               "or .weight_global_scale)", error_id="group.missing_global_scale",
+            raise ContentError(f"{weight.name} is NVFP4 but has no global scale ({parts.prefix}."
+                               f"{' or .'.join(names.global_scale)})", error_id="group.missing_global_scale",
                                tensor=weight.name, file=weight.file, hint="re-export the checkpoint")
-        input_scale = _scalar(refs.get("input_scale") or refs.get("input_global_scale"), "input scale")
+        input_scale = _scalar(_first(refs, names.input_scale), "input scale")
     return Projection(key=parts.prefix, layer=parts.layer, expert=parts.expert, role=parts.role, quant=quant,
                       n=n, k=k, weight=weight, scale=scale, global_scale=global_scale, input_scale=input_scale)
 

@@ -24,7 +24,8 @@ from .gc_pause import builds_tables
 from .grouping import group_projections
 from .index import check_index, listing, natural_key, read_json, read_weight_map
 from .safetensors_header import read_header
-from .tensor_model import Checkpoint, Projection, Quant, SourceFormat, TensorRef
+from .source_formats import SourceFormat, global_rule_of
+from .tensor_model import Checkpoint, Projection, Quant, TensorRef
 
 __all__ = [
     "HUB_PATTERNS",
@@ -346,9 +347,8 @@ def load_projection(reader: TensorReader, proj: Projection, *, fmt: SourceFormat
     global_scale = None
     if proj.global_scale is not None:
         g = reader.get(proj.global_scale).float()
-        is_ct = fmt is SourceFormat.NVFP4_CT if fmt is not None else proj.global_scale.name.endswith(
-            ".weight_global_scale")
-        global_scale = global_from_ct(g) if is_ct else g.reshape(())
+        rule = fmt.global_rule if fmt is not None else global_rule_of(proj.global_scale.name)
+        global_scale = global_from_ct(g) if rule and rule.reciprocal else g.reshape(())
     input_scale = reader.get(proj.input_scale) if proj.input_scale is not None else None
     return ProjectionData(weight=weight.contiguous(), scale=scale.contiguous(), global_scale=global_scale,
                           input_scale=input_scale)

@@ -25,6 +25,7 @@ from .engine_config import source_load_refusal
 from .engines import RELEASES, EngineError, engine_inner_method, release_for
 from .inner_methods import stale_block
 from .naming import FAMILIES, Family, family_of
+from .source_formats import FORMATS
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
            "refusal", "checkpoint_refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
@@ -293,11 +294,12 @@ def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | N
 
 def checkpoint_refusal(config: Mapping, hf_quant_config: Mapping | None, source_format: str, engine: str,
                        tensor_names: Iterable[str] = ()) -> str | None:
-    """`refusal` for a source checkpoint or for a conversion (source_format "marlin"), whose record names its
+    """`refusal` for a source checkpoint or for a conversion (a `converted` row of the format table), whose record names its
     source's format and blocks (core/converted_config.py serving_block: config.json's block, else the
     hf_quant_config.json one). `plan` asks this for each engine."""
     qc = config.get("quantization_config")
-    if source_format != "marlin" or not isinstance(qc, dict):
+    row = FORMATS.get(source_format)
+    if row is None or not row.converted or not isinstance(qc, dict):
         return refusal(config, source_format, engine, source_block(config, hf_quant_config), tensor_names=tensor_names)
     block = None if qc.get("serves_from") else qc.get("original_quantization_config")  # serving_block's choice
     block = block if block is not None else qc.get("original_hf_quant_config")

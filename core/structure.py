@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from .converted_config import read_tp_layout
 from .naming import family_of, parse_expert_name, scheme_roles
-from .tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat
+from .tensor_model import Checkpoint, Projection, Quant, Role
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
            "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "model_dims",
@@ -96,7 +96,7 @@ def unreadable_tensors(ckpt: Checkpoint) -> set[str]:
 def padded_containers(ckpt: Checkpoint) -> dict:
     """container -> RankTiles of a converted checkpoint's padded containers (quantization_config.tp_layout;
     validate's structure.tile.tp reports a record that does not parse)."""
-    if ckpt.format is not SourceFormat.MARLIN:
+    if not ckpt.format.converted:
         return {}
     try:
         layout = read_tp_layout(ckpt.config)

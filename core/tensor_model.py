@@ -12,18 +12,7 @@ from pathlib import Path
 
 from ..formats.constants import MXFP4_GROUP, NVFP4_GROUP
 
-__all__ = ["SourceFormat", "Quant", "Role", "TensorRef", "Projection", "Checkpoint", "MoeLayer", "moe_layers"]
-
-
-class SourceFormat(str, Enum):
-    MXFP4_DSV4 = "mxfp4-dsv4"              # DeepSeek-V4 native: w{1,2,3}.weight I8 + .scale F8_E8M0
-    NVFP4_MODELOPT_DSV4 = "nvfp4-modelopt-dsv4"  # ModelOpt re-quant with DeepSeek names
-    NVFP4_MODELOPT_HF = "nvfp4-modelopt-hf"      # ModelOpt generic HF names (gate/up/down_proj)
-    MXFP4_MODELOPT_HF = "mxfp4-modelopt-hf"      # ModelOpt MXFP4 export: weight U8 + weight_scale U8 (E8M0 bits)
-    NVFP4_CT = "nvfp4-ct"                  # compressed-tensors nvfp4-pack-quantized
-    MXFP4_CT = "mxfp4-ct"                  # compressed-tensors mxfp4-pack-quantized
-    MXFP4_GPTOSS = "mxfp4-gptoss"          # gpt-oss *_blocks / *_scales (stacked, gate/up interleaved)
-    MARLIN = "marlin"                      # this tool's own output (quant_method marlin_fp4)
+__all__ = ["Quant", "Role", "TensorRef", "Projection", "Checkpoint", "MoeLayer", "moe_layers"]
 
 
 class Quant(str, Enum):
@@ -116,7 +105,7 @@ class Projection:
 class Checkpoint:
     """What the reader knows about a checkpoint directory from config files and headers alone."""
     root: Path
-    format: SourceFormat
+    format: object  # its row of the source-format table (core/source_formats.py SourceFormat), which imports this module
     config: dict
     hf_quant_config: dict | None
     tensors: dict[str, TensorRef]  # every tensor, in file order

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from .served import ENGINE_VERSIONS, checkpoint_refusal
+from .source_formats import FORMATS
 
 __all__ = ["verdict", "verdicts"]
 
@@ -15,7 +16,8 @@ def verdict(config: Mapping, hf_quant_config: Mapping | None, source_format: str
     """`checkpoint_refusal`, and for a conversion first its layout: it is served only by the engine it was
     written for (the other plugin refuses its layout). `engine`: a name or a release key. `plan` asks this."""
     qc = config.get("quantization_config")
-    target = qc.get("target_engine") if source_format == "marlin" and isinstance(qc, dict) else None
+    row = FORMATS.get(source_format)
+    target = qc.get("target_engine") if row is not None and row.converted and isinstance(qc, dict) else None
     name = engine.split(" ", 1)[0]
     if target and name != target:
         return (f"converted for {target}: the {name} plugin refuses another engine's layout "

@@ -10,7 +10,6 @@ longer create a file where the new run looks. Ray is imported only when `--execu
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import queue
 import signal
 import time
@@ -19,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import UsageError
+from .cpu_budget import auto_workers, job_threads, physical_cores
 from .jobs import RunDir, one_thread_per_job
 
 __all__ = ["ExecutorSpec", "LocalExecutor", "auto_workers", "make_executor", "physical_cores", "refuse_device"]
 
 EXECUTORS = ("local", "ray")
-_BYTES_PER_WORKER = 128 << 20  # below this much work per worker, another process is not worth starting
 
 
 @dataclass(frozen=True)
@@ -39,31 +38,6 @@ def refuse_device(spec: ExecutorSpec, device: str | None) -> None:
     if spec.name == "ray" and device not in (None, "cpu"):
         raise UsageError(f"--executor ray runs on CPUs only; it cannot be combined with --device {device}",
                          error_id="usage.flags", hint="drop --device, or run with --executor local")
-
-
-def physical_cores() -> int:
-    """The cores this process may run on, a core's hyper-threads counted once (Linux's topology; each
-    usable CPU where it is not readable). The conversion streams bytes through memory: a core's second
-    hardware thread adds contention, not speed."""
-    try:
-        cpus = os.sched_getaffinity(0)
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-    cores = set()
-    for cpu in cpus:
-        try:
-            cores.add(Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip())
-        except OSError:
-            cores.add(str(cpu))
-    return max(1, len(cores))
-
-
-def auto_workers(workers: int | None, total_bytes: int, jobs: int | None) -> int:
-    """`workers` if given, else one per physical core, but no more than the jobs (None: not known yet),
-    and in auto mode one process per 128 MiB of work at most: a worker costs a fork and its own
-    start-up, not worth it for small inputs. docs/PERFORMANCE.md has the measurements behind it."""
-    n = workers or min(physical_cores(), 1 + total_bytes // _BYTES_PER_WORKER)
-    return max(1, n if jobs is None else min(n, jobs))
 
 
 # -- local: a process pool ------------------------------------------------------------------------
@@ -110,7 +84,6 @@ class LocalExecutor:
 
     def __init__(self, workers: int, bar=None):
         self.workers, self.bar = workers, bar
-        self.threads_per_job = 1 if workers > 1 else (os.cpu_count() or 1)  # the cores are shared out, or one job's
         self.executor = None
         if workers > 1:
             # fork where there is one: a spawned worker spends seconds re-importing torch. The parent
@@ -119,6 +92,10 @@ class LocalExecutor:
             self.queue = ctx.Queue()
             self.executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
                                                 initargs=(self.queue,))
+
+    def threads_for(self, job_bytes: int) -> int:
+        """The CPU threads one job of `job_bytes` may use (runtime/cpu_budget.py)."""
+        return job_threads(self.workers, job_bytes)
 
     def map(self, fn, argsets, on_result, *, reports_progress: bool = False, job_bytes=None) -> None:
         """Run fn(*args) for each args; on_result(result) in the parent as each one finishes. A job that

@@ -23,7 +23,7 @@ from ..core.engines import (
 )
 from ..core.mtp import draft_bytes
 from ..core.structure import expert_width, model_dims
-from ..core.tensor_model import Checkpoint, SourceFormat
+from ..core.tensor_model import Checkpoint
 from ..core.verdicts import verdict
 from ..formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 
@@ -85,7 +85,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
     expert_bytes = sum(per_layer.values())
     total = sum(t.nbytes for t in ckpt.tensors.values())
     draft = draft_bytes(ckpt.tensors, ckpt.config, ckpt.projection_names)
-    record = record_or_none(ckpt.config) if ckpt.format is SourceFormat.MARLIN else None
+    record = record_or_none(ckpt.config) if ckpt.format.converted else None
     experts = dims["experts"] or len({p.expert for p in ckpt.projections})
     layout = None
     rec = record.split() if record else None  # a block that does not parse: validate's marlin.config says why
@@ -100,7 +100,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       experts=experts, layers=len([layer for layer in per_layer if not layer.startswith("mtp")]),
                       expert_bytes=expert_bytes, other_bytes=total - expert_bytes - draft, draft_bytes=draft,
                       largest_layer_expert_bytes=max(per_layer.values(), default=0),
-                      converted=ckpt.format is SourceFormat.MARLIN, converted_for=record.target_engine if record else None,
+                      converted=ckpt.format.converted, converted_for=record.target_engine if record else None,
                       converted_layout=layout, w4a8=bool(record and record.w4a8),
                       roles=len({p.role for p in ckpt.projections}) or 3,
                       not_served={e: verdict(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e, ckpt.tensors)

@@ -8,8 +8,8 @@ import torch
 
 from ..core.converted_config import ConvertedQuantConfig
 from ..core.engines import QUANT_METHOD
+from ..core.source_formats import reciprocal_global
 from ..core.tensor_io import act_torch_dtype
-from ..core.tensor_model import SourceFormat
 
 __all__ = ["MarlinFp4ConfigMixin", "drop_kept_globals", "keep_globals_as_engine", "register_kept_globals"]
 
@@ -68,7 +68,7 @@ class MarlinFp4ConfigMixin:
 
 def register_kept_globals(layer, register, spec: ConvertedQuantConfig, experts: int, attrs: dict, loader) -> None:
     """Parameters for the per-expert tensors kept only for `marlin-to-source` (compressed-tensors)."""
-    if spec.source_format != SourceFormat.NVFP4_CT.value:
+    if not reciprocal_global(spec.source_format):
         return
     for name in _CT_KEPT:
         # fp32, as the engines' compressed-tensors methods create them (a model builds under its bf16 default)

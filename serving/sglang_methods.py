@@ -32,8 +32,8 @@ from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.utils import set_weight_attrs
 
 from ..core.engines import ENGINES, QUANT_METHOD
+from ..core.source_formats import reciprocal_global
 from ..core.tensor_io import act_torch_dtype
-from ..core.tensor_model import SourceFormat
 from ..formats.tiles import GROUP_SIZE, roundup
 from .config import (
     PluginConfigError,
@@ -195,7 +195,7 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
             layer.w2_weight_global_scale.data.clone(), requires_grad=False
         )
         del layer.w13_weight_global_scale, layer.w2_weight_global_scale
-        if self.spec.source_format == SourceFormat.NVFP4_CT.value:
+        if reciprocal_global(self.spec.source_format):
             # SGLang's own Marlin path for this source (CompressedTensorsW4A16Nvfp4MoE) keeps no input scale
             del layer.w13_input_scale, layer.w2_input_scale
         drop_kept_globals(layer)

@@ -23,8 +23,8 @@ from vllm.model_executor.layers.quantization.utils.layer_utils import replace_pa
 from vllm.model_executor.utils import set_weight_attrs
 
 from ..core.engines import ENGINES, QUANT_METHOD, release_for
+from ..core.source_formats import reciprocal_global
 from ..core.tensor_io import act_torch_dtype
-from ..core.tensor_model import SourceFormat
 from ..formats.marlin.scales import (
     nvfp4_global_to_marlin,
     nvfp4_scales_to_s0e5m3,
@@ -250,10 +250,10 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
                     )
             replace_parameter(layer, f"{stack}_weight_scale_2", processed.float().contiguous())
             delattr(layer, gname)
-            if not (keeps and self.spec.source_format != SourceFormat.NVFP4_CT.value):
+            if not (keeps and not reciprocal_global(self.spec.source_format)):
                 replace_parameter(layer, f"{stack}_input_scale", None)
         keep_globals_as_engine(layer)  # compressed-tensors: vLLM's own method keeps the source's globals
-        if keeps and self.spec.source_format == SourceFormat.NVFP4_CT.value:
+        if keeps and reciprocal_global(self.spec.source_format):
             for stack in ("w13", "w2"):  # a second name of one parameter: no memory
                 layer.register_parameter(f"{stack}_weight_packed", getattr(layer, f"{stack}_weight"))
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors

@@ -24,6 +24,7 @@ from safetensors.torch import save_file
 
 from ..core.errors import UsageError
 from ..core.files import INDEX_FILE, MTP_FILE, SYNTH_MANIFEST, shard_name
+from ..core.source_formats import source_format, synth_formats
 from ..core.version import __version__
 from ..runtime.paths import check_replaceable, out_path
 from .configs import config_files
@@ -31,7 +32,7 @@ from .defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_de
 from .families import FAMILY_SPECS
 from .family_configs import family_config_files
 from .family_layers import family_tensors
-from .layouts import DSV4_FORMATS, Dims, build_tensors
+from .layouts import Dims, build_tensors
 from .realsize import REAL_SIZE, real_size_plan
 
 __all__ = [
@@ -42,8 +43,7 @@ __all__ = [
     "write_synthetic_checkpoint",
 ]
 
-SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-ct",
-                 "mxfp4-gptoss")
+SYNTH_FORMATS = synth_formats()  # the source-format table's rows with a `synth` entry
 # model family -> the source formats its releases use (the first is the default): core/naming.py FAMILIES
 SYNTH_FAMILIES = {"deepseek-v4": ("nvfp4-modelopt-dsv4", "mxfp4-dsv4"), "gpt-oss": ("mxfp4-gptoss",),
                   **{name: spec.formats for name, spec in FAMILY_SPECS.items()}}
@@ -135,8 +135,8 @@ def _check_args(fmt, layers, experts, hidden, intermediate, shards, hash_layers,
         elif family in FAMILY_SPECS and (mtp or defects or real_size):
             problems.append(f"--family {family} takes no --mtp, --defect or --real-size (its MTP layer, if the "
                             "family has one, is always written)")
-    if fmt not in SYNTH_FORMATS:
-        problems.append(f"unknown format {fmt!r} (choose from {', '.join(SYNTH_FORMATS)})")
+    if fmt not in synth_formats():
+        problems.append(f"unknown format {fmt!r} (choose from {', '.join(synth_formats())})")
     for label, value, low in (("layers", layers, 1), ("experts", experts, 1), ("shards", shards, 1)):
         if value < low:
             problems.append(f"--{label} must be >= {low}, got {value}")
@@ -145,8 +145,9 @@ def _check_args(fmt, layers, experts, hidden, intermediate, shards, hash_layers,
             problems.append(f"--{label} must be a positive multiple of 32 (the MXFP4 block), got {value}")
     if not 0 <= hash_layers <= layers:
         problems.append(f"hash_layers must be in [0, {layers}], got {hash_layers}")
-    if mtp and fmt not in DSV4_FORMATS:
-        problems.append(f"--mtp needs a DeepSeek-V4 format ({', '.join(DSV4_FORMATS)}), not {fmt}")
+    dsv4 = sorted(f for f in synth_formats() if source_format(f).synth.tree == "deepseek-v4")
+    if mtp and fmt not in dsv4:
+        problems.append(f"--mtp needs a DeepSeek-V4 format ({', '.join(dsv4)}), not {fmt}")
     if dtype not in (torch.bfloat16, torch.float16):
         problems.append(f"dtype_torch must be torch.bfloat16 or torch.float16, got {dtype}")
     if real_size and (mtp or defects):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.files import CONFIG, HF_QUANT_CONFIG
+from ..core.source_formats import SourceFormat, source_format
 from .layouts import DSV4_HC_MULT, Dims
 
 __all__ = ["config_files"]
@@ -84,8 +85,8 @@ def _hf_config(d: Dims) -> dict[str, Any]:
     }
 
 
-def _ct_config(quant: str) -> dict[str, Any]:
-    fmt = f"{quant}-pack-quantized"
+def _ct_config(quant: str, fmt: str | None = None) -> dict[str, Any]:
+    fmt = fmt or f"{quant}-pack-quantized"
     if quant == "nvfp4":
         weights = {**_fp4_args(16), "strategy": "tensor_group", "symmetric": True,
                    "scale_dtype": "torch.float8_e4m3fn"}
@@ -111,26 +112,37 @@ def _gptoss_config(d: Dims) -> dict[str, Any]:
     }
 
 
+def _modelopt_hf(d: Dims) -> tuple[dict, dict]:
+    producer = {"name": "modelopt", "version": "0.37.0"}
+    config = _hf_config(d)
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4",
+                                     "config_groups": _modelopt_groups(), "ignore": list(_HF_EXCLUDE),
+                                     "producer": producer}
+    hf_quant = {"producer": producer, "quantization": {
+        "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
+        "exclude_modules": list(_HF_EXCLUDE)}}
+    return config, hf_quant
+
+
+def _ct(d: Dims, row: SourceFormat) -> tuple[dict, None]:
+    config = _hf_config(d)
+    config["quantization_config"] = _ct_config(row.trunk.value, row.ct_format)
+    return config, None
+
+
+# the source-format table's `synth.config` -> the writer of its config files: (dims, row) -> (config, hf_quant_config)
+_WRITERS = {
+    "dsv4": lambda d, row: (_dsv4_config(d), None),
+    "modelopt-dsv4": lambda d, row: _modelopt_dsv4(d),
+    "modelopt-hf": lambda d, row: _modelopt_hf(d),
+    "ct": _ct,
+    "gpt-oss": lambda d, row: (_gptoss_config(d), None),
+}
+
+
 def _model_config(fmt: str, d: Dims) -> tuple[dict, dict | None]:
-    if fmt == "mxfp4-dsv4":
-        return _dsv4_config(d), None
-    if fmt == "nvfp4-modelopt-dsv4":
-        return _modelopt_dsv4(d)
-    if fmt == "nvfp4-modelopt-hf":
-        producer = {"name": "modelopt", "version": "0.37.0"}
-        config = _hf_config(d)
-        config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4",
-                                         "config_groups": _modelopt_groups(), "ignore": list(_HF_EXCLUDE),
-                                         "producer": producer}
-        hf_quant = {"producer": producer, "quantization": {
-            "quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
-            "exclude_modules": list(_HF_EXCLUDE)}}
-        return config, hf_quant
-    if fmt in ("nvfp4-ct", "mxfp4-ct"):
-        config = _hf_config(d)
-        config["quantization_config"] = _ct_config(fmt.split("-")[0])
-        return config, None
-    return _gptoss_config(d), None
+    row = source_format(fmt)
+    return _WRITERS[row.synth.config](d, row)
 
 
 def config_files(fmt: str, dims: Dims) -> dict[str, dict]:

@@ -18,6 +18,8 @@ import torch
 
 from ..core.errors import UsageError
 from ..core.files import CONFIG
+from ..core.source_formats import source_format, synth_formats
+from ..core.tensor_model import Quant
 from .experts import ROLES, Tweaks, expert_quant, expert_slot
 
 __all__ = [
@@ -30,10 +32,11 @@ __all__ = [
     "tweaks_for",
 ]
 
-_NVFP4 = ("nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct")
-_MXFP4 = ("mxfp4-dsv4", "mxfp4-ct", "mxfp4-gptoss")
+# the formats synth writes (the source-format table's rows with a `synth` entry), by what their experts hold
+_NVFP4 = tuple(f for f in synth_formats() if source_format(f).trunk is Quant.NVFP4)
+_MXFP4 = tuple(f for f in synth_formats() if source_format(f).trunk is Quant.MXFP4)
 _ALL = _NVFP4 + _MXFP4
-_NOT_STACKED = tuple(f for f in _ALL if f != "mxfp4-gptoss")  # one tensor per projection
+_NOT_STACKED = tuple(f for f in _ALL if source_format(f).suffixes is not None)  # one tensor per projection
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +55,7 @@ DEFECTS = {d.name: d for d in (
     DefectSpec("zero-scale", _NVFP4, 2, ("gate",), "E4M3 block scale 0x00 at [0, 0]"),
     DefectSpec("e8m0-nan", _MXFP4, 1, ("gate",), "E8M0 scale byte 0xFF (NaN) at [0, 0]"),
     DefectSpec("e8m0-overflow", _MXFP4, 1, ("up",), "E8M0 scale byte 253 (2**126) at [0, 0]"),
-    DefectSpec("missing-expert", tuple(f for f in _ALL if f != "mxfp4-gptoss"), 3, ROLES,
+    DefectSpec("missing-expert", _NOT_STACKED, 3, ROLES,
                "every tensor of the expert is absent from the shards and the index"),
     DefectSpec("swapped-nibbles", _ALL, 2, ("down",), "the two nibbles of every weight byte swapped"),
     DefectSpec("global-mismatch", _NVFP4, 4, ("gate", "up"),

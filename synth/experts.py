@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..core.dtypes import DTYPES
 from ..core.naming import SCHEMES, Scheme, expert_key
-from ..core.tensor_model import Role
+from ..core.source_formats import SourceFormat, source_format
+from ..core.tensor_model import Quant, Role
 from ..formats.constants import E2M1_MAX, E4M3_MAX
 from ..formats.mxfp4 import quantize_mxfp4
 from ..formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
@@ -20,6 +22,7 @@ __all__ = [
     "Tweaks",
     "encode_layer_experts",
     "expert_quant",
+    "layer_format",
     "expert_slot",
     "gptoss_interleave",
 ]
@@ -27,14 +30,6 @@ __all__ = [
 ROLES = ("gate", "up", "down")  # DeepSeek w1, w3, w2; HF gate_proj, up_proj, down_proj
 _DS_PROJ = {"gate": "w1", "up": "w3", "down": "w2"}
 _HF_SCHEME = next(s for s in SCHEMES if s.name == "hf-mlp")
-# per format: (weight suffix, block-scale suffix, global suffix, input-scale suffix)
-_SUFFIXES = {
-    "mxfp4-dsv4": ("weight", "scale", None, None),
-    "nvfp4-modelopt-dsv4": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
-    "nvfp4-modelopt-hf": ("weight", "weight_scale", "weight_scale_2", "input_scale"),
-    "nvfp4-ct": ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"),
-    "mxfp4-ct": ("weight_packed", "weight_scale", None, None),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,31 +55,43 @@ class Tweaks:
     own_globals: frozenset = field(default_factory=frozenset)
 
 
+def layer_format(fmt: str, layer: str) -> SourceFormat:
+    """The table row whose tensors `layer`'s experts are written in: the format's own, or for "mtp.*" layers
+    its `mtp_format` (ModelOpt keeps DeepSeek-V4's MTP experts MXFP4)."""
+    row = source_format(fmt)
+    if row.synth.mtp_format and layer.startswith("mtp."):
+        return source_format(row.synth.mtp_format)
+    return row
+
+
 def expert_quant(fmt: str, layer: str) -> str:
-    """"nvfp4" or "mxfp4" for the routed experts of `layer` ("mtp.*" stays MXFP4 in ModelOpt DSV4)."""
-    if fmt == "nvfp4-modelopt-dsv4" and layer.startswith("mtp."):
-        return "mxfp4"
-    return "nvfp4" if fmt.startswith("nvfp4") else "mxfp4"
+    """"nvfp4" or "mxfp4" for the routed experts of `layer`."""
+    return layer_format(fmt, layer).trunk.value
+
+
+def _order(fmt: str) -> tuple[str, ...]:
+    """Projection file order: DeepSeek-V4's own checkpoints write w1, w2, w3."""
+    return ("gate", "down", "up") if source_format(fmt).synth.tree == "deepseek-v4" else ROLES
 
 
 def expert_slot(fmt: str, layer: str, expert: int, role: str, scheme: Scheme | None = None) -> ExpertSlot:
     """Where `fmt` keeps one projection; `scheme` (a per-expert naming scheme of core/naming.py) names it
     for a model family, else the format's default names are used."""
-    if fmt == "mxfp4-gptoss":
+    tree = source_format(fmt).synth.tree
+    if tree == "gpt-oss":
         base = f"model.layers.{layer}.mlp.experts."
         if role == "down":
             return ExpertSlot(layer, expert, role, base + "down_proj_blocks", base + "down_proj_scales",
                               index=(expert, 0, 1))
         return ExpertSlot(layer, expert, role, base + "gate_up_proj_blocks", base + "gate_up_proj_scales",
                           index=(expert, 0 if role == "gate" else 1, 2))
-    if fmt in ("mxfp4-dsv4", "nvfp4-modelopt-dsv4"):
+    if tree == "deepseek-v4":
         lp = layer if layer.startswith("mtp.") else f"layers.{layer}"
         prefix = f"{lp}.ffn.experts.{expert}.{_DS_PROJ[role]}"
-        suffixes = _SUFFIXES["mxfp4-dsv4" if expert_quant(fmt, layer) == "mxfp4" else fmt]
     else:
         prefix = expert_key(scheme or _HF_SCHEME, layer, expert, Role(role))
-        suffixes = _SUFFIXES[fmt]
-    w, s, g, i = (f"{prefix}.{x}" if x else None for x in suffixes)
+    x = layer_format(fmt, layer).suffixes
+    w, s, g, i = (f"{prefix}.{x}" if x else None for x in (x.weight, x.scale, x.global_scale, x.input_scale))
     return ExpertSlot(layer, expert, role, w, s, g, i)
 
 
@@ -102,25 +109,27 @@ def _input_scale(seed: int, layer: str, expert: int) -> torch.Tensor:
     return (amax / (E2M1_MAX * E4M3_MAX)).float()
 
 
-def _encode_expert(fmt: str, quant: str, slots: dict[str, ExpertSlot], mats: dict[str, torch.Tensor],
+def _stored(t: torch.Tensor, dtype: str) -> torch.Tensor:
+    """The codec's bytes as the format stores them (DeepSeek: I8 codes, F8_E8M0 scales)."""
+    return t.view(getattr(torch, DTYPES[dtype][1]))
+
+
+def _encode_expert(fmt: str, row: SourceFormat, slots: dict[str, ExpertSlot], mats: dict[str, torch.Tensor],
                    input_scale: torch.Tensor, own_globals: bool) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
-    if quant == "mxfp4":
-        for role in ("gate", "down", "up") if fmt.endswith("dsv4") else ROLES:
+    if row.trunk is Quant.MXFP4:
+        for role in _order(fmt):
             packed, scale = quantize_mxfp4(mats[role])
             slot = slots[role]
-            if fmt == "mxfp4-ct":
-                out[slot.weight], out[slot.scale] = packed, scale
-            else:
-                out[slot.weight], out[slot.scale] = packed.view(torch.int8), scale.view(torch.float8_e8m0fnu)
+            out[slot.weight], out[slot.scale] = _stored(packed, row.weight_dtype), _stored(scale, row.scale_dtype)
         return out
     shared = nvfp4_global_for(max(mats["gate"].abs().max().item(), mats["up"].abs().max().item()))
-    for role in ("gate", "down", "up") if fmt.endswith("dsv4") else ROLES:
+    for role in _order(fmt):
         g = None if role == "down" or own_globals else shared
         packed, scale, g = quantize_nvfp4(mats[role], g)
         slot = slots[role]
         out[slot.weight], out[slot.scale] = packed, scale
-        if fmt == "nvfp4-ct":
+        if row.global_rule.reciprocal:
             out[slot.global_scale] = global_to_ct(g)
             out[slot.input_scale] = (1.0 / input_scale).reshape(1)
         else:
@@ -160,15 +169,15 @@ def encode_layer_experts(fmt: str, seed: int, layer: str, *, experts: int, hidde
                          tweaks: Tweaks, dtype: torch.dtype = torch.bfloat16,
                          scheme: Scheme | None = None) -> dict[str, torch.Tensor]:
     """All routed-expert tensors of one layer, in file order (expert by expert, or stacked for gpt-oss)."""
-    if fmt == "mxfp4-gptoss":
+    if source_format(fmt).synth.tree == "gpt-oss":
         return _encode_gptoss(seed, layer, experts, hidden, inter, tweaks, dtype)
-    quant = expert_quant(fmt, layer)
+    row = layer_format(fmt, layer)
     out: dict[str, torch.Tensor] = {}
     for e in range(experts):
         if (layer, e) in tweaks.missing:
             continue
         slots = {r: expert_slot(fmt, layer, e, r, scheme) for r in ROLES}
         mats = _matrices(seed, layer, e, hidden, inter, (layer, e) in tweaks.zero, dtype)
-        out.update(_encode_expert(fmt, quant, slots, mats, _input_scale(seed, layer, e),
+        out.update(_encode_expert(fmt, row, slots, mats, _input_scale(seed, layer, e),
                                   (layer, e) in tweaks.own_globals))
     return out

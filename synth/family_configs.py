@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..core.files import CONFIG, HF_QUANT_CONFIG
 from ..core.naming import family_named
+from ..core.source_formats import source_format
 from .configs import _ct_config, _modelopt_groups
 from .families import FAMILY_SPECS, FamilySpec
 from .gemma4 import gemma4_text_config
@@ -103,8 +104,9 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
                   "vision_config": {"model_type": "gemma4_vision", "hidden_size": 64, "intermediate_size": 128,
                                     "num_hidden_layers": 1, "num_attention_heads": 1}}  # no tensors: served text-only
     files = {CONFIG: config}
-    if fmt == "nvfp4-ct":
-        config["quantization_config"] = qc = _ct_config("nvfp4")
+    row = source_format(fmt)
+    if row.synth.config == "ct":
+        config["quantization_config"] = qc = _ct_config(row.trunk.value)
         if spec.mixed:  # llm-compressor's Qwen3.5 recipe quantises self_attn and the shared expert
             qc["ignore"] = [i for i in qc["ignore"] if "self_attn" not in i and "shared_experts" not in i]
         elif spec.shared:

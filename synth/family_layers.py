@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..core.naming import family_named
+from ..core.source_formats import source_format
 from ..formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
 from .experts import Tweaks, encode_layer_experts
 from .families import FAMILY_SPECS, FamilySpec
@@ -38,7 +39,7 @@ def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: t
         out[f"{name}.weight_scale"], out[f"{name}.input_scale"] = scale.reshape(()), torch.tensor(0.01)
     else:
         packed, scale, g = quantize_nvfp4(w, nvfp4_global_for(group_peak or w.abs().max().item()))
-        if kind == "nvfp4-ct":
+        if kind == "ct-nvfp4":
             out[f"{name}.weight_packed"], out[f"{name}.weight_scale"] = packed, scale
             out[f"{name}.weight_global_scale"], out[f"{name}.input_global_scale"] = global_to_ct(g), torch.ones(1)
         else:
@@ -52,25 +53,30 @@ def _mlp(out: dict, seed: int, base: str, h: int, inter: int, kind: str, dtype: 
         _linear(out, seed, f"{base}.{proj}", n, k, kind, dtype, fused if proj != "down_proj" else None)
 
 
+def _ct(fmt: str) -> bool:
+    """Whether `fmt` is written as llm-compressor writes it (compressed-tensors), not as ModelOpt does."""
+    return source_format(fmt).synth.config == "ct"
+
+
 def _attn_kind(spec: FamilySpec, fmt: str) -> str:
     """Attention's quantisation: FP8 in ModelOpt's MIXED_PRECISION, NVFP4 in llm-compressor's Qwen3.5 recipe."""
     if spec.mixed:
-        return "nvfp4-ct" if fmt == "nvfp4-ct" else "fp8"
+        return source_format(fmt).synth.linear if _ct(fmt) else "fp8"
     return "bf16"
 
 
 def _shared_kind(spec: FamilySpec, fmt: str) -> str:
     """ModelOpt quantises shared experts with the rest; the compressed-tensors recipes ignore them, except
     llm-compressor's Qwen3.5 / 3.6 one (it skips only the shared-expert gate)."""
-    if fmt == "nvfp4-ct":
-        return "nvfp4-ct" if spec.mixed else "bf16"
+    if _ct(fmt):
+        return source_format(fmt).synth.linear if spec.mixed else "bf16"
     return "nvfp4"
 
 
 def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims, dtype: torch.dtype,
            *, experts_layer: bool = True) -> None:
     p, h, hd = f"{spec.prefix}.{layer}", d.hidden, d.heads * d.head_dim
-    quant = "nvfp4-ct" if fmt == "nvfp4-ct" else "nvfp4"
+    quant = source_format(fmt).synth.linear
     out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
     attn = _attn_kind(spec, fmt)
     if spec.attention.startswith("mla"):
@@ -78,7 +84,7 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
     elif spec.linear is not None:  # hybrid: Gated-DeltaNet or gated full attention (synth/hybrid.py)
         if layer < d.layers and layer_types(d)[layer] == LINEAR:
             gdn_layer(out, seed, p, d, _linear, split=spec.linear == "split", dtype=dtype,
-                      big="fp8" if spec.mixed and fmt != "nvfp4-ct" else "bf16")
+                      big="fp8" if spec.mixed and not _ct(fmt) else "bf16")
         else:
             gated_attention(out, seed, p, d, _linear, kind=attn, dtype=dtype)
     else:

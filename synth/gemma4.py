@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..core.source_formats import source_format
 from .experts import Tweaks, encode_layer_experts
 from .layouts import Dims
 from .seeded import dense
@@ -44,7 +45,7 @@ def _layer_types(d: Dims) -> list[str]:
 
 
 def gemma4_tensors(fmt: str, seed: int, d: Dims, linear: Linear, scheme, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    quant = "nvfp4-ct" if fmt == "nvfp4-ct" else "nvfp4"
+    quant = source_format(fmt).synth.linear
     h, hd, out = d.hidden, d.heads * d.head_dim, {}
     out["model.language_model.embed_tokens.weight"] = dense(seed, "embed", (d.vocab, h), dtype=dtype)
     for i, kind in enumerate(_layer_types(d)):

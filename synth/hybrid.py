@@ -54,7 +54,7 @@ def linear_config(d: Dims) -> dict:
 def gdn_layer(out: dict, seed: int, p: str, d: Dims, linear: Linear, *, split: bool, big: str,
               dtype: torch.dtype) -> None:
     """`p.linear_attn.*`: Qwen3.5's split projections (`split`) or Qwen3-Next's fused ones; `big` is the
-    quantisation of in_proj_qkv(z) / in_proj_z / out_proj ("bf16", "fp8", "nvfp4", "nvfp4-ct")."""
+    quantisation of in_proj_qkv(z) / in_proj_z / out_proj ("bf16", "fp8", "nvfp4", "ct-nvfp4")."""
     kh, vh, hd = _gdn_dims(d)
     kd, vd, h, a = kh * hd, vh * hd, d.hidden, f"{p}.linear_attn"
     if split:

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.source_formats import source_format
 from .experts import Tweaks, encode_layer_experts
 from .seeded import dense, fp8_block_quantize, generator_for
 
-__all__ = ["DSV4_FORMATS", "Dims", "build_tensors"]
+__all__ = ["Dims", "build_tensors"]
 
-DSV4_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4")
 DSV4_HC_MULT = 4  # DeepSeek-V4's hyper-connection streams (config.json `hc_mult`)
 
 
@@ -115,7 +115,7 @@ def _hf_tree(fmt: str, seed: int, d: Dims, tweaks: Tweaks, dtype: torch.dtype) -
                             ("o_proj", (h, hd))):
             out[f"{p}.self_attn.{proj}.weight"] = dense(seed, f"{p}.self_attn.{proj}.weight", shape, dtype=dtype)
         _norm(out, seed, f"{p}.post_attention_layernorm.weight", h, dtype)
-        if fmt == "mxfp4-gptoss":
+        if source_format(fmt).synth.tree == "gpt-oss":
             out[f"{p}.mlp.router.weight"] = dense(seed, f"{p}.mlp.router.weight", (d.experts, h), dtype=dtype)
             out[f"{p}.mlp.router.bias"] = dense(seed, f"{p}.mlp.router.bias", (d.experts,), dtype=dtype)
         else:
@@ -134,6 +134,6 @@ def _hf_tree(fmt: str, seed: int, d: Dims, tweaks: Tweaks, dtype: torch.dtype) -
 def build_tensors(fmt: str, seed: int, dims: Dims, tweaks: Tweaks,
                   dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """name -> tensor for the whole checkpoint, in file order (embed, layers, final norm, head, MTP)."""
-    if fmt in DSV4_FORMATS:
+    if source_format(fmt).synth.tree == "deepseek-v4":
         return _dsv4_tree(fmt, seed, dims, tweaks, dtype)
     return _hf_tree(fmt, seed, dims, tweaks, dtype)

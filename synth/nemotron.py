@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..core.source_formats import source_format
 from .layouts import Dims
 from .seeded import dense
 
@@ -62,7 +63,7 @@ def _mamba(out: dict, seed: int, m: str, d: Dims, linear: Linear, dtype: torch.d
 
 
 def nemotron_tensors(fmt: str, seed: int, d: Dims, linear: Linear, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    quant = "nvfp4-ct" if fmt == "nvfp4-ct" else "nvfp4"
+    quant = source_format(fmt).synth.linear
     h, hd, out = d.hidden, d.heads * d.head_dim, {}
     out["backbone.embeddings.weight"] = dense(seed, "embed", (d.vocab, h), dtype=dtype)
     for i, kind in enumerate(PATTERN):

@@ -17,7 +17,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from .experts import ROLES, expert_quant, expert_slot
+from ..core.dtypes import DTYPES
+from ..core.source_formats import source_format
+from ..core.tensor_model import Quant
+from .experts import ROLES, expert_slot, layer_format
 from .layouts import Dims
 
 __all__ = ["REAL_SIZE", "real_size_plan"]
@@ -50,9 +53,11 @@ def _dsv4_or_hf_specs(fmt: str, d: Dims) -> dict[str, tuple]:
     """name -> (kind, shape, torch dtype, value key) for every expert tensor of the d.layers MoE layers
     (benchmarks ask for several), in file order. Layer 0's names and bytes do not depend on d.layers."""
     specs: dict[str, tuple] = {}
-    nvfp4 = expert_quant(fmt, "0") == "nvfp4"
-    ds = fmt.endswith("dsv4")
-    group = 16 if nvfp4 else 32
+    row = layer_format(fmt, "0")
+    nvfp4 = row.trunk is Quant.NVFP4
+    ds = source_format(fmt).synth.tree == "deepseek-v4"
+    codes, scales = (getattr(torch, DTYPES[t][1]) for t in (row.weight_dtype, row.scale_dtype))
+    group = row.block_size
     for layer in range(d.layers):
         at = f"{layer}/" if layer else ""  # a layer's globals and input scales: its own values
         for e in range(d.experts):
@@ -60,14 +65,14 @@ def _dsv4_or_hf_specs(fmt: str, d: Dims) -> dict[str, tuple]:
                 n, k = (d.hidden, d.intermediate) if role == "down" else (d.intermediate, d.hidden)
                 slot = expert_slot(fmt, str(layer), e, role)
                 fused = f"{at}{e}/{'down' if role == 'down' else 'w13'}"
-                specs[slot.weight] = ("codes", (n, k // 2), torch.int8 if ds and not nvfp4 else torch.uint8, None)
+                specs[slot.weight] = ("codes", (n, k // 2), codes, None)
                 if nvfp4:
-                    specs[slot.scale] = ("e4m3", (n, k // group), torch.float8_e4m3fn, None)
-                    shape = (1,) if fmt == "nvfp4-ct" else ()
+                    specs[slot.scale] = ("e4m3", (n, k // group), scales, None)
+                    shape = (1,) if row.global_rule.reciprocal else ()
                     specs[slot.global_scale] = ("global", shape, torch.float32, fused)
                     specs[slot.input_scale] = ("input", shape, torch.float32, fused)
                 else:
-                    specs[slot.scale] = ("e8m0", (n, k // group), torch.float8_e8m0fnu if ds else torch.uint8, None)
+                    specs[slot.scale] = ("e8m0", (n, k // group), scales, None)
     return specs
 
 
@@ -105,10 +110,11 @@ def _make(seed: int, name: str, spec: tuple, dtype: torch.dtype) -> torch.Tensor
 def real_size_plan(fmt: str, seed: int, dims: Dims = REAL_SIZE, dtype: torch.dtype = torch.bfloat16
                    ) -> tuple[list[str], list[int], Callable[[str], torch.Tensor]]:
     """(tensor names in file order, their byte sizes, a function that makes one tensor by name)."""
-    specs = _gptoss_specs(dims) if fmt == "mxfp4-gptoss" else _dsv4_or_hf_specs(fmt, dims)
+    tree = source_format(fmt).synth.tree
+    specs = _gptoss_specs(dims) if tree == "gpt-oss" else _dsv4_or_hf_specs(fmt, dims)
     # the model's own output head, last (4 MB): the structure rules require it of every untied model
     # (core/structure.py: DeepSeek-V4's `head.weight`, the others' `lm_head.weight`)
-    specs["head.weight" if fmt.endswith("dsv4") else "lm_head.weight"] = ("dense", (dims.vocab, dims.hidden), None, None)
+    specs["head.weight" if tree == "deepseek-v4" else "lm_head.weight"] = ("dense", (dims.vocab, dims.hidden), None, None)
     elem = {torch.float32: 4, None: dtype.itemsize}
     sizes = [int(np.prod(s[1], dtype=np.int64)) * elem.get(s[2], 1) for s in specs.values()]
     return list(specs), sizes, lambda name: _make(seed, name, specs[name], dtype)

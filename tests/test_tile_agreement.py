@@ -17,8 +17,9 @@ import pytest
 from dsv4_convert.convert.plan import build_plan
 from dsv4_convert.core.engines import ENGINES
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.source_formats import FORMATS
 from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
+from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, TensorRef
 from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, OK, PAD, moe_rank_tiles
 from dsv4_convert.serving.config import PluginConfigError, check_rank_shape
 from dsv4_convert.serving.launch import make_plan, shape_from_checkpoint
@@ -73,7 +74,7 @@ def _checkpoint(fmt: str, h: int, i: int) -> Checkpoint:
                 tensors[t.name] = t
         projections.append(Projection(key, "0", e, role, quant, n, k, wt, sc, global_scale=gl))
     config = {"hidden_size": h, "moe_intermediate_size": i, "n_routed_experts": EXPERTS, "num_hidden_layers": 1}
-    fmt_enum = SourceFormat.NVFP4_MODELOPT_DSV4 if fmt == "nvfp4" else SourceFormat.MXFP4_DSV4
+    fmt_enum = FORMATS["nvfp4-modelopt-dsv4"] if fmt == "nvfp4" else FORMATS["mxfp4-dsv4"]
     return Checkpoint(Path(f"grid-{fmt}-{h}-{i}"), fmt_enum, config, None, tensors, tuple(projections))
 
 

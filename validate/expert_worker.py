@@ -14,7 +14,8 @@ import torch
 
 from ..core.errors import DsvError
 from ..core.reader import TensorReader, load_projection
-from ..core.tensor_model import Projection, Quant, Role, SourceFormat
+from ..core.source_formats import SourceFormat
+from ..core.tensor_model import Projection, Quant, Role
 from ..formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
 from ..formats.marlin.scales import nvfp4_global_to_marlin
 from ..formats.padded_layout import decode_rank_blocks, pad_source
@@ -102,7 +103,7 @@ class _Worker:
     def run(self, task: _Task) -> _Outcome:
         out = _Outcome()
         job = self.job
-        marlin = job.fmt is SourceFormat.MARLIN
+        marlin = job.fmt.converted
         tensors: dict[Role, ProjectionTensors] = {}
         marlins: dict[Role, MarlinTensors] = {}
         refs: dict[Role, ProjectionTensors] = {}

@@ -67,14 +67,15 @@ def run_stack(provider, stack: Stack, x: torch.Tensor, *, block: int = 16, per_e
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     workspace = torch.zeros(sms * 4, dtype=torch.int32, device=dev)
     weights = torch.ones(m, e, dtype=torch.float32, device=dev)
-    # by the op schema's names (validate/kernel_provider.py): a_scales exists up to vLLM 0.33 only (W4A8)
+    # by name (validate/kernel_provider.py maps them onto each release's op): a_scales exists up to vLLM 0.33 only
+    # (W4A8); act-order (g_idx, perm) and expert parallelism (is_ep) are SGLang's, all absent here
     out = provider.moe_gemm(
         a=x.contiguous(), c_or_none=None, b_q_weight=stack.qweight.contiguous(), b_bias_or_none=None,
         b_scales=stack.scales.contiguous(), a_scales=None, global_scale=stack.globals, b_zeros_or_none=None,
-        workspace=workspace, sorted_token_ids=sorted_ids, expert_ids=expert_ids, num_tokens_past_padded=post,
-        topk_weights=weights, moe_block_size=block, top_k=1 if per_expert_rows else e, mul_topk_weights=False,
-        b_type_id=provider.fe2m1_id, size_m=m * e if per_expert_rows else m, size_n=size_n, size_k=size_k, use_atomic_add=False, use_fp32_reduce=True, is_zp_float=False,
-        thread_k=-1, thread_n=-1, blocks_per_sm=-1)
+        g_idx_or_none=None, perm_or_none=None, workspace=workspace, sorted_token_ids=sorted_ids, expert_ids=expert_ids,
+        num_tokens_past_padded=post, topk_weights=weights, moe_block_size=block, top_k=1 if per_expert_rows else e,
+        mul_topk_weights=False, is_ep=False, b_type=provider.fe2m1, size_m=m * e if per_expert_rows else m,
+        size_n=size_n, size_k=size_k, use_atomic_add=False, use_fp32_reduce=True, is_zp_float=False)
     return out.float().reshape(m, e, size_n)
 
 
@@ -132,4 +133,5 @@ def repack_source(provider, packed: torch.Tensor) -> torch.Tensor:
     b = packed.contiguous().view(torch.uint8)
     n, k2 = b.shape
     q = b.view(torch.int32).t().contiguous()
-    return provider.repack(b_q_weight=q, size_k=k2 * 2, size_n=n, num_bits=4, is_a_8bit=False)
+    return provider.repack(b_q_weight=q, perm=torch.empty(0, dtype=torch.int32, device=q.device), size_k=k2 * 2,
+                           size_n=n, num_bits=4, is_a_8bit=False)

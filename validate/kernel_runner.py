@@ -25,7 +25,7 @@ from ..core.engines import engine_facts
 from ..core.errors import DsvError
 from ..core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
 from ..core.rescale import stack_key
-from ..core.tensor_model import Quant, Role, SourceFormat
+from ..core.tensor_model import Quant, Role
 from ..formats.marlin.scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
 from ..formats.marlin.torch_route import (
     byte_table,
@@ -48,7 +48,7 @@ from .kernel_moe import (
     run_layer,
     run_stack,
 )
-from .kernel_provider import select_provider
+from .kernel_provider import KernelBuildError, select_provider
 from .kernel_shapes import kernel_layouts
 from .runner import rescale_factors, resolve_options
 
@@ -130,8 +130,8 @@ class _Layer:
         """`owner` is the projection whose global the engine uses (the gate for up)."""
         sf = self.sf.get(stack_key(proj), 1.0)
         nv = proj.quant is Quant.NVFP4
-        if self.ckpt.format is SourceFormat.MARLIN:
-            q, s, _ = self._get(self.reader, proj, SourceFormat.MARLIN)
+        if self.ckpt.format.converted:
+            q, s, _ = self._get(self.reader, proj, self.ckpt.format)
             g = self.reader.get(owner.marlin_global).float().reshape(()) if nv else None
             ref_proj = self.refs.get(proj.key)
             if ref_proj is not None:
@@ -199,7 +199,7 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
     groups = defaultdict(lambda: defaultdict(dict))
     for p in ckpt.projections:
         groups[p.layer][p.expert][p.role] = p
-    marlin = ckpt.format is SourceFormat.MARLIN
+    marlin = ckpt.format.converted
     kind = "--against SRC" if ref_ckpt is not None else ("Marlin bytes decoded" if marlin else "source dequant")
     with TensorReader(ckpt.root) as reader, (TensorReader(ref_ckpt.root) if ref_ckpt else nullcontext()) as rr:
         sf = rescale_factors(ckpt, opts, reader, ckpt.projections)
@@ -218,13 +218,22 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                     continue  # the engines have no fp16 MXFP4 Marlin kernel (quant_config.mxfp4_act_dtype)
                 case = KernelCase(layer, stack, opts.act_dtype, provider.name, kind)
                 t0 = time.monotonic()
-                if stack == _LAYER:
-                    case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.act_dtype]
-                    _run_layer(layer_prep, experts, members, case, opts, kopts, dev)
-                else:
-                    _run_stack(layer_prep, experts, members, roles, case, opts, kopts, dev)
+                try:
+                    if stack == _LAYER:
+                        case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.act_dtype]
+                        _run_layer(layer_prep, experts, members, case, opts, kopts, dev)
+                    else:
+                        _run_stack(layer_prep, experts, members, roles, case, opts, kopts, dev)
+                except KernelBuildError as e:  # nothing can run: one finding, the rest not run
+                    case.build_error = (e.message, e.hint)
+                    report.results += [Result(c.id, f) for c in checks if c.id == "kernel.build" for f in c(case, opts)]
+                    report.ran.add("kernel.build")
+                    report.notes.append("kernel checks stopped: the engine could not build its Marlin kernel here")
+                    return
                 report.results += [Result(c.id, f) for c in checks for f in c(case, opts)]
-                report.ran |= {c.id for c in checks if c.id != "kernel.repack" or case.repack}
+                jit = provider.ops is not None and provider.ops.jit is not None
+                report.ran |= {c.id for c in checks if (c.id != "kernel.repack" or case.repack)
+                               and (c.id != "kernel.build" or jit)}
                 worst = sorted(case.rel.items(), key=lambda t: -t[1])[:5]
                 report.kernel.append({"layer": layer, "projection": stack, "experts": len(case.rel),
                                       "max_rel_error": worst[0][1] if worst else None,
@@ -240,7 +249,7 @@ def _layout_notes(ckpt, opts, layouts, against: bool) -> list[str]:
     if not padded:
         return []
     sizes = "; ".join(f"TP {tp} / EP {ep}: I_shard {i} -> {ip}, H {h} -> {hp}" for tp, ep, i, ip, h, hp in padded)
-    if ckpt.format is not SourceFormat.MARLIN:
+    if not ckpt.format.converted:
         return [f"kernel: source experts padded per rank as {opts.engine} pads them ({sizes}), as the converter "
                 "writes that split"]
     if against:

@@ -19,7 +19,7 @@ from ..core.engines import engine_facts
 from ..core.errors import ContentError, DsvError
 from ..core.reader import open_checkpoint, resolve_source
 from ..core.structure import padded_containers
-from ..core.tensor_model import Quant, Role, SourceFormat, moe_layers
+from ..core.tensor_model import Quant, Role, moe_layers
 from ..formats.tiles import IMPOSSIBLE, PAD, RankTiles, kernel_tile_ok, moe_rank_tiles
 from .runner import resolve_options
 
@@ -33,7 +33,7 @@ def kernel_layouts(ckpt, opts, ref_ckpt=None) -> dict[str, RankTiles | None]:
     """experts container -> the padded per-rank layout its experts run in (None: the tensors as they are).
     `opts` are resolved options (validate/runner.resolve_options). Raises kernel.shape_unsupported or
     kernel.against_shape."""
-    marlin = ckpt.format is SourceFormat.MARLIN
+    marlin = ckpt.format.converted
     padded = padded_containers(ckpt) if marlin else {}
     out: dict[str, RankTiles | None] = {}
     gated = {p.container for p in ckpt.projections if p.role is Role.UP}

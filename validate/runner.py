@@ -26,7 +26,7 @@ from ..core.index import read_json
 from ..core.reader import TensorReader, open_checkpoint, resolve_source
 from ..core.rescale import stack_key, stack_rescale_factors
 from ..core.structure import padded_containers, unreadable_tensors
-from ..core.tensor_model import Checkpoint, SourceFormat
+from ..core.tensor_model import Checkpoint
 from .check import Result, Scope
 from .checks import ALL_CHECKS
 from .expert_worker import _Job, _Outcome, _Task, _Worker
@@ -52,7 +52,7 @@ class Unreadable(Exception):
 def resolve_options(opts: Options, ckpt: Checkpoint | None) -> Options:
     """For a converted checkpoint, decode with what it was converted for (marlin.config reports a
     disagreement with --target / --act-dtype)."""
-    if ckpt is None or ckpt.format is not SourceFormat.MARLIN:
+    if ckpt is None or not ckpt.format.converted:
         return opts
     record = record_or_none(ckpt.config)
     if record is None:  # the block does not parse: marlin.config names every problem; decode as asked
@@ -108,7 +108,7 @@ def _on_cluster(executor, job: _Job, tasks: list[_Task], bar) -> list[_Outcome]:
 def rescale_factors(ckpt: Checkpoint, opts: Options, reader: TensorReader, projections) -> dict:
     """`container.stack` -> sf. Converted checkpoints record it; for an NVFP4 source served by vLLM
     with bf16 it is computed as the converter's planning pass does (core/rescale.py)."""
-    if ckpt.format is SourceFormat.MARLIN:
+    if ckpt.format.converted:
         record = record_or_none(ckpt.config)
         return dict(record.rescale_factors) if record else {}
     if not opts.target().rescales:
@@ -214,7 +214,7 @@ def _validate(path, opts: Options, *, against, workers: int, progress: bool, exe
             ref_ckpt = open_checkpoint(resolve_source(against))
         except DsvError as e:
             raise Unreadable(e) from None
-        if ref_ckpt.format is SourceFormat.MARLIN:  # its Marlin words would be read as source codes
+        if ref_ckpt.format.converted:  # its Marlin words would be read as source codes
             raise Unreadable(UsageError(
                 f"--against {against} is a converted (Marlin) checkpoint; the reference must be a source",
                 error_id="validate.against_converted", file=str(against),

@@ -18,10 +18,28 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import tempfile
 
 import numba as nb
 import numpy as np
+
+
+def _load_numba_arraymath_without_scipy() -> None:
+    """numba's first kernel load imports numba.np.arraymath, whose `_check_blas` imports scipy.linalg only to
+    learn whether np.dot may be compiled: 0.29 s of a 1.04 s warm small conversion on the 16-core box, where
+    scipy is installed (cProfile, docs/PERFORMANCE.md). These kernels use no BLAS, and the converter runs no
+    other numba code: numba loads here with that probe answered "no" (scipy itself stays importable)."""
+    if "numba.np.arraymath" in sys.modules or "scipy.linalg.cython_blas" in sys.modules:
+        return
+    sys.modules["scipy.linalg.cython_blas"] = None  # an import of it raises ImportError: numba's "no BLAS"
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        del sys.modules["scipy.linalg.cython_blas"]
+
+
+_load_numba_arraymath_without_scipy()
 
 __all__ = ["repack_a16", "permute_scales", "byte_presence", "lookup"]
 

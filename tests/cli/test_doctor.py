@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dsv4_convert.cli.doctor import Doctor, _check_library
+from dsv4_convert.cli.doctor import Doctor
+from dsv4_convert.cli.doctor_kernels import check_library
 from dsv4_convert.core.fatbin import FatbinError, elf_section, parse_fatbin, read_cuda_code
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "fatbin"
@@ -78,8 +79,8 @@ def test_truncated_fatbin_is_an_error():
 
 def test_ptx_only_library_on_sm120_gives_the_40923_finding():
     d = Doctor(gpus=[{"index": 0, "name": "RTX PRO 6000", "sm": 120}, {"index": 1, "name": "H200", "sm": 90}])
-    _check_library(d, "vllm", FIX / "sm90_ptx.so")
-    _check_library(d, "vllm", FIX / "sm90_both.so")
+    check_library(d, "vllm", FIX / "sm90_ptx.so")
+    check_library(d, "vllm", FIX / "sm90_both.so")
     assert d.extensions[0]["verdict"] == ["sm_120: PTX only", "sm_90: PTX only"]
     assert d.extensions[1]["verdict"] == ["sm_120: PTX only", "sm_90: SASS"]
     assert len(d.findings) == 3 and all("#40923" in f for f in d.findings)

@@ -8,7 +8,7 @@ import torch
 
 from dsv4_convert.cli.inspect import summarize
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.tensor_model import SourceFormat
+from dsv4_convert.core.source_formats import source_format
 from tests.helpers.ckpt_factory import FORMATS, make_checkpoint
 
 SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-ct", "mxfp4-gptoss")
@@ -114,7 +114,7 @@ def test_synth_then_inspect_then_read_back(tmp_path, fmt):
     mtp = fmt in ("mxfp4-dsv4", "nvfp4-modelopt-dsv4")
     write_synthetic_checkpoint(out, format=fmt, layers=2, experts=4, hidden=128, intermediate=64, mtp=mtp)
     ckpt = open_checkpoint(out)
-    assert ckpt.format is SourceFormat(fmt)
+    assert ckpt.format is source_format(fmt)
     doc = summarize(ckpt)
     assert doc["format"] == fmt and doc["mtp_layers"] == (["mtp.0"] if mtp else [])
     assert len(ckpt.projections) == doc["projections"]["total"] == 4 * 3 * (3 if mtp else 2)

@@ -14,8 +14,9 @@ import torch
 from safetensors import safe_open
 
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.source_formats import FORMATS
 from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
+from dsv4_convert.core.tensor_model import Quant, Role
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin, vllm_rescale_factor
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
@@ -64,7 +65,7 @@ def _expected(src_root: Path, target: MarlinTarget) -> tuple[dict[str, torch.Ten
                     q, s = nvfp4_to_marlin(d.weight, d.scale, target=target, sf=sf)
                     expected[f"{p.key}.weight_global_scale"] = nvfp4_global_to_marlin(
                         d.global_scale, fp32_global=target.fp32_global, act_dtype=target.act_dtype, sf=sf)
-                    if ckpt.format is SourceFormat.NVFP4_CT:
+                    if ckpt.format is FORMATS["nvfp4-ct"]:
                         expected[f"{p.key}.weight_scale_2"] = d.global_scale
                         expected[f"{p.key}.ct_weight_global_scale"] = reader.get(p.global_scale)
                     else:

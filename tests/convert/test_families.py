@@ -30,7 +30,8 @@ from dsv4_convert.core.naming import (
 )
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.served import entries
-from dsv4_convert.core.tensor_model import Role, SourceFormat, TensorRef
+from dsv4_convert.core.source_formats import FORMATS
+from dsv4_convert.core.tensor_model import Role, TensorRef
 from dsv4_convert.formats.nvfp4 import quantize_nvfp4
 from dsv4_convert.synth import SYNTH_FAMILIES
 from dsv4_convert.synth.families import FAMILY_SPECS
@@ -83,7 +84,7 @@ def test_family_is_recognised_with_its_names(family_source, fam, fmt):
     ckpt = open_checkpoint(src)
     family = family_named(FAMILY_SPECS[fam].family)  # a replica (kimi-k2) names its family
     assert family_of(ckpt.config) is family
-    assert ckpt.format is (SourceFormat.NVFP4_CT if fmt == "nvfp4-ct" else SourceFormat.NVFP4_MODELOPT_HF)
+    assert ckpt.format is (FORMATS["nvfp4-ct"] if fmt == "nvfp4-ct" else FORMATS["nvfp4-modelopt-hf"])
     assert family.scheme in ckpt.format_reason
     spec = FAMILY_SPECS[fam]
     if fam == "nemotron-h":  # its replica's own layer pattern (synth/nemotron.py)

@@ -1,10 +1,12 @@
 import pytest
 
-from dsv4_convert.core.detect import DETECTORS, detect_format
+from dsv4_convert.core.detect import detect_format
 from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.grouping import group_projections
 from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat, TensorRef
+from dsv4_convert.core.source_formats import FORMATS as ROWS
+from dsv4_convert.core.source_formats import source_format
+from dsv4_convert.core.tensor_model import Quant, Role, TensorRef
 from tests.helpers.ckpt_factory import FORMATS, make_checkpoint
 
 
@@ -30,9 +32,9 @@ MODELOPT_DSV4 = {"expert_dtype": "fp4", "quantization_config": {"quant_method": 
 
 
 def test_detectors_are_ordered_most_specific_first():
-    order = [fmt for fmt, _ in DETECTORS]
-    assert order[0] is SourceFormat.MARLIN and order[-1] is SourceFormat.MXFP4_DSV4
-    assert len(order) == len(set(order)) == len(SourceFormat)
+    order = list(ROWS.values())
+    assert order[0] is ROWS["marlin"] and order[-1] is ROWS["mxfp4-dsv4"]
+    assert len(order) == len(set(order)) == len(ROWS)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -40,13 +42,13 @@ def test_every_factory_format_is_detected(tmp_path, fmt):
     make_checkpoint(tmp_path, fmt, mtp=fmt == "nvfp4-modelopt-dsv4")
     ckpt = open_checkpoint(tmp_path)
     got, reason = detect_format(ckpt.config, ckpt.hf_quant_config, ckpt.tensors)
-    assert got is SourceFormat(fmt) and reason
+    assert got is source_format(fmt) and reason
 
 
 def test_v41_expert_dtype_inside_quantization_config():
     cfg = {"quantization_config": {"quant_method": "fp8", "expert_dtype": "fp4"}}
     fmt, _ = detect_format(cfg, None, _mxfp4("layers.0.ffn.experts.0.w1"))
-    assert fmt is SourceFormat.MXFP4_DSV4
+    assert fmt is ROWS["mxfp4-dsv4"]
 
 
 def test_modelopt_dsv4_from_hf_quant_config_alone():
@@ -54,14 +56,14 @@ def test_modelopt_dsv4_from_hf_quant_config_alone():
                             "quantized_layers": {"layers.0.ffn.experts": {"quant_algo": "NVFP4"}}}}
     fmt, reason = detect_format({"quantization_config": {"quant_method": "fp8"}}, hfq,
                                 _nvfp4("layers.0.ffn.experts.0.w1"))
-    assert fmt is SourceFormat.NVFP4_MODELOPT_DSV4 and "MIXED_PRECISION" in reason
+    assert fmt is ROWS["nvfp4-modelopt-dsv4"] and "MIXED_PRECISION" in reason
 
 
 def test_modelopt_hf_without_quantization_config_uses_hf_quant_config():
     # ModelOpt's DeepSeek-V3 export deletes quantization_config from config.json
     hfq = {"quantization": {"quant_algo": "NVFP4", "group_size": 16}}
     fmt, _ = detect_format({}, hfq, _nvfp4("model.layers.3.mlp.experts.0.gate_proj"))
-    assert fmt is SourceFormat.NVFP4_MODELOPT_HF
+    assert fmt is ROWS["nvfp4-modelopt-hf"]
 
 
 def test_unknown_format_lists_what_was_looked_at():
@@ -115,7 +117,7 @@ def test_mtp_mxfp4_does_not_contradict_modelopt_dsv4():
 def test_missing_role_or_expert_is_not_fatal():
     t = {**_mxfp4("layers.0.ffn.experts.0.w1"), **_mxfp4("layers.0.ffn.experts.0.w2", 128, 64),
          **_mxfp4("layers.0.ffn.experts.2.w3")}
-    projections = group_projections(SourceFormat.MXFP4_DSV4, DSV4, t)
+    projections = group_projections(ROWS["mxfp4-dsv4"], DSV4, t)
     assert [(p.expert, p.role) for p in projections] == [(0, Role.GATE), (0, Role.DOWN), (2, Role.UP)]
 
 
@@ -123,7 +125,7 @@ def test_weight_without_scale_is_an_error():
     t = _mxfp4("layers.0.ffn.experts.0.w1")
     del t["layers.0.ffn.experts.0.w1.scale"]
     with pytest.raises(ContentError) as info:
-        group_projections(SourceFormat.MXFP4_DSV4, DSV4, t)
+        group_projections(ROWS["mxfp4-dsv4"], DSV4, t)
     assert info.value.error_id == "group.missing_scale"
     assert info.value.tensor == "layers.0.ffn.experts.0.w1.weight"
 
@@ -132,7 +134,7 @@ def test_scale_without_weight_is_an_error():
     t = _mxfp4("layers.0.ffn.experts.0.w1")
     del t["layers.0.ffn.experts.0.w1.weight"]
     with pytest.raises(ContentError) as info:
-        group_projections(SourceFormat.MXFP4_DSV4, DSV4, t)
+        group_projections(ROWS["mxfp4-dsv4"], DSV4, t)
     assert info.value.error_id == "group.scale_without_weight"
 
 
@@ -140,7 +142,7 @@ def test_scale_shape_mismatch_says_how_it_was_derived():
     t = _mxfp4("layers.0.ffn.experts.0.w1")
     t["layers.0.ffn.experts.0.w1.scale"] = _ref("layers.0.ffn.experts.0.w1.scale", "F8_E8M0", [64, 8])
     with pytest.raises(ContentError) as info:
-        group_projections(SourceFormat.MXFP4_DSV4, DSV4, t)
+        group_projections(ROWS["mxfp4-dsv4"], DSV4, t)
     e = info.value
     assert e.error_id == "group.scale_shape" and e.tensor == "layers.0.ffn.experts.0.w1.scale"
     assert "[64, 4]" in e.message and "K=128" in e.message
@@ -150,7 +152,7 @@ def test_nvfp4_without_global_scale():
     t = _nvfp4("layers.0.ffn.experts.0.w1")
     del t["layers.0.ffn.experts.0.w1.weight_scale_2"]
     with pytest.raises(ContentError) as info:
-        group_projections(SourceFormat.NVFP4_MODELOPT_DSV4, MODELOPT_DSV4, t)
+        group_projections(ROWS["nvfp4-modelopt-dsv4"], MODELOPT_DSV4, t)
     assert info.value.error_id == "group.missing_global_scale"
 
 
@@ -160,14 +162,14 @@ def test_fp8_tensors_with_scale_are_never_fp4_projections():
          "layers.0.ffn.experts.1.w1.scale": _ref("layers.0.ffn.experts.1.w1.scale", "F8_E8M0", [1, 1]),
          "layers.0.ffn.shared_experts.w1.weight": _ref("layers.0.ffn.shared_experts.w1.weight", "F8_E4M3", [64, 128]),
          "layers.0.ffn.shared_experts.w1.scale": _ref("layers.0.ffn.shared_experts.w1.scale", "F8_E8M0", [1, 1])}
-    projections = group_projections(SourceFormat.MXFP4_DSV4, DSV4, t)
+    projections = group_projections(ROWS["mxfp4-dsv4"], DSV4, t)
     assert [p.key for p in projections] == ["layers.0.ffn.experts.0.w1"]
 
 
 def test_mixed_quant_in_a_pure_format_is_refused():
     t = {**_mxfp4("layers.0.ffn.experts.0.w1"), **_nvfp4("layers.1.ffn.experts.0.w1")}
     with pytest.raises(ContentError) as info:
-        group_projections(SourceFormat.MXFP4_DSV4, DSV4, t)
+        group_projections(ROWS["mxfp4-dsv4"], DSV4, t)
     assert info.value.error_id == "group.unexpected_quant"
     assert info.value.tensor == "layers.1.ffn.experts.0.w1.weight_scale"
 
@@ -198,15 +200,16 @@ def _layer(make, prefix, roles=("gate_proj", "up_proj", "down_proj")):
 
 
 @pytest.mark.parametrize("where", ["config.json", "hf_quant_config.json"])
-def test_modelopt_mxfp4_export_reads_as_mxfp4(where):
-    """MXFP4_MLP_WEIGHT_ONLY_CFG: both files say quant_algo "mxfp4" (lower case); was a contradiction that blamed
-    a correct config."""
-    block = {"quant_method": "modelopt", "quant_algo": "mxfp4", "producer": {"name": "modelopt"}}
+@pytest.mark.parametrize("algo", ["mxfp4", "W4A16_MXFP4"])
+def test_modelopt_mxfp4_export_reads_as_mxfp4(where, algo):
+    """MXFP4_MLP_WEIGHT_ONLY_CFG: ModelOpt 0.47 writes quant_algo "mxfp4" (lower case) in both files, 0.48
+    "W4A16_MXFP4" (issue #35); each was a contradiction that blamed a correct config."""
+    block = {"quant_method": "modelopt", "quant_algo": algo, "producer": {"name": "modelopt"}}
     config = {"quantization_config": block} if where == "config.json" else {}
-    hfq = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "mxfp4"}}
+    hfq = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": algo}}
     tensors = _layer(_mxfp4_modelopt, "model.layers.0.mlp.experts")
     fmt, reason = detect_format(config, hfq, tensors)
-    assert fmt is SourceFormat.MXFP4_MODELOPT_HF and "mxfp4" in reason
+    assert fmt is ROWS["mxfp4-modelopt-hf"] and algo.lower() in reason
     ps = group_projections(fmt, config, tensors)
     assert {p.quant for p in ps} == {Quant.MXFP4} and len(ps) == 6 and all(p.group_size == 32 for p in ps)
 
@@ -224,7 +227,7 @@ def test_nemotron_h_non_gated_experts_are_recognised():
     hfq = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4", "group_size": 16}}
     tensors = _layer(_nvfp4, "backbone.layers.1.mixer.experts", ("up_proj", "down_proj"))
     fmt, reason = detect_format({"architectures": ["NemotronHForCausalLM"]}, hfq, tensors)
-    assert fmt is SourceFormat.NVFP4_MODELOPT_HF and "nemotron-h" in reason and "backbone.layers.L.mixer" in reason
+    assert fmt is ROWS["nvfp4-modelopt-hf"] and "nemotron-h" in reason and "backbone.layers.L.mixer" in reason
     ps = group_projections(fmt, {}, tensors)
     assert {(p.expert, p.role) for p in ps} == {(0, Role.GATE), (0, Role.DOWN), (1, Role.GATE), (1, Role.DOWN)}
     assert all(p.key.endswith(("up_proj", "down_proj")) for p in ps)
@@ -253,5 +256,5 @@ def test_llm_compressor_mixtral_under_transformers_5_is_recognised():
                         f"{p}.weight_scale": _ref(f"{p}.weight_scale", "F8_E4M3", [64, 8]),
                         f"{p}.weight_global_scale": _ref(f"{p}.weight_global_scale", "F32", [1])}
     fmt, reason = detect_format({"quantization_config": ct}, None, tensors)
-    assert fmt is SourceFormat.NVFP4_CT and "block-sparse-moe-hf" in reason
+    assert fmt is ROWS["nvfp4-ct"] and "block-sparse-moe-hf" in reason
     assert len(group_projections(fmt, {}, tensors)) == 6

@@ -9,7 +9,9 @@ import torch
 
 from dsv4_convert.core.errors import ContentError, InputError, UsageError
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint, resolve_source
-from dsv4_convert.core.tensor_model import Quant, Role, SourceFormat
+from dsv4_convert.core.source_formats import FORMATS as ROWS
+from dsv4_convert.core.source_formats import source_format
+from dsv4_convert.core.tensor_model import Quant, Role
 from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.ckpt_factory import FORMATS, make_checkpoint, write_json
 
@@ -28,7 +30,7 @@ def test_every_format_reads_back_byte_identical(tmp_path, fmt):
     mtp = fmt in ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "marlin")
     built = make_checkpoint(tmp_path / fmt, fmt, mtp=mtp)
     ckpt = open_checkpoint(tmp_path / fmt)
-    assert ckpt.format is SourceFormat(fmt)
+    assert ckpt.format is source_format(fmt)
     assert set(ckpt.tensors) == set(built.tensors)
     for shard, names in built.shards.items():
         assert {n for n, r in ckpt.tensors.items() if r.file == shard} == set(names)
@@ -40,7 +42,7 @@ def test_every_format_reads_back_byte_identical(tmp_path, fmt):
         for p in ckpt.projections:
             data = load_projection(reader, p, fmt=ckpt.format)
             packed, scale, glob = built.expected[p.key]
-            if ckpt.format is SourceFormat.MARLIN:
+            if ckpt.format is ROWS["marlin"]:
                 _assert_bytes(data.weight, built.tensors[f"{p.key}.weight"], p.key)
                 _assert_bytes(data.scale, built.tensors[f"{p.key}.weight_scale"], p.key)
             else:

@@ -76,3 +76,21 @@ def test_file_digest_both_algorithms(tmp_path):
     assert file_digest(f) == xxhash.xxh3_128(data).hexdigest()
     with pytest.raises(ValueError, match="unknown hash algorithm"):
         new_hash("md5")
+
+
+def test_loading_the_kernels_does_not_import_scipy(tmp_path):
+    """numba's BLAS probe would import scipy.linalg (0.3 s of a small conversion on the GPU box): a made-up
+    `scipy` package whose linalg records its import stands in for an installed one; loading and running the
+    kernels must not import scipy.linalg."""
+    import subprocess
+    import sys
+    pkg = tmp_path / "scipy" / "linalg"
+    pkg.mkdir(parents=True)
+    (tmp_path / "scipy" / "__init__.py").write_text("__version__ = '1.16.0'\n")  # numba reads it at import
+    (pkg / "__init__.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    (pkg / "cython_blas.py").write_text("")
+    code = ("from dsv4_convert.convert.cpu_path import load_kernels; load_kernels(); "
+            "import numba.np.arraymath as a; print(a._HAVE_BLAS)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(tmp_path)})
+    assert out.stdout.strip() == "False" and not (tmp_path / "imported").exists()

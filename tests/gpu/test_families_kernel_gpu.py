@@ -3,7 +3,8 @@ Marlin kernels of the vLLM release named by DSV4_MARLIN_MODULE (tests/gpu/run.sh
 vLLM 0.33.0's build and once with 0.34.0's: their op schemas differ, 26 vs 25 GEMM arguments).
 
 Substitutions: the engine is the test build of vLLM's Marlin kernels (../shared/marlin-kernels[-0.34],
-sources unchanged; the device has no vLLM or sgl_kernel), loaded through --kernel-provider module:PATH.
+sources unchanged; the device has no vLLM), loaded through --kernel-provider module:PATH; or SGLang 0.5.23's own JIT ops
+(--kernel-provider sglang, the test build of its wheel's sources: tests/gpu/run.sh VERSIONS=sglang).
 Sources are `dsv4-convert synth --family F --format X` replicas (real names and configs, shrunk sizes),
 converted by the real CLI; `--allow-unservable` only where the converter's gate refuses the family.
 Nemotron-H (non-gated relu2 experts, served) runs w13 as the up projection alone (N = I), w2, and each layer
@@ -19,12 +20,14 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.synth import SYNTH_FAMILIES
-from tests.helpers.kernel_cli import MODULE, kernel, needs_kernels, record, run_cli, status
+from tests.helpers.kernel_cli import KERNELS, PROVIDER, TARGETS, kernel, needs_kernels, record, run_cli, status
 
-pytestmark = needs_kernels
+# one xdist worker for the module: its fixture converts and validates every family (8 CLI processes at a time);
+# spread over 14 workers, each built the whole fixture, 112 CLI processes at once (load 350-400, issue 36)
+pytestmark = [needs_kernels, pytest.mark.xdist_group("families")]
 
 CASES = [(family, fmt, target) for family, formats in SYNTH_FAMILIES.items() for fmt in formats
-         for target in ("vllm", "sglang")]
+         for target in TARGETS]
 
 
 def _convert(root: Path, family: str, fmt: str, target: str) -> tuple[Path, Path, bool]:
@@ -48,7 +51,7 @@ def reports(tmp_path_factory):
         list(pool.map(lambda ff: run_cli("synth", root / f"src-{ff[0]}-{ff[1]}", "--family", ff[0], "--format",
                                          ff[1], "-q"), {(f, x) for f, x, _ in CASES}))
         converted = dict(zip(CASES, pool.map(lambda c: _convert(root, *c), CASES)))
-        runs = pool.map(lambda c: kernel(converted[c][1], MODULE, "--against", converted[c][0]), CASES)
+        runs = pool.map(lambda c: kernel(converted[c][1], PROVIDER, "--against", converted[c][0]), CASES)
         return {c: (converted[c][2], data) for c, data in zip(CASES, runs)}
 
 
@@ -60,7 +63,7 @@ def test_every_family_passes_the_engines_kernel(reports, family, fmt, target):
     # the kernel's verdict; another check may report an error of its own (an --allow-unservable family's
     # output fails the serving pre-flight, marlin.serving_methods): recorded, not this test's question
     errors = [f["message"] for f in data["findings"] if f["severity"] == "error" and f["check"].startswith("kernel.")]
-    record(suite="families", module=Path(MODULE).name, family=family, format=fmt, target=target,
+    record(suite="families", kernels=KERNELS, family=family, format=fmt, target=target,
            unservable=unservable, gemm=gemm, repack=repack, stacks=len(data["kernel"]),
            other_errors=sorted({f["check"] for f in data["findings"] if f["severity"] == "error"} - {"kernel.gemm", "kernel.repack"}),
            max_rel_error=max((r["max_rel_error"] or 0.0 for r in data["kernel"]), default=None))
@@ -69,14 +72,14 @@ def test_every_family_passes_the_engines_kernel(reports, family, fmt, target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ("vllm", "sglang"))
+@pytest.mark.parametrize("target", TARGETS)
 def test_nemotron_h_non_gated_layers_run_through_the_engines_kernels(reports, target):
     """Served (no --allow-unservable), and every MoE layer ran three cases: the one-shard w13, w2, and the whole
     layer with the engines' relu2 activation, each within its limit (kernel.gemm passes)."""
     unservable, data = reports[("nemotron-h", "nvfp4-modelopt-hf", target)]
     rows = {(r["layer"], r["projection"]): r for r in data["kernel"]}
     layers = {layer for layer, _ in rows}
-    record(suite="families-nemotron", module=Path(MODULE).name, target=target,
+    record(suite="families-nemotron", kernels=KERNELS, target=target,
            rows=[[k[0], k[1], r["experts"], r["max_rel_error"], r["limit"]] for k, r in sorted(rows.items())])
     assert not unservable
     assert layers and set(rows) == {(layer, p) for layer in layers for p in ("w13", "w2", "w13+relu2+w2")}, rows

@@ -1,7 +1,8 @@
 """validate --kernel on the GPU with vLLM 0.33.0's real Marlin kernels (the `module` provider).
 
 Substitutions: the engine is the test build of vLLM 0.33.0's Marlin kernels (../shared/marlin-kernels,
-sources unchanged; the device has no vLLM or sgl_kernel), loaded through --kernel-provider module:PATH.
+sources unchanged; the device has no vLLM), loaded through --kernel-provider module:PATH; or SGLang 0.5.23's own JIT ops
+(--kernel-provider sglang, the test build of its wheel's sources: tests/gpu/run.sh VERSIONS=sglang).
 Checkpoints are `dsv4-convert synth` outputs converted by the real CLI; broken outputs are made by
 editing the converted safetensors files (each edit is one defect a converter could make).
 """
@@ -18,7 +19,7 @@ from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.formats.marlin.scales import unpermute_scale_columns
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
-from tests.helpers.kernel_cli import MODULE, needs_kernels, run_cli
+from tests.helpers.kernel_cli import PROVIDER, TARGETS, needs_kernels, run_cli
 from tests.helpers.kernel_cli import edit as _edit
 from tests.helpers.kernel_cli import kernel as _kernel
 from tests.helpers.kernel_cli import record as _record
@@ -29,11 +30,11 @@ pytestmark = needs_kernels
 
 @pytest.fixture(scope="session")
 def module_path():
-    return MODULE
+    return PROVIDER
 
 
 FORMATS = ("nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-dsv4", "mxfp4-ct", "mxfp4-gptoss")
-CASES = [(f, t, a) for f in FORMATS for t in ("vllm", "sglang") for a in ("bfloat16", "float16")
+CASES = [(f, t, a) for f in FORMATS for t in TARGETS for a in ("bfloat16", "float16")
          if not (f.startswith("mxfp4") and a == "float16")]  # no fp16 MXFP4 Marlin kernel in either engine
 
 
@@ -114,9 +115,10 @@ CONTROLS = {
 }
 
 
-@pytest.mark.parametrize("fmt,target,act", [("nvfp4-modelopt-dsv4", "vllm", "bfloat16"),
-                                            ("nvfp4-ct", "sglang", "float16"),
-                                            ("mxfp4-dsv4", "sglang", "bfloat16")])
+@pytest.mark.parametrize("fmt,target,act", [c for c in [("nvfp4-modelopt-dsv4", "vllm", "bfloat16"),
+                                                          ("nvfp4-modelopt-dsv4", "sglang", "bfloat16"),
+                                                          ("nvfp4-ct", "sglang", "float16"),
+                                                          ("mxfp4-dsv4", "sglang", "bfloat16")] if c[1] in TARGETS])
 @pytest.mark.parametrize("control", sorted(CONTROLS))
 def test_kernel_fails_on_broken_output(sources, module_path, tmp_path, fmt, target, act, control):
     if control == "global-not-rescaled" and fmt.startswith("mxfp4"):

@@ -1,5 +1,10 @@
 """The GPU suite's shared pieces: the skip rule, the real CLI in a subprocess, `validate --kernel`
-through the built engine extension, the results file, and editing a converted checkpoint."""
+through the kernels under test, the results file, and editing a converted checkpoint.
+
+The kernels under test (tests/gpu/run.sh sets them per build): DSV4_KERNEL_ENGINE=sglang runs an installed
+engine's own kernels (`--kernel-provider sglang`: SGLang 0.5.23's JIT ops, from the test build of its wheel's
+sources), and then only that engine's target layout (its kernel reads its own global dtype); otherwise
+DSV4_MARLIN_MODULE, a built vLLM extension (`--kernel-provider module:PATH`), on both targets' layouts."""
 
 from __future__ import annotations
 
@@ -14,9 +19,13 @@ from safetensors.torch import load_file, save_file
 from tests.helpers.cli import run_cli
 
 MODULE = os.environ.get("DSV4_MARLIN_MODULE", "")
-needs_kernels = pytest.mark.skipif(not (torch.cuda.is_available() and os.path.isfile(MODULE)),
-                                   reason="needs a CUDA GPU and DSV4_MARLIN_MODULE = a built Marlin extension "
-                                          "(tests/gpu/run.sh builds vLLM 0.33.0's kernels and sets it)")
+ENGINE = os.environ.get("DSV4_KERNEL_ENGINE", "")
+PROVIDER = ENGINE or f"module:{MODULE}"
+KERNELS = ENGINE or os.path.basename(MODULE)  # what the results file names
+TARGETS = (ENGINE,) if ENGINE else ("vllm", "sglang")  # the target layouts the kernels under test run
+needs_kernels = pytest.mark.skipif(not (torch.cuda.is_available() and (ENGINE or os.path.isfile(MODULE))),
+                                   reason="needs a CUDA GPU and DSV4_MARLIN_MODULE = a built Marlin extension or "
+                                          "DSV4_KERNEL_ENGINE = an installed engine (tests/gpu/run.sh sets them)")
 RESULTS = os.environ.get("DSV4_GPU_RESULTS")
 
 
@@ -27,10 +36,10 @@ def record(**row):
             f.write(json.dumps(row) + "\n")
 
 
-def kernel(path, module_path, *extra, check_rc=None):
-    """`validate PATH --kernel --json` through module_path: the report (exit 0 or 1 only: never a crash,
-    a traceback or a usage error)."""
-    proc = run_cli("validate", path, "--kernel", "--kernel-provider", f"module:{module_path}", "--json",
+def kernel(path, provider, *extra, check_rc=None):
+    """`validate PATH --kernel --json` through `provider` (PROVIDER): the report (exit 0 or 1 only: never a
+    crash, a traceback or a usage error)."""
+    proc = run_cli("validate", path, "--kernel", "--kernel-provider", provider, "--json",
                    "--quiet", *extra, check=False)
     assert proc.returncode in (0, 1) and proc.stdout.startswith("{"), (proc.returncode, proc.stderr[-3000:])
     data = json.loads(proc.stdout)

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.core.engines import ENGINES
-from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, SourceFormat, TensorRef
+from dsv4_convert.core.source_formats import FORMATS
+from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, TensorRef
 from dsv4_convert.formats.tiles import IMPOSSIBLE, PAD, moe_rank_tiles
 from dsv4_convert.serving.launch import make_plan, shape_from_checkpoint
 
@@ -28,7 +29,7 @@ def flash_like(*, layers=43, experts=256, hidden=4096, inter=2048, other_gib=11.
     config = {"hidden_size": hidden, "moe_intermediate_size": inter, "n_routed_experts": experts,
               "num_hidden_layers": layers, "expert_dtype": "fp4", "architectures": ["DeepseekV4ForCausalLM"],
               "model_type": "deepseek_v4", "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
-    return Checkpoint(Path("DeepSeek-V4-Flash"), SourceFormat.MXFP4_DSV4, config, None, tensors, tuple(projections))
+    return Checkpoint(Path("DeepSeek-V4-Flash"), FORMATS["mxfp4-dsv4"], config, None, tensors, tuple(projections))
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +109,7 @@ def test_stacked_experts_are_counted_once():
                                    row_start=1, row_step=2),
                         Projection(f"{key}.down", "0", e, Role.DOWN, Quant.MXFP4, h, i, down, dscales, expert_index=e)]
     tensors = {t.name: t for t in (blocks, scales, down, dscales)}
-    ckpt = Checkpoint(Path("gpt-oss-layer"), SourceFormat.MXFP4_GPTOSS, {"num_local_experts": 4}, None, tensors,
+    ckpt = Checkpoint(Path("gpt-oss-layer"), FORMATS["mxfp4-gptoss"], {"num_local_experts": 4}, None, tensors,
                       tuple(projections))
     shape = shape_from_checkpoint(ckpt)
     assert shape.expert_bytes == sum(t.nbytes for t in tensors.values())  # about 53 MB, not 4 x 3 x that

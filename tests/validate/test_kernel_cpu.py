@@ -90,14 +90,14 @@ def test_moe_align_follows_vllms_contract(block):
 
 # ----------------------------------------------------------------------------- provider selection
 def test_auto_prefers_the_engine_of_the_layout():
-    assert _order("sglang-L2") == ["sgl_kernel", "vllm"]
-    assert _order("vllm-L4") == ["vllm", "sgl_kernel"]
+    assert _order("sglang-L2") == ["sglang", "vllm"]
+    assert _order("vllm-L4") == ["vllm", "sglang"]
 
 
-@pytest.mark.skipif(any(__import__("importlib").util.find_spec(m) for m in ("vllm", "sgl_kernel")),
+@pytest.mark.skipif(any(__import__("importlib").util.find_spec(m) for m in ("vllm", "sglang")),
                     reason="an engine is installed here")
 @pytest.mark.parametrize("choice,error_id", [("auto", "kernel.provider_missing"), ("vllm", "kernel.provider_missing"),
-                                             ("sgl_kernel", "kernel.provider_missing"),
+                                             ("sglang", "kernel.provider_missing"), ("sgl_kernel", "kernel.provider_unknown"),
                                              ("module", "kernel.provider_missing"),
                                              ("module:/nonexistent/x.so", "kernel.provider_missing"),
                                              ("cutlass", "kernel.provider_unknown")])

@@ -19,7 +19,7 @@ from dsv4_convert.validate.kernel_runner import _stacks
 
 class _RoutingGemm:
     """moe_wna16_marlin_gemm's routing contract on dense [E, N, K] weights, keyed by the stack's qweight."""
-    fe2m1_id = 0
+    fe2m1 = 0
     repack_op = None
 
     def __init__(self):

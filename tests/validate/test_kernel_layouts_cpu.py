@@ -40,8 +40,9 @@ class CpuRepack:
     name = "cpu codec"
     repack_op = to_marlin_weight  # the runner asks whether the provider has a repack op
 
-    def repack(self, *, b_q_weight, size_k, size_n, num_bits, is_a_8bit=False):
+    def repack(self, *, b_q_weight, size_k, size_n, num_bits, perm=None, is_a_8bit=False):
         assert (num_bits, is_a_8bit) == (4, False) and tuple(b_q_weight.shape) == (size_k // 8, size_n)
+        assert perm is None or perm.numel() == 0  # no act-order permutation (SGLang's repack takes one)
         return to_marlin_weight(b_q_weight.t().contiguous().view(torch.uint8))
 
 

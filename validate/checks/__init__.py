@@ -78,6 +78,7 @@ ALL_CHECKS = (
     # the engine's own kernels on this GPU (--kernel)
     kernel.kernel_gemm,
     kernel.kernel_repack,
+    kernel.kernel_build,
     # what the run covered (after everything else)
     coverage.experts_checked,
     coverage.against_compared,

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ...core.files import MANIFEST
-from ...core.tensor_model import SourceFormat
 from ...runtime.manifest import verify
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
@@ -27,7 +26,7 @@ def manifest_verifies(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """A converted file that no longer matches its recorded hash serves, or restores, different bytes."""
     mismatches = verify(Path(c.root), MANIFEST)
     if mismatches is None:
-        if c.checkpoint is not None and c.checkpoint.format is SourceFormat.MARLIN:
+        if c.checkpoint is not None and c.checkpoint.format.converted:
             yield Finding(MANIFEST, "a converted checkpoint without its manifest: nothing it holds can be "
                           "verified.", file=MANIFEST, cause="missing")
         return

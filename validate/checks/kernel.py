@@ -6,6 +6,8 @@ expert. Limits by activation dtype: measured on vLLM 0.33.0's kernels on an H200
 every source format and target of the GPU suite, docs/VALIDATE.md), with a margin; wrong bytes,
 scales or globals give errors of 0.3 and more.
 kernel.repack: the engine's repack kernel on the source bytes must give the weight words we hold.
+kernel.build: an engine that compiles its Marlin kernels on first use (SGLang 0.5.23's JIT) could build them here;
+where it cannot (no nvcc, no ninja, an arch the compiler lacks) the finding says what failed and what to install.
 
 Policy on rounding the engine itself introduces (docs/VALIDATE.md): SGLang keeps the NVFP4 global in
 the activation dtype, so an fp16-subnormal global (nvfp4.global.range warns about it) is served off
@@ -24,7 +26,8 @@ from dataclasses import dataclass, field
 
 from ..check import Finding, Scope, Severity, check
 
-__all__ = ["KERNEL_LAYER_REL_ERROR_MAX", "KERNEL_REL_ERROR_MAX", "KernelCase", "engine_rounding", "kernel_gemm", "kernel_repack"]
+__all__ = ["KERNEL_LAYER_REL_ERROR_MAX", "KERNEL_REL_ERROR_MAX", "KernelCase", "engine_rounding", "kernel_build",
+           "kernel_gemm", "kernel_repack"]
 
 KERNEL_REL_ERROR_MAX = {"bfloat16": 6e-3, "float16": 2e-3}
 # a non-gated layer run whole (w13, ReLU-squared, w2): squaring doubles the first GEMM's relative error and
@@ -48,6 +51,7 @@ class KernelCase:
     # that ratio): only experts whose global the engine rounds (SGLang: the activation dtype)
     engine_global: dict[int, tuple[float, float]] = field(default_factory=dict)
     limit: float | None = None  # this case's own limit (a whole non-gated layer), else KERNEL_REL_ERROR_MAX
+    build_error: tuple[str, str] | None = None  # (what failed, what to install): the engine could not build its kernel
 
 
 @check(id="kernel.gemm", severity=Severity.ERROR, scope=Scope.KERNEL,
@@ -100,3 +104,13 @@ def kernel_repack(case: KernelCase, opts) -> Iterator[Finding]:
             yield Finding(tensor, f"{case.provider} gptq_marlin_repack of the source differs from the converted "
                           f"weight in {bad} of {total} int32 words (layer {case.layer} {case.stack} expert {expert})",
                           count=bad, first=first, layer=case.layer, expert=expert)
+
+
+@check(id="kernel.build", severity=Severity.ERROR, scope=Scope.KERNEL,
+       hint="install what the finding names on the serving machine (`dsv4-convert doctor` shows what the engine's "
+            "JIT finds), then run validate --kernel again")
+def kernel_build(case: KernelCase, opts) -> Iterator[Finding]:
+    """An engine that compiles its Marlin kernels on first use must be able to build them here, or its server cannot run the MoE layers."""
+    if case.build_error:
+        what, fix = case.build_error
+        yield Finding(case.stack, f"{what}. Fix: {fix}", layer=case.layer)

@@ -13,7 +13,7 @@ from ...core.converted_rules import EXPERTS_MAP, model_config_problems
 from ...core.engines import mxfp4_dtype_problem
 from ...core.files import CONFIG, HF_QUANT_CONFIG
 from ...core.target import MarlinTarget
-from ...core.tensor_model import SourceFormat
+from ...core.tensor_model import Quant
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 from .tiles import containers
@@ -85,7 +85,7 @@ def is_excluded(name: str, patterns: list[str]) -> bool:
        hint="fix group_size in the quantization config to match the tensors (NVFP4: 16, MXFP4: 32)")
 def group_size_matches(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """The engine builds scale parameters from the configured group size; Marlin compiles only 16 (NVFP4) and 32 (MXFP4)."""
-    if c.checkpoint is None or c.checkpoint.format is SourceFormat.MARLIN:
+    if c.checkpoint is None or c.checkpoint.format.converted:
         return
     routed = c.checkpoint.routed_quant  # the global group size describes the routed experts (not MXFP4 MTP)
     found = defaultdict(list)
@@ -127,7 +127,7 @@ def _covered(prefix: str, container: str) -> bool:
             "(NVFP4: 16, MXFP4: 32), in config.json and hf_quant_config.json alike")
 def quantized_layers_match(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """ModelOpt's MIXED_PRECISION engines build each layer's parameters from its quantized_layers entry; one that contradicts the tensors fails the load or reads scales as the wrong format."""
-    if c.checkpoint is None or c.checkpoint.format is SourceFormat.MARLIN:
+    if c.checkpoint is None or c.checkpoint.format.converted:
         return
     by_container = defaultdict(list)
     for p in c.checkpoint.projections:
@@ -154,7 +154,7 @@ def quantized_layers_match(c: CheckpointInput, opts: Options) -> Iterator[Findin
             "MXFP4 for E8M0 scales per 32)")
 def moe_quant_algo_matches(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """SGLang and vLLM pick the MoE method of a DeepSeek-V4 checkpoint from moe_quant_algo; the wrong one builds scale parameters of the other FP4 format."""
-    if c.checkpoint is None or c.checkpoint.format is SourceFormat.MARLIN:
+    if c.checkpoint is None or c.checkpoint.format.converted:
         return
     declared = str(_qc(c).get("moe_quant_algo") or "").upper()
     routed = c.checkpoint.routed_quant
@@ -173,8 +173,8 @@ def experts_method(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.checkpoint is None:
         return
     qc, fmt = _qc(c), c.checkpoint.format
-    record = record_or_none(c.config) if fmt is SourceFormat.MARLIN else None
-    if fmt is SourceFormat.MARLIN and record is None:
+    record = record_or_none(c.config) if fmt.converted else None
+    if fmt.converted and record is None:
         return  # the block does not parse: marlin.config names every problem
     pats = exclusion_patterns(c)
     for name, info in containers(c).items():
@@ -189,18 +189,17 @@ def experts_method(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
                 yield Finding(name, f"quantization_config.experts says {declared}, the tensors are {actual}.",
                               layer=info["layer"])
             continue
-        nvfp4_method = str(qc.get("moe_quant_algo", "")).upper() == "NVFP4" or fmt in (
-            SourceFormat.NVFP4_MODELOPT_HF, SourceFormat.NVFP4_CT)
-        if fmt is SourceFormat.NVFP4_MODELOPT_DSV4 or nvfp4_method:
+        method = Quant.NVFP4 if str(qc.get("moe_quant_algo", "")).upper() == "NVFP4" else fmt.moe_method
+        if method is Quant.NVFP4:
             expected = "mxfp4" if is_excluded(name, pats) else "nvfp4"
             why = "excluded from" if expected == "mxfp4" else "not excluded from"
-        elif fmt in (SourceFormat.MXFP4_DSV4, SourceFormat.MXFP4_CT, SourceFormat.MXFP4_GPTOSS,
-                     SourceFormat.MXFP4_MODELOPT_HF):
+        elif method is Quant.MXFP4:
             expected, why = "mxfp4", "loaded by"
         else:
             continue
         if expected != actual:
-            yield Finding(name, f"experts are {actual} but {why} the NVFP4 MoE method ({fmt.value}), so the engine "
+            yield Finding(name, f"experts are {actual} but {why} the {method.value.upper()} MoE method "
+                          f"({fmt.value}), so the engine "
                           f"loads them as {expected}.", layer=info["layer"])
 
 
@@ -208,7 +207,7 @@ def experts_method(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
        hint="add these modules to exclude_modules / ignore in the quantization config")
 def exclusions_cover(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """A generic NVFP4 config quantizes every linear it does not exclude; a 16-bit weight there fails to load."""
-    if c.checkpoint is None or c.checkpoint.format not in (SourceFormat.NVFP4_MODELOPT_HF, SourceFormat.NVFP4_CT):
+    if c.checkpoint is None or not c.checkpoint.format.every_linear:
         return
     pats = exclusion_patterns(c)
     bad = []
@@ -238,7 +237,7 @@ def mxfp4_act_dtype(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
        hint="validate with the --target / --act-dtype the checkpoint was converted for, or re-convert it")
 def marlin_config(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """A converted checkpoint is only right for the engine and activation dtype it was converted for (docs/FORMAT.md)."""
-    if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
+    if c.checkpoint is None or not c.checkpoint.format.converted:
         return
     record = None
     try:  # the one parser the plugins use: what it refuses, the engine refuses at launch
@@ -264,7 +263,7 @@ def marlin_config(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
        hint="re-run the conversion; a converted projection must have exactly the tensors of docs/FORMAT.md")
 def marlin_dtype_shape(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """The Marlin kernel infers N, K and the group size from the tensor shapes; a wrong dtype or shape is read as garbage."""
-    if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
+    if c.checkpoint is None or not c.checkpoint.format.converted:
         return
     record = record_or_none(c.config)
     act = record.act_dtype if record else opts.act_dtype

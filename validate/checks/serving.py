@@ -12,7 +12,6 @@ from ...core.engine_config import fix_hint, source_load_refusal
 from ...core.engines import ENGINES, engine_inner_method
 from ...core.inner_methods import FP4_METHODS, HF_QUANT_CONFIG_BLOCK, stale_block
 from ...core.served import refusal
-from ...core.tensor_model import SourceFormat
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 
@@ -33,7 +32,7 @@ def _blocks(c: CheckpointInput) -> tuple[str, dict | None, dict | None]:
     """(where, config.json's block, hf_quant_config.json) of the source; for a converted checkpoint,
     the ones it recorded from its source."""
     qc = c.config.get("quantization_config")
-    if c.checkpoint is not None and c.checkpoint.format is SourceFormat.MARLIN and isinstance(qc, dict):
+    if c.checkpoint is not None and c.checkpoint.format.converted and isinstance(qc, dict):
         return ("quantization_config.original_quantization_config / original_hf_quant_config",
                 qc.get("original_quantization_config"), qc.get("original_hf_quant_config"))
     return "config.json quantization_config / hf_quant_config.json", qc, c.hf_quant_config
@@ -62,7 +61,7 @@ def stale_quant_block(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
 
 def _record(c: CheckpointInput):
     """A converted checkpoint's record, or None: not converted, or a record marlin.config reports."""
-    if c.checkpoint is None or c.checkpoint.format is not SourceFormat.MARLIN:
+    if c.checkpoint is None or not c.checkpoint.format.converted:
         return None
     try:
         return converted_record(c.config)

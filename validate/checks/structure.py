@@ -10,7 +10,6 @@ from ...core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
 from ...core.files import INDEX_FILE
 from ...core.naming import outside_index_note
 from ...core.structure import model_dims
-from ...core.tensor_model import SourceFormat
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 
@@ -196,7 +195,7 @@ def dtype_shape(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """Every projection must have the dtypes and packed shapes of its format, or the engine's fused tensors cannot hold it."""
     if c.checkpoint is None:
         return
-    marlin = c.checkpoint.format is SourceFormat.MARLIN
+    marlin = c.checkpoint.format.converted
     problems = defaultdict(list)
     for p in c.checkpoint.projections:  # [N, K] against the config: structure.experts.dims
         if marlin or p.row_step != 1 or p.expert_index is not None:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 from ...core.converted_config import read_tp_layout
 from ...core.engines import engine_facts
-from ...core.tensor_model import SourceFormat, moe_layers
+from ...core.tensor_model import moe_layers
 from ...formats.tiles import moe_rank_tiles
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
@@ -29,7 +29,7 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.checkpoint is None:
         return
     n_experts = model_dims(c.config)["experts"]
-    marlin = c.checkpoint.format is SourceFormat.MARLIN
+    marlin = c.checkpoint.format.converted
     padded = {}
     if marlin:  # a --tp/--ep output serves the one split it records (the plugin refuses any other)
         try:
