@@ -183,8 +183,10 @@ REFUSED: tuple[Refused, ...] = (
     # the real producers' outputs (tests/fixtures/producers) no engine loads, as the producer wrote them
     *(Refused(family, "mxfp4-modelopt-hf", key, (
         "SGLang cannot load ModelOpt's MXFP4 export itself: `_parse_modelopt_quant_config` maps no quant_algo "
-        "'mxfp4', so `quant_method: modelopt` builds ModelOptFp8Config, which refuses it (\"ModelOptFp8Config only "
-        "supports regular FP8 quantization, but found 'mxfp4'\")" if key == "sglang 0.5.23" else
+        "'mxfp4' (0.47), so `quant_method: modelopt` builds ModelOptFp8Config, which refuses it (\"ModelOptFp8Config "
+        "only supports regular FP8 quantization, but found 'mxfp4'\"); 'W4A16_MXFP4' (0.48) gets ModelOptFp4Config, "
+        "which refuses it too (\"ModelOpt currently only supports: FP8, NVFP4, NVFP4_AWQ, W4A16_NVFP4 quantizations "
+        "in sglang\")" if key == "sglang 0.5.23" else
         "vLLM cannot load ModelOpt's MXFP4 export itself: its ModelOpt override takes an algo holding 'FP4' for "
         "modelopt_fp4, whose config refuses 'MXFP4' (modelopt.py: \"ModelOpt currently only supports: ['FP8', "
         "'FP8_PER_CHANNEL_PER_TOKEN', 'FP8_PB_WO', 'NVFP4', 'W4A16_NVFP4', 'MXFP8', 'MIXED_PRECISION'] "

@@ -48,6 +48,7 @@ def test_sglang_cannot_load_the_modelopt_llama4_source_itself(engine_loads):
 _PRODUCER_CASES = {
     "modelopt-qwen3-moe-mxfp4-mlp-weight-only": "mxfp4-modelopt-hf",
     "modelopt-deepseek-v3-mxfp4-mlp-weight-only": "mxfp4-modelopt-hf",
+    "modelopt-qwen3-moe-w4a16-mxfp4": "mxfp4-modelopt-hf",  # ModelOpt 0.48's spelling, W4A16_MXFP4
     "modelopt-deepseek-v3-nvfp4": "nvfp4-modelopt-hf",
     "llmc-deepseek-v3-nvfp4a16": "nvfp4-ct",
     **({"llmc-qwen3-moe-mxfp4a16": "mxfp4-ct", "llmc-mixtral-mxfp4a16": "mxfp4-ct"} if ENGINE == "sglang" else {}),
@@ -74,16 +75,22 @@ def _refused(result: dict, name: str) -> dict:
     return r
 
 
-@pytest.mark.parametrize("name", ["modelopt-qwen3-moe-mxfp4-mlp-weight-only", "modelopt-deepseek-v3-mxfp4-mlp-weight-only"])
+@pytest.mark.parametrize("name", ["modelopt-qwen3-moe-mxfp4-mlp-weight-only", "modelopt-deepseek-v3-mxfp4-mlp-weight-only",
+                                  "modelopt-qwen3-moe-w4a16-mxfp4"])
 def test_neither_engine_loads_the_modelopt_mxfp4_source_itself(engine_loads, name):
-    """ModelOpt 0.47's MXFP4 export (quant_algo `mxfp4`). vLLM 0.33 / 0.34: its ModelOpt override takes any algo
-    holding "FP4" for modelopt_fp4, whose config then refuses an algo outside its list (modelopt.py
-    `ModelOptQuantConfigBase.from_config`). SGLang 0.5.23: `_parse_modelopt_quant_config` maps no MXFP4 algo, so the
-    block's `quant_method: modelopt` builds ModelOptFp8Config, which refuses it."""
+    """ModelOpt 0.47's MXFP4 export (quant_algo `mxfp4`) and 0.48's spelling of it (`W4A16_MXFP4`). vLLM 0.33 / 0.34:
+    its ModelOpt override takes any algo holding "FP4" for modelopt_fp4, whose config then refuses an algo outside
+    its list (modelopt.py `ModelOptQuantConfigBase.from_config`). SGLang 0.5.23: `_parse_modelopt_quant_config`
+    maps no lower-case 'mxfp4', so the block's `quant_method: modelopt` builds ModelOptFp8Config, which refuses it;
+    'W4A16_MXFP4' holds "FP4", so it builds ModelOptFp4Config, which refuses it (modelopt_quant.py from_config)."""
     r = _refused(engine_loads, name)
     if ENGINE == "vllm":
         assert "ModelOpt currently only supports:" in r["error"] and "quantizations in vLLM" in r["error"], r
-        assert "'MXFP4'" not in r["error"].split("supports:", 1)[1].split("]", 1)[0], r["error"]
+        assert "MXFP4'" not in r["error"].split("supports:", 1)[1].split("]", 1)[0], r["error"]
+    elif "w4a16" in name:
+        assert r["error"] == ("ValueError: ModelOpt currently only supports: FP8, NVFP4, NVFP4_AWQ, W4A16_NVFP4 "
+                              "quantizations in sglang. Please check the quantization config for your model's "
+                              "configuration."), r
     else:
         assert r["error"].startswith("ValueError: ModelOptFp8Config only supports regular FP8 quantization, but "
                                      "found 'mxfp4'"), r
