@@ -9,6 +9,7 @@ import click
 
 from ..core.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
 from ..core.errors import UsageError
+from ..core.version import install_command
 from ..runtime.executors import EXECUTORS, ExecutorSpec
 from .report import progress_option, report_options
 
@@ -108,5 +109,5 @@ def executor_options(fn):
                                 "cluster started for this run]. Every node must see IN and OUT at the same path.")(wrapper)
     return click.option("--executor", type=click.Choice(EXECUTORS), default="local", show_default=True,
                         help="Where the per-shard jobs run: local = a process pool here; ray = Ray tasks across a "
-                             "cluster (pip install 'dsv4-convert[ray]'; docs/SCALE.md). With ray, --workers caps the "
+                             f"cluster ({install_command('ray')}; docs/SCALE.md). With ray, --workers caps the "
                              "tasks in flight.")(wrapper)

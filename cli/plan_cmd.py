@@ -40,8 +40,12 @@ cannot be written, 4 NOT SERVED (plan.not_served: the plugin is not proven to lo
 @click.option("--engine", type=TARGET_CHOICE, default=None, hidden=True,
               help="deprecated spelling of --target (removed in the next release)")
 @click.option("--act-dtype", type=ACT_DTYPE_CHOICE, default=ACT_DTYPES[0], show_default=True)
+@click.option("--engram", type=click.Choice(["auto", "gpu", "host"]), default="auto", show_default=True,
+              help="DeepSeek-V4.1's Engram tables on the GPUs or in pinned host memory; auto: the engine's default, "
+                   "else the other where only that fits (vLLM: host, --engram-config; SGLang: GPUs, "
+                   "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE)")
 @report_options
-def plan(path, gpus, gpu_mem_gib, arch, target, engine, act_dtype, as_json, report_file, quiet):
+def plan(path, gpus, gpu_mem_gib, arch, target, engine, act_dtype, engram, as_json, report_file, quiet):
     if engine is not None:
         if target is not None and target != engine:
             raise UsageError(f"--engine {engine} contradicts --target {target}", error_id="usage.flags",
@@ -49,7 +53,7 @@ def plan(path, gpus, gpu_mem_gib, arch, target, engine, act_dtype, as_json, repo
         click.echo("warning: --engine is deprecated and will be removed in the next release; use --target", err=True)
     ckpt = open_checkpoint(path)  # unreadable: main() answers exit 2, plan's class as validate's
     result = make_plan(shape_from_checkpoint(ckpt), gpus=gpus, gpu_mem_gib=gpu_mem_gib, arch=arch,
-                       engine=target or engine or DEFAULT_ENGINE, act_dtype=act_dtype, path=str(path))
+                       engine=target or engine or DEFAULT_ENGINE, act_dtype=act_dtype, path=str(path), engram=engram)
     doc, text = result.to_json(), result.render_text()
     code = 0 if result.chosen is not None else 1
     if result.not_served:  # the plan is still shown (splits, memory), with the error beside it

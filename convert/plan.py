@@ -14,7 +14,7 @@ from ..core.files import CONFIG, HF_QUANT_CONFIG, shard_name
 from ..core.served import refusal, source_block
 from ..core.source_formats import SourceFormat
 from ..core.structure import RULES as STRUCTURE_RULES
-from ..core.structure import model_dims
+from ..core.structure import layer_experts
 from ..core.target import MarlinTarget
 from ..core.tensor_model import (
     Checkpoint,
@@ -151,9 +151,8 @@ _PAD_HINT = ("convert for one split with --tp N [--ep M] (written padded per ran
 def _verdicts(ckpt: Checkpoint, engine: str, tp: int, ep: int, shapes: dict | None = None) -> dict[str, RankTiles]:
     """container -> the tile rule's verdict at TP `tp` / EP `ep`; `shapes`: moe_layers of the checkpoint,
     when the caller has them (one pass over the projections, not one per split)."""
-    n = model_dims(ckpt.config)["experts"]
     return {c: moe_rank_tiles(m.quant.value, engine_facts(engine).padding, hidden=m.hidden, intermediate=m.intermediate, tp=tp, ep=ep,
-                              experts=n or m.experts)
+                              experts=layer_experts(ckpt.config, m.layer)[0] or m.experts, gated=m.gated)
             for c, m in (shapes if shapes is not None else moe_layers(ckpt.projections)).items()}
 
 

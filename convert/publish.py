@@ -61,7 +61,9 @@ def finalize(plan: ConvertPlan, staging: Staging, record: ConvertedQuantConfig, 
     write_json_atomic(dst / INDEX_FILE, {"metadata": {"total_size": plan.output_bytes}, "weight_map": weight_map})
     (dst / SERVING_NOTES).write_text(serving_markdown(plan, staging.out.name))
     step()
-    manifest = {**record.manifest_fields(), "fingerprint": staging.fingerprint, "shards": staging.done}
+    # the input's content, target and options (plan.fingerprint): a byte-identical copy of the input converts to a
+    # byte-identical output; the resume record's fingerprint also stamps the files' inodes and times (staging.open)
+    manifest = {**record.manifest_fields(), "fingerprint": plan.fingerprint(), "shards": staging.done}
     staging.write_manifest(manifest)
     step()
     return sum(v.numel() for k, v in lost.items() if k.endswith(".bytes"))

@@ -32,6 +32,8 @@ def build_record(plan: ConvertPlan, rescale_factors: dict[str, float]) -> Conver
         act_dtype=t.act_dtype, w4a8=t.w4a8, source_format=plan.checkpoint.format.value,
         model_type=plan.checkpoint.config.get("model_type") if isinstance(plan.checkpoint.config.get("model_type"), str)
         else None,
+        expert_dtype=original.get("expert_dtype") if isinstance(original, dict)
+        and isinstance(original.get("expert_dtype"), str) else None,
         weight_format=main.value, group_size=main.group_size,
         # the (TP, EP) splits whose per-rank shapes the engine does not pad: the plugin slices them (format 2)
         layouts=tuple(plan.layouts),

@@ -46,7 +46,7 @@ from ..formats.padded_layout import decode_rank_blocks, padded_nk, unpad_source
 from ..runtime.executors import ExecutorSpec, auto_workers, make_executor
 from ..runtime.jobs import RunDir
 from ..runtime.manifest import verify
-from ..runtime.paths import record_name_ok, refuse_reserved_names
+from ..runtime.paths import mark_restored, record_name_ok, refuse_reserved_names
 from ..runtime.staging import Staging
 from .lost_record import bad_record, check_lost_record, restore_lost
 from .pipeline import _report
@@ -309,9 +309,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         for name in (CONFIG, HF_QUANT_CONFIG, INDEX_FILE):
             if (ckpt.root / SOURCE_DIR / name).exists():
                 shutil.copyfile(ckpt.root / SOURCE_DIR / name, staging.path / name)
-        # the marker: "dsv4-convert wrote this directory", so a later --force may replace it
-        staging.write_manifest({"producer": {"name": "dsv4-convert"}, "command": "marlin-to-source",
-                                "source": str(ckpt.root)}, name=MARKER)
+        mark_restored(staging.path)  # "dsv4-convert wrote this", outside the files: a later --force may replace it
         staging.publish()
     except BaseException:
         staging.discard()

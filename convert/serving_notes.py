@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from ..core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
 from ..core.mtp import copied_mtp_layers
+from ..core.parallel_rules import split_dims, split_refusals
+from ..core.side_tables import engram_table_bytes
 from ..core.tensor_model import Quant
+from ..core.version import install_sentence
 from .plan import ConvertPlan
 
 __all__ = ["serving_markdown"]
@@ -21,7 +24,9 @@ def _w4a8_note(t) -> str:
 
 def serving_markdown(plan: ConvertPlan, out_name: str) -> str:
     t = plan.target
-    layouts = list(plan.layouts)
+    dims = split_dims(plan.checkpoint.config, t.engine)  # the engine's TP rules (heads, ...): core/parallel_rules.py
+    refused = {te: why for te in plan.layouts if (why := split_refusals(dims, te[0]))}
+    layouts = [te for te in plan.layouts if te not in refused]
     tp, ep = plan.tp_layout or max(layouts, key=lambda te: (te[0], -te[1]), default=(1, 1))
     nvfp4 = any(p.quant is Quant.NVFP4 for p in plan.projections)
     flag = ENGINES[t.engine].moe_backend_flag
@@ -42,7 +47,7 @@ built for SM100. Marlin (4-bit weights, 16-bit activations) is the tensor-core p
 Force it with `{flag}`, so that the engine does not auto-select a backend that fails late.
 
 ## Launch
-1. Install the plugin into the server's environment: `pip install dsv4-convert`. It registers the
+1. Install the plugin into the server's environment: {install_sentence()}. It registers the
    `{QUANT_METHOD}` quantization method through the engine's plugin entry point. Pass no
    `--quantization` flag: the engine reads `quant_method: {QUANT_METHOD}` from config.json.
 2. Start {t.engine} in the folder that holds this checkpoint's folder (elsewhere, give its absolute path;
@@ -50,7 +55,7 @@ Force it with `{flag}`, so that the engine does not auto-select a backend that f
 
        {launch}
 
-   {_splits(plan, layouts)}
+   {_splits(plan, layouts)}{_refused(t.engine, refused)}
    {"The activation dtype must be the one converted for (NVFP4 bytes depend on it)." if nvfp4 else ""}
 3. Check the log for the plugin's line, and that no Marlin repack of the experts is logged:
 
@@ -60,7 +65,7 @@ An engine without the plugin refuses this checkpoint (`{QUANT_METHOD}` is unknow
 repacking the packed bytes a second time. To get the original checkpoint back, run
 `dsv4-convert marlin-to-source {shell_quote(out_name)} ORIGINAL`.
 
-{_mtp(plan)}## What `{t.layout_tag}` means
+{_mtp(plan)}{_engram(plan, launch)}## What `{t.layout_tag}` means
 NVFP4 block scales are {scales}. MXFP4 scales are permuted E8M0 bytes. The exact layout is in
 dsv4-convert's docs/FORMAT.md.
 """
@@ -88,6 +93,14 @@ def _splits(plan: ConvertPlan, layouts: list[tuple[int, int]]) -> str:
             "split, convert the source again with that --tp/--ep.")
 
 
+def _refused(engine: str, refused: dict) -> str:
+    if not refused:
+        return ""
+    first = next(iter(refused.values()))
+    return (f"\n   {engine} refuses {', '.join(f'TP {t} / EP {e}' for t, e in refused)} for this model at launch "
+            f"({'; '.join(first)}), whatever the experts allow.")
+
+
 def _mtp(plan: ConvertPlan) -> str:
     """A paragraph for the MTP (draft) layers this conversion copied as the source holds them (core/mtp.py:
     DeepSeek-R1 / V3 `model.layers.<N>`, Qwen3.5 / Qwen3-Next `mtp.*`, BF16 in the releases)."""
@@ -100,3 +113,17 @@ def _mtp(plan: ConvertPlan) -> str:
             f"does not load them. An engine's draft model (speculative decoding) asks {QUANT_METHOD} for their "
             "methods, which gives them the source's own non-expert config; docs/SERVING.md says which engine "
             "release is proven to load that draft.\n\n")
+
+
+def _engram(plan: ConvertPlan, launch: str) -> str:
+    """A paragraph for DeepSeek-V4.1's Engram tables (core/side_tables.py): copied, and where the engine keeps them
+    (core/engines.py EngramHost), with the launch that puts them in the other place."""
+    size = engram_table_bytes(plan.checkpoint.tensors)
+    facts = ENGINES[plan.target.engine].engram
+    if not size or facts is None:
+        return ""
+    here = "in pinned host memory" if facts.default_on_host else "on the GPUs, sharded over TP"
+    other = facts.on_gpu if facts.default_on_host else facts.on_host
+    return (f"## The Engram tables\n{size / (1 << 30):.1f} GiB of Engram tables (`layers.L.engram.embed.*`), copied "
+            f"byte for byte. {plan.target.engine} keeps them {here} by default; the other placement:\n\n"
+            f"       {other.format(cmd=launch)}\n\n`dsv4-convert plan` says which placement fits your GPUs.\n\n")

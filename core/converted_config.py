@@ -42,10 +42,12 @@ class ContainerLayout:
     i_pad: int
     h_pad: int
     status: str  # OK | PAD
+    gated: bool = True  # the tile rule's w13: gate | up; False (written only then): up alone (Nemotron-H)
 
     def as_dict(self) -> dict:
         return {"hidden": self.hidden, "intermediate": self.intermediate, "i_shard": self.i_shard,
-                "i_pad": self.i_pad, "h_pad": self.h_pad, "status": self.status}
+                "i_pad": self.i_pad, "h_pad": self.h_pad, "status": self.status,
+                **({} if self.gated else {"gated": False})}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,7 @@ class TpLayout:
 
     @classmethod
     def from_tiles(cls, tp: int, ep: int, tiles: dict[str, RankTiles]) -> TpLayout:
-        return cls(tp, ep, {c: ContainerLayout(v.hidden, v.intermediate, v.i_shard, v.i_pad, v.h_pad, v.status)
+        return cls(tp, ep, {c: ContainerLayout(v.hidden, v.intermediate, v.i_shard, v.i_pad, v.h_pad, v.status, v.gated)
                             for c, v in tiles.items()})
 
     def as_dict(self) -> dict:
@@ -73,7 +75,7 @@ class TpLayout:
         for name, c in self.containers.items():
             if c.status == PAD:
                 out[name] = moe_rank_tiles(experts[name], engine_facts(engine).padding, hidden=c.hidden, intermediate=c.intermediate,
-                                           tp=self.tp, ep=self.ep)
+                                           tp=self.tp, ep=self.ep, gated=c.gated)
         return out
 
 
@@ -94,6 +96,10 @@ class ConvertedQuantConfig:
     target_engine_version: str | None = None
     source_format: str | None = None
     model_type: str | None = None  # config.json model_type of the source: engines' method lookup reads it
+    # the source block's `expert_dtype`, kept at the top of the block: vLLM 0.34's DeepseekV41Config reads
+    # `quantization_config["expert_dtype"]` into hf_config.expert_dtype, which picks its weight mapper and the
+    # dense linears' scale names (models/deepseek_v41/nvidia/model.py _linear_scale_param_name)
+    expert_dtype: str | None = None
     layouts: tuple[tuple[int, int], ...] = ()
     tp_layout: TpLayout | None = None
     packed_modules: tuple[str, ...] = ()
@@ -142,6 +148,7 @@ class ConvertedQuantConfig:
             "marlin_layout": self.marlin_layout, "target_engine": self.target_engine,
             "target_engine_version": self.target_engine_version, "act_dtype": self.act_dtype, "w4a8": self.w4a8,
             "source_format": self.source_format, **({"model_type": self.model_type} if self.model_type else {}),
+            **({"expert_dtype": self.expert_dtype} if self.expert_dtype else {}),
             "weight_format": self.weight_format,
             "group_size": self.group_size, "layouts": [{"tp": tp, "ep": ep} for tp, ep in self.layouts],
         }
@@ -179,9 +186,10 @@ class ConvertedQuantConfig:
             original_hf_quant_config=cfg.get("original_hf_quant_config"),
             format_version=cfg["format_version"], target_engine_version=cfg.get("target_engine_version"),
             source_format=cfg.get("source_format"), model_type=cfg.get("model_type"),
+            expert_dtype=cfg.get("expert_dtype"),
             layouts=tuple((d["tp"], d["ep"]) for d in cfg.get("layouts") or ()),
             tp_layout=None if tl is None else TpLayout(tl["tp"], tl["ep"], {
-                n: ContainerLayout(**{k: c[k] for k in (*LAYOUT_KEYS, "status")})
+                n: ContainerLayout(**{k: c[k] for k in (*LAYOUT_KEYS, "status")}, gated=c.get("gated", True))
                 for n, c in tl["containers"].items()}),
             packed_modules=tuple(cfg.get("packed_modules") or ()),
             producer_version=(cfg.get("producer") or {}).get("version"), serves_from=cfg.get("serves_from"),

@@ -9,12 +9,13 @@ checked against its engine, and every container the block names elsewhere (`resc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..formats.tiles import GROUP_SIZE, OK, PAD, moe_rank_tiles
 from .engines import ACT_DTYPES, ENGINES, LAYOUTS, QUANT_METHOD, READABLE_FORMAT_VERSIONS, engine_facts
 
-__all__ = ["BAD_VALUE", "EXPERTS_MAP", "FORMATS", "LAYOUT", "LAYOUT_KEYS", "NOT_OURS", "PRODUCER", "TP_LAYOUT",
+__all__ = ["BAD_VALUE", "EXPERTS_MAP", "FORMATS", "LAYOUT", "LAYOUT_KEYS", "NOT_OURS", "PRODUCER", "RESCALE", "TP_LAYOUT",
            "Problem", "block_problems", "model_config_problems"]
 
 PRODUCER = "dsv4-convert"  # the producer name every record of this tool carries
@@ -25,6 +26,7 @@ BAD_VALUE = "converted_config.bad_value"  # a field of the wrong type or outside
 LAYOUT = "converted_config.layout"  # marlin_layout, target_engine and w4a8 contradict each other
 EXPERTS_MAP = "converted_config.experts_map"  # a container named elsewhere is missing from `experts`
 TP_LAYOUT = "converted_config.tp_layout"  # the --tp/--ep record is malformed or contradicts the tile rule
+RESCALE = "converted_config.rescale_factor"  # a factor no conversion writes: the plugin would zero or warp scales
 
 FORMATS = tuple(GROUP_SIZE)
 LAYOUT_KEYS = ("hidden", "intermediate", "i_shard", "i_pad", "h_pad")
@@ -87,7 +89,9 @@ def block_problems(cfg: dict) -> list[Problem]:
     gs = cfg.get("group_size")
     if gs is not None and (not _is_int(gs) or gs not in GROUP_SIZE.values()):
         bad(BAD_VALUE, f"group_size is {gs!r}, expected {' or '.join(map(str, sorted(GROUP_SIZE.values())))}")
-    for key in ("target_engine_version", "source_format", "model_type"):
+    elif gs is not None and wf in GROUP_SIZE and gs != GROUP_SIZE[wf]:
+        bad(BAD_VALUE, f"group_size is {gs}, but {wf} blocks are {GROUP_SIZE[wf]} values")
+    for key in ("target_engine_version", "source_format", "model_type", "expert_dtype"):
         if cfg.get(key) is not None and not isinstance(cfg[key], str):
             bad(BAD_VALUE, f"{key} must be a string, got {cfg[key]!r}")
     layouts = cfg.get("layouts", [])
@@ -99,16 +103,18 @@ def block_problems(cfg: dict) -> list[Problem]:
     if not isinstance(pm, list) or not all(isinstance(p, str) for p in pm):
         bad(BAD_VALUE, "packed_modules must be a list of strings")
     rescale = cfg.get("rescale_factors", {})
-    if not isinstance(rescale, dict) or not all(_is_number(v) and v > 0 for v in rescale.values()):
-        bad(BAD_VALUE, "rescale_factors must map '<container>.w13' / '.w2' to positive numbers")
+    if not isinstance(rescale, dict):
+        bad(BAD_VALUE, "rescale_factors must map '<container>.w13' / '.w2' to vLLM's power-of-two factors")
         rescale = {}
-    for key in rescale:
+    for key, value in rescale.items():
         container = next((key[: -len(s)] for s in _STACKS if key.endswith(s)), None)
         if container is None:
             bad(BAD_VALUE, f"rescale_factors key {key!r} does not end in .w13 or .w2")
         elif experts and container not in experts:
             bad(EXPERTS_MAP, f"rescale_factors names {container!r}, which experts does not list (the plugins "
                 "would serve that container with the engine's own method and misread its Marlin tensors)")
+        elif why := _rescale_problem(value, experts.get(container), layout, cfg.get("act_dtype")):
+            bad(RESCALE, f"rescale_factors[{key!r}] is {value!r}: {why}")
     for key in ("original_quantization_config", "original_hf_quant_config"):
         v = cfg.get(key)
         if v is not None and not isinstance(v, dict):
@@ -129,6 +135,31 @@ def block_problems(cfg: dict) -> list[Problem]:
     return out
 
 
+def _rescale_problem(value, fmt: str | None, layout, act_dtype) -> str | None:
+    """Why one recorded factor is not one a conversion for this block writes (None: it is). The vLLM plugin
+    re-encodes every block scale of the stack by it: an infinite, huge or odd factor zeroes or warps them all."""
+    if not _is_number(value) or not math.isfinite(value) or value <= 0:
+        return "expected a finite positive number"
+    facts = LAYOUTS.get(layout)
+    if value == 1 or fmt is None or facts is None or not isinstance(act_dtype, str):
+        return None  # the identity (every rescale allows it); else the container, layout or dtype has its own rule
+    # imported here: the codec module loads the compiled kernels (~0.8 s), which every command's start-up and
+    # both plugins' config parsing would otherwise pay for a record that holds only 1s
+    from ..formats.marlin.reference_scales import possible_rescale_factors
+
+    if fmt != "nvfp4":
+        allowed, why = frozenset({1.0}), f"{fmt} experts have no rescale"
+    elif not facts.rescale:
+        allowed, why = frozenset({1.0}), f"{facts.display} has no rescale"
+    else:  # bf16: 2**0 .. 2**17; fp16: 1 (formats/marlin/reference_scales.py)
+        allowed, why = possible_rescale_factors(act_dtype), f"{facts.display}'s rescale of E4M3 scales, {act_dtype}"
+    if value in allowed:
+        return None
+    exps = sorted(int(math.log2(f)) for f in allowed)
+    want = "1" if exps == [0] else f"a power of two from 2**{exps[0]} to 2**{exps[-1]}"
+    return f"expected {want} ({why}); re-convert, or restore the config.json the conversion wrote"
+
+
 def _tp_layout_problems(tl, experts: dict, engine: str | None) -> list[Problem]:
     if not isinstance(tl, dict):
         return [Problem(TP_LAYOUT, "tp_layout must be an object {tp, ep, containers}")]
@@ -141,12 +172,12 @@ def _tp_layout_problems(tl, experts: dict, engine: str | None) -> list[Problem]:
         if name not in experts:
             out.append(Problem(EXPERTS_MAP, f"tp_layout.containers[{name!r}] is not listed in experts"))
         elif not isinstance(c, dict) or c.get("status") not in (OK, PAD) or not all(
-                _is_int(c.get(k)) and c[k] > 0 for k in LAYOUT_KEYS):
-            out.append(Problem(TP_LAYOUT, f"tp_layout.containers[{name!r}] needs status ok|pad and positive "
-                               f"integer {', '.join(LAYOUT_KEYS)}"))
+                _is_int(c.get(k)) and c[k] > 0 for k in LAYOUT_KEYS) or not isinstance(c.get("gated", True), bool):
+            out.append(Problem(TP_LAYOUT, f"tp_layout.containers[{name!r}] needs status ok|pad, positive "
+                               f"integer {', '.join(LAYOUT_KEYS)} and gated true|false when present"))
         elif not out and engine is not None and experts[name] in FORMATS:
             v = moe_rank_tiles(experts[name], engine_facts(engine).padding, hidden=c["hidden"], intermediate=c["intermediate"],
-                               tp=tl["tp"], ep=tl["ep"])
+                               tp=tl["tp"], ep=tl["ep"], gated=c.get("gated", True))
             got = (c["status"], c["i_shard"], c["i_pad"], c["h_pad"])
             if got != (v.status, v.i_shard, v.i_pad, v.h_pad):
                 out.append(Problem(TP_LAYOUT, f"tp_layout.containers[{name!r}] records (status, i_shard, i_pad, "
@@ -156,7 +187,7 @@ def _tp_layout_problems(tl, experts: dict, engine: str | None) -> list[Problem]:
 
 # the model dimensions this tool reads from config.json: positive integers when present
 _DIM_KEYS = ("hidden_size", "moe_intermediate_size", "intermediate_size", "num_hidden_layers", "n_routed_experts",
-             "num_local_experts", "num_experts")
+             "num_local_experts", "num_experts", "moe_latent_size", "routed_expert_hidden_size")
 
 
 def model_config_problems(config: dict) -> list[Problem]:

@@ -108,7 +108,8 @@ def _check_consistency(fmt: SourceFormat, config, hfq, tensors) -> None:
     found, names = None, tensor_suffixes()
     for name, ref in tensors.items():
         parsed = parse_per_expert(name)
-        if parsed and parsed.suffix in names.weight and ref.dtype in WEIGHT_DTYPES and not parsed.layer.startswith("mtp."):
+        if (parsed and parsed.suffix in names.weight and ref.dtype in WEIGHT_DTYPES
+                and not parsed.layer.startswith("mtp.")):
             found = _sibling_quant(parsed.prefix, ref, tensors)
             if found:
                 break

@@ -22,9 +22,9 @@ from .inner_methods import resolve_sglang, resolve_vllm
 from .kernel_table import SGLANG_0523_KERNELS, VLLM_033_KERNELS, VLLM_034_KERNELS, KernelOps
 
 __all__ = [
-    "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "FORMAT_VERSION", "LAYOUTS", "MXFP4_NEEDS_BF16", "QUANT_METHOD",
-    "READABLE_FORMAT_VERSIONS", "RELEASES", "EngineError", "EngineFacts", "KernelOps", "Package", "Release",
-    "engine_facts", "engine_inner_method", "launch_command",
+    "ACT_DTYPES", "DEFAULT_ENGINE", "ENGINES", "EngramHost", "FORMAT_VERSION", "LAYOUTS", "MXFP4_NEEDS_BF16",
+    "QUANT_METHOD", "READABLE_FORMAT_VERSIONS", "RELEASES", "EngineError", "EngineFacts", "KernelOps", "Package",
+    "Release", "engine_facts", "engine_inner_method", "launch_command",
     "mxfp4_dtype_problem", "parallel_flags", "registration_log_line", "release", "release_for", "shell_quote",
     "version_tuple", "w4a8_problem",
 ]
@@ -73,6 +73,16 @@ class Release:
         return self.first <= version_tuple(version) < self.below
 
 
+@dataclass(frozen=True)
+class EngramHost:
+    """Where the engine keeps DeepSeek-V4.1's Engram tables (core/side_tables.py), and how a launch picks:
+    `host` in pinned host memory (the GPUs gather rows from it), or on the GPUs, sharded over TP.
+    `on_host` / `on_gpu` turn the server command `{cmd}` into one with that placement."""
+    default_on_host: bool
+    on_host: str
+    on_gpu: str
+
+
 @dataclass(frozen=True, slots=True)
 class EngineFacts:
     name: str
@@ -98,10 +108,10 @@ class EngineFacts:
     probe: str  # "module:function" that builds the engine's quantisation config (serving/probe.py)
     inner_method: object  # (block, model_type) -> the method the engine resolves a source block to
     # (which of those methods the plugins are proven with, per family and release: core/served.py)
-    # NVFP4 non-gated experts (Nemotron-H, w13 = up alone): the engine's Marlin preparation pads each rank's I
-    # with zeros to a multiple of this on top of `padding` (SGLang 0.5.23 prepare_moe_nvfp4_layer_for_marlin:
-    # 128, "if not is_gated"; vLLM pads both kinds by its one NVFP4 rule); its loader zero-fills a padded buffer
-    non_gated_i_multiple: int = 1
+    # the config.json key of a Mamba-2 model's group count (core/parallel_rules.py): vLLM's NemotronH reads
+    # `n_groups`; SGLang 0.5.23's NemotronHConfig reads `mamba_n_groups` (default 8, which the release matches)
+    mamba_groups_key: str = "n_groups"
+    engram: EngramHost | None = None  # DeepSeek-V4.1's Engram tables: where they live and how to move them
 
     @property
     def fp32_global(self) -> bool:
@@ -140,8 +150,13 @@ class EngineFacts:
 
 _VLLM_PAD = EnginePadding("vllm", {"nvfp4": PadRule(64, 1, "zeros", i_multiple_h_unaligned=128),
                                    "mxfp4": PadRule(128, 256, "zeros")})
+# NVFP4 non-gated experts (Nemotron-H, w13 = up alone): SGLang 0.5.23 prepare_moe_nvfp4_layer_for_marlin pads
+# each rank's I with zeros to a multiple of 128 (`if not layer.moe_runner_config.is_gated`), gated ones never; the
+# plugin creates that buffer and SGLang's loader zero-fills its tail (serving/sglang_methods.py). vLLM pads both
+# kinds by its one NVFP4 rule.
 _SGLANG_PAD = EnginePadding("sglang", {"nvfp4": None,
-                                       "mxfp4": PadRule(128, 256, "uninitialised (torch.empty; dsv4-convert writes zeros)")})
+                                       "mxfp4": PadRule(128, 256, "uninitialised (torch.empty; dsv4-convert writes zeros)")},
+                            non_gated={"nvfp4": PadRule(128, 1, "zeros", loader_fills=True)})
 
 ENGINES = {
     # vllm-L4: vLLM >= 0.20 (docs/spec/MARLIN_FP4.md §9)
@@ -153,13 +168,16 @@ ENGINES = {
         sm120_moe_default="vLLM usually auto-selects Marlin on sm_120, but an SM100 path can still be picked "
                           "for NVFP4",
         packages=(Package("vllm", "vllm"),),
-        probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm),
+        probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm,
+        # vLLM 0.34 config/engram.py EngramConfig.cpu_offload = True ("Store embedding weights in pinned CPU memory
+        # for UVA lookup"), set with --engram-config (engine/arg_utils.py); 0.33.0 the same
+        engram=EngramHost(True, "{cmd}", """{cmd} --engram-config '{{"cpu_offload": false}}'""")),
     # sglang-L2: the NVFP4 Marlin fallback and the DSv4 MXFP4 Marlin method exist only since 0.5.2x;
     # 0.5.23 is the version verified byte for byte. --tp-size / --ep-size are server_args' own names
     # (0.5.23, sglang/srt/arg_groups/fields/parallel.py); a bare --tp only works as an argparse abbreviation.
     "sglang": EngineFacts(
         "sglang", "SGLang", "sglang-L2", (0, 5, 23), global_dtype="act", scale_clamp=False, rescale=False,
-        padding=_SGLANG_PAD, non_gated_i_multiple=128,
+        padding=_SGLANG_PAD, mamba_groups_key="mamba_n_groups",
         moe_backend_flag="--moe-runner-backend marlin", memory_flag="--mem-fraction-static",
         memory_profiled=False, serve="python -m sglang.launch_server --model-path {path}", tp_flag="--tp-size {tp}",
         ep_flag="--ep-size {ep}",
@@ -167,7 +185,10 @@ ENGINES = {
                           "flashinfer_trtllm_routed)",
         # sglang 0.5.23 requires sglang-kernel==0.4.10 (import name sgl_kernel): its scalar types, no Marlin op
         packages=(Package("sglang", "sglang"), Package("sglang-kernel", "sgl_kernel")),
-        probe="dsv4_convert.serving.probe:sglang_quant_config", inner_method=resolve_sglang),
+        probe="dsv4_convert.serving.probe:sglang_quant_config", inner_method=resolve_sglang,
+        # SGLang 0.5.23 srt/environ.py SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE = EnvBool(False): "keep the tables in
+        # host memory ... and gather rows from the GPU instead of sharding them over HBM" (layers/engram.py)
+        engram=EngramHost(False, "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE=1 {cmd}", "{cmd}")),
 }
 LAYOUTS = {e.layout_tag: e for e in ENGINES.values()}
 

@@ -2,7 +2,7 @@
 publish, marlin-to-source, validate, synth and the path-safety rules all name files through these."""
 
 __all__ = [
-    "CONFIG", "HF_QUANT_CONFIG", "INDEX_FILE", "LOCK", "LOST", "LOST_SUFFIX", "MANIFEST", "MARKER", "PROGRESS",
+    "CONFIG", "HF_QUANT_CONFIG", "RESTORED_XATTR", "INDEX_FILE", "LOCK", "LOST", "LOST_SUFFIX", "MANIFEST", "MARKER", "PROGRESS",
     "RECORDS", "REPLACED", "RUN_PREFIX", "SERVING_NOTES", "SINGLE_FILE", "SOURCE_DIR", "SOURCE_HEADERS", "STAGING_SUFFIX",
     "SYNTH_MANIFEST", "TMP_SUFFIX", "reserved_input_names", "staging_entry_ok", "MTP_FILE", "shard_name",
 ]
@@ -37,7 +37,10 @@ TMP_SUFFIX = ".tmp"  # every file is written as `<name>.tmp`, then renamed
 RUN_PREFIX = ".run-"  # the workers' scratch directory in staging (runtime/jobs.py RunDir)
 
 # Other outputs
-MARKER = "dsv4-convert.marker.json"  # marlin-to-source's "dsv4-convert wrote this directory"
+MARKER = "dsv4-convert.marker.json"  # older marlin-to-source outputs' "dsv4-convert wrote this directory"
+# marlin-to-source's record now: an extended attribute of the output directory, so that the rebuilt
+# checkpoint holds exactly the source's files (runtime/paths.py mark_restored)
+RESTORED_XATTR = "user.dsv4-convert.restored"
 SYNTH_MANIFEST = "synth.json"  # a synthetic checkpoint's record of how it was made
 
 RECORDS = (MANIFEST, MARKER, SYNTH_MANIFEST)  # a directory holding one of these was written by dsv4-convert

@@ -28,6 +28,11 @@ FP8_METHODS = frozenset({"fp8", "modelopt", "modelopt_fp8", "deepseek_v4_fp8", "
                          "compressed-tensors", "w4afp8"})
 
 
+# the model types DeepseekV4FP8Config.override_quantization_method claims (vLLM 0.34 models/deepseek_v41/
+# quant_config.py, the class CUDA builds; its V4 parent claims the V4 types only)
+_DEEPSEEK_V4_TYPES = ("deepseek_v4", "deepseek_v4_text", "deepseek_v41", "deepseek_v41_text")
+
+
 def _modelopt_algo(block: dict) -> str | None:
     """quant_algo of a ModelOpt block (config.json's flat one or hf_quant_config.json's nested one)."""
     inner = block.get("quantization")
@@ -80,7 +85,7 @@ def resolve_vllm(block: dict, model_type: str | None) -> str | None:
             return "modelopt_mxfp8"
         if algo == "MIXED_PRECISION":
             return "modelopt_mixed"
-    if method in ("fp8", "deepseek_v4_fp8") and model_type == "deepseek_v4":
+    if method in ("fp8", "deepseek_v4_fp8") and model_type in _DEEPSEEK_V4_TYPES:
         return "deepseek_v4_fp8"
     if method in ("mxfp4", "gpt_oss_mxfp4") and model_type == "gpt_oss":
         return "gpt_oss_mxfp4"

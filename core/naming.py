@@ -116,6 +116,14 @@ SCHEMES: tuple[Scheme, ...] = (
     # `.up_proj.` -> `.w3.`, `.down_proj.` -> `.w2.` for them.
     _per_expert("block-sparse-moe-hf", ("model.layers",), "block_sparse_moe.experts", _HF_ROLES,
                 "vLLM 0.33 mixtral.py hf_to_vllm_mapper orig_to_new_substr; llm-compressor 0.14 Mixtral export"),
+    # The `block_sparse_moe` experts of a text model nested in a multimodal wrapper: MiniMax-M3 / M3.1's VL checkpoint
+    # `language_model.model.layers.L.block_sparse_moe.experts.E.w{1,3,2}` (vLLM 0.34 models/minimax_m3 nvidia/model.py
+    # builds `language_model` and maps no prefix; get_expert_mapping ckpt w1 / w2 / w3), Kimi-K3's
+    # `language_model.layers.L.block_sparse_moe.experts.E.w{1,3,2}` (vLLM 0.34 models/kimi_k3 nvidia/model.py
+    # hf_to_vllm_mapper `language_model.layers.` -> `language_model.model.layers.`; ckpt_gate_proj_name="w1").
+    _per_expert("block-sparse-moe-lm", ("language_model.model.layers", "language_model.layers"),
+                "block_sparse_moe.experts", _W_ROLES,
+                "vLLM 0.34 models/minimax_m3/nvidia/model.py, models/kimi_k3/nvidia/model.py expert mappings"),
     # Llama-4 per-expert names: what a converted Llama-4 keeps (vLLM 0.33 llama4.py load_weights: the
     # non-fused expert_params_mapping with gate_proj / up_proj / down_proj places them).
     _per_expert("llama4", ("language_model.model.layers",), "feed_forward.experts", _HF_ROLES,
@@ -266,6 +274,8 @@ class Family:
 FAMILIES: tuple[Family, ...] = (
     Family("deepseek-v4", ("DeepseekV4ForCausalLM",), "deepseek", "deepseek",
            examples="deepseek-ai/DeepSeek-V4-Flash, nvidia/DeepSeek-V4-Flash-NVFP4"),
+    # V4's names; DSpark stages mtp.0-2 sized by dspark_n_routed_experts (core/structure.py), Engram, vision copied
+    Family("deepseek-v41", ("DeepseekV41ForCausalLM",), "deepseek", "deepseek", examples="deepseek-ai/DeepSeek-V4.1-Flash"),
     Family("gpt-oss", ("GptOssForCausalLM",), "gpt-oss", "hf-mlp", examples="openai/gpt-oss-20b, -120b"),
     Family("qwen3-moe", ("Qwen3MoeForCausalLM",), "hf-mlp", "hf-mlp",
            examples="nvidia/Qwen3-30B-A3B-NVFP4, nvidia/Qwen3-235B-A22B-Instruct-2507-NVFP4, "
@@ -276,12 +286,44 @@ FAMILIES: tuple[Family, ...] = (
            examples="nvidia/DeepSeek-R1-0528-FP4, nvidia/DeepSeek-V3-0324-FP4, Kimi-K2 NVFP4"),
     # DeepSeek-V3.2: V3's names plus the sparse-attention indexer (vLLM 0.33 deepseek_v2.py DeepseekV32ForCausalLM)
     Family("deepseek-v32", ("DeepseekV32ForCausalLM",), "hf-mlp", "hf-mlp", examples="DeepSeek-V3.2 NVFP4"),
+    # GLM-5 / 5.1 / 5.2 / 5.3 (glm_moe_dsa): DeepSeek-V3.2's MLA + sparse-attention indexer with HF expert names;
+    # vLLM 0.33 / 0.34 vllm/models/deepseek_v32/__init__.py builds it with the DSA class ("GLM-5.2 (glm_moe_dsa)
+    # reuses the CUDA DSA module"), SGLang 0.5.23 glm4_moe.py GlmMoeDsaForCausalLM(DeepseekV2ForCausalLM)
+    Family("glm5-moe", ("GlmMoeDsaForCausalLM",), "hf-mlp", "hf-mlp", examples="nvidia/GLM-5.x-NVFP4 (GLM-5 / 5.1 / 5.2 / 5.3)"),
     Family("glm4-moe", ("Glm4MoeForCausalLM",), "hf-mlp", "hf-mlp",
            examples="GLM-4.5 / 4.6 / 4.7 NVFP4 (MTP layer in mtp.safetensors)",
            # GLM-4.6 / 4.7 FP4 releases keep the MTP layer in mtp.safetensors, outside the index; SGLang 0.5.23
            # adds it for Glm4MoeForCausalLM with num_nextn_predict_layers > 0 (model_loader/weight_utils.py
            # maybe_add_mtp_safetensors, citing baseten-admin/glm-4.7-fp4)
            outside_index={MTP_FILE: "GLM's MTP layer (SGLang loads it for speculative decoding)"}),
+    # Kimi-K2.5 / K2.6: a DeepSeek-V3 text model (Kimi-K2's) under `language_model.model.layers` beside a MoonViT tower
+    # (vLLM 0.33 / 0.34 kimi_k25.py builds `language_model` as DeepseekV2ForCausalLM from text_config; SGLang 0.5.23
+    # kimi_k25.py strips `language_model.` and loads the rest with DeepseekV3ForCausalLM's loader)
+    Family("kimi-k25", ("KimiK25ForConditionalGeneration",), "hf-language-model", "hf-language-model",
+           examples="Kimi-K2.5 / K2.6 NVFP4 (ModelOpt, moonshotai's language_model.model.* names)"),
+    # Recognised, not yet proven (no serving test loads them: core/served.py has no rows, so the gate refuses them
+    # with that reason). GLM-5.3-Flash: HF expert names, text `model.layers`, multimodal `model.language_model.layers`
+    # (vLLM 0.34 models/glm5next common/model.py: fused_moe_make_expert_params_mapping gate_proj / up_proj /
+    # down_proj, the multimodal mapper `model.language_model.` -> `language_model.model.`; SGLang 0.5.23 glm5_next.py
+    # `model.language_model.` -> `model.`); hybrid KDA linear attention + MLA + sparse indexer + mHC, swiglu_limit.
+    Family("glm5-next", ("Glm5NextForCausalLM",), "hf-mlp", "hf-mlp", examples="GLM-5.3-Flash NVFP4 (text)"),
+    Family("glm5-next-vl", ("Glm5NextForConditionalGeneration",), "hf-language-model", "hf-language-model",
+           examples="GLM-5.3-Flash NVFP4 (multimodal)"),
+    # Qwen3.8-Flash-Next: Qwen3-Next's sparse MoE block (HF expert names) under `model.language_model.layers` (vLLM
+    # 0.34 models/qwen4_exp nvidia/model.py Qwen4ExpSparseMoeBlock(Qwen3NextSparseMoeBlock), mapper
+    # `model.language_model.` -> `model.`); its per-layer embedding (PLE) tables are no experts
+    Family("qwen4-exp", ("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"), "hf-language-model",
+           "hf-language-model", examples="Qwen3.8-Flash-Next NVFP4"),
+    # MiniMax-M3 / M3.1: MiniMax-M2's `block_sparse_moe.experts.E.w{1,3,2}` (text), under `language_model.model.layers`
+    # in the VL checkpoint; clamped SwiGLU
+    Family("minimax-m3", ("MiniMaxM3SparseForCausalLM",), "block-sparse-moe", "block-sparse-moe",
+           examples="nvidia/MiniMax-M3-NVFP4 (text)"),
+    Family("minimax-m3-vl", ("MiniMaxM3SparseForConditionalGeneration",), "block-sparse-moe-lm", "block-sparse-moe-lm",
+           examples="MiniMax-M3 / M3.1 NVFP4 (multimodal)"),
+    # Kimi-K3: `language_model.layers.L.block_sparse_moe.experts.E.w{1,3,2}.weight_packed` (compressed-tensors MXFP4 /
+    # NVFP4), latent MoE at `routed_expert_hidden_size` (core/structure.py model_dims), SiTU activation
+    Family("kimi-k3", ("KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration"), "block-sparse-moe-lm",
+           "block-sparse-moe-lm", examples="Kimi-K3 (compressed-tensors MXFP4 / NVFP4)"),
     Family("qwen3.5-moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), "hf-language-model",
            "hf-language-model", examples="nvidia/Qwen3.6-35B-A3B-NVFP4, RedHatAI Qwen3.5 NVFP4"),
     # Qwen3-Next / Qwen3-Coder-Next: HF per-expert names under model.layers, shared expert, BF16 mtp.* (vLLM 0.33
@@ -289,7 +331,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("qwen3-next", ("Qwen3NextForCausalLM",), "hf-mlp", "hf-mlp",
            examples="Qwen3-Next-80B-A3B / Qwen3-Coder-Next NVFP4"),
     Family("nemotron-h", ("NemotronHForCausalLM",), "nemotron-h", "nemotron-h",
-           examples="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4"),
+           examples="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4, Nemotron-3 Super / Ultra NVFP4 (LatentMoE)"),
     Family("gemma4-moe", ("Gemma4ForConditionalGeneration",), "gemma4", "gemma4", examples="Gemma-4 MoE NVFP4"),
     Family("minimax-m2", ("MiniMaxM2ForCausalLM",), "block-sparse-moe", "block-sparse-moe",
            examples="MiniMax-M2.x NVFP4"),

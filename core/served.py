@@ -25,10 +25,9 @@ from .engine_config import source_load_refusal
 from .engines import RELEASES, EngineError, engine_inner_method, release_for
 from .inner_methods import stale_block
 from .naming import FAMILIES, Family, family_of
-from .source_formats import FORMATS
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
-           "refusal", "checkpoint_refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
+           "refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
 
 # the engine releases the serving proofs run under (serving_tests/locks), by core/engines.py release key
 # ("<engine> <series>"); a release without rows here (vLLM 0.34 until its proofs run) serves nothing
@@ -116,11 +115,18 @@ def _rows(key: str) -> tuple[Served, ...]:
                (_differential("deepseek-v4", "mxfp4-dsv4"), *_dsv4(e, "ckpt-mxfp4-bf16-tp2"))),
         Served("deepseek-v4", "nvfp4-modelopt-dsv4", key, dsv4_fp8,
                (_differential("deepseek-v4", "nvfp4-modelopt-dsv4"), *_dsv4(e, "ckpt-nvfp4-bf16-tp2"))),
+        # DeepSeek-V4.1 (Engram, vision tower, DSpark stages copied as they are): its 32x32 FP8 block; the plugin's
+        # config answers the inner config's fields, which V4.1's loader reads (weight_block_size)
+        Served("deepseek-v41", "mxfp4-dsv4", key,
+               _method(e, {"quant_method": "fp8", "weight_block_size": [32, 32], "expert_dtype": "fp4"}, "deepseek_v41"),
+               (_differential("deepseek-v41", "mxfp4-dsv4"),
+                "serving_tests/test_draft_differential.py::test_plugin_draft_equals_the_engines_draft_of_the_source"
+                "[deepseek-v41-mxfp4-dsv4-bfloat16]",  # the DSpark draft (mtp.0-2, its own expert count)
+                "serving_tests/test_plugin_config.py::test_config_answers_the_inner_configs_fields_for_dsv41")),
         Served("gpt-oss", "mxfp4-gptoss", key, _method(e, {"quant_method": "mxfp4"}, "gpt_oss"),
                (_differential("gpt-oss", "mxfp4-gptoss-kv-heads"), *_gpt_oss(e))),
-        # also what ModelOpt 0.47 exports (W4A16_NVFP4, NVFP4 MLP-only) and llm-compressor 0.14's NVFP4A16
-        # (tests/fixtures/producers, loaded as the producer wrote them)
-        # and, on SGLang, Qwen3-30B-A3B's ModelOpt MIXED_PRECISION export (FP8 attention: modelopt_mixed)
+        # also ModelOpt 0.47's W4A16_NVFP4 / NVFP4 MLP-only and llm-compressor 0.14's NVFP4A16 exports as written
+        # (tests/fixtures/producers); on SGLang, Qwen3-30B-A3B's MIXED_PRECISION export (modelopt_mixed)
         Served("qwen3-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4", *_MIXED.get(key, ())}),
                (_differential("qwen3-moe", "nvfp4-modelopt-hf"), _differential("qwen3-moe", "nvfp4-modelopt-hf", "float16"),
                 _differential("qwen3-moe", "nvfp4-modelopt-hf-2507"), *_whole_model("qwen3-moe", "nvfp4-modelopt-hf"),
@@ -218,15 +224,29 @@ _HYBRID = (
 )
 
 
+# issue 35's families (the newest releases' models), proven by their differential case alone, as _HYBRID's
+_NEW_FAMILIES = (
+    ("glm5-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),  # GLM-5.x: V3.2's DSA model in vLLM, DeepseekV2 in SGLang
+    ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
+)
+
+
 # further differential cases of a family (serving_tests/differential.py), named in its row after the first
-_MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192",)}  # I = 192: SGLang pads non-gated experts
+# I = 192: SGLang pads non-gated experts at load; I = 96: written padded for TP 1 (the non-gated tile rule)
+_MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192", "i96"),
+                ("kimi-k25", "nvfp4-modelopt-hf"): ("nvidia-names",)}  # nvidia's `language_model.layers.*` excludes
+
+
+# further replicas of a family (synth/families.py FamilySpec.name), each its own differential case, named in its row
+_REPLICA_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("nemotron-3-super",)}  # LatentMoE (moe_latent_size)
 
 
 def _hybrid_rows(key: str) -> tuple[Served, ...]:
     return tuple(Served(family, fmt, key, frozenset({method}),
                         (_differential(family, fmt),
-                         *(_differential(family, f"{fmt}-{edit}") for edit in _MORE_PROOFS.get((family, fmt), ()))))
-                 for family, fmt, method in _HYBRID if not _refused(family, fmt, key))
+                         *(_differential(family, f"{fmt}-{edit}") for edit in _MORE_PROOFS.get((family, fmt), ())),
+                         *(_differential(replica, fmt) for replica in _REPLICA_PROOFS.get((family, fmt), ()))))
+                 for family, fmt, method in (*_HYBRID, *_NEW_FAMILIES) if not _refused(family, fmt, key))
 
 
 SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS for row in (*_rows(key), *_hybrid_rows(key)))
@@ -292,20 +312,6 @@ def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | N
     return (f"{_engine_of(engine)} builds {method!r} for the non-expert layers of this {family.name} {source_format} "
             f"source (from its quantisation block), and the plugin was proven for it only with "
             f"{', '.join(sorted({m for s in rows for m in s.methods}))} ({', '.join(sorted({s.engine for s in rows}))})")
-
-
-def checkpoint_refusal(config: Mapping, hf_quant_config: Mapping | None, source_format: str, engine: str,
-                       tensor_names: Iterable[str] = ()) -> str | None:
-    """`refusal` for a source checkpoint or for a conversion (a `converted` row of the format table), whose record names its
-    source's format and blocks (core/converted_config.py serving_block: config.json's block, else the
-    hf_quant_config.json one). `plan` asks this for each engine."""
-    qc = config.get("quantization_config")
-    row = FORMATS.get(source_format)
-    if row is None or not row.converted or not isinstance(qc, dict):
-        return refusal(config, source_format, engine, source_block(config, hf_quant_config), tensor_names=tensor_names)
-    block = None if qc.get("serves_from") else qc.get("original_quantization_config")  # serving_block's choice
-    block = block if block is not None else qc.get("original_hf_quant_config")
-    return refusal(config, str(qc.get("source_format") or "unknown"), engine, block, tensor_names=tensor_names)
 
 
 # ------------------------------------------------------------------------------------ the README's matrix

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from . import detectors
 from .tensor_model import Quant
 
-__all__ = ["FORMATS", "MULTIPLIER", "RECIPROCAL", "GlobalRule", "SourceFormat", "SynthSpec", "Suffixes", "global_rule_of",
-           "reciprocal_global", "source_format", "synth_formats",
+__all__ = ["FORMATS", "MULTIPLIER", "RECIPROCAL", "GlobalRule", "SourceFormat", "SynthSpec", "Suffixes",
+           "global_rule_of", "reciprocal_global", "source_format", "synth_formats",
            "tensor_suffixes"]
 
 
@@ -68,10 +68,12 @@ class SourceFormat:
     scale_dtype: str  # the block scales' dtype
     config_blocks: tuple[str, ...]  # where the config files declare it (inspect's reason, docs/FORMAT.md)
     moe_method: Quant | None  # the FP4 MoE method the engines build for it (structure.quant_config.method)
+    # its config quantises every linear not excluded (structure.quant_config.exclusions): no default, so that a
+    # new row says which of validate's source checks run for it
+    every_linear: bool
     global_rule: GlobalRule | None = None  # NVFP4 formats: how the global scale is stored
     quant_algos: frozenset[str] = frozenset()  # ModelOpt quant_algo spellings that name it (upper case)
     ct_format: str | None = None  # compressed-tensors `format` that names it
-    every_linear: bool = False  # its config quantises every linear not excluded (structure.quant_config.exclusions)
     converted: bool = False  # this tool's own output: the Marlin checks run, the source checks do not
     model_type: str | None = None  # the model type the format implies when the record does not say
     synth: SynthSpec | None = None  # None: synth does not write it
@@ -111,18 +113,19 @@ _ROWS = (
     SourceFormat("marlin", "this tool's own output (quant_method marlin_fp4): Marlin words, permuted scales",
                  detectors.marlin, _BOTH, None, Suffixes("weight", "weight_scale", "weight_global_scale"),
                  "I32", "F8_E4M3 / F8_E8M0", ("config.json quantization_config (quant_method marlin_fp4)",),
-                 moe_method=None, converted=True),
+                 moe_method=None, every_linear=False, converted=True),
     SourceFormat("nvfp4-modelopt-dsv4", "ModelOpt re-quant with DeepSeek names (MTP experts stay MXFP4)",
                  detectors.modelopt_dsv4, _BOTH, Quant.NVFP4, _MODELOPT, "U8", "F8_E4M3",
                  ("config.json quantization_config (quant_method fp8, moe_quant_algo NVFP4)",
                   "hf_quant_config.json quantization (MIXED_PRECISION, NVFP4 quantized_layers)"),
-                 moe_method=Quant.NVFP4, global_rule=MULTIPLIER, quant_algos=_NVFP4_ALGOS, model_type="deepseek_v4",
+                 moe_method=Quant.NVFP4, every_linear=False, global_rule=MULTIPLIER, quant_algos=_NVFP4_ALGOS,
+                 model_type="deepseek_v4",
                  synth=SynthSpec("deepseek-v4", "modelopt-dsv4", mtp_format="mxfp4-dsv4")),
     SourceFormat("mxfp4-modelopt-hf", "ModelOpt MXFP4 export: weight U8 + weight_scale U8 (E8M0 bits)",
                  detectors.modelopt_algo, frozenset({Quant.MXFP4}), Quant.MXFP4, Suffixes("weight", "weight_scale"),
                  "U8", "U8", ("config.json quantization_config (quant_method modelopt, quant_algo)",
                               "hf_quant_config.json quantization.quant_algo"),
-                 moe_method=Quant.MXFP4, quant_algos=_MXFP4_ALGOS,
+                 moe_method=Quant.MXFP4, every_linear=False, quant_algos=_MXFP4_ALGOS,
                  notes=("ModelOpt 0.47 `mxfp4`", "ModelOpt 0.48 `W4A16_MXFP4`")),
     SourceFormat("nvfp4-modelopt-hf", "ModelOpt generic HF names (gate/up/down_proj)",
                  detectors.modelopt_hf, frozenset({Quant.NVFP4}), Quant.NVFP4, _MODELOPT, "U8", "F8_E4M3",
@@ -138,14 +141,16 @@ _ROWS = (
     SourceFormat("mxfp4-ct", "compressed-tensors mxfp4-pack-quantized",
                  detectors.ct, frozenset({Quant.MXFP4}), Quant.MXFP4, Suffixes("weight_packed", "weight_scale"),
                  "U8", "U8", ("config.json quantization_config (quant_method compressed-tensors, format)",),
-                 moe_method=Quant.MXFP4, ct_format="mxfp4-pack-quantized", synth=SynthSpec("hf", "ct")),
+                 moe_method=Quant.MXFP4, every_linear=False, ct_format="mxfp4-pack-quantized",
+                 synth=SynthSpec("hf", "ct")),
     SourceFormat("mxfp4-gptoss", "gpt-oss *_blocks / *_scales, gate/up interleaved row by row",
                  detectors.gptoss, frozenset({Quant.MXFP4}), Quant.MXFP4, None, "U8", "U8",
-                 ("config.json quantization_config (quant_method mxfp4)",), moe_method=Quant.MXFP4,
+                 ("config.json quantization_config (quant_method mxfp4)",), moe_method=Quant.MXFP4, every_linear=False,
                  model_type="gpt_oss", synth=SynthSpec("gpt-oss", "gpt-oss")),
     SourceFormat("mxfp4-dsv4", "DeepSeek-V4 native: experts w{1,2,3}.weight I8 + .scale F8_E8M0",
                  detectors.dsv4_native, frozenset({Quant.MXFP4}), Quant.MXFP4, Suffixes("weight", "scale"), "I8",
-                 "F8_E8M0", ("config.json expert_dtype fp4",), moe_method=Quant.MXFP4, model_type="deepseek_v4",
+                 "F8_E8M0", ("config.json expert_dtype fp4",), moe_method=Quant.MXFP4, every_linear=False,
+                 model_type="deepseek_v4",
                  synth=SynthSpec("deepseek-v4", "dsv4")),
 )
 FORMATS: dict[str, SourceFormat] = {row.value: row for row in _ROWS}

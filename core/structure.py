@@ -19,7 +19,7 @@ from .naming import family_of, parse_expert_name, scheme_roles
 from .tensor_model import Checkpoint, Projection, Quant, Role
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
-           "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "model_dims",
+           "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts", "model_dims",
            "unreadable_tensors"]
 
 
@@ -44,34 +44,45 @@ class Rule:
         return self.fn(ckpt)
 
 
+# The width the routed experts run at, by the config field the engines read, before `hidden_size`: latent MoE
+# projects the hidden state down before the experts and back after them. Nemotron-3 Super / Ultra:
+# `moe_latent_size` (vLLM 0.33 / 0.34 and SGLang 0.5.23 nemotron_h.py: `self.moe_hidden_size = config.moe_latent_size
+# if self.use_latent_moe else config.hidden_size`, the FusedMoE's hidden_size); Kimi-K3: `routed_expert_hidden_size`
+# (vLLM 0.34 models/kimi_k3 `use_latent_moe = routed_expert_hidden_size is not None`).
+EXPERT_WIDTH_KEYS = ("moe_latent_size", "routed_expert_hidden_size", "hidden_size")
+
+
 def model_dims(config: dict) -> dict:
     """hidden / intermediate / experts / layers from a DeepSeek-V4 or Hugging Face config (None when absent);
-    a nested `text_config` (multimodal configs) wins over the top level."""
+    a nested `text_config` (multimodal configs) wins over the top level. `hidden` is the width the routed experts
+    run at (EXPERT_WIDTH_KEYS: the latent width of a latent MoE), the one home of that fact for the structure
+    check, validate and `plan`'s tiles."""
     def get(*keys):
         for c in (config.get("text_config") or {}, config):
             for k in keys:
                 if isinstance(c.get(k), int) and not isinstance(c.get(k), bool):
                     return c[k]
         return None
-    return {"hidden": get("hidden_size"), "intermediate": get("moe_intermediate_size", "intermediate_size"),
+    return {"hidden": get(*EXPERT_WIDTH_KEYS), "intermediate": get("moe_intermediate_size", "intermediate_size"),
             "experts": get("n_routed_experts", "num_local_experts", "num_experts"),
-            "layers": get("num_hidden_layers")}
+            "layers": get("num_hidden_layers"), "draft_experts": get(_DRAFT_EXPERTS)}
 
 
-# where a latent MoE keeps the width its routed experts run at, in the engines' own spelling: Nemotron-3 Super
-# `moe_latent_size` (vLLM 0.34.0 and SGLang 0.5.23 nemotron_h.py: `config.moe_latent_size if self.use_latent_moe
-# else config.hidden_size`), Kimi-K3 `routed_expert_hidden_size` (SGLang 0.5.23 kimi_k3.py, "Latent MoE")
-LATENT_WIDTH_KEYS = ("moe_latent_size", "routed_expert_hidden_size")
+# DeepSeek-V4.1's DSpark draft stages size their MoE with this field, not n_routed_experts (vLLM 0.34
+# models/deepseek_v41/nvidia/model.py DeepseekV4MoE: a layer index >= num_hidden_layers takes
+# `getattr(config, "dspark_n_routed_experts", 0) or n_routed_experts`; dspark.py load_weights the same)
+_DRAFT_EXPERTS = "dspark_n_routed_experts"
 
 
-def expert_width(config: dict) -> int | None:
-    """The width the routed experts really have (gate/up K, down N): the latent width of a latent MoE, else
-    hidden_size (None when the config has neither). `plan` computes expert tiles from it."""
-    for c in (config.get("text_config") or {}, config):
-        for k in LATENT_WIDTH_KEYS:
-            if isinstance(c.get(k), int) and not isinstance(c.get(k), bool):
-                return c[k]
-    return model_dims(config)["hidden"]
+def layer_experts(config: dict, layer: str) -> tuple[int | None, str]:
+    """(the experts the engine allocates for `layer`, the config field that says so): a draft layer (`mtp.N`, or a
+    layer numbered num_hidden_layers or more) takes the draft's own count where the config has one."""
+    dims = model_dims(config)
+    draft = layer.startswith("mtp") or (layer.isdecimal() and dims["layers"] is not None
+                                        and int(layer) >= dims["layers"])
+    if draft and dims["draft_experts"]:
+        return dims["draft_experts"], _DRAFT_EXPERTS
+    return dims["experts"], "n_routed_experts"
 
 
 def _implied(p: Projection) -> tuple[int, int]:
@@ -106,7 +117,7 @@ def padded_containers(ckpt: Checkpoint) -> dict:
 
 
 def expert_dims(ckpt: Checkpoint) -> Iterator[Violation]:
-    """Every projection's [N, K] must be what hidden_size / moe_intermediate_size imply (gate/up [I, H],
+    """Every projection's [N, K] must be what the experts' width (model_dims) / moe_intermediate_size imply (gate/up [I, H],
     down [H, I]); without them, what the rest of its layer implies. A reshaped or transposed tensor
     reads as another matrix."""
     dims = model_dims(ckpt.config)
@@ -157,16 +168,16 @@ _MAX_LISTED = 1 << 16  # no MoE has more experts a layer; a larger index or coun
 
 
 def experts_incomplete(ckpt: Checkpoint) -> Iterator[Violation]:
-    """The engine allocates n_routed_experts per layer, each with every projection of its scheme (gate, up and down; up and down for non-gated experts); a missing one fails the load or serves zeros."""
-    want = model_dims(ckpt.config)["experts"]
+    """The engine allocates n_routed_experts per layer (a draft layer: its own count, layer_experts), each with every projection of its scheme (gate, up and down; up and down for non-gated experts); a missing one fails the load or serves zeros."""
     for container, experts in _experts(ckpt).items():
         layer = _layer(ckpt, container)
+        want, field_name = layer_experts(ckpt.config, layer)
         count = want or max(experts) + 1
         expected = set(range(count)) if count <= _MAX_LISTED else set(experts)
         missing = sorted(expected - set(experts))
         if missing:
             yield Violation(container, f"{container} has {len(set(experts) & expected)} of {len(expected)} experts "
-                            f"(n_routed_experts={want}); missing experts {_ranges(missing)}.", count=len(missing),
+                            f"({field_name}={want}); missing experts {_ranges(missing)}.", count=len(missing),
                             file=ckpt.index_file, layer=layer, expert=missing[0])
         roles = _roles(ckpt, container)
         for e in sorted(e for e, have in experts.items() if have != roles):
@@ -177,15 +188,15 @@ def experts_incomplete(ckpt: Checkpoint) -> Iterator[Violation]:
 
 def experts_beyond_config(ckpt: Checkpoint) -> Iterator[Violation]:
     """Experts numbered n_routed_experts or more have no slot in the engine's stacked tensors: the load fails or drops them."""
-    want = model_dims(ckpt.config)["experts"]
-    if not want:
-        return
     for container, experts in _experts(ckpt).items():
+        want, field_name = layer_experts(ckpt.config, _layer(ckpt, container))
+        if not want:
+            continue
         extra = sorted(e for e in experts if e >= want)
         if extra:
             first = next(p for p in ckpt.projections if p.container == container and p.expert == extra[0])
             yield Violation(first.weight.name, f"{container} has experts {_ranges(extra)}, beyond "
-                            f"n_routed_experts={want} (config.json).", file=first.weight.file, layer=first.layer,
+                            f"{field_name}={want} (config.json).", file=first.weight.file, layer=first.layer,
                             expert=extra[0], count=len(extra))
 
 

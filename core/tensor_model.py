@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..formats.constants import MXFP4_GROUP, NVFP4_GROUP
 
-__all__ = ["Quant", "Role", "TensorRef", "Projection", "Checkpoint", "MoeLayer", "moe_layers"]
+__all__ = ["Quant", "Role", "TensorRef", "Projection", "Checkpoint", "MoeLayer", "gated_experts", "moe_layers"]
 
 
 class Quant(str, Enum):
@@ -142,14 +142,24 @@ class MoeLayer:
     hidden: int
     intermediate: int
     experts: int
+    gated: bool = True  # w13 = gate | up (the engines' gated MoE); False: up alone (Nemotron-H's ReLU-squared)
+
+
+def gated_experts(roles) -> bool:
+    """The one rule for a container's (or a layer's) experts, from the roles of their projections: gated when
+    some expert has an up projection; non-gated experts (Nemotron-H) have their up_proj in the gate's role (the
+    engines' w1, core/naming.py)."""
+    return any(r is Role.UP for r in roles)
 
 
 def moe_layers(projections) -> dict[str, MoeLayer]:
     """experts container -> MoeLayer, from the down projection (N = H, K = I) or else the gate/up (N = I, K = H)."""
     shapes: dict[str, tuple] = {}
     experts: dict[str, set[int]] = {}
+    roles: dict[str, set[Role]] = {}
     for p in projections:
         experts.setdefault(p.container, set()).add(p.expert)
+        roles.setdefault(p.container, set()).add(p.role)
         if p.role is Role.DOWN or p.container not in shapes:
             shapes[p.container] = (p.layer, p.quant, *((p.n, p.k) if p.role is Role.DOWN else (p.k, p.n)))
-    return {c: MoeLayer(c, *shapes[c], len(experts[c])) for c in shapes}
+    return {c: MoeLayer(c, *shapes[c], len(experts[c]), gated_experts(roles[c])) for c in shapes}

@@ -5,10 +5,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from .served import ENGINE_VERSIONS, checkpoint_refusal
+from .served import ENGINE_VERSIONS, refusal, source_block
 from .source_formats import FORMATS
 
-__all__ = ["verdict", "verdicts"]
+__all__ = ["checkpoint_refusal", "verdict", "verdicts"]
+
+
+def checkpoint_refusal(config: Mapping, hf_quant_config: Mapping | None, source_format: str, engine: str,
+                       tensor_names: Iterable[str] = ()) -> str | None:
+    """`refusal` for a source checkpoint or for a conversion (a `converted` row of the format table), whose record names its
+    source's format and blocks (core/converted_config.py serving_block: config.json's block, else the
+    hf_quant_config.json one). `plan` asks this for each engine."""
+    qc = config.get("quantization_config")
+    row = FORMATS.get(source_format)
+    if row is None or not row.converted or not isinstance(qc, dict):
+        return refusal(config, source_format, engine, source_block(config, hf_quant_config), tensor_names=tensor_names)
+    block = None if qc.get("serves_from") else qc.get("original_quantization_config")  # serving_block's choice
+    block = block if block is not None else qc.get("original_hf_quant_config")
+    return refusal(config, str(qc.get("source_format") or "unknown"), engine, block, tensor_names=tensor_names)
 
 
 def verdict(config: Mapping, hf_quant_config: Mapping | None, source_format: str, engine: str,

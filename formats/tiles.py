@@ -1,7 +1,8 @@
 """The one Marlin tile rule of the project, and how engines pad (docs/spec/MARLIN_FP4.md §2).
 
-Every caller (the converters, `plan`, validate's structure.tile.tp, both serving plugins) asks
-`moe_rank_tiles`, so they cannot disagree. Each rank repacks its own shard: w13 has N = 2*I_shard,
+Every caller (the converters, `plan`, validate's structure.tile.tp and --kernel, both serving plugins) asks
+`moe_rank_tiles`, so they cannot disagree. Each rank repacks its own shard: w13 has N = 2*I_shard
+(gate | up) for gated experts and N = I_shard for non-gated ones (Nemotron-H's ReLU-squared up_proj alone),
 K = H; w2 has N = H, K = I_shard. The Marlin kernel needs (N % 64, K % 128) or (N % 128, K % 64);
 a quant group never straddles two ranks. On top of the kernel, the engines round sizes up when
 they create their MoE parameters; a shape is `ok` only when nobody pads it, since dsv4-convert's
@@ -13,9 +14,10 @@ live in core/engines.py, which hands them in as an `EnginePadding`):
   vLLM MXFP4 (Mxfp4MoEMethod)   I -> multiple of 128, H -> multiple of 256 (torch.zeros)
   SGLang MXFP4 (DSv4 Marlin)    I -> 128, H -> 256 too, but torch.empty: dsv4-convert writes zeros
   SGLang NVFP4 gated MoE        never pads: a shape that breaks the kernel rule cannot be served
-  SGLang NVFP4 non-gated MoE    I -> 128 inside its Marlin preparation; the plugin creates that buffer and
-                                SGLang's loader zero-fills it (core/engines.py non_gated_i_multiple): the
-                                converter writes the unpadded projection, as for an `ok` shape
+  SGLang NVFP4 non-gated MoE    I -> 128 inside its Marlin preparation (`if not is_gated`); the plugin creates
+                                that buffer and SGLang's loader zero-fills it (`loader_fills`): a shape the
+                                kernel takes unpadded is `ok` (the converter writes the unpadded projection),
+                                one it does not is written padded to that multiple (`pad`)
 Dense layers: `padded_dense_nk` (vLLM's marlin_padded_nk; SGLang NVFP4 dense uses the same rule).
 Pure: no I/O, no engine import.
 """
@@ -23,7 +25,7 @@ Pure: no I/O, no engine import.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .constants import MARLIN_TILE_K, MARLIN_TILE_N, MXFP4_GROUP, NVFP4_GROUP, W4A8_TILE
 
@@ -74,6 +76,9 @@ class PadRule:
     h_multiple: int  # H -> a multiple of this
     fill: str  # what fills the padding
     i_multiple_h_unaligned: int | None = None  # I's multiple instead when H % 128 != 0
+    # the engine's loader pads a stored unpadded tensor itself (the plugin's buffer has a zero tail): a shape the
+    # kernel takes unpadded needs no padded layout, as SGLang's non-gated NVFP4 MoE
+    loader_fills: bool = False
 
     def multiples(self, hidden: int) -> tuple[int, int]:
         unaligned = self.i_multiple_h_unaligned is not None and hidden % 128
@@ -87,12 +92,17 @@ class EnginePadding:
     pass this value in."""
     name: str  # the engine, for messages
     rules: dict  # FP4 format -> PadRule | None
+    non_gated: dict = field(default_factory=dict)  # FP4 format -> PadRule | None for non-gated experts (else `rules`)
 
-    def rule(self, fmt: str, hidden: int) -> tuple[int, int, str] | None:
-        """(I multiple, H multiple, what fills the padding), or None when the engine never pads `fmt`."""
+    def pad_rule(self, fmt: str, *, gated: bool = True) -> PadRule | None:
+        """The rule for `fmt` experts, gated (gate | up) or not; None when the engine never pads them."""
         if fmt not in GROUP_SIZE:
             raise ValueError(f"unknown FP4 format {fmt!r}; expected one of {sorted(GROUP_SIZE)}")
-        rule = self.rules[fmt]
+        return self.rules[fmt] if gated or fmt not in self.non_gated else self.non_gated[fmt]
+
+    def rule(self, fmt: str, hidden: int, *, gated: bool = True) -> tuple[int, int, str] | None:
+        """(I multiple, H multiple, what fills the padding), or None when the engine never pads `fmt`."""
+        rule = self.pad_rule(fmt, gated=gated)
         return None if rule is None else (*rule.multiples(hidden), rule.fill)
 
 
@@ -117,6 +127,7 @@ class RankTiles:
     i_pad: int = 0
     h_pad: int = 0
     reason: str = ""
+    gated: bool = True  # w13 = gate | up (N = 2 I); False: up alone (N = I)
 
     @property
     def ok(self) -> bool:
@@ -132,7 +143,7 @@ class RankTiles:
 
     @property
     def w13_nk(self) -> tuple[int, int]:
-        return 2 * self.i_pad, self.h_pad
+        return (2 if self.gated else 1) * self.i_pad, self.h_pad
 
     @property
     def w2_nk(self) -> tuple[int, int]:
@@ -142,24 +153,28 @@ class RankTiles:
         return f"TP {self.tp} / EP {self.ep}"
 
 
-def _kernel_problems(i_s: int, h: int) -> list[str]:
+def _kernel_problems(i_s: int, h: int, gated: bool) -> list[str]:
     out = []
-    if not kernel_tile_ok(2 * i_s, h):
-        out.append(f"w13 N=2*I_shard={2 * i_s}, K=H={h} breaks the Marlin tile rule (N%64 and K%128, or N%128 and K%64)")
+    n13, n13_text = (2 * i_s, "2*I_shard") if gated else (i_s, "I_shard")
+    if not kernel_tile_ok(n13, h):
+        out.append(f"w13 N={n13_text}={n13}, K=H={h} breaks the Marlin tile rule (N%64 and K%128, or N%128 and K%64)")
     if not kernel_tile_ok(h, i_s):
         out.append(f"w2 N=H={h}, K=I_shard={i_s} breaks the Marlin tile rule (N%64 and K%128, or N%128 and K%64)")
     return out
 
 
 def moe_rank_tiles(fmt: str, padding: EnginePadding, *, hidden: int, intermediate: int, tp: int = 1, ep: int = 1,
-                   experts: int | None = None) -> RankTiles:
+                   experts: int | None = None, gated: bool = True) -> RankTiles:
     """Ok as is / needs padding to (I_pad, H_pad) per rank / impossible, with the reason, for a MoE
-    layer of `fmt` experts served by an engine (its `padding`, from core/engines.py) with tensor parallel
-    `tp` and expert parallel `ep` (MoE TP = TP / EP: with EP each expert stays whole on one rank)."""
-    pad_rule = padding.rule(fmt, hidden)  # raises for an unknown format
+    layer of `fmt` experts (`gated`: w13 = gate | up; else up alone) served by an engine (its `padding`, from
+    core/engines.py) with tensor parallel `tp` and expert parallel `ep` (MoE TP = TP / EP: with EP each expert
+    stays whole on one rank)."""
+    rule = padding.pad_rule(fmt, gated=gated)  # raises for an unknown format
+    pad_rule = padding.rule(fmt, hidden, gated=gated)
     engine = padding.name
     group = GROUP_SIZE[fmt]
-    v = dict(fmt=fmt, engine=engine, tp=tp, ep=ep, hidden=hidden, intermediate=intermediate)
+    kind = "gated" if gated else "non-gated"
+    v = dict(fmt=fmt, engine=engine, tp=tp, ep=ep, hidden=hidden, intermediate=intermediate, gated=gated)
 
     def impossible(reason: str, i_s: int = 0) -> RankTiles:
         return RankTiles(IMPOSSIBLE, **v, i_shard=i_s, i_pad=i_s, h_pad=hidden, reason=reason)
@@ -175,26 +190,26 @@ def moe_rank_tiles(fmt: str, padding: EnginePadding, *, hidden: int, intermediat
     if i_s % group:
         return impossible(f"I_shard={i_s} is not a multiple of the group size {group}: a quant group would "
                           "straddle two ranks (no engine pads this)", i_s)
-    kernel = _kernel_problems(i_s, hidden)
+    kernel = _kernel_problems(i_s, hidden, gated)
     if pad_rule is None:
         if kernel:
-            return impossible("; ".join(kernel) + f", and {engine} does not pad a gated {fmt} MoE", i_s)
+            return impossible("; ".join(kernel) + f", and {engine} does not pad a {kind} {fmt} MoE", i_s)
         return RankTiles(OK, **v, i_shard=i_s, i_pad=i_s, h_pad=hidden)
     i_mult, h_mult, fill = pad_rule
     i_pad, h_pad = roundup(i_s, i_mult), roundup(hidden, h_mult)
-    if not kernel and (i_pad, h_pad) == (i_s, hidden):
+    if not kernel and ((i_pad, h_pad) == (i_s, hidden) or rule.loader_fills):
         return RankTiles(OK, **v, i_shard=i_s, i_pad=i_s, h_pad=hidden)
-    padded_kernel = _kernel_problems(i_pad, h_pad)
+    padded_kernel = _kernel_problems(i_pad, h_pad, gated)
     if padded_kernel:
-        return impossible("; ".join(padded_kernel) + f" even after {engine}'s padding", i_s)
+        return impossible("; ".join(padded_kernel) + f" even after {engine}'s padding of a {kind} {fmt} MoE", i_s)
     what = ([f"I_shard {i_s} -> {i_pad}"] if i_pad != i_s else []) + ([f"H {hidden} -> {h_pad}"] if h_pad != hidden else [])
     return RankTiles(PAD, **v, i_shard=i_s, i_pad=i_pad, h_pad=h_pad,
-                     reason=f"{engine} pads {fmt} experts per rank: {', '.join(what)} ({fill})")
+                     reason=f"{engine} pads {'' if gated else 'non-gated '}{fmt} experts per rank: {', '.join(what)} ({fill})")
 
 
 def working_layouts(fmt: str, padding: EnginePadding, *, hidden: int, intermediate: int, experts: int | None = None,
-                    candidates=LAYOUT_CANDIDATES) -> list[tuple[int, int]]:
+                    candidates=LAYOUT_CANDIDATES, gated: bool = True) -> list[tuple[int, int]]:
     """The (TP, EP) splits among `candidates` that the engine serves without any padding."""
     return [(tp, ep) for tp, ep in candidates
             if moe_rank_tiles(fmt, padding, hidden=hidden, intermediate=intermediate, tp=tp, ep=ep,
-                              experts=experts).ok]
+                              experts=experts, gated=gated).ok]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..core.version import install_command
 from .cpu_budget import auto_workers, job_threads, physical_cores
 from .jobs import RunDir, one_thread_per_job
 
@@ -140,6 +141,6 @@ def make_executor(spec: ExecutorSpec, workers: int, bar=None, *, max_in_flight: 
         import ray  # noqa: F401
     except ImportError:
         raise UsageError("--executor ray needs Ray, which is not installed", error_id="usage.ray_missing",
-                         hint="pip install 'dsv4-convert[ray]' (on every node of the cluster)") from None
+                         hint=f"{install_command('ray')} (on every node of the cluster)") from None
     from .ray_executor import RayExecutor
     return RayExecutor(spec.address, bar, max_in_flight=max_in_flight)

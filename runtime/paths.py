@@ -11,17 +11,28 @@ from __future__ import annotations
 import errno
 import fcntl
 import glob
+import hashlib
 import json
 import os
 import stat
 from pathlib import Path, PurePosixPath
 
 from ..core.errors import InputError, OutputError, UsageError
-from ..core.files import LOCK, RECORDS, REPLACED, STAGING_SUFFIX, SYNTH_MANIFEST, reserved_input_names
+from ..core.files import (
+    LOCK,
+    PROGRESS,
+    RECORDS,
+    REPLACED,
+    RESTORED_XATTR,
+    STAGING_SUFFIX,
+    SYNTH_MANIFEST,
+    reserved_input_names,
+)
 from ..core.small_files import read_small
 
-__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "recorded_files", "record_name_ok",
+__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "mark_restored", "recorded_files", "record_name_ok",
            "unlisted_entries", "refuse_reserved_names", "partial_not_ours_error", "plain_file", "replaced_leftovers"]
+
 
 def out_path(out) -> Path:
     """OUT with its parent resolved and its own name kept: OUT itself must not be a symlink (checked
@@ -102,8 +113,48 @@ def check_aliasing(src: Path, out: Path, *, staging: Path | None = None) -> None
                          error_id="paths.output_inside_input", file=str(out), hint=fix)
 
 
+def _listing(root: Path) -> tuple[list[str], str]:
+    """Every entry under `root` (relative, sorted; the run's lock and progress record left out) and a
+    digest of the entries with each file's size."""
+    entries = sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                     if p.relative_to(root).as_posix() not in (LOCK, PROGRESS))
+    h = hashlib.sha256()
+    for e in entries:
+        p = root / e
+        size = p.stat(follow_symlinks=False).st_size if p.is_file() and not p.is_symlink() else -1
+        h.update(f"{e}\0{size}\0".encode())
+    return entries, h.hexdigest()
+
+
+def mark_restored(root: Path) -> None:
+    """marlin-to-source's "dsv4-convert wrote this directory", so that a later --force may replace it: an
+    extended attribute of the directory holding a digest of its listing, never a file in it (the rebuilt
+    checkpoint holds exactly the source's files). A file system without user attributes keeps no mark:
+    --force then refuses the directory as any other it cannot recognise."""
+    try:
+        os.setxattr(root, RESTORED_XATTR, json.dumps({"producer": "dsv4-convert", "command": "marlin-to-source",
+                                                      "listing": _listing(root)[1]}).encode())
+    except (OSError, AttributeError):  # ENOTSUP, or a platform without os.setxattr
+        pass
+
+
+def _restored_files(out: Path) -> set[str] | None:
+    """The entries of a marlin-to-source output whose listing is unchanged since it was written; a set that
+    lists none of them when files were added, removed or resized; None without our mark."""
+    try:
+        mark = json.loads(os.getxattr(out, RESTORED_XATTR, follow_symlinks=False))
+    except (OSError, AttributeError, ValueError, RecursionError):
+        return None
+    if not isinstance(mark, dict) or mark.get("producer") != "dsv4-convert":
+        return None
+    entries, digest = _listing(out)
+    return set(entries) if mark.get("listing") == digest else {RESTORED_XATTR}
+
+
 def recorded_files(out: Path) -> set[str]:
     """The files our record in `out` says we wrote (itself included); {"<none>"} when no record is ours."""
+    if (restored := _restored_files(out)) is not None:
+        return restored
     for name in RECORDS:
         rec = out / name
         if not rec.is_file() or rec.is_symlink():
@@ -155,6 +206,10 @@ def check_replaceable(out: Path, *, force: bool, allow_empty: bool = False) -> N
         raise OutputError(f"OUT {out} is not empty and was not written by dsv4-convert (no manifest or marker); "
                           "--force replaces only this tool's outputs", error_id="paths.not_our_output",
                           file=str(out), hint="choose another OUT, or empty or remove that directory yourself")
+    if listed == {RESTORED_XATTR}:  # a marlin-to-source output whose files changed since: which, no record says
+        raise OutputError(f"OUT {out} was written by marlin-to-source, but files were added, removed or resized in it "
+                          "since; --force would delete them", error_id="paths.unlisted_files", file=str(out),
+                          hint="move the files you added out of OUT, or choose another OUT")
     if listed:
         extra = unlisted_entries(out)
         if extra:

@@ -82,6 +82,8 @@ def check_layout(
 
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _MTP = re.compile(r"(?:^|\.)mtp\.(?:layers\.)?(\d+)\.")  # DeepSeek `mtp.0.`, Qwen3.5 / Qwen3-Next `mtp.layers.0.`
+# SGLang 0.5.23's DSpark draft (models/deepseek_v4_dspark.py) builds DeepSeek-V4.1's stage `mtp.N` as `stages.N`
+_STAGE = re.compile(r"(?:^|\.)stages\.(\d+)\.")
 
 
 def checked_source(config: dict, *, engine: str, engine_version: str) -> tuple[ConvertedQuantConfig, dict | None]:
@@ -106,7 +108,7 @@ def expert_container(spec: ConvertedQuantConfig, prefix: str, *, num_hidden_laye
         elif m := _LAYER.search(name + "."):
             by_layer[int(m.group(1))] = name
     p = prefix + "."
-    if m := _MTP.search(p):
+    if m := _MTP.search(p) or _STAGE.search(p):
         return by_mtp.get(int(m.group(1)))
     if ".decoder." in p or p.startswith("decoder."):
         return by_mtp.get(0)
@@ -118,20 +120,22 @@ def expert_container(spec: ConvertedQuantConfig, prefix: str, *, num_hidden_laye
     return None
 
 
-def working_tp_sizes(fmt: str, engine: str, *, intermediate: int, hidden: int, limit: int = 64) -> list[int]:
+def working_tp_sizes(fmt: str, engine: str, *, intermediate: int, hidden: int, limit: int = 64,
+                     gated: bool = True) -> list[int]:
     """TP sizes (EP 1, up to `limit`) whose per-rank shapes the engine does not pad."""
     return [tp for tp, _ in working_layouts(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=intermediate,
-                                            candidates=[(tp, 1) for tp in range(1, limit + 1)])]
+                                            candidates=[(tp, 1) for tp in range(1, limit + 1)], gated=gated)]
 
 
 def check_rank_shape(fmt: str, engine: str, *, intermediate: int, hidden: int, tp_size: int,
-                     ep_size: int = 1) -> None:
+                     ep_size: int = 1, gated: bool = True) -> None:
     """Refuse a split whose per-rank shapes the engine would pad (slicing packed tiles is then wrong).
     `tp_size` is the engine's MoE TP (TP / EP) and `intermediate` the layer's full I."""
-    v = moe_rank_tiles(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=intermediate, tp=tp_size * ep_size, ep=ep_size)
+    v = moe_rank_tiles(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=intermediate, tp=tp_size * ep_size,
+                       ep=ep_size, gated=gated)
     if v.ok:
         return
-    ok = working_layouts(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=intermediate)
+    ok = working_layouts(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=intermediate, gated=gated)
     raise PluginConfigError(
         f"{fmt} experts cannot be loaded pre-packed at {v.layout()}: {v.reason}; the packed tiles would no "
         f"longer line up. Layouts that work for this model: "
@@ -162,7 +166,7 @@ def check_tp_layout(spec: ConvertedQuantConfig, *, tp: int, ep: int) -> None:
 
 
 def rank_param_sizes(spec: ConvertedQuantConfig, container: str, engine: str, *, hidden: int, i_shard: int,
-                     moe_tp: int, ep: int = 1) -> tuple[int, int]:
+                     moe_tp: int, ep: int = 1, gated: bool = True) -> tuple[int, int]:
     """(H, I) per rank of the plugin's expert parameters for `container`, given the layer's unpadded
     hidden size and per-rank intermediate size. A padded `tp_layout` gives its recorded sizes (after
     checking the split and that the one tile rule gives the same numbers); otherwise the layer must
@@ -171,9 +175,11 @@ def rank_param_sizes(spec: ConvertedQuantConfig, container: str, engine: str, *,
     check_tp_layout(spec, tp=moe_tp * ep, ep=ep)
     rec = spec.tp_layout.containers.get(container) if spec.padded else None
     if rec is None or rec.status == OK:
-        check_rank_shape(fmt, engine, intermediate=i_shard * moe_tp, hidden=hidden, tp_size=moe_tp, ep_size=ep)
+        check_rank_shape(fmt, engine, intermediate=i_shard * moe_tp, hidden=hidden, tp_size=moe_tp, ep_size=ep,
+                         gated=gated)
         return hidden, i_shard
-    v = moe_rank_tiles(fmt, engine_facts(engine).padding, hidden=rec.hidden, intermediate=rec.intermediate, tp=moe_tp * ep, ep=ep)
+    v = moe_rank_tiles(fmt, engine_facts(engine).padding, hidden=rec.hidden, intermediate=rec.intermediate, tp=moe_tp * ep,
+                       ep=ep, gated=gated)
     got = (rec.hidden, rec.i_shard, rec.h_pad, rec.i_pad)
     if (hidden, i_shard) != got[:2] or (v.status, v.hidden, v.i_shard, v.h_pad, v.i_pad) != (PAD, *got):
         raise PluginConfigError(

@@ -22,10 +22,14 @@ from ..core.engines import (
     registration_log_line,
 )
 from ..core.mtp import draft_bytes
-from ..core.structure import expert_width, model_dims
-from ..core.tensor_model import Checkpoint
+from ..core.parallel_rules import split_dims, split_refusals
+from ..core.side_tables import engram_table_bytes, vision_bytes
+from ..core.structure import model_dims
+from ..core.tensor_model import Checkpoint, gated_experts
 from ..core.verdicts import verdict
+from ..core.version import install_sentence
 from ..formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
+from .launch_engram import engram_placements, engram_reason, weights_per_gpu
 
 __all__ = [
     "ACTIVATION_GIB",
@@ -67,7 +71,12 @@ class ModelShape:
     # engine -> why its plugin is not proven to serve this model once converted (core/served.py), None: served
     not_served: dict = field(default_factory=dict)
     roles: int = 3  # projections per expert: 3 gated (gate, up, down), 2 non-gated (Nemotron-H: up, down)
+    gated: bool = True  # the tile rule's w13: gate | up, or up alone (core/tensor_model.py gated_experts)
     draft_bytes: int = 0  # copied MTP (draft) layers (core/mtp.py): loaded only for speculative decoding
+    # engine -> what its TP divisibility rules read from config.json (core/parallel_rules.py): heads, KV heads, ...
+    split_dims: dict = field(default_factory=dict)
+    engram_bytes: int = 0  # DeepSeek-V4.1's Engram tables (core/side_tables.py), part of other_bytes
+    vision_bytes: int = 0  # its vision tower, part of other_bytes: whole on every GPU
 
 
 def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
@@ -96,13 +105,16 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
             hidden, intermediate = padded.hidden, padded.intermediate
     return ModelShape(name=ckpt.root.name, format=ckpt.format.value,
                       quant=max(quants, key=quants.get) if quants else "mxfp4",
-                      hidden=expert_width(ckpt.config) or hidden or 0, intermediate=dims["intermediate"] or intermediate or 0,
+                      hidden=dims["hidden"] or hidden or 0, intermediate=dims["intermediate"] or intermediate or 0,
                       experts=experts, layers=len([layer for layer in per_layer if not layer.startswith("mtp")]),
                       expert_bytes=expert_bytes, other_bytes=total - expert_bytes - draft, draft_bytes=draft,
                       largest_layer_expert_bytes=max(per_layer.values(), default=0),
                       converted=ckpt.format.converted, converted_for=record.target_engine if record else None,
                       converted_layout=layout, w4a8=bool(record and record.w4a8),
                       roles=len({p.role for p in ckpt.projections}) or 3,
+                      gated=gated_experts(p.role for p in ckpt.projections) or not ckpt.projections,
+                      split_dims={e: split_dims(ckpt.config, e) for e in ENGINES},
+                      engram_bytes=engram_table_bytes(ckpt.tensors), vision_bytes=vision_bytes(ckpt.tensors),
                       not_served={e: verdict(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e, ckpt.tensors)
                                   for e in ENGINES})
 
@@ -205,7 +217,20 @@ def _backend(engine: str, arch: str) -> tuple[str, str]:
 
 
 def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "sm_120", engine: str = DEFAULT_ENGINE,
-              act_dtype: str = "bfloat16", path: str = "PATH") -> LaunchPlan:
+              act_dtype: str = "bfloat16", path: str = "PATH", engram: str = "auto") -> LaunchPlan:
+    """`engram`: where DeepSeek-V4.1's Engram tables go, `gpu`, `host` or `auto` (the engine's default, else the
+    other placement where only that one fits)."""
+    placements = engram_placements(shape, engine, engram)
+    for engram_on_gpu in placements:
+        plan = _make_plan(shape, gpus=gpus, gpu_mem_gib=gpu_mem_gib, arch=arch, engine=engine, act_dtype=act_dtype,
+                          path=path, engram_on_gpu=engram_on_gpu, tried=placements)
+        if plan.chosen is not None:
+            break
+    return plan
+
+
+def _make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str, engine: str, act_dtype: str,
+               path: str, engram_on_gpu: bool | None, tried: list) -> LaunchPlan:
     group = GROUP_SIZE[shape.quant]
     mem_flag, mem = _mem_flag(engine, gpu_mem_gib)
     backend, why = _backend(engine, arch)
@@ -214,10 +239,10 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
     for tp in (t for t in (1, 2, 4, 8, 16) if t <= gpus):
         for ep in sorted({1, tp}):
             tiles = moe_rank_tiles(shape.quant, engine_facts(engine).padding, hidden=shape.hidden, intermediate=shape.intermediate,
-                                   tp=tp, ep=ep, experts=shape.experts)
+                                   tp=tp, ep=ep, experts=shape.experts, gated=shape.gated)
             # a source the engine pads holds padded experts per rank; a converted checkpoint's bytes are final
             grow = 1.0 if shape.converted else padding_factor(tiles)
-            weights = (shape.expert_bytes * grow + shape.other_bytes) / tp / GIB
+            weights = weights_per_gpu(shape, tp, grow, bool(engram_on_gpu))
             repack = 0.0 if shape.converted else shape.largest_layer_expert_bytes * grow / tp / GIB
             if not ENGINES[engine].memory_profiled:
                 kv = mem * gpu_mem_gib - weights
@@ -227,6 +252,9 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
             fits = loads and kv >= MIN_KV_GIB
             reasons = []
             fixed = shape.converted_layout
+            refused = split_refusals(shape.split_dims.get(engine, {}), tp)
+            if refused:  # the engine refuses the whole model at this TP, whatever the experts allow
+                reasons.append(f"{engine} refuses TP {tp} for this model: {'; '.join(refused)}")
             if fixed is not None and (tp, ep) != fixed:
                 reasons.append(f"converted for TP {fixed[0]} / EP {fixed[1]} only (quantization_config.tp_layout)")
             elif not tiles.servable:
@@ -246,6 +274,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                 valid = (tp, ep) == fixed and tiles.servable and fits
             else:
                 valid = (tiles.ok if shape.converted else tiles.servable) and fits
+            valid = valid and not refused
             candidates.append(ConfigVerdict(tp, ep, tiles, weights, repack, kv, fits, valid, reasons, grow))
     usable = [c for c in candidates if c.valid]
     chosen = max(usable, key=lambda c: (c.tp, c.tiles.ok, -c.ep), default=None)
@@ -254,10 +283,13 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                      f"experts + {shape.other_bytes / GIB:.1f} GiB of other weights" + (
                          f"; the MTP (draft) layers' {shape.draft_bytes / GIB:.1f} GiB are not counted (loaded only "
                          "with speculative decoding)" if shape.draft_bytes else ""))
-    reasoning.append(f"tile rule per rank: w13 [N={'2*' if shape.roles == 3 else ''}I/TP, K=H] and w2 [N=H, K=I/TP] "
+    reasoning.append(f"tile rule per rank: w13 [N={'2*' if shape.gated else ''}I/TP, K=H] and w2 [N=H, K=I/TP] "
                      "need (N%64, K%128) or "
                      f"(N%128, K%64), and I/TP % {group} == 0; with EP each expert stays whole on one rank "
                      "(MoE TP = TP / EP)")
+    if dims := shape.split_dims.get(engine):
+        reasoning.append(f"{engine} splits over TP: " + ", ".join(f"{v} {k}" for k, v in dims.items())
+                         + " (heads divisible by TP, KV heads and TP one dividing the other: core/parallel_rules.py)")
     reasoning.append(f"memory per GPU = weights / TP + activations {ACTIVATION_GIB:g} + CUDA graphs "
                      f"{CUDA_GRAPH_GIB:g} + runtime {RUNTIME_GIB:g} GiB; the rest is KV cache (need >= "
                      f"{MIN_KV_GIB:g} GiB)" + ("" if shape.converted else "; loading a source checkpoint also "
@@ -269,6 +301,8 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
         f"vLLM may use this share; it profiles activations and CUDA graphs inside it, leaving "
         f"{RUNTIME_GIB:g} GiB for the CUDA context outside"))
     reasoning.append(f"MoE backend {backend}: {why}")
+    if engram_on_gpu is not None:
+        reasoning.append(engram_reason(shape, engine, engram_on_gpu, tried))
     not_served = shape.not_served.get(engine)
     if not_served:  # what will not load gets no launch command and no recommendation
         chosen = None
@@ -281,7 +315,7 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
                          "release listed, or convert the source again without --w4a8")
     if shape.converted:
         reasoning.append("a dsv4-convert checkpoint needs the dsv4-convert plugin in the server's environment "
-                         "(`pip install dsv4-convert`; no --quantization flag: the engine reads quant_method "
+                         f"({install_sentence()}; no --quantization flag: the engine reads quant_method "
                          f"{QUANT_METHOD} from config.json); check the log for "
                          f"`{registration_log_line(engine, ENGINES[engine].version)}`")
     if chosen is not None:
@@ -308,5 +342,8 @@ def make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str = "
             reasoning.append(f"{gpus // chosen.tp} replicas of TP {chosen.tp} (data parallel) would use all {gpus} GPUs")
     command = None if chosen is None else launch_command(engine, path, tp=chosen.tp, ep=chosen.ep,
                                                          act_dtype=act_dtype, memory=mem)
+    if command is not None and engram_on_gpu is not None:
+        facts = ENGINES[engine].engram
+        command = (facts.on_gpu if engram_on_gpu else facts.on_host).format(cmd=command)
     return LaunchPlan(shape, gpus, gpu_mem_gib, arch, engine, act_dtype, mem_flag, mem, backend, why, candidates,
                       chosen, command, reasoning, not_served)

@@ -51,6 +51,17 @@ class MarlinFp4ConfigMixin:
         else:
             inner.packed_modules_mapping = mapping
 
+    def __getattr__(self, name: str):
+        """Any attribute this config does not have is the inner config's: a model reads the quantisation config's
+        fields while it builds and loads (vLLM 0.34's DeepSeek-V4.1 reads `weight_block_size` to name the dense
+        FP8 scales, models/deepseek_v41/nvidia/model.py _linear_scale_param_name, and to pad the shared experts,
+        _pad_shared_expert_weight), and must read what the engine's own config for the source would answer.
+        Only called where normal lookup fails; never for dunder names (copy, pickle)."""
+        inner = self.__dict__.get("inner")
+        if inner is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(inner, name)
+
     def get_name(self) -> str:
         return QUANT_METHOD
 

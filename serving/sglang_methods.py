@@ -69,9 +69,11 @@ def _require_marlin_runner():
 
 def _rank_sizes(spec, container: str, layer, hidden_size: int, intermediate_size_per_partition: int):
     """(H, I) of this rank's parameters: SGLang passes the unpadded sizes to create_weights (its MXFP4
-    Marlin method pads inside); a `--tp/--ep` checkpoint records the padded ones for exactly this split."""
+    Marlin method pads inside); a `--tp/--ep` checkpoint records the padded ones for exactly this split. The tile
+    rule is the gated or non-gated one, as the layer is (`moe_runner_config.is_gated`)."""
+    gated = getattr(getattr(layer, "moe_runner_config", None), "is_gated", True)
     return rank_param_sizes(spec, container, "sglang", hidden=hidden_size, i_shard=intermediate_size_per_partition,
-                            moe_tp=getattr(layer, "moe_tp_size", 1), ep=getattr(layer, "moe_ep_size", 1))
+                            moe_tp=getattr(layer, "moe_tp_size", 1), ep=getattr(layer, "moe_ep_size", 1), gated=gated)
 
 
 class PrepackedMxfp4MarlinMoEMethod(Mxfp4MarlinMoEMethod):
@@ -153,12 +155,12 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         attrs = {**extra_weight_attrs, "is_transposed": True}
         # gated experts: w13 = gate | up; non-gated (Nemotron-H, relu2): up alone, and one global per
         # expert, as SGLang's own method creates them (`num_shards = 2 if is_gated else 1`); its Marlin
-        # preparation pads a non-gated I with zeros (core/engines.py non_gated_i_multiple), which SGLang's
+        # preparation pads a non-gated I with zeros (core/engines.py, the non-gated NVFP4 PadRule), which SGLang's
         # loader gives a buffer of that size (zero tail) with no repack: the Marlin tiles of the padding
         # are the last N tiles of w13 and the last K tiles of w2
         gated = layer.moe_runner_config.is_gated
         shards, per_expert = (2, (e, 2)) if gated else (1, (e,))
-        i = i if gated else roundup(i, ENGINES["sglang"].non_gated_i_multiple)
+        i = i if gated else roundup(i, ENGINES["sglang"].padding.pad_rule("nvfp4", gated=False).i_multiple)
         register_marlin_params(layer, _register, experts=e, hidden=h, intermediate=i, group=16,
                                scale_dtype=torch.float8_e4m3fn, attrs=attrs, loader=loader,
                                scale_attrs={"quant_method": _GROUP}, w13_shards=shards)
@@ -230,6 +232,14 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
 
     def get_scaled_act_names(self) -> list[str]:
         return self.inner.get_scaled_act_names() if self.inner is not None else []
+
+    def can_fuse_shared_expert(self) -> bool:
+        """No: SGLang fuses a DeepSeek-V3 / GLM-5 shared expert into the routed FusedMoE as one more expert, by
+        default for 256 routed + 1 shared on sm_80 and newer, unless the config says it cannot (deepseek_v2.py
+        shared_experts_fusion_disable_reason -> deepseek_common/utils.py quant_blocks_shared_experts_fusion). The
+        conversion holds the routed experts alone in Marlin order; the shared expert keeps the source's own format
+        and method, so it cannot join those buffers."""
+        return False
 
     def _num_hidden_layers(self):
         try:

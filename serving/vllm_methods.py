@@ -47,11 +47,12 @@ logger = logging.getLogger("dsv4_convert.serving")
 _GROUP = FusedMoeWeightScaleSupported.GROUP.value
 _TENSOR = FusedMoeWeightScaleSupported.TENSOR.value
 _MARLIN_HINT = "start vLLM with --moe-backend marlin"
-def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_partition):
+def _rank_sizes(spec, container, parallel, hidden_size, intermediate_size_per_partition, gated=True):
     """(H, I) of this rank's parameters: the unpadded sizes vLLM's layer has, or the padded ones a
-    `--tp/--ep` checkpoint records for exactly this split (serving/config.py rank_param_sizes)."""
+    `--tp/--ep` checkpoint records for exactly this split (serving/config.py rank_param_sizes); `gated`: the
+    layer's `is_act_and_mul` (the tile rule's w13 is gate | up, or up alone)."""
     return rank_param_sizes(spec, container, "vllm", hidden=hidden_size, i_shard=intermediate_size_per_partition,
-                            moe_tp=parallel.tp_size, ep=parallel.ep_size)
+                            moe_tp=parallel.tp_size, ep=parallel.ep_size, gated=gated)
 
 
 def _create_marlin_params(layer, fmt, e, h, i, extra_weight_attrs, w4a8=False, w13_shards=2):
@@ -190,7 +191,7 @@ class PrepackedNvFp4MarlinMoE(ModelOptNvFp4FusedMoE):
         # are created at the padded size here (layer.intermediate_size_per_partition stays unpadded,
         # as it does in vLLM's own path)
         h, i = _rank_sizes(self.spec, self.container, layer.moe_config.moe_parallel_config, hidden_size,
-                           intermediate_size_per_partition)
+                           intermediate_size_per_partition, gated=self.moe.is_act_and_mul)
         layer.num_experts, layer.params_dtype, layer.quant_config = (
             num_experts,
             params_dtype,

@@ -150,18 +150,44 @@ def _without_stale_block(src: Path) -> None:
 # family -> how the engine's reference load differs from the converted source (a release shipped broken)
 REFERENCES = {"deepseek-v3-0324": _without_stale_block}
 
+
+def _nvidia_kimi_k25_names(src: Path) -> None:
+    """nvidia/Kimi-K2.5-NVFP4's quantisation config names the text layers `language_model.layers.*` (SGLang 0.5.23
+    kimi_k25.py: "Support nvidia/Kimi-K2.5-NVFP4 naming: language_model.layers.*. Ref: HF config.json for
+    nvidia/Kimi-K2.5-NVFP4"; both engines map that prefix to `language_model.model.layers.`, vLLM 0.34 kimi_k25.py
+    "For legacy NVFP4 checkpoint compatibility"), the tensors' own `language_model.model.layers.*`. The replica's
+    exclude lists, in both configs, take that spelling; the tensors are unchanged."""
+    def rewrite(names: list[str]) -> list[str]:
+        assert any(n.startswith("language_model.model.layers.") for n in names), names  # what this edit replaces
+        return [n.replace("language_model.model.layers.", "language_model.layers.", 1) for n in names]
+
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"]["ignore"] = rewrite(config["quantization_config"]["ignore"])
+    (src / "config.json").write_text(json.dumps(config, indent=2))
+    hfq = json.loads((src / "hf_quant_config.json").read_text())
+    hfq["quantization"]["exclude_modules"] = rewrite(hfq["quantization"]["exclude_modules"])
+    (src / "hf_quant_config.json").write_text(json.dumps(hfq, indent=2))
+
+
 EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads, "fused-globals": _fused_globals,
-         "mixed-precision": _mixed_precision}
+         "nvidia-names": _nvidia_kimi_k25_names, "mixed-precision": _mixed_precision}
 # edits that are synth's own size arguments (the source is written with them; no rewrite after)
 SYNTH_ARGS = {
     # I = 192: not a multiple of 128, so SGLang pads non-gated experts (as Nemotron-3-Nano's 1856 -> 1920)
     "i192": ("--intermediate", "192"),
+    # I = 96: w13 N = 96 breaks the Marlin tile rule unpadded; both engines pad it to 128 (SGLang's non-gated rule,
+    # vLLM's one NVFP4 rule), so the conversion is written padded for TP 1 (CONVERT_ARGS)
+    "i96": ("--intermediate", "96"),
 }
+# edits whose conversion is for one split (`--tp/--ep`: the padded per-rank layout)
+CONVERT_ARGS = {"i96": ("--tp", "1")}
 
 CASES = (
     # DeepSeek-V4: vLLM builds its CUDA model class (serving_tests/vllm/dsv4_cpu.py says why and what stands in)
     Case("deepseek-v4", "nvfp4-modelopt-dsv4"),
     Case("deepseek-v4", "mxfp4-dsv4"),
+    # DeepSeek-V4.1 (Engram, vision tower, DSpark stages): vLLM builds DeepseekV41ForCausalLM (vllm/dsv41_cpu.py)
+    Case("deepseek-v41", "mxfp4-dsv4"),
     Case("gpt-oss", "mxfp4-gptoss", edit="kv-heads"),
     Case("qwen3-moe", "nvfp4-modelopt-hf", dtypes=("bfloat16", "float16")),
     Case("qwen3-moe", "nvfp4-ct"),
@@ -178,6 +204,9 @@ CASES = (
     # hf_quant_config.json; the engine's reference is the source without the stale block (REFERENCES)
     Case("deepseek-v3-0324", "nvfp4-modelopt-hf"),
     Case("deepseek-v32", "nvfp4-modelopt-hf"),
+    Case("kimi-k25", "nvfp4-modelopt-hf", text_only=True),  # Kimi-K2.5 / K2.6: no MoonViT tensors in the replica
+    Case("kimi-k25", "nvfp4-modelopt-hf", edit="nvidia-names", text_only=True),  # nvidia's excludes' spelling
+    Case("glm5-moe", "nvfp4-modelopt-hf"),  # GLM-5.x: V3.2's DSA model (vLLM) / DeepseekV2ForCausalLM (SGLang)
     Case("minimax-m2", "nvfp4-modelopt-hf"),
     Case("mixtral", "nvfp4-modelopt-hf", engines=("vllm",)),
     # fam-hybrid: the multimodal wrappers' replicas carry no vision tensors, so their towers are not built
@@ -191,6 +220,8 @@ CASES = (
     # nemotron: Nemotron-H (Mamba-2 + attention + non-gated relu2 experts: w13 is up_proj alone)
     Case("nemotron-h", "nvfp4-modelopt-hf"),
     Case("nemotron-h", "nvfp4-modelopt-hf", edit="i192"),
+    Case("nemotron-h", "nvfp4-modelopt-hf", edit="i96"),  # issue 37 item 7: the non-gated tile rule, padded
+    Case("nemotron-3-super", "nvfp4-modelopt-hf"),  # LatentMoE: routed experts at moe_latent_size
     Case("gemma4-moe", "nvfp4-ct", text_only=True),  # mtp: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (synth/families.py)
     # producers: what ModelOpt 0.47 and llm-compressor 0.14 write (tests/fixtures/producers), loaded as written;
     # the outputs no engine loads are refused in serving_tests/test_engine_refusals.py (core/served.py REFUSED)
@@ -229,7 +260,8 @@ def make_case(tmp, case: Case, engine: str, dtype: str) -> tuple[Path, Path]:
     out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
     if not out.exists():
         command = "mxfp4-to-marlin" if case.fmt.startswith("mxfp4") else "nvfp4-to-marlin"
-        _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q")
+        _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q",
+             *CONVERT_ARGS.get(case.edit, ()))
     if case.family in REFERENCES:
         ref = Path(tmp, f"ref-{case.id}")
         if not ref.exists():

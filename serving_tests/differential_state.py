@@ -33,7 +33,7 @@ def state_diff(engine: dict[str, torch.Tensor], plugin: dict[str, torch.Tensor])
     both = sorted(set(engine) & set(plugin))
     differ = {n: d for n in both if (d := byte_diff(plugin[n], engine[n])) is not None}
     return {"only_engine": sorted(set(engine) - set(plugin)), "only_plugin": sorted(set(plugin) - set(engine)),
-            "differ": differ, "compared": len(both)}
+            "differ": differ, "compared": len(both), "compared_names": both}
 
 
 def draft_diff(engine_model: torch.nn.Module, plugin_model: torch.nn.Module) -> dict:

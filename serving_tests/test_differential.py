@@ -49,8 +49,18 @@ equivalent; nothing else is changed):
   attention's input GEMMs), and the FP8 block-linear kernel lookup (attention, shared experts) -> vLLM's sm_120
   choice, CUTLASS block FP8, whose weight processing is torch code (on CPU vLLM lists only AMX kernels).
   serving_tests/vllm/dsv4_cpu.py; the same stand-ins in both models, never a compared tensor.
+- DeepSeek-V3.2 and GLM-5.x (vLLM): the CUDA DSA class (`models/deepseek_v32/nvidia/model.py`), built under the
+  same capability stand-in as DeepSeek-V4's (serving_tests/vllm/dsv4_cpu.py).
 - DeepSeek-V4 (SGLang): the mHC kernels' JIT warm-up at the end of `load_weights` -> nothing (it asks the CUDA
   SM count and runs kernels on dummy inputs). serving_tests/sglang/dsv4_cpu.py.
+- DeepSeek-V4.1 (vLLM; serving_tests/vllm/dsv41_cpu.py, each with its reason): the CUDA model class and sm_120 as
+  for V4; the `deepseek_v4_fp8` config class CUDA builds (the V4.1 one; the CPU platform imports V4's, which builds
+  plain fp8 for model_type deepseek_v41); the MXFP8 linear kernel -> vLLM's own EmulationMxfp8LinearKernel (sm_120
+  runs Marlin MXFP8 for the 32x32 dense linears, a CUDA repack; its pick for the grouped wo_a BMM is this kernel);
+  the Engram tables built with `--engram-config '{"cpu_offload": false}'` (host offload pins memory, CUDA only);
+  the device index 0 and an sm_120 SM count (188) while it is built. SGLang builds it with the server's model and
+  tokenizer path set (both engines' Engram hash reads the tokenizer). The same in both models, never a compared
+  tensor but the dense MXFP8 linears, which both models process with the same emulation kernel.
 - DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
   no compressor or indexer is built (vLLM's compressor takes head sizes 512 / 128 only, beyond synth's shrunk dims).
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
@@ -105,11 +115,19 @@ UNINITIALISED = {
 }
 
 
+# parts a family's proof must compare (a model that dropped them would compare the rest and pass): DeepSeek-V4.1's
+# Engram tables, vision tower and routed experts, in each engine's own parameter names
+MUST_COMPARE = {"deepseek-v41": ("engram.embed", "vision.", "aligner.", "experts.w13_weight")}
+
+
 @pytest.mark.parametrize("case", IDS)
 def test_plugin_load_equals_the_engines_load_of_the_source(results, case):
     r = results[case]
     assert "error" not in r, r.get("traceback", r)
     assert r["compared"] > 0
+    family = next(c.family for c, dtype in RUNS if f"{c.id}-{dtype}" == case)
+    missing = [part for part in MUST_COMPARE.get(family, ()) if not any(part in n for n in r["compared_names"])]
+    assert not missing, f"no compared parameter holds {missing}: {r['compared_names']}"
     empty = UNINITIALISED.get(ENGINE, ())
     problems = [f"only the engine's model has {n}" for n in r["only_engine"] if n.rsplit(".", 1)[-1] not in empty]
     problems += [f"only the plugin's model has {n}" for n in r["only_plugin"]]

@@ -36,9 +36,11 @@ sys.path.insert(0, str(Path(__file__).parent / ENGINE))
 
 # the families whose replicas carry a draft layer the engine builds a draft model for (synth/mtp.py)
 DRAFTS = (Case("deepseek-v3", "nvfp4-modelopt-hf"), Case("deepseek-v32", "nvfp4-modelopt-hf"),
+          Case("glm5-moe", "nvfp4-modelopt-hf"),
           Case("qwen3-next", "nvfp4-modelopt-hf"), Case("qwen3-next", "nvfp4-ct"),
           Case("qwen3.5-moe", "nvfp4-modelopt-hf"), Case("qwen3.5-moe", "nvfp4-ct"),
-          Case("glm4-moe", "nvfp4-modelopt-hf"), Case("glm4-moe", "nvfp4-ct", edit="fused-globals"))
+          Case("glm4-moe", "nvfp4-modelopt-hf"), Case("glm4-moe", "nvfp4-ct", edit="fused-globals"),
+          Case("deepseek-v41", "mxfp4-dsv4"))
 IDS = [f"{c.id}-bfloat16" for c in DRAFTS]
 # (engine, case) whose draft the engine's own loader cannot build from the SOURCE: nothing the plugin could serve.
 # SGLang 0.5.23 builds Qwen3-Next's draft (Qwen3NextForCausalLMMTP) with the target's ModelOpt / CT config, whose
@@ -51,6 +53,13 @@ ENGINE_CANNOT = {("sglang", "qwen3-next-nvfp4-modelopt-hf"), ("sglang", "qwen3-n
                  ("vllm", "glm4-moe-nvfp4-modelopt-hf"), ("sglang", "glm4-moe-nvfp4-modelopt-hf")}
 # GLM's draft layer (mtp.safetensors) keeps the release's NVFP4 experts: the source's own method, in both drafts
 SOURCE_METHOD_EXPERTS = ("glm4-moe",)
+# DeepSeek-V4.1's DSpark stages hold MXFP4 experts, which the converter converts: the plugin's method in its draft
+CONVERTED_DRAFT_EXPERTS = ("deepseek-v41",)
+# parts a draft's proof must compare, per engine (a draft that dropped them would compare the rest and pass): DSpark's
+# converted experts and its own heads (SGLang 0.5.23's DSpark draft builds no confidence head: deepseek_v4_dspark.py)
+_DSPARK = ("experts.w13_weight", "markov", "main_proj")
+MUST_COMPARE = {("vllm", "deepseek-v41-mxfp4-dsv4"): (*_DSPARK, "confidence_head"),
+                ("sglang", "deepseek-v41-mxfp4-dsv4"): _DSPARK}
 
 
 @pytest.fixture(scope="module")
@@ -73,12 +82,16 @@ def test_plugin_draft_equals_the_engines_draft_of_the_source(results, case):
         assert "error" in r and "engine_model = " in r["traceback"] and "SOURCE_LINE" in r["traceback"], r
         pytest.skip(f"{ENGINE} cannot load this source's draft itself: {r['error']}")
     assert "error" not in r, r.get("traceback", r)
-    assert r["compared"] > 0 and r["draft_class"].endswith(("MTP", "NextN")), r
+    assert r["compared"] > 0 and r["draft_class"].endswith(("MTP", "NextN")) or "DSpark" in r["draft_class"], r
     print(f"\n{case}: {r['draft_class']}, {r['compared']} tensors compared, methods {r['methods']}")
     # the draft's routed experts are BF16 in the releases: the engine's unquantised MoE, in both drafts (GLM: NVFP4)
     moe = [m for m in r["methods"] if "MoE" in m]
     unquantised = [m for m in moe if "Unquantized" in m]
-    assert moe and unquantised == ([] if case.startswith(SOURCE_METHOD_EXPERTS) else moe), r["methods"]
+    quantised = case.startswith(SOURCE_METHOD_EXPERTS + CONVERTED_DRAFT_EXPERTS)
+    assert moe and unquantised == ([] if quantised else moe), r["methods"]
+    missing = [part for part in MUST_COMPARE.get((ENGINE, case.removesuffix("-bfloat16")), ())
+               if not any(part in n for n in r["compared_names"])]
+    assert not missing, f"no compared parameter holds {missing}: {r['compared_names']}"
     problems = [f"only the engine's draft has {n}" for n in r["only_engine"]]
     problems += [f"only the plugin's draft has {n}" for n in r["only_plugin"]]
     problems += [f"{name}: {what}" for name, what in r["differ"].items()]

@@ -11,6 +11,7 @@ total tensor bytes and one record per injected defect (which tensor, which eleme
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -23,12 +24,13 @@ import torch
 from safetensors.torch import save_file
 
 from ..core.errors import UsageError
-from ..core.files import INDEX_FILE, MTP_FILE, SYNTH_MANIFEST, shard_name
+from ..core.files import CONFIG, INDEX_FILE, MTP_FILE, SYNTH_MANIFEST, shard_name
 from ..core.source_formats import source_format, synth_formats
 from ..core.version import __version__
 from ..runtime.paths import check_replaceable, out_path
 from .configs import config_files
 from .defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
+from .dsv41 import dsv41_config, dsv41_tensors, dsv41_tokenizer
 from .families import FAMILY_SPECS
 from .family_configs import family_config_files
 from .family_layers import family_tensors
@@ -46,8 +48,10 @@ __all__ = [
 SYNTH_FORMATS = synth_formats()  # the source-format table's rows with a `synth` entry
 # model family -> the source formats its releases use (the first is the default): core/naming.py FAMILIES
 SYNTH_FAMILIES = {"deepseek-v4": ("nvfp4-modelopt-dsv4", "mxfp4-dsv4"), "gpt-oss": ("mxfp4-gptoss",),
+                  "deepseek-v41": ("mxfp4-dsv4",),  # synth/dsv41.py
                   **{name: spec.formats for name, spec in FAMILY_SPECS.items()}}
 DEFECT_NAMES = tuple(DEFECTS)
+_OWN_TREE = ("deepseek-v41",)  # families written by their own module, not a FamilySpec (synth/dsv41.py)
 
 Progress = Callable[[int, int], None]  # (bytes of the tensor just produced, total bytes of the checkpoint)
 
@@ -132,7 +136,7 @@ def _check_args(fmt, layers, experts, hidden, intermediate, shards, hash_layers,
             problems.append(f"unknown family {family!r} (choose from {', '.join(SYNTH_FAMILIES)})")
         elif fmt not in SYNTH_FAMILIES[family]:
             problems.append(f"{family} releases come as {', '.join(SYNTH_FAMILIES[family])}, not {fmt}")
-        elif family in FAMILY_SPECS and (mtp or defects or real_size):
+        elif (family in FAMILY_SPECS or family in _OWN_TREE) and (mtp or defects or real_size):
             problems.append(f"--family {family} takes no --mtp, --defect or --real-size (its MTP layer, if the "
                             "family has one, is always written)")
     if fmt not in synth_formats():
@@ -195,7 +199,10 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
             records = []
         else:
             dims = Dims(layers, experts, hidden, intermediate, hash_layers, mtp)
-            if family in FAMILY_SPECS:
+            if family == "deepseek-v41":  # no hash layers in V4.1 (synth/dsv41.py)
+                dims = dataclasses.replace(dims, hash_layers=0)
+                tensors = dsv41_tensors(format, seed, dims, tweaks_for(defects, experts), dtype_torch)
+            elif family in FAMILY_SPECS:
                 tensors, outside = family_tensors(family, format, seed, dims, dtype_torch)
                 if outside:  # a file the index does not list (GLM's mtp.safetensors)
                     _save(outside, staging / MTP_FILE)
@@ -217,6 +224,8 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
         configs = config_files(format, dims)
         if family in FAMILY_SPECS:
             configs.update(family_config_files(family, format, dims))
+        elif family == "deepseek-v41":
+            configs.update({CONFIG: dsv41_config(dims), **dsv41_tokenizer(dims)})
         for fname, obj in configs.items():
             _write_json(staging / fname, obj)
         for rec in records:

@@ -21,6 +21,22 @@ The facts per family, and where they come from:
   the model cards of nvidia/Kimi-K2.6-NVFP4 reproductions describe); deepseek-v32 (DeepseekV32ForCausalLM,
   `model_type: deepseek_v32`, MLA plus the sparse-attention indexer, synth/mla.py; the NVFP4 release's
   attention precision is this generator's assumption: BF16, as R1-FP4).
+- glm5-moe (GLM-5 / 5.1 / 5.2 / 5.3, nvidia/GLM-5.x-NVFP4): GlmMoeDsaForCausalLM, `model_type: glm_moe_dsa`, DeepSeek-
+  V3.2's MLA + sparse-attention indexer (synth/mla.py) with GLM-5's head sizes (qk_nope_head_dim 192, v_head_dim 256,
+  index_n_heads 32: transformers 5 configuration_glm_moe_dsa.py GlmMoeDsaConfig, whose defaults are zai-org/GLM-5's;
+  the GLM-5 technical report's table), `first_k_dense_replace` dense layers, one shared expert, sigmoid router with
+  `e_score_correction_bias` (`n_routed_experts`, HF expert names `mlp.experts.E.{gate,up,down}_proj`), one MTP layer
+  `model.layers.<num_hidden_layers>` (NeMo Megatron-Bridge GLM-5 notes). vLLM 0.33 / 0.34 build it with the DSA class
+  of DeepSeek-V3.2 (vllm/models/deepseek_v32/__init__.py), SGLang 0.5.23 with glm4_moe.py GlmMoeDsaForCausalLM, a
+  DeepseekV2ForCausalLM. The NVFP4 release's precision split (BF16 attention and MTP layer, NVFP4 MLPs and experts)
+  is assumed to follow DeepSeek-V3.2's recipe (not confirmed from its file list).
+- kimi-k25 (Kimi-K2.5 / K2.6): KimiK25ForConditionalGeneration, `model_type: kimi_k25`, the Kimi-K2 text model
+  (`text_config` of model_type kimi_k2, read as DeepseekV3Config: transformers 5 configuration_kimi_k25.py, SGLang
+  0.5.23 configs/kimi_k25.py) under `language_model.model.*` and `language_model.lm_head` (moonshotai's names: vLLM
+  0.33 / 0.34 kimi_k25.py builds `language_model` as DeepseekV2ForCausalLM; SGLang 0.5.23 kimi_k25.py strips
+  `language_model.`), a MoonViT tower `vision_tower.*` and `mm_projector.*` (not written: the replica is served
+  text-only), ModelOpt NVFP4 on the routed experts only, as the Kimi-K2 replica. nvidia/Kimi-K2.5-NVFP4's config
+  names the layers `language_model.layers.*` in its exclude lists: serving_tests/differential.py's `nvidia-names` edit.
 - glm4-moe (GLM-4.5/4.6/4.7): Glm4MoeForCausalLM, `first_k_dense_replace`, `mlp.shared_experts`, router
   `mlp.gate` with `e_score_correction_bias`; the MTP layer `model.layers.<num_hidden_layers>.*` lives in
   `mtp.safetensors`, which model.safetensors.index.json does not list (vLLM 0.33 glm4_moe_mtp.py; the
@@ -55,6 +71,7 @@ The facts per family, and where they come from:
   `feed_forward.{gate,up,down}_proj` of `intermediate_size_mlp` between: vLLM 0.33 llama4.py is_moe_layer;
   Scout has step 1); the dense layers' NVFP4 quantisation is this generator's assumption.
 MTP / draft layers (DeepSeek `model.layers.<N>`, MiniMax-M2 declared only, Qwen `mtp.*`): synth/mtp.py.
+DeepSeek-V4.1 (Engram, vision tower, DSpark stages; V4's native names, no FamilySpec): synth/dsv41.py.
 Sizes, values and the tokenizer are synthetic; the generator never copies real weights.
 """
 
@@ -65,6 +82,7 @@ from dataclasses import dataclass, field
 from ..core.naming import family_named
 from .mtp import MINIMAX_MTP_CONFIG
 from .nemotron import BF16 as NEMOTRON_BF16
+from .nemotron import LATENT_BF16 as NEMOTRON_LATENT_BF16
 
 __all__ = ["FAMILY_SPECS", "FamilySpec"]
 
@@ -98,6 +116,8 @@ class FamilySpec:
     routed_only: bool = False      # NVFP4 on the routed experts only (dense MLP and shared experts BF16)
     stale_block: bool = False      # config.json keeps the pre-FP4 block-FP8 block (DeepSeek-V3-0324-FP4)
     examples: str = ""             # the releases a replica stands for, when not all of its family's
+    latent_moe: bool = False       # routed experts at `moe_latent_size` (Nemotron-3 Super / Ultra: synth/nemotron.py)
+    text_model_type: str = ""      # a nested text_config's model_type when not `<model_type>_text` (Kimi-K2.5: kimi_k2)
 
     @property
     def key(self) -> str:
@@ -113,6 +133,11 @@ _DEEPSEEK = {"n_shared_experts": 1, "topk_method": "noaux_tc", "scoring_func": "
              "hidden_act": "silu", "num_nextn_predict_layers": 0}
 _DEEPSEEK_MTP = {**_DEEPSEEK, "num_nextn_predict_layers": 1}  # DeepSeek-R1 / V3 / V3.2 (synth/mtp.py); Kimi-K2 0
 
+# GLM-5 / 5.1 (zai-org/GLM-5 config.json as transformers 5 GlmMoeDsaConfig's defaults keep it: qk_nope_head_dim 192,
+# v_head_dim 256, index_n_heads 32; no YaRN scaling, rope_theta 1e6 is this generator's assumption)
+_GLM5_ATTENTION = {"qk_nope_head_dim": 192, "v_head_dim": 256, "index_n_heads": 32, "rope_theta": 1000000,
+                   "rope_scaling": None, "rms_norm_eps": 1e-5}
+
 FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     FamilySpec("qwen3-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_moe", "mlp",
                config={"norm_topk_prob": True, "decoder_sparse_step": 1}),
@@ -127,8 +152,16 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                routed_only=True, attention="mla", name="kimi-k2", architecture="DeepseekV3ForCausalLM",
                examples="Kimi-K2 NVFP4 (DeepseekV3ForCausalLM, model_type kimi_k2)",
                config={**_DEEPSEEK, "routed_scaling_factor": 2.827, "rope_theta": 50000}),
+    FamilySpec("kimi-k25", ("nvfp4-modelopt-hf",), "kimi_k25", "mlp", shared="shared_experts", dense_layers=1,
+               routed_only=True, attention="mla", nested=True, text_model_type="kimi_k2", layer_prefix="language_model.model.layers",
+               lm_head="language_model.lm_head.weight",
+               config={**_DEEPSEEK, "routed_scaling_factor": 2.827, "rope_theta": 50000,
+                       "architectures": ["DeepseekV3ForCausalLM"]}),  # the text config's, as Kimi-K2's (SGLang reads it)
     FamilySpec("deepseek-v32", ("nvfp4-modelopt-hf",), "deepseek_v32", "mlp", shared="shared_experts",
                dense_layers=1, attention="mla-indexer", config=_DEEPSEEK_MTP, mtp="layer"),
+    # GLM-5.x: DeepSeek-V3.2's layout with GLM-5's head sizes (the docstring names the sources)
+    FamilySpec("glm5-moe", ("nvfp4-modelopt-hf",), "glm_moe_dsa", "mlp", shared="shared_experts",
+               dense_layers=1, attention="mla-indexer", mtp="layer", config={**_DEEPSEEK_MTP, **_GLM5_ATTENTION}),
     FamilySpec("glm4-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "glm4_moe", "mlp", shared="shared_experts",
                dense_layers=1, mtp="file", config={"n_shared_experts": 1, "num_nextn_predict_layers": 1}),
     FamilySpec("qwen3.5-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_5_moe", "mlp", shared="shared_expert",
@@ -144,6 +177,9 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     # Nemotron-H (synth/nemotron.py): Mamba-2 / attention / MoE layers, non-gated experts
     FamilySpec("nemotron-h", ("nvfp4-modelopt-hf",), "nemotron_h", "mixer", shared="shared_experts",
                layer_prefix="backbone.layers", bf16=NEMOTRON_BF16),
+    FamilySpec("nemotron-h", ("nvfp4-modelopt-hf",), "nemotron_h", "mixer", shared="shared_experts",
+               layer_prefix="backbone.layers", bf16=(*NEMOTRON_BF16, *NEMOTRON_LATENT_BF16), latent_moe=True,
+               name="nemotron-3-super", examples="Nemotron-3 Super / Ultra NVFP4 (LatentMoE, moe_latent_size)"),
     # Gemma-4 MoE (synth/gemma4.py): experts and router beside a dense MLP in every layer
     # compressed-tensors: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (llm-compressor; its ignore list is assumed to be the
     # router, attention, vision tower and lm_head, as RedHatAI's Gemma-4 FP8 recipe lists them)

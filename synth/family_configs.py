@@ -18,7 +18,7 @@ __all__ = ["family_config_files"]
 
 _BLOCK_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 
-_N_ROUTED = ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe")
+_N_ROUTED = ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm_moe_dsa", "kimi_k25")
 
 
 def _arch_config(spec: FamilySpec, d: Dims) -> dict:
@@ -48,7 +48,7 @@ def _arch_config(spec: FamilySpec, d: Dims) -> dict:
         text.update(linear_config(d))
     config = {"architectures": [spec.architecture or family.architectures[0]], "model_type": spec.model_type}
     if spec.nested:
-        text["model_type"] = f"{spec.model_type}_text"
+        text["model_type"] = spec.text_model_type or f"{spec.model_type}_text"
         config.update({"text_config": text, "torch_dtype": "bfloat16", "tie_word_embeddings": False})
     else:
         config.update(text)
@@ -68,6 +68,8 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
         exclude += [f"{lp}.*.{spec.moe}.{spec.shared}*", *(f"{lp}.{i}.{spec.moe}*" for i in range(spec.dense_layers))]
     if spec.stacked:  # Llama-4's vision tower and projector stay BF16 (an assumption: not from a public list)
         exclude += ["vision_model*", "multi_modal_projector*"]
+    if spec.family == "kimi-k25":  # its MoonViT tower and projector
+        exclude += ["vision_tower*", "mm_projector*"]
     exclude += [f"{lp}.{glob}" if glob[0].isdigit() else f"{lp}.*.{glob}" for glob in spec.bf16]  # "3.x": layer 3
     if spec.mixed and spec.linear:  # ModelOpt's qwen3_5 recipe keeps in_proj_a / in_proj_b unquantised
         exclude += [f"{lp}.*.linear_attn.in_proj_a", f"{lp}.*.linear_attn.in_proj_b"]
@@ -97,12 +99,22 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
 def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
     """config.json and, for ModelOpt, hf_quant_config.json of a family checkpoint."""
     spec = FAMILY_SPECS[family]
-    config = nemotron_config(d) if family == "nemotron-h" else _arch_config(spec, d)
+    config = nemotron_config(d, latent=spec.latent_moe) if spec.family == "nemotron-h" else _arch_config(spec, d)
     if family == "gemma4-moe":
         config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "torch_dtype": "bfloat16",
                   "text_config": gemma4_text_config(d), "tie_word_embeddings": True,
                   "vision_config": {"model_type": "gemma4_vision", "hidden_size": 64, "intermediate_size": 128,
                                     "num_hidden_layers": 1, "num_attention_heads": 1}}  # no tensors: served text-only
+    if family == "kimi-k25":  # MoonViT's config, no tensors (served text-only): transformers 5 KimiK25VisionConfig's
+        # fields and the hub's remote-code schema SGLang 0.5.23 kimi_k25.py reads (vt_hidden_size, text_hidden_size,
+        # init_pos_emb_*; vLLM 0.34 transformers_utils/config.py: "hub remote code uses old schema")
+        config["vision_config"] = {"model_type": "kimi_k25_vision", "patch_size": 14, "num_attention_heads": 2,
+                                   "num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
+                                   "vt_hidden_size": 64, "vt_num_attention_heads": 2, "vt_num_hidden_layers": 1,
+                                   "vt_intermediate_size": 128, "init_pos_emb_height": 64, "init_pos_emb_width": 64,
+                                   "init_pos_emb_time": 4, "pos_emb_type": "divided_fixed",
+                                   "video_attn_type": "spatial_temporal", "merge_type": "sd2_tpool",
+                                   "merge_kernel_size": [2, 2], "text_hidden_size": d.hidden}
     files = {CONFIG: config}
     row = source_format(fmt)
     if row.synth.config == "ct":

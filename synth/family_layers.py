@@ -3,6 +3,8 @@ each layer's attention, MLP or experts in the family's precision split, the head
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..core.naming import family_named
@@ -13,7 +15,7 @@ from .families import FAMILY_SPECS, FamilySpec
 from .gemma4 import gemma4_tensors
 from .hybrid import LINEAR, gated_attention, gdn_layer, layer_types
 from .layouts import Dims
-from .mla import mla_tensors
+from .mla import mla_dims, mla_tensors
 from .mtp import deepseek_mtp_layer, qwen_mtp_block
 from .nemotron import nemotron_tensors
 from .seeded import dense, expert_matrix
@@ -80,7 +82,8 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
     out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
     attn = _attn_kind(spec, fmt)
     if spec.attention.startswith("mla"):
-        mla_tensors(out, seed, p, h, d.heads, d.q_lora_rank, dtype, indexer=spec.attention == "mla-indexer")
+        mla_tensors(out, seed, p, h, d.heads, d.q_lora_rank, dtype, indexer=spec.attention == "mla-indexer",
+                    dims=mla_dims(spec.config))
     elif spec.linear is not None:  # hybrid: Gated-DeltaNet or gated full attention (synth/hybrid.py)
         if layer < d.layers and layer_types(d)[layer] == LINEAR:
             gdn_layer(out, seed, p, d, _linear, split=spec.linear == "split", dtype=dtype,
@@ -101,7 +104,7 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
         return
     moe = f"{p}.{spec.moe}"
     out[f"{moe}.{spec.router}.weight"] = dense(seed, f"{moe}.{spec.router}", (d.experts, h), dtype=dtype)
-    if spec.family in ("deepseek-v3", "deepseek-v32", "glm4-moe"):
+    if spec.family in ("deepseek-v3", "deepseek-v32", "glm4-moe", "glm5-moe", "kimi-k25"):
         out[f"{moe}.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
     elif spec.config.get("use_routing_bias"):  # MiniMax-M2
         out[f"{moe}.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
@@ -115,6 +118,8 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
         out.update(_k_major_stacks(seed, f"{moe}.experts", str(layer), d, dtype))
     elif experts_layer:
         scheme = family_named(spec.family).source_scheme
+        if spec.prefix != scheme.layer_prefixes[0] and spec.prefix in scheme.layer_prefixes:  # the scheme's 2nd spelling
+            scheme = replace(scheme, layer_prefixes=(spec.prefix,))  # (Kimi-K2.5: language_model.model.layers)
         out.update(encode_layer_experts(fmt, seed, str(layer), experts=d.experts, hidden=h, inter=d.intermediate,
                                         tweaks=Tweaks(), dtype=dtype, scheme=scheme))
 
@@ -141,8 +146,8 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
                    dtype: torch.dtype = torch.bfloat16) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(indexed tensors in file order, tensors of the file outside the index: GLM's mtp.safetensors)."""
     spec = FAMILY_SPECS[family]
-    if family == "nemotron-h":
-        return nemotron_tensors(fmt, seed, d, _linear, dtype), {}
+    if spec.family == "nemotron-h":
+        return nemotron_tensors(fmt, seed, d, _linear, dtype, latent=spec.latent_moe), {}
     if family == "gemma4-moe":
         return gemma4_tensors(fmt, seed, d, _linear, family_named(family).source_scheme, dtype), {}
     root = spec.prefix.rsplit(".layers", 1)[0]
@@ -162,5 +167,6 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
     elif spec.mtp == "unquantised":  # Qwen3.5 / Qwen3-Next: a BF16 MTP block under mtp.*, experts included
         qwen_mtp_block(out, seed, d, _mlp, _linear, dtype)
     elif spec.mtp == "layer":  # DeepSeek: layer num_hidden_layers in the index, BF16, excluded (synth/mtp.py)
-        deepseek_mtp_layer(out, seed, spec.prefix, d, _mlp, dtype, indexer=spec.attention == "mla-indexer")
+        deepseek_mtp_layer(out, seed, spec.prefix, d, _mlp, dtype, indexer=spec.attention == "mla-indexer",
+                           dims=mla_dims(spec.config))
     return out, outside

@@ -8,12 +8,13 @@ attention, `model.layers.L.mlp.*`) for the generic ModelOpt, compressed-tensors 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 
 from ..core.source_formats import source_format
 from .experts import Tweaks, encode_layer_experts
-from .seeded import dense, fp8_block_quantize, generator_for
+from .seeded import FP8_BLOCK, dense, fp8_block_quantize, generator_for
 
 __all__ = ["Dims", "build_tensors"]
 
@@ -42,8 +43,8 @@ class Dims:
         return max(self.hidden // 2, 32)
 
 
-def _fp8(out: dict, seed: int, name: str, n: int, k: int) -> None:
-    w, s = fp8_block_quantize(dense(seed, name, (n, k), dtype=torch.float32))
+def _fp8_linear(out: dict, seed: int, name: str, n: int, k: int, block: int = FP8_BLOCK) -> None:
+    w, s = fp8_block_quantize(dense(seed, name, (n, k), dtype=torch.float32), (block, block))
     out[f"{name}.weight"], out[f"{name}.scale"] = w, s
 
 
@@ -58,12 +59,19 @@ def _hyper_connection(out: dict, seed: int, name: str, mix: int, scales: int, h:
 
 
 def _dsv4_block(out: dict, seed: int, prefix: str, layer: str, index: int, d: Dims, fmt: str,
-                tweaks: Tweaks, dtype: torch.dtype) -> None:
+                tweaks: Tweaks, dtype: torch.dtype, *, block: int = FP8_BLOCK, experts: int | None = None,
+                engram=None, bias_vl: bool = False) -> None:
     """One DeepSeek-V4 transformer block: hyper-connection mixers (F32), sliding-window attention (FP8, one
-    output group: wo_a [hd, hd]), router, shared (FP8) and routed experts."""
+    output group: wo_a [hd, hd]), router, shared (FP8) and routed experts. V4.1 (synth/dsv41.py): `block` 32,
+    `experts` a draft stage's own count, `engram(out, prefix)` writes the layer's Engram before its attention,
+    `bias_vl`: the router's bias for image tokens (a vision checkpoint's every MoE layer)."""
     h, q, hd = d.hidden, d.q_lora_rank, d.heads * d.head_dim
+    n_experts = d.experts if experts is None else experts
+    _fp8 = partial(_fp8_linear, block=block)
     for sub in ("attn", "ffn"):
         _hyper_connection(out, seed, f"{prefix}.hc_{sub}", (2 + DSV4_HC_MULT) * DSV4_HC_MULT, 3, h)
+    if engram is not None:
+        engram(out, prefix)
     _norm(out, seed, f"{prefix}.attn_norm.weight", h, dtype)
     _fp8(out, seed, f"{prefix}.attn.wq_a", q, h)
     _norm(out, seed, f"{prefix}.attn.q_norm.weight", q, dtype)
@@ -74,15 +82,17 @@ def _dsv4_block(out: dict, seed: int, prefix: str, layer: str, index: int, d: Di
     _fp8(out, seed, f"{prefix}.attn.wo_b", h, hd)
     out[f"{prefix}.attn.attn_sink"] = dense(seed, f"{prefix}.attn.attn_sink", (d.heads,), dtype=torch.float32)
     _norm(out, seed, f"{prefix}.ffn_norm.weight", h, torch.float32)
-    out[f"{prefix}.ffn.gate.weight"] = dense(seed, f"{prefix}.ffn.gate.weight", (d.experts, h), dtype=dtype)
+    out[f"{prefix}.ffn.gate.weight"] = dense(seed, f"{prefix}.ffn.gate.weight", (n_experts, h), dtype=dtype)
     if index < d.hash_layers:
         g = generator_for(seed, f"{prefix}.ffn.gate.tid2eid")
-        out[f"{prefix}.ffn.gate.tid2eid"] = torch.randint(0, d.experts, (d.vocab, d.top_k), generator=g)
+        out[f"{prefix}.ffn.gate.tid2eid"] = torch.randint(0, n_experts, (d.vocab, d.top_k), generator=g)
     else:
-        out[f"{prefix}.ffn.gate.bias"] = dense(seed, f"{prefix}.ffn.gate.bias", (d.experts,), dtype=torch.float32)
+        out[f"{prefix}.ffn.gate.bias"] = dense(seed, f"{prefix}.ffn.gate.bias", (n_experts,), dtype=torch.float32)
+    if bias_vl:
+        out[f"{prefix}.ffn.gate.bias_vl"] = dense(seed, f"{prefix}.ffn.gate.bias_vl", (n_experts,), dtype=torch.float32)
     for proj, (n, k) in (("w1", (d.intermediate, h)), ("w2", (h, d.intermediate)), ("w3", (d.intermediate, h))):
         _fp8(out, seed, f"{prefix}.ffn.shared_experts.{proj}", n, k)
-    out.update(encode_layer_experts(fmt, seed, layer, experts=d.experts, hidden=h, inter=d.intermediate,
+    out.update(encode_layer_experts(fmt, seed, layer, experts=n_experts, hidden=h, inter=d.intermediate,
                                     tweaks=tweaks, dtype=dtype))
 
 
@@ -97,8 +107,8 @@ def _dsv4_tree(fmt: str, seed: int, d: Dims, tweaks: Tweaks, dtype: torch.dtype)
     if d.mtp:
         _norm(out, seed, "mtp.0.enorm.weight", d.hidden, dtype)
         _norm(out, seed, "mtp.0.hnorm.weight", d.hidden, dtype)
-        _fp8(out, seed, "mtp.0.e_proj", d.hidden, d.hidden)
-        _fp8(out, seed, "mtp.0.h_proj", d.hidden, d.hidden)
+        _fp8_linear(out, seed, "mtp.0.e_proj", d.hidden, d.hidden)
+        _fp8_linear(out, seed, "mtp.0.h_proj", d.hidden, d.hidden)
         _dsv4_block(out, seed, "mtp.0", "mtp.0", d.layers, d, fmt, tweaks, dtype)
         _norm(out, seed, "mtp.0.norm.weight", d.hidden, dtype)
     return out

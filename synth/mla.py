@@ -25,7 +25,7 @@ import torch
 
 from .seeded import dense
 
-__all__ = ["MLA", "mla_config", "mla_tensors", "ones_weight"]
+__all__ = ["MLA", "INDEXER", "mla_config", "mla_dims", "mla_tensors", "ones_weight"]
 
 MLA = {"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
 INDEXER = {"index_n_heads": 64, "index_head_dim": 128, "index_topk": 2048}
@@ -40,29 +40,34 @@ def mla_config(heads: int, q_lora_rank: int, *, indexer: bool) -> dict:
             "rms_norm_eps": 1e-6, "attention_bias": False, **(INDEXER if indexer else {})}
 
 
+def mla_dims(config: dict) -> dict:
+    """The attention's head sizes of a replica's config (its own where it names them: GLM-5), else DeepSeek-V3's."""
+    return {k: config.get(k, v) for k, v in {**MLA, **INDEXER}.items()}
+
+
 def ones_weight(out: dict, name: str, size: int, dtype: torch.dtype) -> None:
     """A norm's weight as the replicas write it: ones."""
     out[name] = torch.ones(size, dtype=dtype)
 
 
 def mla_tensors(out: dict, seed: int, p: str, hidden: int, heads: int, q_lora_rank: int, dtype: torch.dtype,
-                *, indexer: bool) -> None:
-    """The BF16 attention tensors of decoder layer `p` (`model.layers.3`)."""
-    a = f"{p}.self_attn"
-    qk = MLA["qk_nope_head_dim"] + MLA["qk_rope_head_dim"]
+                *, indexer: bool, dims: dict | None = None) -> None:
+    """The BF16 attention tensors of decoder layer `p` (`model.layers.3`); `dims`: mla_dims of the config."""
+    a, m = f"{p}.self_attn", dims or mla_dims({})
+    qk = m["qk_nope_head_dim"] + m["qk_rope_head_dim"]
     shapes = {
         "q_a_proj": (q_lora_rank, hidden),
         "q_b_proj": (heads * qk, q_lora_rank),
-        "kv_a_proj_with_mqa": (MLA["kv_lora_rank"] + MLA["qk_rope_head_dim"], hidden),
-        "kv_b_proj": (heads * (MLA["qk_nope_head_dim"] + MLA["v_head_dim"]), MLA["kv_lora_rank"]),
-        "o_proj": (hidden, heads * MLA["v_head_dim"]),
+        "kv_a_proj_with_mqa": (m["kv_lora_rank"] + m["qk_rope_head_dim"], hidden),
+        "kv_b_proj": (heads * (m["qk_nope_head_dim"] + m["v_head_dim"]), m["kv_lora_rank"]),
+        "o_proj": (hidden, heads * m["v_head_dim"]),
     }
     for proj, shape in shapes.items():
         out[f"{a}.{proj}.weight"] = dense(seed, f"{a}.{proj}", shape, dtype=dtype)
     ones_weight(out, f"{a}.q_a_layernorm.weight", q_lora_rank, dtype)
-    ones_weight(out, f"{a}.kv_a_layernorm.weight", MLA["kv_lora_rank"], dtype)
+    ones_weight(out, f"{a}.kv_a_layernorm.weight", m["kv_lora_rank"], dtype)
     if indexer:
-        i, n, d = f"{a}.indexer", INDEXER["index_n_heads"], INDEXER["index_head_dim"]
+        i, n, d = f"{a}.indexer", m["index_n_heads"], m["index_head_dim"]
         out[f"{i}.wq_b.weight"] = dense(seed, f"{i}.wq_b", (n * d, q_lora_rank), dtype=dtype)
         out[f"{i}.wk.weight"] = dense(seed, f"{i}.wk", (d, hidden), dtype=dtype)
         ones_weight(out, f"{i}.k_norm.weight", d, dtype)

@@ -47,7 +47,7 @@ Linear = Callable[..., None]  # family_layers._linear(out, seed, name, n, k, kin
 
 
 def deepseek_mtp_layer(out: dict, seed: int, prefix: str, d: Dims, mlp: Mlp, dtype: torch.dtype, *,
-                       indexer: bool) -> None:
+                       indexer: bool, dims: dict | None = None) -> None:
     """`<prefix>.<num_hidden_layers>.*`: DeepSeek's MTP layer as ModelOpt's FP4 releases hold it, all BF16."""
     p, h = f"{prefix}.{d.layers}", d.hidden
     out[f"{p}.embed_tokens.weight"] = dense(seed, f"{p}.embed_tokens", (d.vocab, h), dtype=dtype)
@@ -55,7 +55,7 @@ def deepseek_mtp_layer(out: dict, seed: int, prefix: str, d: Dims, mlp: Mlp, dty
     ones_weight(out, f"{p}.hnorm.weight", h, dtype)
     out[f"{p}.eh_proj.weight"] = dense(seed, f"{p}.eh_proj", (h, 2 * h), dtype=dtype)
     ones_weight(out, f"{p}.input_layernorm.weight", h, dtype)
-    mla_tensors(out, seed, p, h, d.heads, d.q_lora_rank, dtype, indexer=indexer)
+    mla_tensors(out, seed, p, h, d.heads, d.q_lora_rank, dtype, indexer=indexer, dims=dims)
     ones_weight(out, f"{p}.post_attention_layernorm.weight", h, dtype)
     out[f"{p}.mlp.gate.weight"] = dense(seed, f"{p}.mlp.gate", (d.experts, h), dtype=dtype)
     out[f"{p}.mlp.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)

@@ -22,6 +22,16 @@ Facts and sources:
   with the packed-modules mapping) matches a fused layer only through its shards' exact names, so a
   `*.mixer.q_proj` glob would build `qkv_proj` as NVFP4 over BF16 tensors (vLLM's own load fails).
 The replica always has four layers, `M*EE`.
+
+Nemotron-3 Super / Ultra (`synth --family nemotron-3-super`): the same names with LatentMoE. `moe_latent_size` in
+config.json; each MoE layer projects the hidden state down before its routed experts and back after them,
+`mixer.fc1_latent_proj` [latent, H] and `mixer.fc2_latent_proj` [H, latent], and its routed experts run at the latent
+width (`experts.E.up_proj` [I, latent], `down_proj` [latent, I]); the router and the shared expert stay at
+hidden_size (vLLM 0.33 / 0.34 and SGLang 0.5.23 nemotron_h.py NemotronHMoE: `moe_hidden_size = config.moe_latent_size`
+is the FusedMoE's hidden_size, the shared expert NemotronHMLP takes `config.hidden_size`). ModelOpt keeps the latent
+projections unquantised (vLLM nemotron_h.py: "ModelOpt excludes the latent projections"). Super: hidden 4096, latent
+1024, 512 experts, top-22 (arXiv 2604.12374, the Nemotron 3 Super report); the replica's latent is hidden / 2. Its
+MTP layers are not modelled.
 """
 
 from __future__ import annotations
@@ -34,13 +44,14 @@ from ..core.source_formats import source_format
 from .layouts import Dims
 from .seeded import dense
 
-__all__ = ["BF16", "PATTERN", "nemotron_tensors", "nemotron_config"]
+__all__ = ["BF16", "LATENT_BF16", "PATTERN", "latent_size", "nemotron_tensors", "nemotron_config"]
 
 PATTERN = "M*EE"
 # what the NVFP4 export keeps BF16 besides the router (synth.families FamilySpec.bf16): the Mamba projections
 # (a glob over layers) and each attention layer's projections by name
 BF16 = ("mixer.in_proj", "mixer.out_proj",
         *(f"{i}.mixer.{p}" for i, kind in enumerate(PATTERN) if kind == "*" for p in ("q_proj", "k_proj", "v_proj", "o_proj")))
+LATENT_BF16 = ("mixer.fc1_latent_proj", "mixer.fc2_latent_proj")  # Nemotron-3 Super / Ultra's, also BF16
 PREFIX = "backbone.layers"
 # n_groups 8 as the release (nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B config.json: "n_groups": 8, mamba_num_heads
 # 64, mamba_head_dim 64, ssm_state_size 128): SGLang 0.5.23's model reads `mamba_n_groups` (a key the release
@@ -62,9 +73,16 @@ def _mamba(out: dict, seed: int, m: str, d: Dims, linear: Linear, dtype: torch.d
     linear(out, seed, f"{m}.out_proj", d.hidden, di, "bf16", dtype)
 
 
-def nemotron_tensors(fmt: str, seed: int, d: Dims, linear: Linear, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def latent_size(d: Dims) -> int:
+    """The replica's `moe_latent_size`: half the hidden size (Super's is a quarter: 1024 of 4096)."""
+    return d.hidden // 2
+
+
+def nemotron_tensors(fmt: str, seed: int, d: Dims, linear: Linear, dtype: torch.dtype,
+                     *, latent: bool = False) -> dict[str, torch.Tensor]:
     quant = source_format(fmt).synth.linear
     h, hd, out = d.hidden, d.heads * d.head_dim, {}
+    width = latent_size(d) if latent else h  # the routed experts' width
     out["backbone.embeddings.weight"] = dense(seed, "embed", (d.vocab, h), dtype=dtype)
     for i, kind in enumerate(PATTERN):
         p = f"{PREFIX}.{i}"
@@ -79,17 +97,20 @@ def nemotron_tensors(fmt: str, seed: int, d: Dims, linear: Linear, dtype: torch.
         else:
             out[f"{m}.gate.weight"] = dense(seed, f"{m}.gate", (d.experts, h), dtype=dtype)
             out[f"{m}.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
+            if latent:
+                linear(out, seed, f"{m}.fc1_latent_proj", width, h, "bf16", dtype)
+                linear(out, seed, f"{m}.fc2_latent_proj", h, width, "bf16", dtype)
             for e in [*range(d.experts), None]:
-                base = f"{m}.experts.{e}" if e is not None else f"{m}.shared_experts"
-                linear(out, seed, f"{base}.up_proj", d.intermediate, h, quant, dtype)
-                linear(out, seed, f"{base}.down_proj", h, d.intermediate, quant, dtype)
+                base, k = (f"{m}.experts.{e}", width) if e is not None else (f"{m}.shared_experts", h)
+                linear(out, seed, f"{base}.up_proj", d.intermediate, k, quant, dtype)
+                linear(out, seed, f"{base}.down_proj", k, d.intermediate, quant, dtype)
     out["backbone.norm_f.weight"] = torch.ones(h, dtype=dtype)
     out["lm_head.weight"] = dense(seed, "lm_head", (d.vocab, h), dtype=dtype)
     return out
 
 
-def nemotron_config(d: Dims) -> dict:
-    return {
+def nemotron_config(d: Dims, *, latent: bool = False) -> dict:
+    return {**({"moe_latent_size": latent_size(d)} if latent else {}),
         "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "torch_dtype": "bfloat16",
         "hidden_size": d.hidden, "num_hidden_layers": len(PATTERN), "hybrid_override_pattern": PATTERN,
         "num_attention_heads": d.heads, "num_key_value_heads": 1, "head_dim": d.head_dim,

@@ -40,19 +40,22 @@ def expert_matrix(seed: int, layer: str, expert: int, role: str, n: int, k: int,
     return (w * row_gain).to(dtype).float()
 
 
-def fp8_block_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float [N, K] -> (float8_e4m3fn [N, K], E8M0 scales float8_e8m0fnu [ceil(N/128), ceil(K/128)]).
+def fp8_block_quantize(w: torch.Tensor, block: tuple[int, int] = (FP8_BLOCK, FP8_BLOCK)
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """float [N, K] -> (float8_e4m3fn [N, K], E8M0 scales float8_e8m0fnu [ceil(N/rows), ceil(K/cols)]) for
+    `block` = (rows, cols): DeepSeek-V4's 128x128, V4.1's 32x32 linears and 1x32 Engram rows.
 
-    Each 128x128 block gets the power of two 2**ceil(log2(amax/448)), as DeepSeek's ue8m0 FP8 does."""
+    Each block gets the power of two 2**ceil(log2(amax/448)), as DeepSeek's ue8m0 FP8 does."""
     n, k = w.shape
-    bn, bk = -(-n // FP8_BLOCK), -(-k // FP8_BLOCK)
-    padded = torch.zeros(bn * FP8_BLOCK, bk * FP8_BLOCK)
+    rows, cols = block
+    bn, bk = -(-n // rows), -(-k // cols)
+    padded = torch.zeros(bn * rows, bk * cols)
     padded[:n, :k] = w.float()
-    blocks = padded.reshape(bn, FP8_BLOCK, bk, FP8_BLOCK)
+    blocks = padded.reshape(bn, rows, bk, cols)
     ratio = blocks.abs().amax(dim=(1, 3)) / E4M3_MAX
     mantissa, exponent = torch.frexp(ratio)
     exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
     exponent = torch.where(ratio == 0, torch.zeros_like(exponent), exponent)
     scale = torch.exp2(exponent.float())
-    q = (blocks / scale[:, None, :, None]).reshape(bn * FP8_BLOCK, bk * FP8_BLOCK)[:n, :k]
+    q = (blocks / scale[:, None, :, None]).reshape(bn * rows, bk * cols)[:n, :k]
     return q.contiguous().to(torch.float8_e4m3fn), exponent_to_e8m0(exponent).view(torch.float8_e8m0fnu)

@@ -36,16 +36,15 @@ def kernel_layouts(ckpt, opts, ref_ckpt=None) -> dict[str, RankTiles | None]:
     marlin = ckpt.format.converted
     padded = padded_containers(ckpt) if marlin else {}
     out: dict[str, RankTiles | None] = {}
-    gated = {p.container for p in ckpt.projections if p.role is Role.UP}
     for name, m in moe_layers(ckpt.projections).items():
         if (m.quant is Quant.MXFP4 and opts.act_dtype != "bfloat16") or not (m.hidden and m.intermediate):
             continue  # not run (no fp16 MXFP4 kernel) / empty: structure.experts.empty reports it
         if marlin:
-            _refuse_off_tile(ckpt, name, m, gated=name in gated)
+            _refuse_off_tile(ckpt, name, m)
             out[name] = padded.get(name)
             continue
         v = moe_rank_tiles(m.quant.value, engine_facts(opts.engine).padding, hidden=m.hidden, intermediate=m.intermediate,
-                           tp=opts.tp, ep=opts.ep, experts=m.experts)
+                           tp=opts.tp, ep=opts.ep, experts=m.experts, gated=m.gated)
         if v.status == IMPOSSIBLE:
             raise ContentError(f"{name} ({m.quant.value}, H={m.hidden}, I={m.intermediate}) cannot run through "
                                f"{opts.engine}'s Marlin kernel at TP {opts.tp} / EP {opts.ep}: {v.reason}",
@@ -57,9 +56,9 @@ def kernel_layouts(ckpt, opts, ref_ckpt=None) -> dict[str, RankTiles | None]:
     return out
 
 
-def _refuse_off_tile(ckpt, name, m, *, gated: bool) -> None:
+def _refuse_off_tile(ckpt, name, m) -> None:
     # the runner stacks w13 as [gate; up] (N = 2*I, K = H), or non-gated as up alone (N = I), and w2 as N = H, K = I
-    n13 = (2 if gated else 1) * m.intermediate
+    n13 = (2 if m.gated else 1) * m.intermediate
     for stack, (n, k) in (("w13", (n13, m.hidden)), ("w2", (m.hidden, m.intermediate))):
         if not kernel_tile_ok(n, k):
             raise ContentError(f"{name}: the {stack} stack N={n}, K={k} breaks the Marlin tile rule (N%64 and "

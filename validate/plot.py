@@ -6,6 +6,7 @@ import math
 
 from ..core.errors import OutputError
 from ..core.index import natural_key
+from ..core.version import install_command
 from ..runtime.side_files import write_side_file
 from .check import Severity
 
@@ -19,7 +20,7 @@ def plot_report(report, path: str) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "note: --plot skipped: matplotlib is not installed (pip install 'dsv4-convert[plot]')"
+        return f"note: --plot skipped: matplotlib is not installed ({install_command('plot')})"
     layers = sorted({str(r.finding.layer) for r in report.results if r.finding.layer is not None}
                     | {str(g["layer"]) for g in report.gemm}, key=natural_key)
     if not layers:

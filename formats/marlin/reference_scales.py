@@ -29,7 +29,7 @@ from ..constants import (
 from . import compiled_kernels
 
 __all__ = ["E4M3_VALUES", "scale_perm", "permute_scales", "s0e5m3_table", "inexact_bytes", "rescale_factor",
-           "global_to_marlin"]
+           "possible_rescale_factors", "global_to_marlin"]
 
 _QUAD = (0, 2, 1, 3)
 _SINGLE = (0, 1, 8, 9, 16, 17, 24, 25)
@@ -141,6 +141,20 @@ def rescale_factor(present: np.ndarray, act_dtype: str) -> float:
     if not (0 < m < VLLM_RESCALE_TARGET):
         return 1.0
     return 2.0 ** math.floor(math.log2(VLLM_RESCALE_TARGET / m))
+
+
+@functools.lru_cache(maxsize=4)
+def possible_rescale_factors(act_dtype: str) -> frozenset[float]:
+    """Every factor `rescale_factor` can give for `act_dtype`: the factor depends only on the largest byte
+    present, so one byte at a time covers them all (bf16: 2**0 .. 2**17; fp16: 1). A recorded factor
+    outside this set was not written by a conversion, and a plugin acting on it re-encodes every scale wrongly
+    (an infinite one turns them all to 0)."""
+    out = set()
+    for b in range(256):
+        present = np.zeros(256, dtype=bool)
+        present[b] = True
+        out.add(rescale_factor(present, act_dtype))
+    return frozenset(out)
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:

@@ -44,13 +44,20 @@ def _model(path: str, dtype: str, draft: bool = False):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_loader.loader import DefaultModelLoader, _get_quantization_config, _initialize_model
     from sglang.srt.model_loader.utils import set_default_torch_dtype
+    from sglang.srt.runtime_context import get_context
 
     model_config = ModelConfig(path, dtype=dtype, is_draft_model=draft)
     quant = _get_quantization_config(model_config, LoadConfig())
-    with set_default_torch_dtype(model_config.dtype):
-        model = _initialize_model(model_config, LoadConfig(), quant)
-        zero_fill(model)
-        DefaultModelLoader.load_weights_and_postprocess(model, checkpoint_tensors(path), torch.device("cpu"))
+    # the server's --model-path (its tokenizer path by default): DeepSeek-V4.1's Engram hash reads the tokenizer
+    served = get_context().override_server_args(model_path=path, tokenizer_path=path)
+    served.install()
+    try:
+        with set_default_torch_dtype(model_config.dtype):
+            model = _initialize_model(model_config, LoadConfig(), quant)
+            zero_fill(model)
+            DefaultModelLoader.load_weights_and_postprocess(model, checkpoint_tensors(path), torch.device("cpu"))
+    finally:
+        served.restore()
     return model
 
 

@@ -3,6 +3,9 @@ and its weights are loaded and processed. The model built is the class a CUDA us
 (models/deepseek_v4/nvidia/model.py; vLLM's CPU platform would pick its CPU model, models/deepseek_v4/cpu, a
 different model: its own attention class and weights mapper). Its construction, parameters, weight loading and
 processing are vLLM's own; nothing a test compares comes from a stand-in:
+- the DSA models (DeepSeek-V3.2, GLM-5.x) are built with the class a CUDA user gets too, `models/deepseek_v32/nvidia/
+  model.py`'s DeepseekV32ForCausalLM (the CPU registry gives deepseek_v2.py's generic class), under the same
+  capability stand-in (GLM-5's low-latency GEMM table has no entry for 12.0: none is installed, as on sm_120).
 - the device capability -> 12.0 (sm_120, the GPU this project serves), while a DeepSeek-V4 model is built,
   loaded and processed: the model picks its attention class by it (FlashInfer's SM120 sparse MLA) and that
   class its FP8 einsum recipe (a forward-pass setting).
@@ -39,12 +42,27 @@ def use_cpu_stand_ins() -> None:
 
 
 def cuda_model_class(hf_config):
-    """The DeepSeek-V4 class a CUDA user gets, or None (every other family: the registry's class)."""
+    """The class a CUDA user gets where the CPU registry gives another one (DeepSeek-V4 / V4.1; the DSA models
+    DeepSeek-V3.2 and GLM-5.x: `vllm/models/deepseek_v32/__init__.py` picks `nvidia/model.py`'s DeepseekV32ForCausalLM
+    on CUDA, deepseek_v2.py's generic classes elsewhere), or None (every other family: the registry's class). V4.1's
+    registry entry (`vllm.models.deepseek_v41`) already picks the CUDA class off ROCm; named here so that it is
+    built, loaded and processed as on sm_120 too (as_sm120)."""
+    if hf_config.model_type in _DSA_MODEL_TYPES:
+        from vllm.models.deepseek_v32.nvidia.model import DeepseekV32ForCausalLM
+
+        return DeepseekV32ForCausalLM
+    if hf_config.model_type == "deepseek_v41":
+        from vllm.models.deepseek_v41.nvidia.vl_model import DeepseekV41ForCausalLM
+
+        return DeepseekV41ForCausalLM
     if hf_config.model_type != "deepseek_v4":
         return None
     from vllm.models.deepseek_v4.nvidia.model import DeepseekV4ForCausalLM
 
     return DeepseekV4ForCausalLM
+
+
+_DSA_MODEL_TYPES = ("deepseek_v32", "glm_moe_dsa")  # "GLM-5.2 (glm_moe_dsa) reuses the CUDA DSA module"
 
 
 @contextmanager

@@ -23,6 +23,7 @@ import torch
 from common import checkpoint_tensors
 from differential_state import model_state, run_diff_cases, state_diff, zero_fill
 from dsv4_cpu import as_sm120, cuda_model_class, use_cpu_stand_ins
+from dsv41_cpu import as_sm120_device, engram_config, use_cuda_quant_config, use_mxfp8_emulation
 from harness_gpt_oss_rows import engine_rows_as_plugin
 from harness_models import _marlin_runs_here
 from mla_cpu import use_cpu_reference_kernels
@@ -34,9 +35,20 @@ def _model(path: str, dtype: str, text_only: bool = False):
 
     model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
                                language_model_only=text_only)
-    vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"))
-    model_class = cuda_model_class(model_config.hf_config)  # DeepSeek-V4: serving_tests/vllm/dsv4_cpu.py
+    vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"),
+                             engram_config=engram_config(model_config))  # DeepSeek-V4.1: dsv41_cpu.py
+    model_class = cuda_model_class(model_config.hf_config)  # DeepSeek-V4 / V4.1, DSA: serving_tests/vllm/dsv4_cpu.py
     return _load(path, vllm_config, model_config, model_class)
+
+
+def cuda_draft_class(draft_model_config):
+    """The draft class a CUDA user gets where the registry's differs on the CPU platform (dsv4_cpu.py): DeepSeek-V4.1's
+    DSpark draft (the registry's `vllm.models.deepseek_v41` entry already picks it off ROCm); None otherwise."""
+    if draft_model_config.hf_config.architectures == ["DSparkV41DraftModel"]:
+        from vllm.models.deepseek_v41.nvidia.dspark import DSparkDeepseekV4ForCausalLM
+
+        return DSparkDeepseekV4ForCausalLM
+    return None
 
 
 def _load(path: str, vllm_config, model_config, model_class=None):
@@ -46,7 +58,8 @@ def _load(path: str, vllm_config, model_config, model_class=None):
     from vllm.model_executor.model_loader.utils import initialize_model, process_weights_after_loading
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype), as_sm120(model_class):
+    with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype), as_sm120(model_class), \
+            as_sm120_device(model_class):
         model = initialize_model(vllm_config=vllm_config, model_config=model_config, model_class=model_class)
         zero_fill(model)
         model.load_weights(checkpoint_tensors(path))
@@ -90,6 +103,8 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     use_cpu_reference_kernels()  # MLA families: serving_tests/vllm/mla_cpu.py
     use_cpu_nemotron_h()  # non-gated MoE platform check: serving_tests/vllm/nemotron_cpu.py (nemotron)
     use_cpu_stand_ins()  # DeepSeek-V4's CUDA model: serving_tests/vllm/dsv4_cpu.py
+    use_cuda_quant_config()  # DeepSeek-V4.1's quantisation config class: serving_tests/vllm/dsv41_cpu.py
+    use_mxfp8_emulation()  # DeepSeek-V4.1's MXFP8 dense linears: serving_tests/vllm/dsv41_cpu.py
     ops.gptq_marlin_repack = _reference_repack
     ops.scaled_fp8_quant = _native_static_fp8_quant  # its CUDA op static_scaled_fp8_quant (FP8 layers, both models)
     # the CPU platform packs unquantised weights for its own GEMM (a CUDA GPU keeps them as loaded)

@@ -10,8 +10,15 @@ in both drafts alike (the drafts' BF16 MTP experts are the first unquantised MoE
 
 from __future__ import annotations
 
+import os
+
 import harness_differential
 from differential_state import draft_diff
+
+# the speculative method whose draft a model type ships: DeepSeek-V4.1's `mtp.{0,1,2}` stages are a DSpark draft
+# (vLLM 0.34 config/speculative.py: "V4.1 has no classic-MTP draft ... method=mtp on V4.1 is rejected"), built as
+# DSparkV41DraftModel (v1/worker/gpu/spec_decode/dspark/config.py adapt_draft_model_config)
+DRAFT_METHOD = {"deepseek_v41": ("dspark", 3)}
 
 
 def _draft(path: str, dtype: str):
@@ -19,11 +26,25 @@ def _draft(path: str, dtype: str):
 
     target = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True)
     parallel = ParallelConfig()
-    spec = SpeculativeConfig(method="mtp", num_speculative_tokens=1, target_model_config=target,
+    method, tokens = DRAFT_METHOD.get(target.hf_config.model_type, ("mtp", 1))
+    spec = SpeculativeConfig(method=method, num_speculative_tokens=tokens, target_model_config=target,
                              target_parallel_config=parallel)
-    vllm_config = VllmConfig(model_config=target, parallel_config=parallel, speculative_config=spec,
-                             kernel_config=KernelConfig(moe_backend="marlin"))
-    return harness_differential._load(path, vllm_config, spec.draft_model_config)
+    # a DSpark draft runs under Model Runner V2 only (V1: "does not support: dspark"), which a CUDA server with
+    # Triton picks by itself; without Triton (this CPU) vLLM 0.33 falls back to V1: V2, while the config is made
+    saved = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
+    if method == "dspark":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    try:
+        vllm_config = VllmConfig(model_config=target, parallel_config=parallel, speculative_config=spec,
+                                 kernel_config=KernelConfig(moe_backend="marlin"),
+                                 engram_config=harness_differential.engram_config(target))
+    finally:
+        if saved is None:
+            os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
+        else:
+            os.environ["VLLM_USE_V2_MODEL_RUNNER"] = saved
+    return harness_differential._load(path, vllm_config, spec.draft_model_config,
+                                      harness_differential.cuda_draft_class(spec.draft_model_config))
 
 
 def _diff_drafts(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool = False) -> dict:

@@ -158,3 +158,23 @@ def test_max_shard_size_reshards_and_still_reverses(tmp_path, synth_source):
     assert len(files) > 2 and files[0].endswith(f"-of-{len(files):05d}.safetensors")
     run_cli("marlin-to-source", out, back, "-q")
     assert restored_tree(back) == tree_hashes(src)
+
+
+@pytest.mark.parametrize("fmt, command, engine", [("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "vllm"),
+                                                  ("mxfp4-dsv4", "mxfp4-to-marlin", "sglang")])
+def test_the_tool_reads_back_its_own_round_trip(tmp_path, synth_source, fmt, command, engine):
+    """Issue 37 item 8: IN -> OUT -> REV -> OUT2. REV is IN exactly (same file set, same bytes: no marker file),
+    REV converts again (it was refused input.reserved_name), and OUT2 is OUT byte for byte (OUT2 lies at the
+    same name in another folder: SERVING.md names the output folder)."""
+    src = synth_source(fmt, experts=4)
+    out, rev, out2 = tmp_path / "a" / "out", tmp_path / "rev", tmp_path / "b" / "out"
+    run_cli(command, src, out, "--target", engine, "--workers", "2", "-q")
+    run_cli("marlin-to-source", out, rev, "-q")
+    assert tree_hashes(rev) == tree_hashes(src)
+    run_cli(command, rev, out2, "--target", engine, "--workers", "2", "-q")
+    assert tree_hashes(out2) == tree_hashes(out)
+    run_cli("marlin-to-source", out, rev, "-q", "--force")  # still recognised as this tool's output
+    (rev / "notes.txt").write_text("the user's")
+    proc = run_cli("marlin-to-source", out, rev, "-q", "--force", check=False)
+    assert proc.returncode == 5 and "error[paths.unlisted_files]" in proc.stderr, proc.stderr
+    assert (rev / "notes.txt").read_text() == "the user's"

@@ -87,7 +87,7 @@ def test_family_is_recognised_with_its_names(family_source, fam, fmt):
     assert ckpt.format is (FORMATS["nvfp4-ct"] if fmt == "nvfp4-ct" else FORMATS["nvfp4-modelopt-hf"])
     assert family.scheme in ckpt.format_reason
     spec = FAMILY_SPECS[fam]
-    if fam == "nemotron-h":  # its replica's own layer pattern (synth/nemotron.py)
+    if spec.family == "nemotron-h":  # its replicas' own layer pattern (synth/nemotron.py)
         moe_layers = [i for i, kind in enumerate(NEMOTRON_PATTERN) if kind == "E"]
     else:  # dense layers first (DeepSeek, GLM), or between the MoE layers (Llama-4 Maverick)
         moe_layers = [i for i in range(spec.dense_layers, _SIZES["layers"]) if (i + 1) % spec.moe_every == 0]
@@ -96,7 +96,9 @@ def test_family_is_recognised_with_its_names(family_source, fam, fmt):
     for p in ckpt.projections:
         parsed = parse_expert_name(p.weight.name)
         assert parsed is not None and parsed.scheme.name == family.scheme, p.weight.name
-        assert parsed.layer == p.layer and p.key.startswith(module_prefix(family, p.layer, converted=False) + ".")
+        home = (module_prefix(family, p.layer, converted=False) if spec.layer_prefix is None  # a scheme's 2nd spelling
+                else f"{spec.prefix}.{p.layer}.{family.source_scheme.module}")  # (Kimi-K2.5: language_model.model)
+        assert parsed.layer == p.layer and p.key.startswith(home + ".")
         assert converted_expert(f"{p.key}.weight") == (p.layer, p.expert, p.role)  # what the plugins will read
 
 

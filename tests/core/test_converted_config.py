@@ -45,6 +45,7 @@ def test_written_block_round_trips(converted):
     ({"quant_method": "modelopt"}, "converted_config.not_ours"),
     ({"serves_from": "config.json"}, "converted_config.bad_value"),
     ({"serves_from": "hf_quant_config.json", "original_hf_quant_config": None}, "converted_config.bad_value"),
+    ({"expert_dtype": 4}, "converted_config.bad_value"),
 ])
 def test_wrong_types_refused_with_their_id(converted, change, error_id):
     with pytest.raises(ConvertedConfigError) as e:
@@ -63,6 +64,77 @@ def test_serves_from_round_trips_and_chooses_the_serving_block(converted):
     assert serving_block(ConvertedQuantConfig.parse(stale)) == {"quant_method": "fp8"}
     spec = ConvertedQuantConfig.parse({**stale, "serves_from": "hf_quant_config.json"})
     assert spec.as_dict() == {**stale, "serves_from": "hf_quant_config.json"} and serving_block(spec) == hf
+
+
+# issue 37 item 6: every recorded rescale factor a plugin could act on wrongly. The vLLM plugin re-encodes a
+# stack's block scales by the factor (serving/vllm_methods.py rank_rescale): Infinity turned every byte to 0.
+BAD_RESCALE = [float("inf"), float("-inf"), float("nan"), 1e300, 3.0, 0, 0.0, -2.0, 2.0 ** 18, 2.0 ** 1000, 0.5,
+               True, "2", None, [2.0]]
+
+
+def _through_json(block: dict) -> dict:
+    """The block as config.json text and back: Infinity / NaN / 1e300 as a file would hold them."""
+    return json.loads(json.dumps(block))
+
+
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+@pytest.mark.parametrize("value", BAD_RESCALE, ids=repr)
+def test_every_bad_rescale_factor_is_refused_naming_its_key(converted, value):
+    block = _block(converted)
+    key = sorted(block["rescale_factors"])[0]
+    block["rescale_factors"][key] = value
+    with pytest.raises(ConvertedConfigError) as e:
+        ConvertedQuantConfig.parse(_through_json(block))
+    assert e.value.error_id == "converted_config.rescale_factor" and repr(key) in e.value.message, e.value.message
+
+
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+def test_every_factor_vllms_bf16_rescale_can_give_is_accepted(converted):
+    # vLLM's factor is 2**floor(log2(448*128 / m)), m the largest non-zero x128 scale, and 1 when m >= 448*128:
+    # the smallest E4M3 scale 2**-9 gives m = 2**-2, so 2**floor(log2(229376)) = 2**17 is the largest
+    block = _block(converted)
+    key = sorted(block["rescale_factors"])[0]
+    for e in range(18):
+        block["rescale_factors"][key] = 2.0 ** e
+        assert ConvertedQuantConfig.parse(_through_json(block)).rescale_factors[key] == 2.0 ** e
+
+
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+@pytest.mark.parametrize("context, why", [
+    ({"marlin_layout": "sglang-L2", "target_engine": "sglang", "tp_layout": None}, "SGLang has no rescale"),
+    ({"act_dtype": "float16"}, "float16"),
+    ("mxfp4", "mxfp4 experts have no rescale"),
+])
+def test_a_factor_other_than_1_is_refused_where_no_rescale_happens(converted, context, why):
+    block = _block(converted)
+    if context == "mxfp4":
+        context = {"experts": dict.fromkeys(block["experts"], "mxfp4"), "weight_format": "mxfp4", "group_size": 32,
+                   "tp_layout": None}
+    block.update(context)
+    key = sorted(block["rescale_factors"])[0]
+    block["rescale_factors"] = {key: 1.0}
+    ConvertedQuantConfig.parse(_through_json(block))  # 1: the identity, as a conversion writes it
+    block["rescale_factors"][key] = 2.0
+    with pytest.raises(ConvertedConfigError) as e:
+        ConvertedQuantConfig.parse(_through_json(block))
+    assert e.value.error_id == "converted_config.rescale_factor" and why in e.value.message, e.value.message
+
+
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+def test_group_size_must_be_the_weight_formats(converted):
+    with pytest.raises(ConvertedConfigError, match="nvfp4 blocks are 16 values"):
+        ConvertedQuantConfig.parse({**_block(converted), "group_size": 32})
+
+
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+def test_expert_dtype_round_trips_at_the_top_of_the_block(converted):
+    """DeepSeek-V4.1's block keeps the source's expert_dtype where vLLM's DeepseekV41Config reads it; a block
+    without one (every other source) writes none."""
+    block = _block(converted)
+    assert "expert_dtype" not in block
+    with_dtype = {**block, "expert_dtype": "fp4"}
+    spec = ConvertedQuantConfig.parse(with_dtype)
+    assert spec.expert_dtype == "fp4" and spec.as_dict() == with_dtype
 
 
 def test_model_dimension_of_the_wrong_type():

@@ -73,15 +73,37 @@ def test_every_family_passes_the_engines_kernel(reports, family, fmt, target):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
-def test_nemotron_h_non_gated_layers_run_through_the_engines_kernels(reports, target):
+@pytest.mark.parametrize("replica", ("nemotron-h", "nemotron-3-super"))  # Nano; Super / Ultra (latent-width experts)
+def test_nemotron_h_non_gated_layers_run_through_the_engines_kernels(reports, replica, target):
     """Served (no --allow-unservable), and every MoE layer ran three cases: the one-shard w13, w2, and the whole
     layer with the engines' relu2 activation, each within its limit (kernel.gemm passes)."""
-    unservable, data = reports[("nemotron-h", "nvfp4-modelopt-hf", target)]
+    unservable, data = reports[(replica, "nvfp4-modelopt-hf", target)]
     rows = {(r["layer"], r["projection"]): r for r in data["kernel"]}
     layers = {layer for layer, _ in rows}
-    record(suite="families-nemotron", kernels=KERNELS, target=target,
+    record(suite="families-nemotron", kernels=KERNELS, replica=replica, target=target,
            rows=[[k[0], k[1], r["experts"], r["max_rel_error"], r["limit"]] for k, r in sorted(rows.items())])
     assert not unservable
     assert layers and set(rows) == {(layer, p) for layer in layers for p in ("w13", "w2", "w13+relu2+w2")}, rows
     assert all(r["experts"] == 8 and r["max_rel_error"] <= r["limit"] for r in rows.values()), rows
     assert status(data, "kernel.gemm") == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+def test_deepseek_v41_trunk_and_dspark_stages_run_through_the_engines_kernels(reports, target):
+    """Served (no --allow-unservable); the trunk's layers and the three DSpark stages, each stage with its own
+    expert count (`dspark_n_routed_experts`, fewer than the trunk's: synth/dsv41.py), ran w13 and w2 through the
+    kernel with DeepSeek's SwiGLU limits and passed."""
+    unservable, data = reports[("deepseek-v41", "mxfp4-dsv4", target)]
+    rows = {(r["layer"], r["projection"]): r for r in data["kernel"]}
+    experts = {}
+    for (layer, _), r in rows.items():
+        experts.setdefault(layer, set()).add(r["experts"])
+    record(suite="families-deepseek-v41", kernels=KERNELS, target=target,
+           rows=[[k[0], k[1], r["experts"], r["max_rel_error"], r["limit"]] for k, r in sorted(rows.items())])
+    assert not unservable
+    assert {"mtp.0", "mtp.1", "mtp.2"} <= set(experts) and len(set(experts) - {"mtp.0", "mtp.1", "mtp.2"}) >= 2
+    trunk = {n for layer, ns in experts.items() if not layer.startswith("mtp") for n in ns}
+    # synth's default 8 experts a trunk layer: dspark_n_routed_experts 4 (synth/dsv41.py draft_experts)
+    assert all(ns == {4} for layer, ns in experts.items() if layer.startswith("mtp")) and min(trunk) > 4, experts
+    assert status(data, "kernel.gemm") == "pass" and status(data, "kernel.repack") == "pass"

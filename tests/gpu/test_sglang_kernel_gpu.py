@@ -73,11 +73,13 @@ def test_sglang_and_vllm_kernels_on_the_same_sglang_bytes(tmp_path, fmt, act):
     record(sglang_vs_vllm=f"{fmt}/{act}", sglang_rel_max=float(rs.max()), vllm_rel_max=float(rv.max()),
            sglang_vs_vllm_rel_max=float(rsv.max()), bitwise_equal_fraction=same, provider=sglang.name)
     assert float(rs.max()) <= KERNEL_REL_ERROR_MAX[act] and float(rv.max()) <= KERNEL_REL_ERROR_MAX[act]
-    # the same bytes through two builds of the same Marlin code: only the global's product differs (SGLang
-    # multiplies the output, already rounded to the activation dtype, by the global in that dtype, __hmul2;
-    # vLLM multiplies in fp32 before its one rounding): one more rounding, about 2**-9 (bf16) / 2**-12 (fp16)
-    # relative per element, below the quantisation error
-    assert float(rsv.max()) <= KERNEL_REL_ERROR_MAX[act] / 2
+    # the same bytes through two builds of the same Marlin code: only the global's product differs. SGLang rounds the
+    # output to the activation dtype, then multiplies it by the global rounded to that dtype (__hmul2) and rounds
+    # again; vLLM multiplies in fp32 before its one rounding. Per element that is up to 4 unit roundoffs u apart
+    # (u = 2**-8 bf16, 2**-11 fp16), and about 2u/sqrt(3) as a root mean square of independent roundings: the
+    # Frobenius bound is 2u. Measured on an H100 (synth, 1 layer x 8 experts): bf16 3.1e-3 (0.8u), fp16 3.8e-4 (0.8u),
+    # with 74% of the elements bit-equal; MXFP4 (no global) bit-identical.
+    assert float(rsv.max()) <= torch.finfo(getattr(torch, act)).eps  # eps = 2u
     if fmt.startswith("mxfp4"):  # no global: the same arithmetic
         assert same == 1.0
 

@@ -46,14 +46,14 @@ def tree_hashes(root: Path) -> dict[str, str]:
             for p in sorted(Path(root).rglob("*")) if p.is_file()}
 
 
-MARKER = "dsv4-convert.marker.json"  # marlin-to-source's "this tool wrote it" record (runtime/paths.py)
+MARKER = "dsv4-convert.marker.json"  # older marlin-to-source outputs' record: never in a rebuilt checkpoint now
 
 
 def restored_tree(root: Path) -> dict[str, str]:
-    """tree_hashes of a marlin-to-source output, without its marker (which must be there)."""
+    """tree_hashes of a marlin-to-source output: the source's files alone (its "this tool wrote it" mark is an
+    extended attribute of the directory, runtime/paths.py mark_restored, never a file)."""
     hashes = tree_hashes(root)
-    assert MARKER in hashes, "marlin-to-source marks its output"
-    del hashes[MARKER]
+    assert MARKER not in hashes, "marlin-to-source writes no file of its own into the rebuilt checkpoint"
     return hashes
 
 

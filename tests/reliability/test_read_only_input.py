@@ -86,6 +86,6 @@ def test_every_command_leaves_its_input_untouched(inputs, tmp_path):
         hashes, mtimes = before[key]
         assert tree_hashes(root) == hashes, f"{key}: file contents changed"
         assert _mtimes(root) == mtimes, f"{key}: an mtime changed (something wrote or created a file)"
-    again = restored_tree(out / "nv-again")  # without marlin-to-source's marker
+    again = restored_tree(out / "nv-again")  # the source's files alone
     assert again == {k: v for k, v in before["nv"][0].items() if k in again}
     assert not (out / "refused").exists()

@@ -49,7 +49,7 @@ def test_ray_missing_is_a_usage_error_naming_the_extra(tmp_path, synth_source):
             f"main(['nvfp4-to-marlin', {str(src)!r}, {str(tmp_path / 'out')!r}, '--executor', 'ray'])\n")
     proc = _in_subprocess(code)
     assert proc.returncode == 2, proc.stderr
-    assert "usage.ray_missing" in proc.stderr and "pip install 'dsv4-convert[ray]'" in proc.stderr
+    assert "usage.ray_missing" in proc.stderr and "pip install '/path/to/dsv4-convert[ray]'" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
 

@@ -126,3 +126,51 @@ def test_latent_moe_experts_are_planned_at_their_own_width():
     assert shape_from_checkpoint(ckpt).hidden == 4096
     ckpt.config.update(text_config={"routed_expert_hidden_size": 1024})
     assert shape_from_checkpoint(ckpt).hidden == 1024
+
+
+def test_latent_moe_tiles_come_from_the_experts_width(tmp_path):
+    """`plan` sizes the expert tiles at the width the experts have (Nemotron-3 Super: moe_latent_size), never
+    hidden_size alone (core/structure.py model_dims, the one home of that width)."""
+    from dsv4_convert.core.reader import open_checkpoint
+    from dsv4_convert.synth import write_synthetic_checkpoint
+
+    root = write_synthetic_checkpoint(tmp_path / "n3s", format="nvfp4-modelopt-hf", family="nemotron-3-super",
+                                      layers=2, experts=4, hidden=256, intermediate=128, shards=1)
+    shape = shape_from_checkpoint(open_checkpoint(root))
+    assert (shape.hidden, shape.intermediate) == (128, 128)
+
+
+def _v41_like() -> Checkpoint:
+    """DeepSeek-V4.1-Flash's sizes as its model page gives them: 475 GiB in all, about 189 GiB of Engram tables
+    (layers.L.engram.embed.*), plus a BF16 vision tower; V4-Flash's expert shape (flash_like), the rest other weights.
+    How the release splits its non-Engram bytes between experts and the rest is this test's assumption."""
+    ckpt = flash_like(other_gib=475 - 137.2 - 189 - 1)
+    tensors = dict(ckpt.tensors)
+    for i, name in enumerate(("layers.3.engram.embed.weight", "layers.3.engram.embed.scale")):
+        tensors[name] = TensorRef(name, "s", ("F8_E4M3", "F8_E8M0")[i], (1,), 0, int((189 * 32 / 33, 189 / 33)[i] * GIB))
+    tensors["vision.blocks.0.mlp.w1.weight"] = TensorRef("vision.blocks.0.mlp.w1.weight", "s", "BF16", (1,), 0, GIB)
+    return Checkpoint(ckpt.root, ckpt.format, ckpt.config, None, tensors, ckpt.projections)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_v41_fits_4x96_only_with_engram_in_host_memory(engine):
+    shape = shape_from_checkpoint(_v41_like())
+    assert round(shape.engram_bytes / GIB) == 189 and shape.vision_bytes == GIB
+    assert 474 < (shape.expert_bytes + shape.other_bytes) / GIB < 476
+    on_gpu = make_plan(shape, gpus=4, gpu_mem_gib=96, engine=engine, engram="gpu")
+    assert on_gpu.chosen is None and on_gpu.command is None
+    # auto: vLLM's default keeps the tables in host memory; SGLang's shards them over the GPUs, which does not fit,
+    # so the plan moves them to host memory and says how
+    auto = make_plan(shape, gpus=4, gpu_mem_gib=96, engine=engine)
+    assert auto.chosen is not None and auto.chosen.tp == 4
+    host = ENGINES[engine].engram.on_host.format(cmd="")
+    assert host.strip() in auto.command and "pinned host memory" in "\n".join(auto.reasoning)
+    # per GPU: everything but the Engram tables / 4, the vision tower whole
+    assert auto.chosen.weights_gib == pytest.approx((475 - 189 - 1) / 4 + 1, abs=0.2)
+    if engine == "sglang":
+        assert "no split fits with them on the GPUs" in "\n".join(auto.reasoning)
+    else:  # vLLM's default: nothing to add to the command
+        assert "--engram-config" not in auto.command
+    # on 8 GPUs the tables fit on the GPUs too: the engine's default placement stays
+    eight = make_plan(shape, gpus=8, gpu_mem_gib=96, engine=engine)
+    assert eight.chosen.tp == 8 and "the engine's default" in "\n".join(eight.reasoning)

@@ -6,19 +6,20 @@ from collections.abc import Iterator
 
 from ...core.converted_config import read_tp_layout
 from ...core.engines import engine_facts
+from ...core.structure import layer_experts
 from ...core.tensor_model import moe_layers
 from ...formats.tiles import moe_rank_tiles
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
-from .structure import model_dims
 
 __all__ = ["containers", "tile_rules_per_rank"]
 
 
 def containers(c: CheckpointInput) -> dict[str, dict]:
-    """experts container -> {quant, hidden, intermediate, experts, layer} (core.tensor_model.moe_layers)."""
+    """experts container -> {quant, hidden, intermediate, experts, layer, gated} (core.tensor_model.moe_layers)."""
     return {name: {"quant": m.quant.value, "layer": m.layer, "experts": m.experts, "hidden": m.hidden,
-                   "intermediate": m.intermediate} for name, m in moe_layers(c.checkpoint.projections).items()}
+                   "intermediate": m.intermediate, "gated": m.gated}
+            for name, m in moe_layers(c.checkpoint.projections).items()}
 
 
 @check(id="structure.tile.tp", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -28,7 +29,6 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """Each rank repacks its own shard; a shard that breaks the Marlin tile rule is refused, padded, or (converted) unsliceable."""
     if c.checkpoint is None:
         return
-    n_experts = model_dims(c.config)["experts"]
     marlin = c.checkpoint.format.converted
     padded = {}
     if marlin:  # a --tp/--ep output serves the one split it records (the plugin refuses any other)
@@ -50,13 +50,14 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     for name, info in containers(c).items():
         if info["hidden"] is None or name in padded:  # padded: written for exactly this split (tp_layout)
             continue
-        key = (info["quant"], info["hidden"], info["intermediate"])
+        experts = layer_experts(c.config, info["layer"])[0] or info["experts"]  # a draft layer: its own count
+        key = (info["quant"], info["hidden"], info["intermediate"], info["gated"], experts)
         if key in seen:
             seen[key].append(info["layer"])
             continue
         seen[key] = [info["layer"]]
         v = moe_rank_tiles(info["quant"], engine_facts(opts.engine).padding, hidden=info["hidden"], intermediate=info["intermediate"],
-                           tp=opts.tp, ep=opts.ep, experts=n_experts or info["experts"])
+                           tp=opts.tp, ep=opts.ep, experts=experts, gated=info["gated"])
         if v.ok:
             continue
         # a source is padded by the engine at load (a warning); pre-packed tiles cannot be padded afterwards

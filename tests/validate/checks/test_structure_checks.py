@@ -88,3 +88,24 @@ def test_config_that_disagrees_with_the_tensor_shapes(tmp_path, clean):
     first = sorted(cin.checkpoint.projections, key=lambda p: (p.weight.file, p.weight.name))
     assert {f.tensor for f in found} <= {p.weight.name for p in first}
     assert any("implies [96, 128]" in f.message or "implies [128, 96]" in f.message for f in found), [f.message for f in found]
+
+
+@pytest.fixture(scope="module")
+def latent(tmp_path_factory):
+    """A Nemotron-3 Super replica: routed experts at moe_latent_size (64), hidden_size 128."""
+    return synth(tmp_path_factory.mktemp("latent") / "ckpt", format="nvfp4-modelopt-hf", family="nemotron-3-super",
+                 hidden=128, intermediate=128, experts=4, layers=2)[0]
+
+
+def test_latent_moe_experts_are_checked_at_the_latent_width(latent, tmp_path):
+    """core/structure.py model_dims reads the experts' width from moe_latent_size, as both engines size the
+    FusedMoE: clean as released; the same tensors with the key removed (hidden_size then) are the wrong matrix."""
+    assert json.loads((latent / "config.json").read_text())["moe_latent_size"] == 64
+    assert run(s.expert_dims, on_disk(latent)) == []
+    root = tmp_path / "ckpt"
+    shutil.copytree(latent, root)
+    config = json.loads((root / "config.json").read_text())
+    del config["moe_latent_size"]
+    (root / "config.json").write_text(json.dumps(config))
+    found = run(s.expert_dims, on_disk(root))
+    assert found and all("H=128, I=128" in f.message for f in found), [f.message for f in found]

@@ -1,0 +1,56 @@
+"""The families of issue 35 that dsv4-convert recognises but does not serve yet (core/naming.py FAMILIES without
+rows in core/served.py): each architecture names its family, its releases' expert names (quoted from the engines'
+weight mappings beside each FAMILIES entry) parse to that family's scheme with the right layer, expert and role,
+and the gate refuses it because no serving test loads it, not because the architecture is unknown.
+
+No substitutions: the naming table and the served table are the code under test; the configs are the two keys
+(`architectures`, `model_type`) those tables read."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4_convert.core.naming import family_of, parse_expert_name
+from dsv4_convert.core.served import entries, refusal
+from dsv4_convert.core.tensor_model import Role
+
+# (architecture, model_type, an expert tensor name of its releases, family, layer, expert, role)
+RECOGNISED = [
+    ("Glm5NextForCausalLM", "glm5_next", "model.layers.3.mlp.experts.7.gate_proj.weight",
+     "glm5-next", "3", 7, Role.GATE),
+    ("Glm5NextForConditionalGeneration", "glm5_next", "model.language_model.layers.3.mlp.experts.7.down_proj.weight",
+     "glm5-next-vl", "3", 7, Role.DOWN),
+    ("Qwen4ExpForConditionalGeneration", "qwen4_exp", "model.language_model.layers.1.mlp.experts.0.up_proj.weight",
+     "qwen4-exp", "1", 0, Role.UP),
+    ("Qwen4ExpForCausalLM", "qwen4_exp", "model.language_model.layers.1.mlp.experts.0.up_proj.weight",
+     "qwen4-exp", "1", 0, Role.UP),
+    ("MiniMaxM3SparseForCausalLM", "minimax_m3", "model.layers.2.block_sparse_moe.experts.5.w3.weight",
+     "minimax-m3", "2", 5, Role.UP),
+    ("MiniMaxM3SparseForConditionalGeneration", "minimax_m3_vl",
+     "language_model.model.layers.2.block_sparse_moe.experts.5.w1.weight_packed", "minimax-m3-vl", "2", 5, Role.GATE),
+    ("KimiK3ForConditionalGeneration", "kimi_k3", "language_model.layers.4.block_sparse_moe.experts.9.w2.weight_packed",
+     "kimi-k3", "4", 9, Role.DOWN),
+]
+
+
+@pytest.mark.parametrize(("arch", "model_type", "name", "family", "layer", "expert", "role"), RECOGNISED,
+                         ids=[r[0] for r in RECOGNISED])
+def test_recognised_family_reads_its_names_and_is_refused_for_want_of_a_proof(arch, model_type, name, family, layer,
+                                                                              expert, role):
+    config = {"architectures": [arch], "model_type": model_type}
+    fam = family_of(config)
+    assert fam is not None and fam.name == family
+    parsed = parse_expert_name(name)
+    assert parsed is not None and parsed.scheme is fam.source_scheme, name
+    assert (parsed.layer, parsed.expert, parsed.role) == (layer, expert, role)
+    assert not entries(family)  # nothing proven: the gate refuses it
+    for engine in ("sglang", "vllm"):
+        why = refusal(config, "nvfp4-modelopt-hf", engine, {"quant_method": "modelopt", "quant_algo": "NVFP4"})
+        assert why is not None and f"no serving test loads a {family} checkpoint" in why, why
+
+
+def test_an_architecture_in_no_family_is_refused_as_unknown():
+    """The walk above fails on a made-up architecture: no family, and the gate says so."""
+    config = {"architectures": ["MadeUpMoeForCausalLM"], "model_type": "made_up"}
+    assert family_of(config) is None
+    assert "is in no model family" in refusal(config, "nvfp4-modelopt-hf", "vllm", None)
