@@ -19,7 +19,7 @@ from ..core.parallel_rules import split_dims, split_refusals
 from ..core.reader import open_checkpoint
 from ..core.target import MarlinTarget
 from ..core.tensor_model import Quant
-from ..core.units import human_rate, human_size
+from ..core.units import human_rate, human_size, plural
 from ..formats.tiles import PAD
 from ..runtime.paths import out_path
 from ..runtime.settings import ALLOW_UNSERVABLE_ENV, settings
@@ -118,7 +118,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     bad_inputs = invalid_input_scales(ckpt)  # a few bytes per projection; published unchanged, so say it
     result = run_conversion(plan, staging, workers=workers, progress=show_progress(report["quiet"], force_progress), executor=executor)
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
-    text = (f"converted {result.projections} projections into {result.shards} shards{reused} "
+    text = (f"converted {plural(result.projections, 'projection')} into {plural(result.shards, 'shard')}{reused} "
             f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "
             f"({human_rate(result.bytes_out, result.seconds)}) -> {result.out}")
     if ckpt.left_out:  # original/, metal/: folders no engine reads (core/reader.py LEFT_OUT_DIRS)
@@ -174,7 +174,7 @@ def _plan_text(plan, summary: dict) -> str:
         f"source      {summary['source']} ({summary['source_format']})",
         f"target      {summary['marlin_layout']}, {summary['act_dtype']}{' W4A8' if plan.target.w4a8 else ''}",
         f"projections {', '.join(f'{n} {q}' for q, n in summary['projections'].items())}",
-        f"tensors     {summary['tensors_in']} in -> {summary['tensors_out']} out, {len(plan.shards)} shards",
+        f"tensors     {summary['tensors_in']} in -> {summary['tensors_out']} out, {plural(len(plan.shards), 'shard')}",
         f"bytes       {human_size(summary['bytes_in'])} in -> {human_size(summary['bytes_out'])} out",
     ]
     if plan.tp_layout is not None:

@@ -9,12 +9,12 @@ import click
 from ..core.converted_config import record_or_none
 from ..core.detect import declared_group_size
 from ..core.dtypes import FP8_DTYPES, SCALE_DTYPES, WEIGHT_DTYPES
+from ..core.families import family_of
 from ..core.index import natural_key
 from ..core.mtp import mtp_layers
-from ..core.naming import family_of
 from ..core.reader import open_checkpoint
 from ..core.tensor_model import Checkpoint
-from ..core.units import human_size
+from ..core.units import human_size, plural
 from ..core.verdicts import verdicts
 from .report import emit, report_options
 
@@ -157,7 +157,7 @@ def render_table(s: dict) -> str:
         ("MTP layers", ", ".join(s["mtp_layers"]) or "none"),
     ]
     per_layer = Counter(s["experts_per_layer"].values())
-    rows.append(("experts / layer", ", ".join(f"{e} x{c} layers" for e, c in sorted(per_layer.items())) or "none"))
+    rows.append(("experts / layer", ", ".join(f"{e} x{plural(c, 'layer')}" for e, c in sorted(per_layer.items())) or "none"))
     p = s["projections"]
     rows.append(("FP4 projections", f"{p['total']}  " + ", ".join(f"{r}: {c}" for r, c in p["by_role"].items())
                  + "  [" + ", ".join(f"{q}: {c}" for q, c in p["by_quant"].items()) + "]"))

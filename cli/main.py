@@ -101,6 +101,7 @@ def _register(args: list[str]):
         cli.get_command(None, name)
 
 
+_RUN_AGAIN = "run the same command again (an interrupted run leaves no partial output)"
 _params: dict = {}  # the command's parsed parameters (cli/command_paths.py), for the error path
 _signalled: list[int] = []  # signals received: whatever an interrupted import then raises is the interrupt
 
@@ -132,7 +133,10 @@ def error_object(e: DsvError, exit_code: int) -> dict:
             "exit_code": exit_code}
 
 
-def _fail(e: DsvError, argv: list[str], exit_code: int | None = None):
+def _fail(e: DsvError, argv: list[str], exit_code: int | None = None, *, unexpected: bool = False):
+    """Print `e`, answer --json / --report, exit. `unexpected`: an error nothing in the tool foresaw
+    (an OSError no layer mapped), the only kind whose traceback (DSV4_DEBUG=1) can tell more; a typed
+    refusal says all it knows."""
     if isinstance(e, Interrupted):  # answered: a later signal must not turn exit 130 into death by signal
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
@@ -140,7 +144,7 @@ def _fail(e: DsvError, argv: list[str], exit_code: int | None = None):
     if argv[:1] in (["validate"], ["plan"], ["doctor"]) and code not in (1, 2, 130):
         code = 2  # the report commands' documented classes: 0 clean, 1 findings, 2 unusable
     click.echo(e.render(), err=True)
-    if not isinstance(e, Interrupted):
+    if unexpected:
         click.echo("  (set DSV4_DEBUG=1 for the traceback)", err=True)
     _answer(error_object(e, code), argv, to_report=not e.error_id.startswith("report."))
     sys.exit(code)
@@ -184,7 +188,7 @@ def main(argv=None):
             raise
         _fail(e, args)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        _fail(Interrupted("interrupted", error_id="cli.interrupted"), args)
+        _fail(Interrupted("interrupted", error_id="cli.interrupted", hint=_RUN_AGAIN), args)
     except click.ClickException as e:
         e.show()
         _answer(error_object(UsageError(e.format_message(), error_id="usage.flags"), e.exit_code), args)
@@ -194,7 +198,7 @@ def main(argv=None):
     except OSError as e:
         if _debug():
             raise
-        _fail(from_os_error(e), args)
+        _fail(from_os_error(e), args, unexpected=True)
     except SystemExit:
         raise
     except BaseException:
@@ -202,4 +206,4 @@ def main(argv=None):
         # (a half-initialised module, a RecursionError): it is still the interrupt, not a bug
         if not _signalled or _debug():
             raise
-        _fail(Interrupted("interrupted", error_id="cli.interrupted"), args)
+        _fail(Interrupted("interrupted", error_id="cli.interrupted", hint=_RUN_AGAIN), args)

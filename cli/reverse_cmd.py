@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ..convert.reverse import reverse_checkpoint
+from ..core.units import plural
 from .options import executor_options
 from .report import emit, progress_option, report_options, show_progress
 
@@ -40,5 +41,5 @@ def marlin_to_source(src, out, workers, force, as_json, report_file, quiet, forc
                                 progress=show_progress(quiet, force_progress), executor=executor)
     extra = (f"; {result.restored_scales} scale bytes the target had clamped were restored from the record"
              if result.restored_scales else "")
-    emit(result.as_dict(), f"restored {result.shards} shards ({result.projections} projections) in "
+    emit(result.as_dict(), f"restored {plural(result.shards, 'shard')} ({plural(result.projections, 'projection')}) in "
          f"{result.seconds:.1f} s -> {result.out}{extra}", as_json=as_json, report_file=report_file, quiet=quiet)

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import click
 
+from ..core.families import family_named
 from ..core.files import SYNTH_MANIFEST
-from ..core.naming import family_named
 from ..core.source_formats import source_format
+from ..core.units import plural
 from ..synth import (
     DEFECT_NAMES,
     REAL_SIZE,
@@ -123,6 +124,6 @@ def synth(out, fmt, family, layers, experts, hidden, intermediate, shards, seed,
     extra = f", defects: {', '.join(defects)}" if defects else ""
     emit({"out": str(path), "format": fmt, "family": family, "files": m["files"], "tensors": m["tensors"],
           "total_size": m["total_size"], "defects": list(defects)},
-         f"wrote {path} ({fmt}{f', {family}' if family else ''}{', real size' if real_size else ''}): {len(m['files'])} files, "
-         f"{m['tensors']} tensors, {m['total_size']:,} bytes{extra}", as_json=as_json, report_file=report_file,
+         f"wrote {path} ({fmt}{f', {family}' if family else ''}{', real size' if real_size else ''}): {plural(len(m['files']), 'file')}, "
+         f"{plural(m['tensors'], 'tensor')}, {m['total_size']:,} bytes{extra}", as_json=as_json, report_file=report_file,
          quiet=quiet)

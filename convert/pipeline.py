@@ -180,8 +180,12 @@ def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None =
         rescale = _plan_rescale(plan, pool) if plan.needs_rescale else {}
         mark("rescale")
         record = build_record(plan, rescale)  # the config block, the shards' metadata, the manifest's fields
-        _write_pieces(pool, pieces, run, staging, [str(ckpt.root), ckpt.format, plan.target], rescale,
-                      record.shard_metadata())
+        source = [str(ckpt.root), ckpt.format, plan.target]
+        _write_pieces(pool, pieces, run, staging, source, rescale, record.shard_metadata())
+        redo = staging.verify_kept()  # hashed while the others converted; one that changed is converted again
+        if redo:
+            _write_pieces(pool, split_shards([s for s in plan.shards if s.file in redo], 1), run, staging, source,
+                          rescale, record.shard_metadata())
         mark("shards")
         bar.close()
         pool.shutdown()
@@ -198,7 +202,7 @@ def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None =
         if mapped is None:
             raise
         raise mapped from (None if isinstance(e, KeyboardInterrupt) else e)
-    return ConvertResult(staging.out, len(plan.shards), len(done), sum(len(s.tensors) for s in plan.shards),
+    return ConvertResult(staging.out, len(plan.shards), len(done) - len(redo), sum(len(s.tensors) for s in plan.shards),
                          len(plan.projections), sum(t.nbytes for t in ckpt.tensors.values()), plan.output_bytes,
                          time.perf_counter() - start, rescale, lost, used, threads)
 
@@ -215,7 +219,9 @@ def _user_error(e: BaseException, staging: Staging, plan: ConvertPlan):
             return Interrupted(f"interrupted; the verified shards stay in {staging_path}",
                                error_id="convert.interrupted", file=str(staging_path),
                                hint="run the same command with --resume to finish")
-        return Interrupted("interrupted; the partial output was removed", error_id="convert.interrupted")
+        return Interrupted("interrupted; the partial output was removed", error_id="convert.interrupted",
+                           hint="run the same command again; it starts over. With --resume, an interrupted run "
+                                "keeps its finished shards and the next --resume continues from them")
     if isinstance(e, BrokenProcessPool):
         return OutputError("a worker process died (killed, or out of memory); the partial output was removed",
                            error_id="convert.worker_died", hint="retry with fewer --workers")

@@ -231,7 +231,7 @@ def check_servable(ckpt: Checkpoint, engine: str) -> None:
                  "what is served")
 
 
-CONVERT_COMMAND = {Quant.NVFP4: "nvfp4-to-marlin", Quant.MXFP4: "mxfp4-to-marlin"}
+CONVERT_COMMAND = {q: q.convert_command for q in Quant}
 
 
 def check_source(ckpt: Checkpoint, quant: Quant) -> None:

@@ -247,7 +247,7 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
 
     start = time.perf_counter()
     ckpt = open_checkpoint(src)
-    staging = Staging(Path(out), force=force, source=ckpt.root, fence=RunDir.fence)
+    staging = Staging(Path(out), force=force, source=ckpt.root, fence=RunDir.fence, resumable=False)
     staging.check()  # before any work: OUT must not alias IN, and must be replaceable
     refuse_reserved_names(ckpt.root, converted=True)
     _refuse_unverified(ckpt.root)

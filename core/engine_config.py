@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from .naming import family_of
+from .families import family_of
 
 __all__ = ["ENGINE_CONFIG_KEYS", "fix_hint", "missing_engine_keys", "source_load_refusal"]
 

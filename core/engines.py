@@ -212,7 +212,7 @@ def engine_facts(engine: str) -> EngineFacts:
     except (KeyError, TypeError):
         raise EngineError(f"unknown engine {engine!r}; dsv4-convert knows {', '.join(sorted(ENGINES))}",
                           error_id="engine.unknown",
-                          hint="pick one of those (--target), or add the engine to core/engines.py "
+                          hint="pick one of those, or add the engine to core/engines.py "
                                "(CONTRIBUTING.md, 'Add an engine or an engine version')") from None
 
 

@@ -13,9 +13,40 @@ from .files import INDEX_FILE
 from .small_files import read_small_text
 from .tensor_model import TensorRef
 
-__all__ = ["check_index", "listing", "natural_key", "read_json", "read_weight_map"]
+__all__ = ["check_index", "listing", "lone_surrogate", "natural_key", "read_json", "read_weight_map",
+           "unsafe_shard_paths"]
 
 _MAX_LISTED = 5
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # only such an escape can put a surrogate in decoded JSON
+
+
+def lone_surrogate(text: str, strings) -> str | None:
+    """The first of `strings` (decoded from the JSON `text`) that is not valid UTF-8, shown escaped; None
+    when all are. Text decoded from UTF-8 holds no surrogate, so only a `\\uD800`-`\\uDFFF` escape that
+    is not half of a pair makes one: JSON allows it, the safetensors library refuses it, and such a name
+    can be written neither to a file nor to a terminal."""
+    if not _SURROGATE_ESCAPE.search(text):
+        return None
+    for s in strings:
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            return s.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+    return None
+
+
+def _strings(obj):
+    """Every key and string value of a decoded JSON document."""
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, str):
+            yield o
+        elif isinstance(o, dict):
+            yield from o
+            stack.extend(o.values())
+        elif isinstance(o, list):
+            stack.extend(o)
 
 
 def read_json(path: Path, *, missing_id: str | None, bad_id: str, what: str) -> dict | None:
@@ -40,6 +71,10 @@ def read_json(path: Path, *, missing_id: str | None, bad_id: str, what: str) -> 
     if not isinstance(obj, dict):
         raise InputError(f"{path} must hold a JSON object, found {type(obj).__name__}", error_id=bad_id,
                          file=str(path), hint=f"re-download or repair the {what}")
+    bad = lone_surrogate(text, _strings(obj))
+    if bad is not None:
+        raise InputError(f"{path} holds the string {bad!r:.200}, which escapes a lone UTF-16 surrogate: not valid "
+                         "UTF-8", error_id=bad_id, file=str(path), hint=f"re-download or repair the {what}")
     return obj
 
 
@@ -56,8 +91,8 @@ def read_weight_map(root: Path) -> dict[str, str]:
         raise InputError(f"{path} must have a \"weight_map\" object mapping tensor names to shard files",
                          error_id="index.bad_schema", file=str(path), hint="re-download or rebuild the index")
     files = set(wm.values())  # a few shards named by thousands of tensors: check each file once
-    unsafe = sorted({f for f in files if Path(f).is_absolute() or ".." in Path(f).parts or not f})
-    if unsafe:  # a shard is a file inside the checkpoint, never a path that leads out of it
+    unsafe = unsafe_shard_paths(files)
+    if unsafe:
         raise InputError(f"{path} maps tensors to files outside the checkpoint directory: {listing(unsafe)}",
                          error_id="index.unsafe_path", file=str(path),
                          hint="shard names must be relative paths inside the checkpoint; rebuild the index")
@@ -68,6 +103,13 @@ def read_weight_map(root: Path) -> dict[str, str]:
                          hint="put every shard beside the index (a Hugging Face checkpoint keeps them in its root) "
                               "and name them there")
     return wm
+
+
+def unsafe_shard_paths(files) -> list[str]:
+    """The index's shard names that would lead out of the checkpoint directory (absolute, `..`, empty),
+    sorted. The one home of this rule: every command applies it before it opens a file the index names
+    (read_weight_map refuses them; validate's header scan never opens them)."""
+    return sorted({f for f in files if not f or Path(f).is_absolute() or ".." in Path(f).parts})
 
 
 def check_index(root: Path, weight_map: dict[str, str], headers: dict[str, dict[str, TensorRef]]) -> None:

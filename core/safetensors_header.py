@@ -4,7 +4,13 @@ Every rule of the format is checked (docs/spec/CHECKPOINT_FORMATS.md §2.1) so t
 shard fails here, naming the file, the tensor and the fix, instead of producing a wrong tensor later:
 known dtypes, shape x element size == byte range, offsets contiguous from 0 (no hole, no overlap),
 the data buffer exactly covered (no trailing bytes) and inside the file, no duplicate keys,
-`__metadata__` a str -> str map.
+`__metadata__` a str -> str map. Every header the reference implementation (the `safetensors` library)
+refuses is refused here too, typed (tests/reliability/test_header_differential.py feeds both the same
+generated headers): strings are valid UTF-8 (no lone `\\ud800` escape), shapes and offsets are
+unsigned 64-bit integers (no `-0`, nothing past 2**64 - 1, and the element and bit counts, multiplied
+left to right, never pass it either). Stricter than the library, on purpose: a key named twice (readers
+disagree on which one wins), an entry key besides dtype, shape, data_offsets, and a header that does not
+start with `{` (the format's rule; the library 0.8 reads leading whitespace).
 
 Sub-byte dtypes (`F4`, `F6_E2M3`, `F6_E3M2`) are accepted: the header records the *logical* element
 count, so the byte size is numel * bits / 8, which must be a whole number. Offsets in the returned
@@ -14,20 +20,24 @@ TensorRefs are absolute file offsets (8 + header length + relative offset).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import operator
 import os
+import re
 import struct
 from pathlib import Path
 
 from .dtypes import DTYPE_SIZES, SUB_BYTE_BITS
 from .errors import InputError
+from .index import lone_surrogate
 from .tensor_model import TensorRef
 
 __all__ = ["MAX_HEADER_SIZE", "dtype_bits", "parse_header", "read_header"]
 
 MAX_HEADER_SIZE = 100_000_000  # the reference implementation's hard limit
-_MAX_NUMEL = 1 << 64  # no file holds more elements; stopping here also bounds the work on forged shapes
+_NEGATIVE_ZERO = re.compile(r"[\[,:][ \t\n\r]*-0")  # where a number -0 can start (or, rarely, inside a string)
+_MAX_U64 = (1 << 64) - 1  # the reference reads shapes and offsets as u64 and refuses a product past it
 _ENTRY_KEYS = {"dtype", "shape", "data_offsets"}
 _REWRITE = "re-download or re-export this shard; a safetensors writer never produces this"
 
@@ -65,13 +75,12 @@ def _is_uint(x: object) -> bool:
 
 
 def _numel(shape: list[int]) -> int | None:
-    """The element count, or None when it passes _MAX_NUMEL (a forged shape)."""
-    if 0 in shape:
-        return 0
+    """The element count as the reference computes it, left to right; None when a partial product
+    passes 2**64 - 1, even with a 0 further on (it refuses those: an overflow)."""
     numel = 1
     for d in shape:
         numel *= d
-        if numel > _MAX_NUMEL:
+        if numel > _MAX_U64:
             return None
     return numel
 
@@ -95,9 +104,11 @@ def _valid_entry(entry: object) -> tuple[str, tuple[int, ...], int, int] | None:
         if type(d) is not int or d < 0:
             return None
         numel *= d
+        if numel > _MAX_U64:
+            return None
     begin, end = offsets
-    if (type(begin) is not int or type(end) is not int or not 0 <= begin <= end or numel > _MAX_NUMEL
-            or numel * bits != (end - begin) * 8):
+    if (type(begin) is not int or type(end) is not int or not 0 <= begin <= end <= _MAX_U64
+            or numel * bits > _MAX_U64 or numel * bits != (end - begin) * 8):
         return None
     return dtype, tuple(shape), begin, end
 
@@ -115,9 +126,9 @@ def _parse_entry(name: str, entry: object, *, file: str) -> tuple[str, tuple[int
         raise _err("header.bad_entry", f"entry {name!r}: shape must be a list of non-negative "
                    f"integers, found {shape!r}", file=file, tensor=name)
     if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_uint(o) for o in offsets)
-            or offsets[0] > offsets[1]):
+            or not offsets[0] <= offsets[1] <= _MAX_U64):
         raise _err("header.bad_entry", f"entry {name!r}: data_offsets must be [begin, end] with "
-                   f"0 <= begin <= end, found {offsets!r}", file=file, tensor=name)
+                   f"0 <= begin <= end < 2**64, found {offsets!r:.200}", file=file, tensor=name)
     bits = dtype_bits(dtype)
     if bits is None:
         known = ", ".join(sorted([*DTYPE_SIZES, *SUB_BYTE_BITS]))
@@ -126,9 +137,9 @@ def _parse_entry(name: str, entry: object, *, file: str) -> tuple[str, tuple[int
                    hint="upgrade dsv4-convert if this is a newer safetensors dtype, else re-export the shard")
     numel = _numel(shape)
     begin, end = offsets
-    if numel is None:
-        raise _err("header.shape_size_mismatch", f"tensor {name!r}: shape {shape!r:.200} has more than 2**64 "
-                   "elements", file=file, tensor=name)
+    if numel is None or numel * bits > _MAX_U64:
+        raise _err("header.shape_size_mismatch", f"tensor {name!r}: shape {shape!r:.200} x {dtype} counts "
+                   "2**64 elements or bits or more", file=file, tensor=name)
     if (numel * bits) % 8 or numel * bits // 8 != end - begin:
         raise _err("header.shape_size_mismatch",
                    f"tensor {name!r}: shape {shape} x {dtype} ({bits} bits/element) needs "
@@ -166,25 +177,49 @@ def parse_header(buf: bytes, *, file_size: int, file: str,
                    file=file) from None
     if not text.startswith("{"):
         raise _err("header.not_object", "header must be a JSON object starting with '{'", file=file)
-    fast = _decode_fast(text)
+    fast = _decode_fast(text) if not _NEGATIVE_ZERO.search(text) else None  # json reads -0 as 0: see the slow path
     if fast is not None:
         try:
             result = _check(fast, n=n, file_size=file_size, file=file, allow_truncated=allow_truncated)
         except InputError:
             result = None  # the slow path below reports the error, in the same order as it always did
         if result is not None and _no_key_lost(text, fast, result[0], result[1]):
-            return result
+            return _utf8_strings(text, result, file)
     try:
-        obj = json.loads(text, object_pairs_hook=_no_duplicates)
+        obj = json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_u64_literal)
     except _DuplicateKey as e:
         raise _err("header.duplicate_key", f"header names {e.key!r} twice", file=file, tensor=e.key) from None
+    except _NegativeZero:
+        raise _err("header.not_json", "header holds the number -0, which the safetensors library refuses "
+                   "(it reads it as a float)", file=file) from None
     except json.JSONDecodeError as e:
         raise _err("header.not_json", f"header is not valid JSON ({e.msg} at header byte {e.pos})",
                    file=file) from None
     except (ValueError, RecursionError) as e:  # an integer of over 4300 digits; nesting too deep
         raise _err("header.not_json", f"header is not valid JSON ({type(e).__name__}: {str(e)[:120]})",
                    file=file) from None
-    return _check(obj, n=n, file_size=file_size, file=file, allow_truncated=allow_truncated)
+    return _utf8_strings(text, _check(obj, n=n, file_size=file_size, file=file, allow_truncated=allow_truncated), file)
+
+
+class _NegativeZero(Exception):
+    pass
+
+
+def _u64_literal(digits: str) -> int:
+    """json's integer hook: `-0` is refused (the reference parses it as the float -0.0)."""
+    if digits == "-0":
+        raise _NegativeZero
+    return int(digits)
+
+
+def _utf8_strings(text: str, result: tuple[dict, dict], file: str) -> tuple[dict, dict]:
+    """`result` when every name and metadata string is valid UTF-8 (core/index.py lone_surrogate)."""
+    tensors, metadata = result
+    bad = lone_surrogate(text, itertools.chain(tensors, metadata, metadata.values()))
+    if bad is not None:
+        raise _err("header.not_utf8", f"header string {bad!r:.200} escapes a lone UTF-16 surrogate "
+                   "(\\ud800-\\udfff without its pair): not valid UTF-8", file=file)
+    return result
 
 
 def _decode_fast(text: str) -> dict | None:

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from .engine_config import source_load_refusal
 from .engines import RELEASES, EngineError, engine_inner_method, release_for
+from .families import FAMILIES, Family, family_of
 from .inner_methods import stale_block
-from .naming import FAMILIES, Family, family_of
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
            "refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
@@ -50,7 +50,7 @@ def _engine_of(key: str) -> str:
 @dataclass(frozen=True)
 class Served:
     """One proven combination. `proofs`: the serving_tests node ids, each run in that engine version's venv."""
-    family: str           # core/naming.py FAMILIES name
+    family: str           # core/families.py FAMILIES name
     source_format: str    # core/tensor_model.py SourceFormat value of the converted source
     engine: str           # release key: "vllm 0.33"
     methods: frozenset    # the engine's methods for the non-expert layers that the proof loaded
@@ -292,7 +292,7 @@ def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | N
     family = family_of(config)
     archs = config.get("architectures")
     if family is None:
-        return (f"its architecture {archs!r} is in no model family dsv4-convert knows (core/naming.py FAMILIES), "
+        return (f"its architecture {archs!r} is in no model family dsv4-convert knows (core/families.py FAMILIES), "
                 "so no serving test has loaded it through the plugins")
     if why := source_load_refusal(config, engine, tensor_names):
         return f"{_engine_of(engine)} cannot build this source itself: {why}"

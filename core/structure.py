@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from .converted_config import read_tp_layout
-from .naming import family_of, parse_expert_name, scheme_roles
+from .families import family_of
+from .naming import parse_expert_name, scheme_roles
 from .tensor_model import Checkpoint, Projection, Quant, Role
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
@@ -210,7 +211,7 @@ def _ranges(xs: list[int]) -> str:
 
 
 def foreign_experts(ckpt: Checkpoint) -> Iterator[Violation]:
-    """The family's engine mapping places experts only under its own experts module (core/naming.py FAMILIES):
+    """The family's engine mapping places experts only under its own experts module (core/families.py FAMILIES):
     a second set under another scheme's module (a Qwen3-MoE with `block_sparse_moe.experts.E.w1`) has no home."""
     family = family_of(ckpt.config)
     if family is None:

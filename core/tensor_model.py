@@ -23,6 +23,11 @@ class Quant(str, Enum):
     def group_size(self) -> int:
         return NVFP4_GROUP if self is Quant.NVFP4 else MXFP4_GROUP
 
+    @property
+    def convert_command(self) -> str:
+        """The dsv4-convert command that converts experts of this format."""
+        return f"{self.value}-to-marlin"
+
 
 class Role(str, Enum):
     GATE = "gate"  # w1 / gate_proj: first half of the engines' w13

@@ -1,8 +1,8 @@
-"""Sizes and rates as a person reads them: the one formatter every command's text output uses."""
+"""Sizes, rates and counts as a person reads them: the one formatter every command's text output uses."""
 
 from __future__ import annotations
 
-__all__ = ["human_rate", "human_size"]
+__all__ = ["human_rate", "human_size", "plural"]
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -17,6 +17,12 @@ def human_size(nbytes: float) -> str:
         return f"{int(value)} B"
     digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
     return f"{value:.{digits}f} {_UNITS[unit]}"
+
+
+def plural(n: int, noun: str) -> str:
+    """"1 shard", "2 shards", "0 errors": `noun` is the singular and takes an "s" (every noun counted in
+    the tool's messages does)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def human_rate(nbytes: float, seconds: float) -> str:

@@ -21,8 +21,9 @@ def resolve_device(spec: str | None):
     if not torch.cuda.is_available():
         why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
         raise UsageError(f"--device {spec}: {why}", error_id="device.no_gpu",
-                         hint="run on the GPU machine, install a CUDA build of torch, or leave --device at cpu "
-                              "(same bytes, slower); `dsv4-convert doctor` shows what this machine has")
+                         hint="--kernel runs the engine's kernels on the launch GPU: run it there (with a CUDA build "
+                              "of torch), or drop --kernel (validate without it needs no GPU); `dsv4-convert doctor` "
+                              "shows what this machine has")
     index = int(m.group(1) or 0)
     if index >= torch.cuda.device_count():
         raise UsageError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here",

@@ -10,6 +10,7 @@ longer create a file where the new run looks. Ray is imported only when `--execu
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import signal
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 from ..core.errors import UsageError
 from ..core.version import install_command
 from .cpu_budget import auto_workers, job_threads, physical_cores
-from .jobs import RunDir, one_thread_per_job
+from .jobs import RunDir, one_thread_per_job, stop_with_parent
 
 __all__ = ["ExecutorSpec", "LocalExecutor", "auto_workers", "make_executor", "physical_cores", "refuse_device"]
 
@@ -45,8 +46,9 @@ def refuse_device(spec: ExecutorSpec, device: str | None) -> None:
 _progress_queue = None
 
 
-def _init_worker(q) -> None:
+def _init_worker(q, parent: int) -> None:
     global _progress_queue
+    stop_with_parent(parent)  # a SIGKILLed run leaves no worker behind (nor the locks it inherited)
     _progress_queue = q
     one_thread_per_job()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and cleans up
@@ -92,7 +94,7 @@ class LocalExecutor:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             self.queue = ctx.Queue()
             self.executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker,
-                                                initargs=(self.queue,))
+                                                initargs=(self.queue, os.getpid()))
 
     def threads_for(self, job_bytes: int) -> int:
         """The CPU threads one job of `job_bytes` may use (runtime/cpu_budget.py)."""

@@ -1,17 +1,53 @@
 """The staging directory's small files and facts (runtime/staging.py): JSON records written atomically,
-the input's stamp that `--resume` and publish compare, and removing what a run left."""
+the input's stamp that `--resume` and publish compare, removing what a run left, and the lock
+descriptors a forked worker must not keep."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..core.reader import is_download_metadata
 from ..core.small_files import read_small
+from .digest import HASH_ALGORITHM, file_digest
+from .paths import plain_file, record_name_ok
 
-__all__ = ["fsync_dir", "write_json_atomic", "source_stamp", "first_change", "read_json", "remove_entry"]
+__all__ = ["fsync_dir", "write_json_atomic", "source_stamp", "first_change", "read_json", "remove_entry", "hold",
+           "let_go", "KeptCheck", "bad_record_entry"]
+
+_HELD: set[int] = set()  # this process's lock descriptors (the staging directory's and its lock file's)
+
+
+def _drop_inherited_locks() -> None:
+    """In a forked child (a pool worker): close its copies of the lock descriptors. A flock belongs to
+    the open file description, so a copy kept by a worker would hold the lock after the run died (its
+    O_CLOEXEC acts on exec only); closing a copy leaves the parent's lock as it was."""
+    for fd in _HELD:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_inherited_locks)
+
+
+def hold(fd: int) -> None:
+    """`fd` holds one of this run's locks (flock'd by the caller): a forked child closes its copy."""
+    _HELD.add(fd)
+
+
+def let_go(fd: int) -> None:
+    """Unlock and close a descriptor `hold` was given."""
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    _HELD.discard(fd)
+    os.close(fd)
 
 
 def fsync_dir(path: Path) -> None:
@@ -73,3 +109,59 @@ def remove_entry(p: Path) -> None:
         shutil.rmtree(p)
     else:
         p.unlink()
+
+
+def bad_record_entry(keep) -> str | None:
+    """Each shard a progress record lists becomes a path to verify or delete: only a plain shard name of
+    this tool's making with its hash and size passes. The first entry that does not (`../IN/...`, an
+    absolute path, a record edited by hand: the whole directory is then refused and left alone), shown."""
+    if not isinstance(keep, dict):
+        return repr(keep)
+    return next((repr(n) for n, rec in keep.items() if not (record_name_ok(n) and n.endswith(".safetensors"))
+                 or not isinstance(rec, dict) or type(rec.get("size")) is not int), None)
+
+
+class KeptCheck:
+    """The shards an interrupted run finished, each re-hashed in a background thread while `--resume`
+    converts the others (the hash releases the GIL). Issue 37: hashed first and one after the other,
+    they were read back from disk (written with O_DIRECT, never in the page cache) before any work
+    began, and a resume that reused 2 of 4 shards took longer than starting over."""
+
+    @classmethod
+    def start(cls, root: Path, keep: dict, algorithm: str) -> tuple[dict[str, dict], KeptCheck | None]:
+        """The progress record's shards `keep` that are still plain files of their recorded size (the
+        others are deleted), as staging's `done`, and their hashes' check, started."""
+        done = {}
+        for name, rec in keep.items():
+            f = Path(root) / name
+            if not plain_file(f):  # a link (or a hard link: not a file a run wrote alone) is dropped, by name
+                if os.path.lexists(f):
+                    remove_entry(f)
+                continue
+            if algorithm == HASH_ALGORITHM and f.stat().st_size == rec["size"]:
+                done[name] = {"hash": rec.get("hash", rec.get("sha256")), "size": rec["size"]}
+            else:
+                f.unlink()
+        return done, (cls(root, {n: r["hash"] for n, r in done.items()}, algorithm) if done else None)
+
+    def __init__(self, root: Path, expected: dict[str, str], algorithm: str):
+        self.expected = expected
+        self._pool = ThreadPoolExecutor(max(1, min(len(expected), os.cpu_count() or 1)),
+                                        thread_name_prefix="dsv4-kept-check")
+        self._digests = {name: self._pool.submit(_digest_or_none, Path(root) / name, algorithm) for name in expected}
+
+    def failed(self) -> list[str]:
+        """Wait for every hash; the kept shards whose bytes no longer match their record, sorted."""
+        bad = sorted(n for n, digest in self._digests.items() if digest.result() != self.expected[n])
+        self._pool.shutdown()
+        return bad
+
+    def cancel(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)  # no thread reads the directory once this returns
+
+
+def _digest_or_none(path: Path, algorithm: str) -> str | None:
+    try:
+        return file_digest(path, algorithm)
+    except OSError:  # gone or unreadable: it does not verify
+        return None

@@ -26,13 +26,23 @@ from .paths import (
     out_path,
     partial_not_ours_error,
     plain_file,
-    record_name_ok,
     replaced_leftovers,
     staging_path,
     unlisted_entries,
 )
 from .signals import signals_deferred
-from .stage_files import first_change, fsync_dir, read_json, remove_entry, source_stamp, write_json_atomic
+from .stage_files import (
+    KeptCheck,
+    bad_record_entry,
+    first_change,
+    fsync_dir,
+    hold,
+    let_go,
+    read_json,
+    remove_entry,
+    source_stamp,
+    write_json_atomic,
+)
 
 __all__ = ["Staging"]
 
@@ -41,19 +51,18 @@ class Staging:
     converter (or marlin-to-source) opens, fills, publishes or discards the same object."""
 
     def __init__(self, out: Path, *, force: bool = False, resume: bool = False, source: Path | None = None,
-                 fence=None):
-        self.out = out_path(out)
-        self.path = staging_path(self.out)
+                 fence=None, resumable: bool = True):
+        self.out, self.path = out_path(out), staging_path(out_path(out))
         self.fence = fence  # called with the lock held, before adopting: stops an older run's surviving workers
-        self.force, self.resume = force, resume
+        self.force, self.resume, self.resumable = force, resume, resumable  # resumable: the command has --resume
         self.source = Path(source).resolve() if source is not None else None
         self.stamp: dict = {}
         self._lock_fd: int | None = None
         self._dir_fd: int | None = None  # the staging directory itself, flock'd: held through publish's rename
         self._owned = False  # from taking the lock in open() until the publishing rename: discard() may clean up
-        self.published = False
-        self.done: dict[str, dict] = {}
+        self.published, self.done = False, {}  # done: shard name -> {"hash", "size"}
         self.leftovers: list[Path] = []  # holders of an output a killed --force run was replacing
+        self._kept: KeptCheck | None = None  # the resumed shards' hashes, checked while the run converts the rest
 
     # -- lifecycle -------------------------------------------------------------------------------
     def check(self) -> None:
@@ -156,6 +165,7 @@ class Staging:
                              error_id="output.locked",
                              hint="wait for it to finish, or stop it; two runs never share one output")
         self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        hold(self._dir_fd)
         try:
             fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -176,6 +186,7 @@ class Staging:
                 raise partial_not_ours_error(self.path)(
                     f"its lock {path} is not a plain file this tool made (a hard link or a special file)")
         self._lock_fd = fd
+        hold(fd)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -187,7 +198,8 @@ class Staging:
         if not (self.resume or self.force):
             self._release()
             raise OutputError(f"an interrupted run left {self.path}", error_id="output.interrupted_run",
-                              hint="pass --resume to continue it, or --force to start over")
+                              hint="pass --resume to continue it, or --force to start over" if self.resumable
+                              else "pass --force to start over (it is deleted then)")
         state = read_json(self.path / PROGRESS)
         same = state.get("fingerprint") == fingerprint
         if self.resume and not self.force and state and not same:
@@ -207,26 +219,22 @@ class Staging:
             shard = entry.name.removesuffix(LOST_SUFFIX)  # a kept shard keeps its lost-scale record
             if entry.name not in (LOCK, PROGRESS) and entry.name not in keep and shard not in keep:
                 remove_entry(entry)
-        algorithm = state.get("hash_algorithm", "sha256")
-        for name, rec in keep.items():
-            f = self.path / name
-            if not plain_file(f):  # a link (or a hard link: not a file a run wrote alone) is dropped, by name
-                if os.path.lexists(f):
-                    remove_entry(f)
-                continue
-            digest = rec.get("hash", rec.get("sha256"))
-            if algorithm == HASH_ALGORITHM and f.stat().st_size == rec["size"] and file_digest(f, algorithm) == digest:
-                self.done[name] = {"hash": digest, "size": rec["size"]}
-            else:
-                f.unlink()
+        self.done, self._kept = KeptCheck.start(self.path, keep, state.get("hash_algorithm", "sha256"))
+
+    def verify_kept(self) -> list[str]:
+        """The shards kept by --resume whose hash (checked since open()) no longer matches: deleted,
+        forgotten, returned for the caller to convert again. write_manifest refuses to run before it."""
+        bad, self._kept = self._kept.failed() if self._kept else [], None
+        for name in bad:
+            (self.path / name).unlink(missing_ok=True)
+            del self.done[name]
+        if bad:
+            self._save_progress()
+        return bad
 
     def _refuse_bad_record(self, keep) -> None:
-        """Each shard the progress record lists becomes a path to verify or delete: only a plain shard
-        name of this tool's making with its hash and size passes; anything else (`../IN/...`, an
-        absolute path, a record edited by hand) refuses the whole directory, which is left alone."""
-        bad = (repr(keep) if not isinstance(keep, dict) else
-               next((repr(n) for n, rec in keep.items() if not (record_name_ok(n) and n.endswith(".safetensors"))
-                     or not isinstance(rec, dict) or type(rec.get("size")) is not int), None))
+        """A progress record listing anything but shards of this tool's making refuses the directory."""
+        bad = bad_record_entry(keep)
         if bad is not None:
             self._release()
             raise OutputError(f"the progress record {self.path / PROGRESS} lists {bad[:200]}, which is not a shard "
@@ -245,6 +253,7 @@ class Staging:
 
     def write_manifest(self, manifest: dict, name: str = MANIFEST) -> None:
         """The record, written last: every file in staging with its hash (shards from their record)."""
+        assert self._kept is None, "verify_kept() first: a kept shard's recorded hash is not proven yet"
         files = {}
         for f in sorted(self.path.rglob("*")):
             rel = f.relative_to(self.path).as_posix()
@@ -309,6 +318,9 @@ class Staging:
         With keep_verified (Ctrl-C during --resume) the finished, recorded shards stay for the next
         --resume; only unfinished temporaries go. A no-op unless this run took the directory in open()
         (another run's lock, or a directory open() refused, is never removed here)."""
+        if self._kept is not None:
+            self._kept.cancel()
+            self._kept = None
         if not self._owned:
             self._release()
             return
@@ -327,15 +339,12 @@ class Staging:
         """Before publishing: the lock file must not be in the output (the directory lock stays)."""
         if self._lock_fd is not None:
             os.unlink(self.path / LOCK)
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-            os.close(self._lock_fd)
+            let_go(self._lock_fd)
             self._lock_fd = None
 
     def _release(self) -> None:
         for attr in ("_lock_fd", "_dir_fd"):
             fd = getattr(self, attr)
             if fd is not None:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
+                let_go(fd)
                 setattr(self, attr, None)
-

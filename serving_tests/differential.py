@@ -28,7 +28,7 @@ PRODUCERS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "produc
 
 @dataclass(frozen=True)
 class Case:
-    family: str                 # synth --family (core/naming.py)
+    family: str                 # synth --family (core/families.py)
     fmt: str                    # synth --format: the source's on-disk format
     edit: str | None = None     # a name in EDITS: rewrites the synth source before conversion
     dtypes: tuple[str, ...] = ("bfloat16",)  # model dtypes to build under (each converted for that act dtype)

@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 SYNTH_FORMATS = synth_formats()  # the source-format table's rows with a `synth` entry
-# model family -> the source formats its releases use (the first is the default): core/naming.py FAMILIES
+# model family -> the source formats its releases use (the first is the default): core/families.py FAMILIES
 SYNTH_FAMILIES = {"deepseek-v4": ("nvfp4-modelopt-dsv4", "mxfp4-dsv4"), "gpt-oss": ("mxfp4-gptoss",),
                   "deepseek-v41": ("mxfp4-dsv4",),  # synth/dsv41.py
                   **{name: spec.formats for name, spec in FAMILY_SPECS.items()}}

@@ -79,7 +79,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.naming import family_named
+from ..core.families import family_named
 from .mtp import MINIMAX_MTP_CONFIG
 from .nemotron import BF16 as NEMOTRON_BF16
 from .nemotron import LATENT_BF16 as NEMOTRON_LATENT_BF16
@@ -89,7 +89,7 @@ __all__ = ["FAMILY_SPECS", "FamilySpec"]
 
 @dataclass(frozen=True)
 class FamilySpec:
-    family: str                    # core/naming.py family name
+    family: str                    # core/families.py family name
     formats: tuple[str, ...]       # source formats its releases use; the first is the default
     model_type: str
     moe: str                       # the MoE block's module name: mlp, block_sparse_moe

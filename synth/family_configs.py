@@ -3,8 +3,8 @@ and the facts behind them), as each producer writes them (spec CHECKPOINT_FORMAT
 
 from __future__ import annotations
 
+from ..core.families import family_named
 from ..core.files import CONFIG, HF_QUANT_CONFIG
-from ..core.naming import family_named
 from ..core.source_formats import source_format
 from .configs import _ct_config, _modelopt_groups
 from .families import FAMILY_SPECS, FamilySpec

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import torch
 
-from ..core.naming import family_named
+from ..core.families import family_named
 from ..core.source_formats import source_format
 from ..formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
 from .experts import Tweaks, encode_layer_experts

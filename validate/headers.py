@@ -1,5 +1,5 @@
 """The validator's scan of `model.safetensors.index.json` and every shard header, through the one
-strict header parser (convert/safetensors_header.py).
+strict header parser (core/safetensors_header.py).
 
 The reader refuses a broken checkpoint at the first problem; this scan keeps going file by file, so
 that `validate` can report every broken or truncated shard as a finding.
@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..core.errors import InputError
 from ..core.files import INDEX_FILE
+from ..core.index import lone_surrogate, unsafe_shard_paths
 from ..core.safetensors_header import read_header
 from ..core.small_files import read_small
 from .inputs import HeaderInfo
@@ -25,12 +26,16 @@ def scan_index(root: Path) -> tuple[dict | None, str | None]:
     if not path.exists():
         return None, None
     try:
-        index = json.loads(read_small(path))
+        text = read_small(path).decode("utf-8")
+        index = json.loads(text)
     except (OSError, ValueError, RecursionError) as e:
         return None, f"{INDEX_FILE} is not valid JSON: {str(e)[:200]}"
     wm = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         return None, f"{INDEX_FILE} has no 'weight_map' object mapping tensor names to shard file names"
+    bad = lone_surrogate(text, [*wm, *wm.values()])
+    if bad is not None:
+        return None, f"{INDEX_FILE} names {bad!r:.200}, which escapes a lone UTF-16 surrogate: not valid UTF-8"
     return index, None
 
 
@@ -50,7 +55,8 @@ def scan_checkpoint(root: Path) -> tuple[dict | None, str | None, dict[str, Head
     index, error = scan_index(root)
     on_disk = tuple(sorted(p.name for p in root.glob("*.safetensors")))
     wanted = set(on_disk)
-    if index is not None:
-        wanted |= set(index["weight_map"].values())
+    if index is not None:  # a name that leads out of root is never opened (the reader refuses the index)
+        named = set(index["weight_map"].values())
+        wanted |= named - set(unsafe_shard_paths(named))
     headers = {f: scan_header(root / f, f) for f in sorted(wanted) if (root / f).is_file()}
     return index, error, headers, on_disk

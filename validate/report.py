@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 
+from ..core.units import plural
 from ..core.version import __version__
 from .check import Result, Severity
 from .checks import BY_ID
@@ -146,9 +147,10 @@ class Report:
             lines += [self._table(), ""]
         c = self.counts()
         code = self.exit_code(strict=strict)
-        lines.append(f"{self.experts} experts, {self.projections} projections, {len(self.gemm)} GEMM spot checks "
-                     f"in {self.seconds:.1f} s: {c[Severity.ERROR]} errors, {c[Severity.WARNING]} warnings, "
-                     f"{c[Severity.INFO]} infos -> {'FAIL' if code else 'OK'} (exit {code})")
+        lines.append(f"{plural(self.experts, 'expert')}, {plural(self.projections, 'projection')}, "
+                     f"{plural(len(self.gemm), 'GEMM spot check')} in {self.seconds:.1f} s: "
+                     f"{plural(c[Severity.ERROR], 'error')}, {plural(c[Severity.WARNING], 'warning')}, "
+                     f"{plural(c[Severity.INFO], 'info')} -> {'FAIL' if code else 'OK'} (exit {code})")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 

@@ -27,6 +27,7 @@ from ..core.reader import TensorReader, open_checkpoint, resolve_source
 from ..core.rescale import stack_key, stack_rescale_factors
 from ..core.structure import padded_containers, unreadable_tensors
 from ..core.tensor_model import Checkpoint
+from ..runtime.jobs import stop_with_parent
 from .check import Result, Scope
 from .checks import ALL_CHECKS
 from .expert_worker import _Job, _Outcome, _Task, _Worker
@@ -68,6 +69,7 @@ _WORKER: _Worker | None = None  # one per worker process (set by the pool initia
 
 def _init_worker(job: _Job) -> None:
     global _WORKER
+    stop_with_parent()  # its parent, the forkserver, exits with this run: so does this worker
     torch.set_num_threads(1)
     _WORKER = _Worker(job)
 

@@ -20,14 +20,9 @@ import pytest
 
 from dsv4_convert.core.detect import detect_format
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.families import family_named, family_of, module_prefix
 from dsv4_convert.core.files import MTP_FILE
-from dsv4_convert.core.naming import (
-    converted_expert,
-    family_named,
-    family_of,
-    module_prefix,
-    parse_expert_name,
-)
+from dsv4_convert.core.naming import converted_expert, parse_expert_name
 from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.core.served import entries
 from dsv4_convert.core.source_formats import FORMATS

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.core.engine_config import missing_engine_keys
-from dsv4_convert.core.naming import family_of
+from dsv4_convert.core.families import family_of
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 
 pytestmark = pytest.mark.slow

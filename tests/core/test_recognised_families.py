@@ -1,4 +1,4 @@
-"""The families of issue 35 that dsv4-convert recognises but does not serve yet (core/naming.py FAMILIES without
+"""The families of issue 35 that dsv4-convert recognises but does not serve yet (core/families.py FAMILIES without
 rows in core/served.py): each architecture names its family, its releases' expert names (quoted from the engines'
 weight mappings beside each FAMILIES entry) parse to that family's scheme with the right layer, expert and role,
 and the gate refuses it because no serving test loads it, not because the architecture is unknown.
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4_convert.core.naming import family_of, parse_expert_name
+from dsv4_convert.core.families import family_of
+from dsv4_convert.core.naming import parse_expert_name
 from dsv4_convert.core.served import entries, refusal
 from dsv4_convert.core.tensor_model import Role
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.core.naming import FAMILIES
+from dsv4_convert.core.families import FAMILIES
 from dsv4_convert.core.served import (
     ENGINE_VERSIONS,
     MATRIX_BEGIN,
@@ -158,7 +158,7 @@ def test_an_architecture_in_no_family_is_not_served():
 def test_served_exactly_where_an_entry_proves_it(arch):
     """DeepSeek-V3.2 and Qwen3-Next converted with exit 0 and no proof: the verdict is the table's, whatever the
     architecture string."""
-    from dsv4_convert.core.naming import family_of
+    from dsv4_convert.core.families import family_of
 
     config = {"architectures": [arch], "model_type": "x", **ENGINE_KEYS}
     family = family_of(config)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU suite, on a machine with a CUDA GPU and nvcc (the H100/H200 device): builds the Marlin FP4
 # kernels of every release the engine table serves (test equipment: vLLM 0.33.0's from
-# ../shared/marlin-kernels, 0.34.0's from ../shared/marlin-kernels-0.34, SGLang 0.5.23's JIT ops from
-# ../shared/sglang-kernels-0.5.23 through SGLang's own JIT loader; a checkout's git-ignored copies
-# .marlin-kernels/, .marlin-kernels-0.34/ and .sglang-kernels/ are used first, as on the device), in parallel,
+# ../shared/marlin-kernels, 0.34.0's from ../shared/marlin-kernels-0.34, SGLang 0.5.23's JIT ops through
+# SGLang's own JIT loader from .sglang-kernels/; a checkout's git-ignored copies .marlin-kernels/,
+# .marlin-kernels-0.34/ and .sglang-kernels/ are used first, as on the device), in parallel,
 # and runs tests/gpu once against each build: their op schemas differ (0.34.0 dropped `a_scales` and
 # `is_a_8bit`; SGLang's ops have their own argument list), and validate --kernel must work with each.
 # The sglang build runs the SGLang-target cases on SGLang's own kernel (--kernel-provider sglang) and compares
@@ -11,6 +11,9 @@
 # SGLang compiles one nvcc unit per activation dtype (about 250 s on the 16-core H100 box, both at once):
 # SGLANG_JIT_CACHE_SEED=FILE.tar.gz unpacks an earlier build's cache of the same device image first (SGLang's
 # own cache: it reuses a build only where its key, over sources, flags, compiler and packages, matches).
+# Prepare .sglang-kernels/ on a developer machine with `python tests/gpu/sglang_kernels/prepare.py` (SGLang's files
+# from .venv-sglang, checked against SOURCES.sha256; tests/gpu/sglang_kernels/README.md) and carry it to the
+# device; without it the sglang build falls back to ../shared/sglang-kernels-0.5.23 where that exists.
 # Usage: tests/gpu/run.sh [pytest args]; VERSIONS="0.34" picks builds, TESTS="tests/gpu/test_x.py ..." picks
 # files (default: all of tests/gpu); results go to $OUT/<version>/ (or ./gpu-results/<version>/).
 set -euo pipefail

@@ -3,7 +3,7 @@ vLLM's kernel on the same SGLang-target bytes and against the fp32 reference; do
 path; and a JIT that cannot build, which must be the kernel.build finding, never a traceback.
 
 Substitutions: SGLang is the test build of the sglang 0.5.23 wheel's JIT sources and loader
-(../shared/sglang-kernels-0.5.23: files unchanged, package __init__s and two functions of
+(tests/gpu/sglang_kernels, prepared into .sglang-kernels: files unchanged, package __init__s and two functions of
 sglang/srt/utils/common.py stood in, sgl_kernel/scalar_type.py from sglang-kernel 0.4.10); vLLM's kernel is
 the test build of vLLM 0.33.0's (DSV4_MARLIN_MODULE). Checkpoints are `synth` outputs converted by the real CLI.
 """

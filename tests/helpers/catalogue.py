@@ -82,6 +82,11 @@ def header_not_utf8(root: Path) -> None:
     write_shard(path, shard.raw_header[:at] + b"\xff" + shard.raw_header[at + 1:], shard.data)
 
 
+def header_lone_surrogate(root: Path) -> None:
+    """A tensor named "weird\\ud800name" (a JSON escape of half a surrogate pair: not UTF-8)."""
+    add_tensor(_expert_shard(root), "weird\ud800name", "U8", [4], b"\0" * 4)
+
+
 def header_offsets_overlap(root: Path) -> None:
     def edit(h):
         t = {k: v for k, v in h.items() if k != "__metadata__"}
@@ -286,6 +291,8 @@ CATALOGUE: tuple[Entry, ...] = (
     Entry("header-not-json", NV, header_not_json, "header.not_json", INPUT, "model-0000",
           validate="structure.shard.header"),
     Entry("header-not-utf8", NV, header_not_utf8, "header.not_utf8", INPUT, "model-0000",
+          validate="structure.shard.header"),
+    Entry("header-lone-surrogate", NV, header_lone_surrogate, "header.not_utf8", INPUT, "model-0000",
           validate="structure.shard.header"),
     Entry("header-duplicate-key", NV, header_duplicate_key, "header.duplicate_key", INPUT, "model-0000",
           validate="structure.shard.header"),

@@ -12,6 +12,7 @@ from ...core.engine_config import fix_hint, source_load_refusal
 from ...core.engines import ENGINES, engine_inner_method
 from ...core.inner_methods import FP4_METHODS, HF_QUANT_CONFIG_BLOCK, stale_block
 from ...core.served import refusal
+from ...core.source_formats import FORMATS
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 
@@ -87,8 +88,11 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
     method = engine_inner_method(engine.name, block, spec.source_model_type)
     why = refusal(c.config, spec.source_format or "unknown", engine.name, block, tensor_names=c.checkpoint.tensors)
     if why is not None:
+        row = FORMATS.get(spec.source_format)  # its routed experts' FP4 format names the converter that refuses it
+        quant = row.trunk or (next(iter(row.quants)) if len(row.quants) == 1 else None) if row else None
+        command = f"`dsv4-convert {quant.convert_command}`" if quant else "the converter"
         yield Finding("config.json", f"the {engine.name} plugin is not proven to serve this checkpoint: {why} "
-                      "(core/served.py; `dsv4-convert nvfp4-to-marlin` refuses the same source).", file="config.json")
+                      f"(core/served.py; {command} refuses the same source).", file="config.json")
     quantised = _quantised_linears(c)
     if method is None:
         if quantised:

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 
 from ...core import structure as rules
 from ...core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
+from ...core.families import outside_index_note
 from ...core.files import INDEX_FILE
-from ...core.naming import outside_index_note
+from ...core.index import unsafe_shard_paths
 from ...core.structure import model_dims
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
@@ -64,8 +65,9 @@ def index_missing_file(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.index is None:
         return
     by_file = defaultdict(list)
+    outside = set(unsafe_shard_paths(c.index["weight_map"].values()))  # never opened: the reader refuses them
     for name, f in c.index["weight_map"].items():
-        if f not in c.headers:
+        if f not in c.headers and f not in outside:
             by_file[f].append(name)
     for f, names in sorted(by_file.items()):
         yield Finding(INDEX_FILE, f"{len(names)} tensors are mapped to {f}, which does not exist (first "
