@@ -12,6 +12,7 @@ from ..convert.plan import CONVERT_COMMAND, build_plan, check_servable, check_so
 from ..core.converted_config import TpLayout
 from ..core.engines import ENGINES, shell_quote
 from ..core.errors import UsageError
+from ..core.inner_methods import stale_block
 from ..core.input_scales import invalid_input_scales
 from ..core.mtp import copied_mtp_layers
 from ..core.parallel_rules import split_dims, split_refusals
@@ -122,6 +123,9 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
             f"({human_rate(result.bytes_out, result.seconds)}) -> {result.out}")
     if ckpt.left_out:  # original/, metal/: folders no engine reads (core/source_location.py LEFT_OUT_DIRS)
         text += f"\nleft out (no engine reads them): {_folders(ckpt.left_out)}"
+    if stale_block(ckpt.config.get("quantization_config"), ckpt.hf_quant_config):  # nvidia/DeepSeek-V3-0324-FP4
+        text += ("\nconfig.json's quantization_config contradicts hf_quant_config.json (a stale block): the conversion "
+                 "serves the non-expert layers from hf_quant_config.json's block (quantization_config.serves_from)")
     if mtp := copied_mtp_layers(ckpt.tensors, ckpt.config, ckpt.projection_names):  # core/mtp.py
         text += f"\nMTP (draft) layers copied byte for byte (no FP4 experts): {', '.join(mtp)} (SERVING.md)"
     emit({**result.as_dict(), "left_out": list(ckpt.left_out), "mtp_copied": list(mtp)},

@@ -98,6 +98,7 @@ def _checkpoint(d: Doctor, path: str) -> None:
         info.update(layout=record and record.marlin_layout, act_dtype=record and record.act_dtype)
         engines = [record.marlin_layout] if record else []
     d.checkpoint = info
+    _engine_config(d, path, ckpt, engines)
     served, installed = [], []
     for tag in engines:
         facts = LAYOUTS[tag]
@@ -126,6 +127,16 @@ def _checkpoint(d: Doctor, path: str) -> None:
         for engine in served:
             if record is not None:
                 _ask_engine(d, path, engine, record, ckpt.config)
+
+
+def _engine_config(d: Doctor, path: str, ckpt, layouts: list) -> None:
+    """A config.json the engine cannot build the model from (core/engine_config.py) fails the source and any
+    conversion of it alike: said here, whether or not the engine is installed."""
+    from ..core.engine_config import fix_hint, source_load_refusal
+
+    for engine in dict.fromkeys(LAYOUTS[t].name for t in layouts):
+        if why := source_load_refusal(ckpt.config, engine, ckpt.tensors):
+            d.findings.append(f"{path}: {engine} cannot build or load this model: {why}; {fix_hint(ckpt.config)}")
 
 
 def _ask_engine(d: Doctor, path: str, engine: str, spec, config: dict) -> None:

@@ -9,11 +9,13 @@ import click
 from ..core.converted_config import record_or_none
 from ..core.detect import declared_group_size
 from ..core.dtypes import FP8_DTYPES, SCALE_DTYPES, WEIGHT_DTYPES
+from ..core.families import family_of
 from ..core.index import natural_key
 from ..core.mtp import mtp_layers
 from ..core.reader import open_checkpoint
 from ..core.tensor_model import Checkpoint
 from ..core.units import human_size, plural
+from ..core.verdicts import verdicts
 from .report import emit, report_options
 
 __all__ = ["SCHEMA_VERSION", "inspect", "render_table", "summarize"]
@@ -104,6 +106,10 @@ def summarize(ckpt: Checkpoint) -> dict:
         "root": str(ckpt.root),
         "format": ckpt.format.value,
         "reason": ckpt.format_reason,
+        "architectures": [str(a) for a in archs] if isinstance(archs := ckpt.config.get("architectures"), list) else [],
+        "family": family.name if (family := family_of(ckpt.config)) else None,
+        # per engine release: null where the plugin serves it (core/served.py), else why not
+        "served": verdicts(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, ckpt.tensors),
         "shards": len({r.file for r in ckpt.tensors.values()}),
         "index_file": ckpt.index_file,
         "tensors": len(ckpt.tensors),
@@ -141,6 +147,10 @@ def render_table(s: dict) -> str:
     rows: list[tuple[str, str]] = [
         ("checkpoint", s["root"]),
         ("format", f"{s['format']}  ({s['reason']})"),
+        ("family", s["family"] or f"none ({', '.join(map(str, s['architectures'])) or 'no architectures'} is in no "
+                                   "model family)"),
+        ("served on", ", ".join(k for k, why in s["served"].items() if why is None) or "NOT SERVED on any engine"),
+        *((f"  not on {k}", why) for k, why in s["served"].items() if why is not None),
         ("shards", f"{s['shards']} ({s['index_file'] or 'single file'})"),
         ("tensors", f"{s['tensors']}  " + ", ".join(f"{d}: {c}" for d, c in s["dtypes"].items())),
         ("layers", f"{len(s['layers'])}" + (f"  ({s['layers'][0]}..{s['layers'][-1]})" if s["layers"] else "")),

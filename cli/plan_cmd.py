@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..core.engines import ACT_DTYPES, DEFAULT_ENGINE
-from ..core.errors import UsageError
+from ..core.errors import ContentError, UsageError
 from ..core.reader import open_checkpoint
 from ..serving.launch import make_plan, shape_from_checkpoint
 from .options import ACT_DTYPE_CHOICE, TARGET_CHOICE, TARGET_HELP, FiniteFloat
@@ -24,7 +24,8 @@ Examples:
 
 \b
 Exit codes: 0 a configuration fits, 1 none does, 2 usage error, unreadable input or a report that
-cannot be written, 130 interrupted. With --json, one JSON object on every path (docs/ERRORS.md).
+cannot be written, 4 NOT SERVED (plan.not_served: the plugin is not proven to load it; no launch command),
+130 interrupted. With --json, one JSON object on every path (docs/ERRORS.md).
 """
 
 
@@ -53,7 +54,14 @@ def plan(path, gpus, gpu_mem_gib, arch, target, engine, act_dtype, engram, as_js
     ckpt = open_checkpoint(path)  # unreadable: main() answers exit 2, plan's class as validate's
     result = make_plan(shape_from_checkpoint(ckpt), gpus=gpus, gpu_mem_gib=gpu_mem_gib, arch=arch,
                        engine=target or engine or DEFAULT_ENGINE, act_dtype=act_dtype, path=str(path), engram=engram)
+    doc, text = result.to_json(), result.render_text()
     code = 0 if result.chosen is not None else 1
-    emit(result.to_json(), result.render_text(), as_json=as_json, report_file=report_file, quiet=False,
-         exit_code=code)
+    if result.not_served:  # the plan is still shown (splits, memory), with the error beside it
+        e = ContentError(f"NOT SERVED on {doc['engine']}: {result.not_served}", error_id="plan.not_served",
+                         hint="plan for an engine that serves it (see `dsv4-convert inspect`), or convert a source "
+                              "the README's support matrix lists as served")
+        code = e.exit_code
+        doc["error"] = {"id": e.error_id, "message": e.message, "file": None, "tensor": None, "fix": e.hint}
+        text += "\n\n" + e.render()
+    emit(doc, text, as_json=as_json, report_file=report_file, quiet=False, exit_code=code)
     sys.exit(code)

@@ -220,7 +220,8 @@ def refuse_converted(ckpt: Checkpoint) -> None:
 def check_servable(ckpt: Checkpoint, engine: str) -> None:
     """Refuse, before anything is written, a source whose conversion the `engine` plugin is not proven to serve
     (core/served.py, the table validate's marlin.serving_methods reads too), with the reason."""
-    why = refusal(ckpt.config, ckpt.format.value, engine, source_block(ckpt.config, ckpt.hf_quant_config))
+    why = refusal(ckpt.config, ckpt.format.value, engine, source_block(ckpt.config, ckpt.hf_quant_config),
+                  tensor_names=ckpt.tensors)
     if why is not None:
         raise ContentError(
             f"{ckpt.root} is not proven to serve on {engine} once converted: {why}",

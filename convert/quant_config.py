@@ -7,6 +7,7 @@ import json
 
 from ..core.converted_config import ConvertedQuantConfig, TpLayout
 from ..core.index import natural_key
+from ..core.inner_methods import HF_QUANT_CONFIG_BLOCK, stale_block
 from ..core.tensor_model import Quant
 from .plan import ConvertPlan
 
@@ -43,6 +44,7 @@ def build_record(plan: ConvertPlan, rescale_factors: dict[str, float]) -> Conver
         packed_modules=tuple(sorted({_pattern(p.key) for p in projections})),
         rescale_factors=dict(sorted(rescale_factors.items(), key=by_name)),
         original_quantization_config=original, original_hf_quant_config=original_hf,
+        serves_from=HF_QUANT_CONFIG_BLOCK if stale_block(original, original_hf) else None,
     )
     return block
 

@@ -104,6 +104,9 @@ class ConvertedQuantConfig:
     tp_layout: TpLayout | None = None
     packed_modules: tuple[str, ...] = ()
     producer_version: str | None = __version__  # None: a block written without `producer`
+    # "hf_quant_config.json" where the source's config.json block was stale (core/inner_methods.py stale_block):
+    # the plugins serve the non-expert layers from original_hf_quant_config instead
+    serves_from: str | None = None
 
     @property
     def producer(self) -> dict | None:
@@ -157,6 +160,8 @@ class ConvertedQuantConfig:
             "original_quantization_config": self.original_quantization_config,
             "original_hf_quant_config": self.original_hf_quant_config,
         })
+        if self.serves_from is not None:
+            out["serves_from"] = self.serves_from
         return out
 
     @classmethod
@@ -187,7 +192,7 @@ class ConvertedQuantConfig:
                 n: ContainerLayout(**{k: c[k] for k in (*LAYOUT_KEYS, "status")}, gated=c.get("gated", True))
                 for n, c in tl["containers"].items()}),
             packed_modules=tuple(cfg.get("packed_modules") or ()),
-            producer_version=(cfg.get("producer") or {}).get("version"),
+            producer_version=(cfg.get("producer") or {}).get("version"), serves_from=cfg.get("serves_from"),
         )
 
 
@@ -210,8 +215,9 @@ def record_or_none(config: dict) -> ConvertedQuantConfig | None:
 def serving_block(spec: ConvertedQuantConfig) -> dict | None:
     """The source's quantisation block the engines would have served the non-expert layers from: both
     read config.json's `quantization_config` and, only when config.json has none, hf_quant_config.json
-    (ModelOpt <= 0.29 exports, such as the first nvidia/DeepSeek-R1-FP4)."""
-    if spec.original_quantization_config is not None:
+    (ModelOpt <= 0.29 exports, such as the first nvidia/DeepSeek-R1-FP4), or where the converter found config.json's
+    block stale (`serves_from`: nvidia/DeepSeek-V3-0324-FP4), the hf_quant_config.json one."""
+    if spec.original_quantization_config is not None and spec.serves_from is None:
         return spec.original_quantization_config
     return spec.original_hf_quant_config
 

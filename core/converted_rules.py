@@ -123,6 +123,10 @@ def block_problems(cfg: dict) -> list[Problem]:
     if producer is not None and not (isinstance(producer, dict) and producer.get("name") == PRODUCER
                                      and isinstance(producer.get("version"), str)):
         bad(BAD_VALUE, f"producer must be {{\"name\": \"{PRODUCER}\", \"version\": \"...\"}} or absent, got {producer!r}")
+    if cfg.get("serves_from") is not None and not (
+            cfg["serves_from"] == "hf_quant_config.json" and isinstance(cfg.get("original_hf_quant_config"), dict)):
+        bad(BAD_VALUE, "serves_from must be \"hf_quant_config.json\" (with original_hf_quant_config) or absent, got "
+            f"{cfg['serves_from']!r}")
     orig = cfg.get("original_quantization_config")
     if isinstance(orig, dict) and not isinstance(orig.get("quant_method"), str):
         bad(BAD_VALUE, "original_quantization_config must be the source's block (with its quant_method) or null")

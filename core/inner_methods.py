@@ -20,7 +20,7 @@ Both read config.json's block, and hf_quant_config.json only when config.json ha
 
 from __future__ import annotations
 
-__all__ = ["FP4_METHODS", "FP8_METHODS", "resolve_sglang", "resolve_vllm"]
+__all__ = ["FP4_METHODS", "FP8_METHODS", "HF_QUANT_CONFIG_BLOCK", "resolve_sglang", "resolve_vllm", "stale_block"]
 
 # methods whose linear layers hold NVFP4 (packed uint8) weights, and those whose hold FP8 weights
 FP4_METHODS = frozenset({"modelopt_fp4", "modelopt_mixed", "compressed-tensors"})
@@ -39,6 +39,24 @@ def _modelopt_algo(block: dict) -> str | None:
     src = inner if isinstance(inner, dict) else block
     algo = src.get("quant_algo")
     return str(algo).upper() if algo is not None else None
+
+
+_FP4_ALGOS = ("NVFP4", "FP4", "W4A16_NVFP4", "NVFP4_AWQ", "MIXED_PRECISION")
+HF_QUANT_CONFIG_BLOCK = "hf_quant_config.json"  # a conversion's `serves_from`: the block the plugin serves from
+
+
+def stale_block(block, hf_quant_config) -> bool:
+    """config.json's block contradicts hf_quant_config.json (nvidia/DeepSeek-V3-0324-FP4 keeps the block FP8 of the
+    model before its FP4 export): both engines follow config.json's and build the wrong method for the FP4 layers.
+    validate reports it (structure.quant_config.stale_block); a conversion serves from hf_quant_config.json."""
+    if not isinstance(block, dict) or not isinstance(hf_quant_config, dict):
+        return False
+    file_algo, block_algo = _modelopt_algo(hf_quant_config), _modelopt_algo(block)
+    if file_algo is None:
+        return False
+    if block_algo:
+        return block_algo != file_algo
+    return file_algo in _FP4_ALGOS and not str(block.get("quant_method", "")).lower().startswith(("modelopt", "compressed"))
 
 
 def _is_modelopt(block: dict) -> bool:

@@ -18,15 +18,16 @@ and every proof case (serving_tests/families.py CASES) has its entry. Pure: no e
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from .engine_config import source_load_refusal
 from .engines import RELEASES, EngineError, engine_inner_method, release_for
 from .families import FAMILIES, Family, family_of
-from .source_formats import FORMATS
+from .inner_methods import stale_block
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
-           "refusal", "checkpoint_refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
+           "refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
 
 # the engine releases the serving proofs run under (serving_tests/locks), by core/engines.py release key
 # ("<engine> <series>"); a release without rows here (vLLM 0.34 until its proofs run) serves nothing
@@ -102,6 +103,9 @@ def _refused(family: str, fmt: str, key: str) -> bool:
     return any((r.family, r.source_format, r.engine) == (family, fmt, key) for r in REFUSED)
 
 
+_MIXED = {"sglang 0.5.23": ("modelopt_mixed",)}  # releases proven with Qwen3-MoE's MIXED_PRECISION export
+
+
 def _rows(key: str) -> tuple[Served, ...]:
     e = _engine_of(key)
     dsv4_fp8 = _method(e, {"quant_method": "fp8", "weight_block_size": [128, 128]}, "deepseek_v4")
@@ -121,11 +125,17 @@ def _rows(key: str) -> tuple[Served, ...]:
                 "serving_tests/test_plugin_config.py::test_config_answers_the_inner_configs_fields_for_dsv41")),
         Served("gpt-oss", "mxfp4-gptoss", key, _method(e, {"quant_method": "mxfp4"}, "gpt_oss"),
                (_differential("gpt-oss", "mxfp4-gptoss-kv-heads"), *_gpt_oss(e))),
-        Served("qwen3-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
+        # also ModelOpt 0.47's W4A16_NVFP4 / NVFP4 MLP-only and llm-compressor 0.14's NVFP4A16 exports as written
+        # (tests/fixtures/producers); on SGLang, Qwen3-30B-A3B's MIXED_PRECISION export (modelopt_mixed)
+        Served("qwen3-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4", *_MIXED.get(key, ())}),
                (_differential("qwen3-moe", "nvfp4-modelopt-hf"), _differential("qwen3-moe", "nvfp4-modelopt-hf", "float16"),
-                _differential("qwen3-moe", "nvfp4-modelopt-hf-2507"), *_whole_model("qwen3-moe", "nvfp4-modelopt-hf"))),
+                _differential("qwen3-moe", "nvfp4-modelopt-hf-2507"), *_whole_model("qwen3-moe", "nvfp4-modelopt-hf"),
+                _differential("qwen3-moe", "nvfp4-modelopt-hf-modelopt-w4a16-nvfp4"),
+                _differential("qwen3-moe", "nvfp4-modelopt-hf-modelopt-nvfp4-mlp-only"),
+                *((_differential("qwen3-moe", "nvfp4-modelopt-hf-mixed-precision"),) if key in _MIXED else ()))),
         Served("qwen3-moe", "nvfp4-ct", key, frozenset({"compressed-tensors"}),
-               (_differential("qwen3-moe", "nvfp4-ct"), *_whole_model("qwen3-moe", "nvfp4-ct"))),
+               (_differential("qwen3-moe", "nvfp4-ct"), *_whole_model("qwen3-moe", "nvfp4-ct"),
+                _differential("qwen3-moe", "nvfp4-ct-llmc-nvfp4a16"))),
         # also the hf_quant_config.json-only source (test_no_block_in_config_json_builds_modelopt_fp4_...)
         Served("glm4-moe", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                (_differential("glm4-moe", "nvfp4-modelopt-hf"), *_whole_model("glm4-moe", "nvfp4-modelopt-hf"),
@@ -134,9 +144,11 @@ def _rows(key: str) -> tuple[Served, ...]:
                (_differential("glm4-moe", "nvfp4-ct-fused-globals"), *_whole_model("glm4-moe", "nvfp4-ct"))),
         # DeepSeek-R1 / R1-0528 FP4 (MLA, hf_quant_config.json only) and Kimi-K2 (model_type kimi_k2) replicas;
         # V3-0324-FP4 as shipped (stale block-FP8 config.json) is built as FP8 by the engines themselves
-        # (test_v3_0324_as_shipped_is_built_as_block_fp8_by_the_engine_itself): refused by method
+        # (test_v3_0324_as_shipped_is_built_as_block_fp8_by_the_engine_itself); its conversion serves from
+        # hf_quant_config.json (`serves_from`), proven against the source without the stale block
         Served("deepseek-v3", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                (_differential("deepseek-v3", "nvfp4-modelopt-hf"), _differential("kimi-k2", "nvfp4-modelopt-hf"),
+                _differential("deepseek-v3-0324", "nvfp4-modelopt-hf"),
                 *_whole_model("deepseek-v3", "nvfp4-modelopt-hf"), *_whole_model("kimi-k2", "nvfp4-modelopt-hf"))),
         Served("deepseek-v32", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                (_differential("deepseek-v32", "nvfp4-modelopt-hf"), *_whole_model("deepseek-v32", "nvfp4-modelopt-hf"))),
@@ -145,6 +157,9 @@ def _rows(key: str) -> tuple[Served, ...]:
         *((Served("mixtral", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                   (_differential("mixtral", "nvfp4-modelopt-hf"), *_whole_model("mixtral", "nvfp4-modelopt-hf"))),)
           if not _refused("mixtral", "nvfp4-modelopt-hf", key) else ()),
+        # llm-compressor 0.14's NVFP4A16 Mixtral; on SGLang unproven (serving_tests/differential.py says why)
+        *((Served("mixtral", "nvfp4-ct", key, frozenset({"compressed-tensors"}),
+                  (_differential("mixtral", "nvfp4-ct-llmc-nvfp4a16"),)),) if key in ("vllm 0.33", "vllm 0.34") else ()),
     )
 
 
@@ -171,6 +186,25 @@ REFUSED: tuple[Refused, ...] = (
             "SGLang cannot load the ModelOpt source itself: mllama4.py _handle_expert_scale_params takes a stacked "
             "`experts.gate_up_proj_weight_scale` for a single scale for all experts (RuntimeError: expand)",
             "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_modelopt_llama4_source_itself"),
+    # the real producers' outputs (tests/fixtures/producers) no engine loads, as the producer wrote them
+    *(Refused(family, "mxfp4-modelopt-hf", key, (
+        "SGLang cannot load ModelOpt's MXFP4 export itself: `_parse_modelopt_quant_config` maps no quant_algo "
+        "'mxfp4' (0.47), so `quant_method: modelopt` builds ModelOptFp8Config, which refuses it (\"ModelOptFp8Config "
+        "only supports regular FP8 quantization, but found 'mxfp4'\"); 'W4A16_MXFP4' (0.48) gets ModelOptFp4Config, "
+        "which refuses it too (\"ModelOpt currently only supports: FP8, NVFP4, NVFP4_AWQ, W4A16_NVFP4 quantizations "
+        "in sglang\")" if key == "sglang 0.5.23" else
+        "vLLM cannot load ModelOpt's MXFP4 export itself: its ModelOpt override takes an algo holding 'FP4' for "
+        "modelopt_fp4, whose config refuses 'MXFP4' (modelopt.py: \"ModelOpt currently only supports: ['FP8', "
+        "'FP8_PER_CHANNEL_PER_TOKEN', 'FP8_PB_WO', 'NVFP4', 'W4A16_NVFP4', 'MXFP8', 'MIXED_PRECISION'] "
+        "quantizations in vLLM\")"),
+        "serving_tests/test_engine_refusals.py::test_neither_engine_loads_the_modelopt_mxfp4_source_itself")
+      for family in ("qwen3-moe", "deepseek-v3") for key in ENGINE_VERSIONS),
+    *(Refused(family, "mxfp4-ct", "sglang 0.5.23",
+              "SGLang cannot load llm-compressor's MXFP4A16 export itself (every Linear quantised, attention too): "
+              "its compressed-tensors lookup has no MXFP4 weight-only linear scheme (compressed_tensors.py "
+              "_get_scheme_from_parts: \"No compressed-tensors compatible scheme was found.\")",
+              "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself")
+      for family in ("qwen3-moe", "mixtral")),
 )
 
 
@@ -226,10 +260,11 @@ def entries(family: str | None = None, source_format: str | None = None, engine:
 
 
 def source_block(config: Mapping, hf_quant_config: Mapping | None) -> dict | None:
-    """The source's quantisation block the engines serve the non-expert layers from: config.json's
-    `quantization_config`, and hf_quant_config.json only when config.json has none (both engines)."""
+    """The source's quantisation block a conversion's non-expert layers are served from: config.json's
+    `quantization_config`, and hf_quant_config.json when config.json has none (both engines) or a stale one (the
+    converter then records `serves_from`: core/converted_config.py serving_block)."""
     qc = config.get("quantization_config")
-    if isinstance(qc, dict):
+    if isinstance(qc, dict) and not stale_block(qc, hf_quant_config):
         return qc
     return dict(hf_quant_config) if isinstance(hf_quant_config, Mapping) else None
 
@@ -248,16 +283,19 @@ def _proven(family: Family | None, fmt: str, engine: str) -> str:
 
 
 def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | None, *,
-            method: str | None = None) -> str | None:
+            method: str | None = None, tensor_names: Iterable[str] = ()) -> str | None:
     """Why the plugins of `engine` (a name, or an engine-version key) are not proven to serve a conversion of
     this source, or None when some entry proves it: its family, its source format and the method the engine
     builds for its non-expert layers from `block` (source_block; `method`: the one an installed engine answered,
-    for doctor). Convert, validate and doctor all ask this."""
+    for doctor; `tensor_names`: the checkpoint's, for core/engine_config.py). Convert, validate and doctor all
+    ask this."""
     family = family_of(config)
     archs = config.get("architectures")
     if family is None:
         return (f"its architecture {archs!r} is in no model family dsv4-convert knows (core/families.py FAMILIES), "
                 "so no serving test has loaded it through the plugins")
+    if why := source_load_refusal(config, engine, tensor_names):
+        return f"{_engine_of(engine)} cannot build this source itself: {why}"
     model_type = config.get("model_type") if isinstance(config.get("model_type"), str) else None
     rows = entries(family.name, source_format, engine)
     engine_says = [r for r in REFUSED if r.family == family.name and r.source_format == source_format
@@ -274,19 +312,6 @@ def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | N
     return (f"{_engine_of(engine)} builds {method!r} for the non-expert layers of this {family.name} {source_format} "
             f"source (from its quantisation block), and the plugin was proven for it only with "
             f"{', '.join(sorted({m for s in rows for m in s.methods}))} ({', '.join(sorted({s.engine for s in rows}))})")
-
-
-def checkpoint_refusal(config: Mapping, hf_quant_config: Mapping | None, source_format: str, engine: str) -> str | None:
-    """`refusal` for a source checkpoint or for a conversion (a `converted` row of the format table), whose record names its
-    source's format and blocks (core/converted_config.py serving_block: config.json's block, else the
-    hf_quant_config.json one). `plan` asks this for each engine."""
-    qc = config.get("quantization_config")
-    row = FORMATS.get(source_format)
-    if row is None or not row.converted or not isinstance(qc, dict):
-        return refusal(config, source_format, engine, source_block(config, hf_quant_config))
-    block = qc.get("original_quantization_config")
-    block = block if block is not None else qc.get("original_hf_quant_config")
-    return refusal(config, str(qc.get("source_format") or "unknown"), engine, block)
 
 
 # ------------------------------------------------------------------------------------ the README's matrix

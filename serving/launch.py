@@ -23,10 +23,10 @@ from ..core.engines import (
 )
 from ..core.mtp import draft_bytes
 from ..core.parallel_rules import split_dims, split_refusals
-from ..core.served import checkpoint_refusal
 from ..core.side_tables import engram_table_bytes, vision_bytes
 from ..core.structure import model_dims
 from ..core.tensor_model import Checkpoint, gated_experts
+from ..core.verdicts import verdict
 from ..core.version import install_sentence
 from ..formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 from .launch_engram import engram_placements, engram_reason, weights_per_gpu
@@ -115,7 +115,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       gated=gated_experts(p.role for p in ckpt.projections) or not ckpt.projections,
                       split_dims={e: split_dims(ckpt.config, e) for e in ENGINES},
                       engram_bytes=engram_table_bytes(ckpt.tensors), vision_bytes=vision_bytes(ckpt.tensors),
-                      not_served={e: checkpoint_refusal(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e)
+                      not_served={e: verdict(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e, ckpt.tensors)
                                   for e in ENGINES})
 
 
@@ -149,6 +149,7 @@ class LaunchPlan:
     chosen: ConfigVerdict | None
     command: str | None
     reasoning: list[str]
+    not_served: str | None = None  # why the engine will not load it (then no command, no recommendation)
 
     def to_json(self) -> dict:
         return {
@@ -180,7 +181,8 @@ class LaunchPlan:
         title = (f"plan for {self.shape.name} ({self.shape.format}) on {self.gpus} x {self.gpu_mem_gib:g} GiB "
                  f"{self.arch}, {self.engine}")
         out = [title, ""] + table + [""] + [f"- {line}" for line in self.reasoning]
-        out += ["", "launch:" if self.command else "no configuration fits; see the reasons above",
+        out += ["", "launch:" if self.command else "NOT SERVED: no launch command" if self.not_served
+                else "no configuration fits; see the reasons above",
                 f"  {self.command}" if self.command else ""]
         return "\n".join(out).rstrip()
 
@@ -301,13 +303,12 @@ def _make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str, e
     reasoning.append(f"MoE backend {backend}: {why}")
     if engram_on_gpu is not None:
         reasoning.append(engram_reason(shape, engine, engram_on_gpu, tried))
-    if shape.not_served.get(engine):
-        reasoning.append(f"NOT SERVED: the dsv4-convert plugin for {engine} is not proven to load this model "
-                         f"{'as converted' if shape.converted else 'once converted'}: {shape.not_served[engine]} "
-                         "(the converter refuses it: convert.unservable_family; serve the source unconverted)")
-    if shape.converted and shape.converted_for and shape.converted_for != engine:
-        reasoning.append(f"WARNING: this checkpoint was converted for {shape.converted_for}, not {engine}; "
-                         "re-convert it or plan for the other engine")
+    not_served = shape.not_served.get(engine)
+    if not_served:  # what will not load gets no launch command and no recommendation
+        chosen = None
+        reasoning.append(f"NOT SERVED: {engine} with the dsv4-convert plugin is not proven to load this model "
+                         f"{'as converted' if shape.converted else 'once converted'}: {not_served} "
+                         "(the converter refuses it: convert.unservable_family); no launch command is given")
     if shape.w4a8:
         reasoning.append(f"W4A8 (fp8 activations) checkpoint: served by {ENGINES[engine].w4a8_versions()} only "
                          "(the engine table, core/engines.py); newer releases refuse it at start-up: install a "
@@ -345,4 +346,4 @@ def _make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str, e
         facts = ENGINES[engine].engram
         command = (facts.on_gpu if engram_on_gpu else facts.on_host).format(cmd=command)
     return LaunchPlan(shape, gpus, gpu_mem_gib, arch, engine, act_dtype, mem_flag, mem, backend, why, candidates,
-                      chosen, command, reasoning)
+                      chosen, command, reasoning, not_served)

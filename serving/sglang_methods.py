@@ -212,7 +212,8 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
         spec, block = checked_source(config, engine="sglang", engine_version=sglang.__version__)
         if block is None:
             return cls(spec, None)
-        from_file = spec.original_quantization_config is None  # only hf_quant_config.json had one
+        # only hf_quant_config.json had one, or the converter found config.json's stale (serves_from)
+        from_file = spec.original_quantization_config is None or spec.serves_from is not None
         name, resolved = sglang_inner_method(block, from_file=from_file)
         # what SGLang's get_quant_config adds before from_config (it passes both to ours too)
         resolved.update({k: config[k] for k in ("packed_modules_mapping", "hf_config") if k in config})

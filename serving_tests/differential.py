@@ -13,13 +13,17 @@ model needs an engine step a CPU cannot run gets that step substituted there, li
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from synth import converter_cli
 
-__all__ = ["CASES", "EDITS", "SYNTH_ARGS", "Case", "make_case"]
+__all__ = ["CASES", "EDITS", "SYNTH_ARGS", "PRODUCERS", "Case", "make_case"]
+
+# the real producers' outputs (NVIDIA ModelOpt, llm-compressor): tests/convert/test_producers.py says how they were made
+PRODUCERS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "producers"
 
 
 @dataclass(frozen=True)
@@ -30,10 +34,12 @@ class Case:
     dtypes: tuple[str, ...] = ("bfloat16",)  # model dtypes to build under (each converted for that act dtype)
     engines: tuple[str, ...] = ("vllm", "sglang")
     text_only: bool = False     # a multimodal wrapper served text-only (vLLM --language-model-only): no tower built
+    producer: str | None = None  # a real producer's output (tests/fixtures/producers/NAME) as the source, not synth
 
     @property
     def id(self) -> str:
-        return f"{self.family}-{self.fmt}" + (f"-{self.edit}" if self.edit else "")
+        tag = self.producer.replace(f"-{self.family}-", "-") if self.producer else self.edit
+        return f"{self.family}-{self.fmt}" + (f"-{tag}" if tag else "")
 
 
 def _per_layer_attention_excludes(src: Path) -> None:
@@ -90,6 +96,61 @@ def _fused_globals(src: Path) -> None:
             save_file(tensors, shard, metadata={"format": "pt"})
 
 
+def _mixed_precision(src: Path) -> None:
+    """Qwen3-30B-A3B exported by ModelOpt with quant_algo MIXED_PRECISION (the per-layer form ModelOpt writes when
+    a model holds more than one format: FP8 attention, NVFP4 experts; synth writes the same for Qwen3.5 /
+    Qwen3.6, synth/family_configs.py): the BF16 attention becomes ModelOpt FP8 per tensor (`weight` E4M3,
+    `weight_scale`, `input_scale`, as synth's FP8 linears), both configs list every quantised layer in
+    `quantized_layers`, and the attention leaves the exclusions. The experts' tensors are unchanged."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    layers = {}
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else None
+    for shard in sorted(src.glob("*.safetensors")):
+        tensors = load_file(shard)
+        for name in [n for n in tensors if ".self_attn." in n and n.endswith("_proj.weight")]:
+            w = tensors[name].float()
+            scale = (w.abs().max() / 448.0).float()
+            base = name.removesuffix(".weight")
+            tensors[name] = (w / scale).to(torch.float8_e4m3fn)
+            tensors[f"{base}.weight_scale"], tensors[f"{base}.input_scale"] = scale.reshape(()), torch.tensor(0.01)
+            layers[base] = {"quant_algo": "FP8"}
+            if index is not None:
+                index["weight_map"] |= {f"{base}.{t}": shard.name for t in ("weight_scale", "input_scale")}
+        layers |= {n.removesuffix(".weight"): {"quant_algo": "NVFP4", "group_size": 16}
+                   for n in tensors if ".experts." in n and n.endswith("_proj.weight")}
+        save_file(tensors, shard, metadata={"format": "pt"})
+    if index is not None:
+        index_path.write_text(json.dumps(index, indent=2))
+    config = json.loads((src / "config.json").read_text())
+    hfq = json.loads((src / "hf_quant_config.json").read_text())
+    keep = [m for m in config["quantization_config"]["ignore"] if "self_attn" not in m]
+    assert keep != config["quantization_config"]["ignore"], "synth's attention exclusion is gone: revisit this edit"
+    config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                                     "quantized_layers": layers, "ignore": keep,
+                                     "producer": config["quantization_config"]["producer"]}
+    hfq["quantization"] = {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "quantized_layers": layers,
+                           "exclude_modules": keep}
+    (src / "config.json").write_text(json.dumps(config, indent=2))
+    (src / "hf_quant_config.json").write_text(json.dumps(hfq, indent=2))
+
+
+def _without_stale_block(src: Path) -> None:
+    """The reference the engine loads for nvidia/DeepSeek-V3-0324-FP4: the source as shipped builds the block FP8 of
+    its stale config.json block (serving_tests/test_families.py shows it), so the engine's correct load of it is the
+    source with that block deleted (validate's fix for structure.quant_config.stale_block): both engines then read
+    hf_quant_config.json, which is what the converter records for the plugin (`serves_from`). Tensors unchanged."""
+    config = json.loads((src / "config.json").read_text())
+    assert config.pop("quantization_config")["quant_method"] == "fp8", "the replica's stale block changed"
+    (src / "config.json").write_text(json.dumps(config, indent=2))
+
+
+# family -> how the engine's reference load differs from the converted source (a release shipped broken)
+REFERENCES = {"deepseek-v3-0324": _without_stale_block}
+
+
 def _nvidia_kimi_k25_names(src: Path) -> None:
     """nvidia/Kimi-K2.5-NVFP4's quantisation config names the text layers `language_model.layers.*` (SGLang 0.5.23
     kimi_k25.py: "Support nvidia/Kimi-K2.5-NVFP4 naming: language_model.layers.*. Ref: HF config.json for
@@ -109,7 +170,7 @@ def _nvidia_kimi_k25_names(src: Path) -> None:
 
 
 EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads, "fused-globals": _fused_globals,
-         "nvidia-names": _nvidia_kimi_k25_names}
+         "nvidia-names": _nvidia_kimi_k25_names, "mixed-precision": _mixed_precision}
 # edits that are synth's own size arguments (the source is written with them; no rewrite after)
 SYNTH_ARGS = {
     # I = 192: not a multiple of 128, so SGLang pads non-gated experts (as Nemotron-3-Nano's 1856 -> 1920)
@@ -131,12 +192,17 @@ CASES = (
     Case("qwen3-moe", "nvfp4-modelopt-hf", dtypes=("bfloat16", "float16")),
     Case("qwen3-moe", "nvfp4-ct"),
     Case("qwen3-moe", "nvfp4-modelopt-hf", edit="2507"),
+    # Qwen3-30B-A3B in ModelOpt MIXED_PRECISION: SGLang builds modelopt_mixed for its non-expert layers
+    Case("qwen3-moe", "nvfp4-modelopt-hf", edit="mixed-precision", engines=("sglang",)),
     Case("glm4-moe", "nvfp4-modelopt-hf"),
     Case("glm4-moe", "nvfp4-ct", edit="fused-globals"),
     # fam-mla: DeepSeek-R1 / R1-0528 FP4 (MLA, hf_quant_config.json only), Kimi-K2, DeepSeek-V3.2 (MLA + indexer),
     # MiniMax-M2; Mixtral on vLLM only (SGLang refuses it: core/served.py REFUSED)
     Case("deepseek-v3", "nvfp4-modelopt-hf"),
     Case("kimi-k2", "nvfp4-modelopt-hf"),
+    # nvidia/DeepSeek-V3-0324-FP4 as shipped (stale block-FP8 config.json block): the conversion serves from
+    # hf_quant_config.json; the engine's reference is the source without the stale block (REFERENCES)
+    Case("deepseek-v3-0324", "nvfp4-modelopt-hf"),
     Case("deepseek-v32", "nvfp4-modelopt-hf"),
     Case("kimi-k25", "nvfp4-modelopt-hf", text_only=True),  # Kimi-K2.5 / K2.6: no MoonViT tensors in the replica
     Case("kimi-k25", "nvfp4-modelopt-hf", edit="nvidia-names", text_only=True),  # nvidia's excludes' spelling
@@ -157,6 +223,14 @@ CASES = (
     Case("nemotron-h", "nvfp4-modelopt-hf", edit="i96"),  # issue 37 item 7: the non-gated tile rule, padded
     Case("nemotron-3-super", "nvfp4-modelopt-hf"),  # LatentMoE: routed experts at moe_latent_size
     Case("gemma4-moe", "nvfp4-ct", text_only=True),  # mtp: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (synth/families.py)
+    # producers: what ModelOpt 0.47 and llm-compressor 0.14 write (tests/fixtures/producers), loaded as written;
+    # the outputs no engine loads are refused in serving_tests/test_engine_refusals.py (core/served.py REFUSED)
+    Case("qwen3-moe", "nvfp4-modelopt-hf", producer="modelopt-qwen3-moe-w4a16-nvfp4"),  # W4A16_NVFP4
+    Case("qwen3-moe", "nvfp4-modelopt-hf", producer="modelopt-qwen3-moe-nvfp4-mlp-only"),
+    Case("qwen3-moe", "nvfp4-ct", producer="llmc-qwen3-moe-nvfp4a16"),
+    # SGLang 0.5.23's Mixtral takes head_dim = hidden_size / heads (mixtral.py), not the fixture's head_dim 32:
+    # it cannot load this tiny export (a real Mixtral's head_dim is that quotient), so it proves vLLM only
+    Case("mixtral", "nvfp4-ct", producer="llmc-mixtral-nvfp4a16", engines=("vllm",)),
 )
 
 
@@ -169,7 +243,9 @@ def _run(*args) -> None:
 def make_source(tmp, case: Case) -> Path:
     """The case's source replica (synth, then its edit), written once per session in `tmp`."""
     src = Path(tmp, f"src-{case.id}")
-    if not src.exists():
+    if case.producer and not src.exists():
+        shutil.copytree(PRODUCERS / case.producer, src)
+    elif not src.exists():
         _run("synth", src, "--family", case.family, "--format", case.fmt, *SYNTH_ARGS.get(case.edit, ()), "-q")
         if case.edit in EDITS:
             EDITS[case.edit](src)
@@ -177,12 +253,19 @@ def make_source(tmp, case: Case) -> Path:
 
 
 def make_case(tmp, case: Case, engine: str, dtype: str) -> tuple[Path, Path]:
-    """(source, its conversion for `engine` at `dtype`), each written once per session in `tmp` (the
-    session's `case_dir`, serving_tests/conftest.py: the differential and draft tests share them)."""
+    """(the source the engine loads, its conversion for `engine` at `dtype`), each written once per session in
+    `tmp` (the session's `case_dir`, serving_tests/conftest.py: the differential and draft tests share them). The
+    engine loads the source itself, or its REFERENCES form where the release as shipped does not load correctly."""
     src = make_source(tmp, case)
     out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
     if not out.exists():
         command = "mxfp4-to-marlin" if case.fmt.startswith("mxfp4") else "nvfp4-to-marlin"
         _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q",
              *CONVERT_ARGS.get(case.edit, ()))
+    if case.family in REFERENCES:
+        ref = Path(tmp, f"ref-{case.id}")
+        if not ref.exists():
+            shutil.copytree(src, ref)
+            REFERENCES[case.family](ref)
+        return ref, out
     return src, out

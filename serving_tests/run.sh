@@ -29,7 +29,7 @@ suite() {  # one engine release's tests; its duration goes beside its log
               serving_tests/test_engine_refusals.py serving_tests/sglang || rc=$? ;;
     vllm*)  VLLM_TARGET_DEVICE=cpu ".venv-$venv/bin/python" "${PYTEST[@]}" serving_tests/test_plugin_config.py \
               serving_tests/test_families.py serving_tests/test_differential.py serving_tests/test_draft_differential.py \
-              serving_tests/vllm || rc=$? ;;
+              serving_tests/test_engine_refusals.py serving_tests/vllm || rc=$? ;;
   esac
   echo $((SECONDS - start)) >"$logs/$venv.seconds"
   return "$rc"

@@ -21,6 +21,12 @@ equivalent; nothing else is changed):
   the documented sm_120 launch); vLLM's own `EmulationNvFp4LinearKernel` listed for the CPU platform
   (vLLM lists no NVFP4 linear kernel there: "Failed to find a kernel"), so NVFP4 dense / shared-expert
   layers are created, loaded and processed by vLLM's own code; they are the same method in both models.
+- vLLM: weight-only FP4 dense layers (ModelOpt W4A16_NVFP4, compressed-tensors NVFP4A16): vLLM forces its Marlin
+  FP4 linear kernel, whose availability check (`is_fp4_marlin_supported`, a CUDA GPU) answers as on the sm_120
+  GPU, and its Marlin MXFP4 linear kernel is listed for the CPU platform (serving_tests/vllm/harness_models.py
+  `_marlin_fp4_linear_runs_here`); their processing is vLLM's own, the same method in both models.
+- The producers' cases (`Case.producer`): the source is a real ModelOpt / llm-compressor export
+  (tests/fixtures/producers), copied unchanged, not a synth replica.
 - SGLang: serving_tests/sglang/harness_differential.py lists its own (the platform override, the Marlin
   workspace, the rotary embedding's CPU branch, the GPU generation asked by compressed-tensors).
 - The MLA families (DeepSeek-R1/V3/V3.2, Kimi-K2): vLLM: the CPU's AMX detection -> False (its reference CPU

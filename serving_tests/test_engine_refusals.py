@@ -4,9 +4,14 @@ loads it with its own loader (serving_tests/sglang/harness_refusal.py, the diffe
 the test passes only while that load fails with the quoted reason. If the engine ever loads it, the test fails:
 the refusal is then stale and the family's differential case should run on that engine.
 
+The real producers' outputs (tests/fixtures/producers: NVIDIA ModelOpt 0.47, llm-compressor 0.14) that an engine
+cannot load are tested here as the producer wrote them, one spawned rank for all of them (the engine import
+dominates the time); core/served.py REFUSED and core/engine_config.py quote these reasons.
+
 Substitutions: those of serving_tests/test_differential.py and serving_tests/sglang/harness_differential.py
 (CPU stand-ins for engine steps, never the weight loading this test is about); the source is a
-`dsv4-convert synth --family` replica built from the release's public facts (synth/families.py), not its weights.
+`dsv4-convert synth --family` replica built from the release's public facts (synth/families.py), not its weights
+(the producers' cases: the producers' own files, unchanged).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from common import installed_engine, spawn_ranks
-from differential import Case, make_source
+from differential import PRODUCERS, Case, make_source
 
 ENGINE = installed_engine()
 if ENGINE is None:
@@ -27,16 +32,87 @@ sys.path.insert(0, str(Path(__file__).parent / ENGINE))
 
 
 @pytest.mark.skipif(ENGINE != "sglang", reason="core/served.py REFUSED: SGLang 0.5.23 x llama4")
-def test_sglang_cannot_load_the_modelopt_llama4_source_itself(tmp_path):
+def test_sglang_cannot_load_the_modelopt_llama4_source_itself(engine_loads):
     """nvidia/Llama-4-Scout-17B-16E-Instruct-FP4 layout (ModelOpt's stacked K-major experts with per-expert block
     scales `feed_forward.experts.gate_up_proj_weight_scale` [E, K/16, 2I]): SGLang 0.5.23's Llama4ForConditionalGeneration
     (mllama4.py) routes that name through `_handle_expert_scale_params`, which takes it for one scale shared by
     all experts and writes it into every expert's slot: `param.data[expert_id] = loaded_weight` cannot broadcast
     the whole stack into one expert (RuntimeError, expand)."""
-    src = make_source(tmp_path, Case("llama4", "nvfp4-modelopt-hf"))
-    cases = {"llama4": {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf"}}
-    (result,) = spawn_ranks("harness_refusal:run", {"cases": cases}, tmp_path, world=1)
-    r = result["llama4"]
+    r = engine_loads["llama4"]
     assert "error" in r, f"SGLang loaded the ModelOpt Llama-4 source ({r}): core/served.py's refusal is stale"
     assert r["error"].startswith("RuntimeError:") and "expand" in r["error"], r
     assert "_handle_expert_scale_params" in r["traceback"] and "mllama4.py" in r["traceback"], r["traceback"]
+
+
+# producer output -> its source format; the cases this engine release cannot load
+_PRODUCER_CASES = {
+    "modelopt-qwen3-moe-mxfp4-mlp-weight-only": "mxfp4-modelopt-hf",
+    "modelopt-deepseek-v3-mxfp4-mlp-weight-only": "mxfp4-modelopt-hf",
+    "modelopt-qwen3-moe-w4a16-mxfp4": "mxfp4-modelopt-hf",  # ModelOpt 0.48's spelling, W4A16_MXFP4
+    "modelopt-deepseek-v3-nvfp4": "nvfp4-modelopt-hf",
+    "llmc-deepseek-v3-nvfp4a16": "nvfp4-ct",
+    **({"llmc-qwen3-moe-mxfp4a16": "mxfp4-ct", "llmc-mixtral-mxfp4a16": "mxfp4-ct"} if ENGINE == "sglang" else {}),
+}
+
+
+@pytest.fixture(scope="module")
+def engine_loads(tmp_path_factory):
+    """Each source loaded alone by the engine (its own construction and loader), all in one spawned rank: the
+    producers' outputs and, on SGLang, the ModelOpt Llama-4 replica."""
+    tmp = tmp_path_factory.mktemp("refusals")
+    cases = {name: {"source": str(PRODUCERS / name), "dtype": "bfloat16", "fmt": fmt}
+             for name, fmt in _PRODUCER_CASES.items()}
+    if ENGINE == "sglang":
+        src = make_source(tmp, Case("llama4", "nvfp4-modelopt-hf"))
+        cases["llama4"] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf"}
+    (result,) = spawn_ranks("harness_refusal:run", {"cases": cases}, tmp, world=1)
+    return result
+
+
+def _refused(result: dict, name: str) -> dict:
+    r = result[name]
+    assert "error" in r, f"{ENGINE} loaded {name} ({r}): the refusal in core/served.py / engine_config.py is stale"
+    return r
+
+
+@pytest.mark.parametrize("name", ["modelopt-qwen3-moe-mxfp4-mlp-weight-only", "modelopt-deepseek-v3-mxfp4-mlp-weight-only",
+                                  "modelopt-qwen3-moe-w4a16-mxfp4"])
+def test_neither_engine_loads_the_modelopt_mxfp4_source_itself(engine_loads, name):
+    """ModelOpt 0.47's MXFP4 export (quant_algo `mxfp4`) and 0.48's spelling of it (`W4A16_MXFP4`). vLLM 0.33 / 0.34:
+    its ModelOpt override takes any algo holding "FP4" for modelopt_fp4, whose config then refuses an algo outside
+    its list (modelopt.py `ModelOptQuantConfigBase.from_config`). SGLang 0.5.23: `_parse_modelopt_quant_config`
+    maps no lower-case 'mxfp4', so the block's `quant_method: modelopt` builds ModelOptFp8Config, which refuses it;
+    'W4A16_MXFP4' holds "FP4", so it builds ModelOptFp4Config, which refuses it (modelopt_quant.py from_config)."""
+    r = _refused(engine_loads, name)
+    if ENGINE == "vllm":
+        assert "ModelOpt currently only supports:" in r["error"] and "quantizations in vLLM" in r["error"], r
+        assert "MXFP4'" not in r["error"].split("supports:", 1)[1].split("]", 1)[0], r["error"]
+    elif "w4a16" in name:
+        assert r["error"] == ("ValueError: ModelOpt currently only supports: FP8, NVFP4, NVFP4_AWQ, W4A16_NVFP4 "
+                              "quantizations in sglang. Please check the quantization config for your model's "
+                              "configuration."), r
+    else:
+        assert r["error"].startswith("ValueError: ModelOptFp8Config only supports regular FP8 quantization, but "
+                                     "found 'mxfp4'"), r
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="vLLM loads it (its CT MXFP4 MoE method; the plugin is not proven)")
+@pytest.mark.parametrize("name", ["llmc-qwen3-moe-mxfp4a16", "llmc-mixtral-mxfp4a16"])
+def test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself(engine_loads, name):
+    """llm-compressor 0.14's MXFP4A16 scheme quantises every Linear (attention too): SGLang 0.5.23's compressed-tensors
+    lookup has no MXFP4 weight-only linear scheme (compressed_tensors.py `_get_scheme_from_parts`)."""
+    r = _refused(engine_loads, name)
+    assert r["error"] == "NotImplementedError: No compressed-tensors compatible scheme was found.", r
+    assert "get_linear_scheme" in r["traceback"] and "_get_scheme_from_parts" in r["traceback"], r["traceback"]
+
+
+@pytest.mark.parametrize("name", ["modelopt-deepseek-v3-nvfp4", "llmc-deepseek-v3-nvfp4a16"])
+def test_neither_engine_builds_the_producers_deepseek_v3_config(engine_loads, name):
+    """Both producers save DeepSeek-V3 through transformers 5, whose config has no moe_layer_freq, topk_method or
+    scoring_func (core/engine_config.py quotes what each engine reads; validate's source.engine_config says so)."""
+    r = _refused(engine_loads, name)
+    if ENGINE == "vllm":
+        assert r["error"] == "KeyError: 'layers.0.mlp.gate.e_score_correction_bias'", r
+    else:
+        assert r["error"] == "AttributeError: 'DeepseekV3Config' object has no attribute 'moe_layer_freq'", r
+        assert "_is_layer_sparse" in r["traceback"], r["traceback"]

@@ -81,9 +81,9 @@ def results(tmp_path_factory):
     for family, fmt in ENGINE_CASES:
         src, conv = make_family(tmp, family, fmt, ENGINE)
         cases[f"{family}-{fmt}"] = {"path": str(conv), "source": str(src), "process": True}
-    # nvidia/DeepSeek-V3-0324-FP4 as shipped: config.json's stale block-FP8 block (converted anyway)
+    # nvidia/DeepSeek-V3-0324-FP4 as shipped: config.json's stale block-FP8 block; the source, and its conversion
     src, conv = make_family(tmp, "deepseek-v3-0324", "nvfp4-modelopt-hf", ENGINE)
-    cases["negative-v3-0324"] = {"path": str(conv), "source": str(src)}
+    cases["v3-0324"] = {"path": str(conv), "source": str(src)}
     src, conv = make_family(tmp, "glm4-moe", "nvfp4-modelopt-hf", ENGINE, no_block=True)
     cases["noblock"] = {"path": str(conv), "source": str(src), "process": True}
     cases["negative-stale-block"] = {"path": str(_stale(tmp, conv))}
@@ -185,11 +185,12 @@ def test_negative_control_a_stale_fp8_block_fails_the_load(results):
 
 def test_v3_0324_as_shipped_is_built_as_block_fp8_by_the_engine_itself(results):
     """nvidia/DeepSeek-V3-0324-FP4's config.json keeps the block-FP8 block of the model before FP4 export: the
-    engine's own config for that source is FP8 (it follows config.json, not hf_quant_config.json), so neither the
-    source nor its conversion is served; `validate` reports the block (structure.quant_config.stale_block) and
-    the fix, after which it is the deepseek-v3 case above (hf_quant_config.json only)."""
-    r = results["negative-v3-0324"]
-    assert "error" in r or (r["inner_method"] == "fp8" and r["engine_config"] == "Fp8Config"), r
+    engine's own config for that source is FP8 (it follows config.json, not hf_quant_config.json); `validate`
+    reports the block (structure.quant_config.stale_block). Its conversion records `serves_from`
+    hf_quant_config.json, so the plugin hands the non-expert layers to the engine's ModelOpt NVFP4 method, as for
+    the deepseek-v3 case above (hf_quant_config.json only; the differential case deepseek-v3-0324 proves the bytes)."""
+    r = results["v3-0324"]
+    assert "error" not in r and r["engine_config"] == "Fp8Config" and r["inner_method"] == "modelopt_fp4", r
 
 
 # what SGLang builds for a checkpoint: its own ModelConfig (with the plugin registered) and model-class choice

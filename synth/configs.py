@@ -82,6 +82,8 @@ def _hf_config(d: Dims) -> dict[str, Any]:
         "num_attention_heads": d.heads, "head_dim": d.head_dim, "n_routed_experts": d.experts,
         "n_shared_experts": 1, "num_experts_per_tok": d.top_k, "vocab_size": d.vocab,
         "tie_word_embeddings": False,
+        # read by both engines while they build a DeepSeek-V3 model (core/engine_config.py), as its config.json has them
+        "moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
     }
 
 

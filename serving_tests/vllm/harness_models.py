@@ -29,11 +29,28 @@ def _marlin_runs_here() -> None:
         if isinstance(cls, type) and "_supports_current_device" in vars(cls):
             cls._supports_current_device = staticmethod(lambda: True)
     _POSSIBLE_NVFP4_KERNELS.setdefault(current_platform._enum, []).append(EmulationNvFp4LinearKernel)
+    _marlin_fp4_linear_runs_here()
     # the CPU platform packs unquantised weights for its own GEMM with a vllm._C op this CPU wheel
     # lacks (a CUDA GPU keeps them as loaded)
     from vllm.model_executor.layers import utils as layer_utils
 
     layer_utils.dispatch_cpu_unquantized_gemm = lambda layer, remove_weight: None
+
+
+def _marlin_fp4_linear_runs_here() -> None:
+    """Weight-only FP4 dense layers (ModelOpt W4A16_NVFP4, compressed-tensors NVFP4A16 / MXFP4A16): vLLM forces its
+    Marlin FP4 linear kernel, whose availability check (`is_fp4_marlin_supported`: a CUDA GPU of capability 7.5+)
+    answers False on a CPU; it answers what the sm_120 GPU answers, and the MXFP4 one is listed for the CPU platform
+    (CUDA lists it too). Their weight processing is vLLM's own (its repack op is the one test_differential.py
+    substitutes); the same method processes those layers in both models."""
+    from vllm.model_executor.kernels import linear
+    from vllm.model_executor.kernels.linear.mxfp4.marlin import MarlinMxFp4LinearKernel
+    from vllm.model_executor.kernels.linear.nvfp4 import marlin as nvfp4_marlin
+    from vllm.model_executor.layers.quantization.utils import marlin_utils_fp4
+    from vllm.platforms import current_platform
+
+    marlin_utils_fp4.is_fp4_marlin_supported = nvfp4_marlin.is_fp4_marlin_supported = lambda: True
+    linear._POSSIBLE_MXFP4_KERNELS.setdefault(current_platform._enum, []).append(MarlinMxFp4LinearKernel)
 
 
 def _vllm_config(path: str):

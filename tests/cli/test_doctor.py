@@ -113,6 +113,16 @@ def test_doctor_with_a_converted_checkpoint_names_engine_and_flag(tmp_path):
         assert any("needs vllm" in f for f in data["findings"]) and data["exit_code"] == 1
 
 
+def test_doctor_says_when_the_engines_cannot_build_the_source():
+    """llm-compressor 0.14's DeepSeek-V3 export (tests/fixtures/producers): its config.json lacks keys both engines
+    read (core/engine_config.py), so it is not 'ready' whatever the machine holds."""
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "producers" / "llmc-deepseek-v3-nvfp4a16"
+    data = json.loads(subprocess.run([*CLI, "doctor", src, "--json"], capture_output=True, text=True).stdout)
+    said = [f for f in data["findings"] if "cannot build or load this model" in f]
+    assert {f.split(": ", 1)[1].split(" ", 1)[0] for f in said} == {"sglang", "vllm"}, data["findings"]
+    assert data["exit_code"] == 1 and all("moe_layer_freq" in f for f in said), said
+
+
 def test_doctor_cannot_run_on_a_bad_path(tmp_path):
     assert subprocess.run([*CLI, "doctor", tmp_path / "missing"], capture_output=True).returncode == 2
     proc = subprocess.run([*CLI, "doctor", tmp_path], capture_output=True, text=True)  # no config.json

@@ -1,9 +1,10 @@
 """Checkpoints written by the real producers (tests/fixtures/producers: NVIDIA ModelOpt and llm-compressor /
 compressed-tensors quantising tiny random-weight Qwen3-MoE, Mixtral and DeepSeek-V3 models on a CPU; the
 script that made them and the producer versions are beside them), end to end through the real CLI in
-subprocesses: recognised as the format their producer writes, refused by the converter's gate exactly where
-the served table (core/served.py) has no entry, converted for both targets, validated against the source, and
-reversed byte for byte. CI reads the committed outputs; it never installs the producers.
+subprocesses: recognised as the format their producer writes, with the family and the verdict `inspect` shows,
+refused by the converter's gate exactly where that verdict says (core/served.py: no entry, the engine's own
+refusal, or a config the engine cannot build: core/engine_config.py), converted for both targets, validated against
+the source (which names the same reasons), and reversed byte for byte. CI reads the committed outputs; it never installs the producers.
 
 No substitutions: the files are the producers' own output. A fixture whose shape the engine pads at every
 split (MXFP4 at hidden 128) is converted for TP 1 (`--tp 1`, written padded as the engine pads it).
@@ -19,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from dsv4_convert.core.engine_config import missing_engine_keys
 from dsv4_convert.core.families import family_of
-from dsv4_convert.core.served import entries
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 
 pytestmark = pytest.mark.slow
@@ -54,11 +55,12 @@ def test_producer_output_end_to_end(tmp_path, name):
     doc = json.loads(run_cli("inspect", src, "--json").stdout)
     assert doc["format"] == _format(name), doc["reason"]
     assert doc["projections"]["total"] > 0 and set(doc["projections"]["by_quant"]) == {_format(name)[:5]}
-    family = family_of(json.loads((src / "config.json").read_text()))
+    config = json.loads((src / "config.json").read_text())
+    assert doc["family"] == family_of(config).name, doc["family"]
     command = f"{_format(name)[:5]}-to-marlin"
     for i, target in enumerate(("sglang", "vllm")):
         out = tmp_path / f"out-{target}"
-        served = bool(entries(family.name, _format(name), target)) if family else False
+        served = any(why is None for key, why in doc["served"].items() if key.split(" ")[0] == target)
         proc = _cli(command, src, out, "--target", target, "--json", flag=False)
         if not served:  # the gate refuses it before writing, as validate would report it
             assert proc.returncode == 4 and json.loads(proc.stdout)["error"]["id"] == "convert.unservable_family", \
@@ -70,7 +72,8 @@ def test_producer_output_end_to_end(tmp_path, name):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         proc = run_cli("validate", out, "--against", src, "--json", check=False)
         errors = {f["check"] for f in json.loads(proc.stdout)["findings"] if f["severity"] == "error"}
-        assert errors == (set() if served else {"marlin.serving_methods"}), proc.stdout[-3000:]
+        unbuildable = {"source.engine_config"} if missing_engine_keys(config) else set()
+        assert errors == (set() if served else {"marlin.serving_methods"}) | unbuildable, proc.stdout[-3000:]
         if i == len(name) % 2:  # one target's output is reversed, alternating between fixtures
             back = tmp_path / "back"
             run_cli("marlin-to-source", out, back, "-q")

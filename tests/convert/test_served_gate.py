@@ -2,8 +2,8 @@
 (core/served.py), before anything is written: real CLI runs in subprocesses on real safetensors files.
 
 Substitutions: the checkpoints are `dsv4_convert.synth` Qwen3-MoE ModelOpt NVFP4 replicas with one config
-edit each (the ModelOpt MIXED_PRECISION block a Qwen3-30B-A3B export writes; an architecture string in no
-family), not released weights. The refusal is tested with
+edit each (the ModelOpt MIXED_PRECISION block a Qwen3-30B-A3B export writes: served on SGLang, refused on vLLM;
+an architecture string in no family), not released weights. The refusal is tested with
 DSV4_CONVERT_ALLOW_UNSERVABLE removed (tests/conftest.py sets it for the converter's other tests).
 """
 
@@ -67,7 +67,8 @@ def _arch(arch):
 def test_refused_before_writing_and_validate_gives_the_same_reason(tmp_path, case):
     src = _qwen3(tmp_path / "src", _mixed if case == "mixed-precision" else _arch(case))
     run = _env_without_flag()
-    for target in ("sglang", "vllm"):
+    # Qwen3's MIXED_PRECISION export is proven on SGLang (core/served.py), not on vLLM
+    for target in ("vllm",) if case == "mixed-precision" else ("sglang", "vllm"):
         out = tmp_path / f"out-{target}"
         proc = run("nvfp4-to-marlin", src, out, "--target", target, "--json")
         err = json.loads(proc.stdout)["error"]
@@ -84,10 +85,13 @@ def test_refused_before_writing_and_validate_gives_the_same_reason(tmp_path, cas
         shutil.rmtree(out)
 
 
-def test_served_source_converts_and_validates_clean(tmp_path):
-    src = _qwen3(tmp_path / "src")
+@pytest.mark.parametrize("case", ["nvfp4", "mixed-precision"])
+def test_served_source_converts_and_validates_clean(tmp_path, case):
+    """NVFP4 on vLLM; Qwen3's MIXED_PRECISION on SGLang, where its differential proof runs."""
+    src = _qwen3(tmp_path / "src", _mixed if case == "mixed-precision" else None)
     run = _env_without_flag()
-    proc = run("nvfp4-to-marlin", src, tmp_path / "out", "--target", "vllm", "-q")
+    target = "sglang" if case == "mixed-precision" else "vllm"
+    proc = run("nvfp4-to-marlin", src, tmp_path / "out", "--target", target, "-q")
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("validate", tmp_path / "out", "--json", check=False)
     assert proc.returncode == 0, proc.stdout
@@ -99,5 +103,13 @@ def test_plan_says_which_engines_serve_it(tmp_path):
     doc = json.loads(proc.stdout)
     assert "'modelopt_mixed'" in doc["model"]["not_served"]["vllm"], doc["model"]
     assert any(r.startswith("NOT SERVED") for r in doc["reasoning"]), doc["reasoning"]
-    served = json.loads(run_cli("plan", _qwen3(tmp_path / "plain"), "--json", check=False).stdout)
+    # what will not load gets no launch command and no recommendation, and the exit code says so
+    assert proc.returncode == 4 and doc["exit_code"] == 4 and doc["error"]["id"] == "plan.not_served", doc
+    assert doc["command"] is None and doc["recommended"] is None and "'modelopt_mixed'" in doc["error"]["message"]
+    assert any(c["valid"] for c in doc["candidates"])  # the splits themselves would fit: only serving is refused
+    text = run_cli("plan", src, "--gpus", 1, "--target", "vllm", check=False)
+    assert text.returncode == 4 and "vllm serve" not in text.stdout + text.stderr, text.stdout
+    proc = run_cli("plan", _qwen3(tmp_path / "plain"), "--json", check=False)
+    served = json.loads(proc.stdout)
     assert served["model"]["not_served"] == {"sglang": None, "vllm": None}
+    assert proc.returncode == 0 and served["command"] and "error" not in served

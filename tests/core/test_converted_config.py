@@ -43,12 +43,27 @@ def test_written_block_round_trips(converted):
     ({"group_size": True}, "converted_config.bad_value"),
     ({"rescale_factors": {"model.layers.9.mlp.experts.w13": 1.0}}, "converted_config.experts_map"),
     ({"quant_method": "modelopt"}, "converted_config.not_ours"),
+    ({"serves_from": "config.json"}, "converted_config.bad_value"),
+    ({"serves_from": "hf_quant_config.json", "original_hf_quant_config": None}, "converted_config.bad_value"),
     ({"expert_dtype": 4}, "converted_config.bad_value"),
 ])
 def test_wrong_types_refused_with_their_id(converted, change, error_id):
     with pytest.raises(ConvertedConfigError) as e:
         ConvertedQuantConfig.parse({**_block(converted), **change})
     assert e.value.error_id == error_id and f"[{error_id}]" in e.value.message
+
+
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+def test_serves_from_round_trips_and_chooses_the_serving_block(converted):
+    """nvidia/DeepSeek-V3-0324-FP4's conversion: the plugins serve from hf_quant_config.json, not the stale block."""
+    from dsv4_convert.core.converted_config import serving_block
+
+    block = _block(converted)
+    hf = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}}
+    stale = {**block, "original_quantization_config": {"quant_method": "fp8"}, "original_hf_quant_config": hf}
+    assert serving_block(ConvertedQuantConfig.parse(stale)) == {"quant_method": "fp8"}
+    spec = ConvertedQuantConfig.parse({**stale, "serves_from": "hf_quant_config.json"})
+    assert spec.as_dict() == {**stale, "serves_from": "hf_quant_config.json"} and serving_block(spec) == hf
 
 
 # issue 37 item 6: every recorded rescale factor a plugin could act on wrongly. The vLLM plugin re-encodes a

@@ -28,6 +28,8 @@ from dsv4_convert.core.source_formats import FORMATS
 from dsv4_convert.synth.families import FAMILY_SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
+# the keys the engines read to build a DeepSeek-V3-style model (core/engine_config.py), as the releases carry them
+ENGINE_KEYS = {"moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 NVFP4_BLOCK = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
 MIXED_BLOCK = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
                "quantized_layers": {"model.layers.0.mlp.experts.0.gate_proj": {"quant_algo": "NVFP4", "group_size": 16}}}
@@ -71,7 +73,10 @@ def _differential_cases() -> list[dict]:
 
 
 def _differential_ids() -> set[str]:
-    return {f"{c['family']}-{c['fmt']}" + (f"-{c['edit']}" if c["edit"] else "") + f"-{d}"
+    """As differential.Case.id: a producer's fixture name without its family, else the edit."""
+    def tag(c):
+        return c["producer"].replace(f"-{c['family']}-", "-") if c.get("producer") else c["edit"]
+    return {f"{c['family']}-{c['fmt']}" + (f"-{tag(c)}" if tag(c) else "") + f"-{d}"
             for c in _differential_cases() for d in c["dtypes"]}
 
 
@@ -155,7 +160,7 @@ def test_served_exactly_where_an_entry_proves_it(arch):
     architecture string."""
     from dsv4_convert.core.families import family_of
 
-    config = {"architectures": [arch], "model_type": "x"}
+    config = {"architectures": [arch], "model_type": "x", **ENGINE_KEYS}
     family = family_of(config)
     for engine in ("sglang", "vllm"):
         proven = family is not None and any("modelopt_fp4" in s.methods
@@ -166,19 +171,22 @@ def test_served_exactly_where_an_entry_proves_it(arch):
 def test_every_entry_is_served_and_the_same_family_in_another_method_is_not():
     for s in SERVED:
         family = next(f for f in FAMILIES if f.name == s.family)
-        config = {"architectures": [family.architectures[0]]}
+        config = {"architectures": [family.architectures[0]], **ENGINE_KEYS}
         # the block is not consulted when `method` is given: each proven method is served on its release
         for method in s.methods:
             assert refusal(config, s.source_format, s.engine, None, method=method) is None, s
         assert refusal(config, s.source_format, s.engine, None, method="not_a_method"), s
 
 
-def test_qwen3_mixed_precision_is_refused_where_nvfp4_is_served():
+def test_qwen3_mixed_precision_is_served_only_where_its_proof_ran():
+    """Qwen3-30B-A3B's ModelOpt MIXED_PRECISION export: proven on SGLang 0.5.23 (serving_tests/differential.py
+    edit mixed-precision), refused on vLLM, where only NVFP4 is proven."""
     config = {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"}
     for engine in ("sglang", "vllm"):
         assert refusal(config, "nvfp4-modelopt-hf", engine, NVFP4_BLOCK) is None
-        why = refusal(config, "nvfp4-modelopt-hf", engine, MIXED_BLOCK)
-        assert why and "'modelopt_mixed'" in why and "modelopt_fp4" in why, why
+    assert refusal(config, "nvfp4-modelopt-hf", "sglang 0.5.23", MIXED_BLOCK) is None
+    why = refusal(config, "nvfp4-modelopt-hf", "vllm", MIXED_BLOCK)
+    assert why and "'modelopt_mixed'" in why and "modelopt_fp4" in why, why
 
 
 def test_an_installed_version_maps_to_its_release():
@@ -204,3 +212,17 @@ def test_an_engines_own_refusal_is_quoted_by_the_gate_and_the_matrix(monkeypatch
     assert "refused by the engine" in served.matrix_markdown() and "the engine's own words" in served.matrix_markdown()
     for s in served.REFUSED:
         assert not served.entries(s.family, s.source_format, s.engine)  # never both served and refused
+
+
+def test_a_source_config_the_engines_cannot_build_is_refused_with_their_reason():
+    """ModelOpt 0.47 / llm-compressor 0.14 DeepSeek-V3 exports (transformers 5) lack keys both engines read:
+    refused on SGLang for any checkpoint, on vLLM where the correction bias it would not create is stored."""
+    config = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
+    bias = ["model.layers.0.mlp.gate.e_score_correction_bias"]
+    sglang = refusal(config, "nvfp4-modelopt-hf", "sglang", NVFP4_BLOCK, tensor_names=bias)
+    assert sglang and "cannot build this source itself" in sglang and "moe_layer_freq" in sglang, sglang
+    vllm = refusal(config, "nvfp4-modelopt-hf", "vllm 0.34", NVFP4_BLOCK, tensor_names=bias)
+    assert vllm and "topk_method" in vllm and "KeyError" in vllm, vllm
+    assert refusal(config, "nvfp4-modelopt-hf", "vllm 0.34", NVFP4_BLOCK) is None  # no bias stored: vLLM builds it
+    for engine in ("sglang", "vllm"):
+        assert refusal({**config, **ENGINE_KEYS}, "nvfp4-modelopt-hf", engine, NVFP4_BLOCK, tensor_names=bias) is None

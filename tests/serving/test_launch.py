@@ -27,7 +27,8 @@ def flash_like(*, layers=43, experts=256, hidden=4096, inter=2048, other_gib=11.
     other = TensorRef("embed.weight", "s", "BF16", (1,), 0, int(other_gib * GIB))
     tensors[other.name] = other
     config = {"hidden_size": hidden, "moe_intermediate_size": inter, "n_routed_experts": experts,
-              "num_hidden_layers": layers, "expert_dtype": "fp4"}
+              "num_hidden_layers": layers, "expert_dtype": "fp4", "architectures": ["DeepseekV4ForCausalLM"],
+              "model_type": "deepseek_v4", "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
     return Checkpoint(Path("DeepSeek-V4-Flash"), FORMATS["mxfp4-dsv4"], config, None, tensors, tuple(projections))
 
 
@@ -113,6 +114,18 @@ def test_stacked_experts_are_counted_once():
     shape = shape_from_checkpoint(ckpt)
     assert shape.expert_bytes == sum(t.nbytes for t in tensors.values())  # about 53 MB, not 4 x 3 x that
     assert shape.other_bytes == 0
+
+
+def test_latent_moe_experts_are_planned_at_their_own_width():
+    """Nemotron-3 Super (and Kimi-K3) run the routed experts at the latent width (`moe_latent_size`,
+    `routed_expert_hidden_size`), not hidden_size: the tiles and padding are computed from that width."""
+    ckpt = flash_like(layers=1, experts=8, hidden=1024, inter=2688, other_gib=0.1)
+    ckpt.config.update(hidden_size=4096, moe_latent_size=1024)
+    assert shape_from_checkpoint(ckpt).hidden == 1024
+    ckpt.config.pop("moe_latent_size")  # hidden_size alone: the width the assertion above rules out
+    assert shape_from_checkpoint(ckpt).hidden == 4096
+    ckpt.config.update(text_config={"routed_expert_hidden_size": 1024})
+    assert shape_from_checkpoint(ckpt).hidden == 1024
 
 
 def test_latent_moe_tiles_come_from_the_experts_width(tmp_path):

@@ -47,6 +47,7 @@ ALL_CHECKS = (
     quant_config.marlin_config,
     quant_config.marlin_dtype_shape,
     serving.stale_quant_block,
+    serving.engine_config_keys,
     serving.inner_method_resolves,
     serving.w4a8_releases,
     # numerics, per projection / per expert

@@ -8,16 +8,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...core.converted_config import ConvertedConfigError, converted_record, serving_block
+from ...core.engine_config import fix_hint, source_load_refusal
 from ...core.engines import ENGINES, engine_inner_method
-from ...core.inner_methods import FP4_METHODS
+from ...core.inner_methods import FP4_METHODS, HF_QUANT_CONFIG_BLOCK, stale_block
 from ...core.served import refusal
 from ...core.source_formats import FORMATS
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 
-__all__ = ["inner_method_resolves", "stale_quant_block", "w4a8_releases"]
+__all__ = ["engine_config_keys", "inner_method_resolves", "stale_quant_block", "w4a8_releases"]
 
-_FP4_ALGOS = ("NVFP4", "FP4", "W4A16_NVFP4", "NVFP4_AWQ", "MIXED_PRECISION")
 _QUANTISED = {"U8", "I8", "F8_E4M3", "F8_E5M2"}  # a 2-D `.weight` of these dtypes is not 16-bit
 
 
@@ -45,13 +45,14 @@ def _blocks(c: CheckpointInput) -> tuple[str, dict | None, dict | None]:
 def stale_quant_block(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """Both engines read config.json's quantisation block and ignore hf_quant_config.json when it exists; a block left over from the model before FP4 export (nvidia/DeepSeek-V3-0324-FP4 keeps block FP8) makes them build FP8 methods for FP4 layers."""
     where, block, hf = _blocks(c)
+    qc = c.config.get("quantization_config")
+    if isinstance(qc, dict) and qc.get("serves_from") == HF_QUANT_CONFIG_BLOCK:
+        return  # a conversion that serves from hf_quant_config.json (the converter replaced the stale block)
     file_algo = _algo(hf)
     if not isinstance(block, dict) or file_algo is None:
         return
-    block_algo = _algo(block)
-    declared = block_algo or str(block.get("quant_method", "")).upper()
-    stale = block_algo != file_algo if block_algo else (
-        file_algo in _FP4_ALGOS and not str(block.get("quant_method", "")).lower().startswith(("modelopt", "compressed")))
+    declared = _algo(block) or str(block.get("quant_method", "")).upper()
+    stale = stale_block(block, hf)
     if stale:
         yield Finding("config.json", f"{where}: config.json's block says {declared} "
                       f"(quant_method {block.get('quant_method')!r}), hf_quant_config.json says quant_algo {file_algo}. "
@@ -85,7 +86,7 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
     engine = ENGINES[spec.target_engine]
     block = serving_block(spec)
     method = engine_inner_method(engine.name, block, spec.source_model_type)
-    why = refusal(c.config, spec.source_format or "unknown", engine.name, block)
+    why = refusal(c.config, spec.source_format or "unknown", engine.name, block, tensor_names=c.checkpoint.tensors)
     if why is not None:
         row = FORMATS.get(spec.source_format)  # its routed experts' FP4 format names the converter that refuses it
         quant = row.trunk or (next(iter(row.quants)) if len(row.quants) == 1 else None) if row else None
@@ -120,3 +121,15 @@ def w4a8_releases(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
         yield Finding("config.json", f"W4A8 checkpoint: served only by {engine.w4a8_versions()}; "
                       f"{', '.join(refused) or 'no release'} refuse{'s' if len(refused) == 1 else ''} it at load "
                       "(no W4A8 Marlin).", file="config.json")
+
+
+@check(id="source.engine_config", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
+       hint="add the missing keys to config.json with the values of the model's release (the finding names them), "
+            "then validate again")
+def engine_config_keys(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
+    """An engine that cannot build the source's model from its config.json serves neither the source nor any conversion of it (which keeps that config): some producers' exports lack keys the engines read (core/engine_config.py)."""
+    names = c.checkpoint.tensors if c.checkpoint is not None else ()
+    for engine in ENGINES:
+        if why := source_load_refusal(c.config, engine, names):
+            yield Finding("config.json", f"{engine} cannot build or load this model: {why}. {fix_hint(c.config)}.",
+                          file="config.json")

@@ -45,16 +45,28 @@ def test_clean_source_and_conversion_pass(tmp_path):
         assert run(s.stale_quant_block, cin) == [] and run(s.inner_method_resolves, cin) == []
 
 
-def test_stale_block_reported_on_the_source_and_on_the_output(stale):
-    for root, where in zip(stale, ("config.json quantization_config", "original_quantization_config")):
-        (f,) = run(s.stale_quant_block, on_disk(root))
-        assert s.stale_quant_block.severity_of(f) is Severity.ERROR
-        assert where in f.message and "says FP8 (quant_method 'fp8')" in f.message
-        assert "hf_quant_config.json says quant_algo NVFP4" in f.message
+def test_stale_block_reported_on_the_source_and_replaced_in_the_output(stale):
+    """The source is reported; its conversion records `serves_from` hf_quant_config.json (the converter replaced the
+    stale block), so it serves the non-expert layers with ModelOpt NVFP4 and nothing is reported."""
+    (f,) = run(s.stale_quant_block, on_disk(stale[0]))
+    assert s.stale_quant_block.severity_of(f) is Severity.ERROR
+    assert "config.json quantization_config" in f.message and "says FP8 (quant_method 'fp8')" in f.message
+    assert "hf_quant_config.json says quant_algo NVFP4" in f.message
+    record = json.loads((stale[1] / "config.json").read_text())["quantization_config"]
+    assert record["serves_from"] == "hf_quant_config.json" and record["original_quantization_config"] == BLOCK_FP8
+    assert run(s.stale_quant_block, on_disk(stale[1])) == [] and run(s.inner_method_resolves, on_disk(stale[1])) == []
 
 
-def test_pre_flight_refuses_the_method_the_stale_block_resolves_to(stale):
-    (f,) = run(s.inner_method_resolves, on_disk(stale[1]))
+def test_pre_flight_refuses_the_method_a_recorded_stale_block_resolves_to(stale, tmp_path):
+    """A conversion whose record serves from the stale block (made before `serves_from`, or edited): reported."""
+    import shutil
+
+    out = tmp_path / "old"
+    shutil.copytree(stale[1], out)
+    _edit_config(out, lambda c: c["quantization_config"].pop("serves_from"))
+    (f,) = run(s.stale_quant_block, on_disk(out))
+    assert "original_quantization_config" in f.message
+    (f,) = run(s.inner_method_resolves, on_disk(out))
     assert s.inner_method_resolves.severity_of(f) is Severity.ERROR
     assert "vllm builds 'fp8' for the non-expert layers of this qwen3-moe nvfp4-modelopt-hf source" in f.message
 
@@ -71,3 +83,26 @@ def test_no_block_in_config_json_resolves_from_hf_quant_config(tmp_path):
     assert run(s.inner_method_resolves, on_disk(tmp_path / "out")) == []
     proc = run_cli("validate", tmp_path / "out", "--json", check=False)
     assert proc.returncode == 0, proc.stdout
+
+
+PRODUCERS = Path(__file__).resolve().parents[2] / "fixtures" / "producers"
+
+
+@pytest.mark.parametrize("name", ["modelopt-deepseek-v3-nvfp4", "llmc-deepseek-v3-nvfp4a16"])
+def test_a_config_the_engines_cannot_build_is_an_error(name):
+    """The real producers' DeepSeek-V3 exports (transformers 5 drops moe_layer_freq, topk_method, scoring_func):
+    both engines fail on the source itself (serving_tests/test_engine_refusals.py shows it), so validate says so."""
+    findings = run(s.engine_config_keys, on_disk(PRODUCERS / name))
+    assert {f.message.split(" ", 1)[0] for f in findings} == {"sglang", "vllm"}, findings
+    assert all(s.engine_config_keys.severity_of(f) is Severity.ERROR for f in findings)
+    assert any("'moe_layer_freq'" in f.message or "moe_layer_freq" in f.message for f in findings)
+    assert all('"topk_method": "noaux_tc"' in f.message for f in findings), findings
+
+
+def test_the_same_family_with_its_release_keys_passes(tmp_path):
+    """synth's DeepSeek-V3 replica carries the keys the releases' config.json does (the walk above can pass)."""
+    src, _ = synth(tmp_path / "src", format="nvfp4-modelopt-hf", family="deepseek-v3")
+    assert run(s.engine_config_keys, on_disk(src)) == []
+    _edit_config(src, lambda c: c.pop("moe_layer_freq"))
+    (f,) = run(s.engine_config_keys, on_disk(src))  # SGLang's alone: vLLM reads topk_method only
+    assert f.message.startswith("sglang cannot build") and "moe_layer_freq" in f.message
