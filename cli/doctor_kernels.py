@@ -17,6 +17,7 @@ from pathlib import Path
 from ..core.engines import KernelOps
 from ..core.fatbin import FatbinError, read_cuda_code
 from ..core.kernel_table import JitBuild, jit_target
+from ..runtime.settings import foreign
 
 __all__ = ["check_library", "engine_kernels", "jit_toolkit", "package_dir"]
 
@@ -83,7 +84,7 @@ def jit_toolkit(jit: JitBuild) -> dict:
     """The CUDA toolkit the JIT uses, found its way: the first of its variables that is set, else the folder
     above `nvcc` on PATH, else its default; the compiler version (`nvcc --version`, else torch's CUDA version, as
     the JIT falls back) and the architectures the compiler can target."""
-    named = next((os.environ[v] for v in jit.toolkit_env if os.environ.get(v)), None)
+    named = next((foreign(v) for v in jit.toolkit_env if foreign(v)), None)
     on_path = shutil.which("nvcc")
     home = named or (str(Path(on_path).resolve().parent.parent) if on_path else jit.toolkit_default)
     nvcc = Path(home) / "bin" / "nvcc"
@@ -97,7 +98,7 @@ def jit_toolkit(jit: JitBuild) -> dict:
         target_version = version
     archs = sorted({int(a) for a in re.findall(r"compute_(\d+)", _run([str(nvcc), "--list-gpu-arch"]) or "")}) \
         if version else []
-    return {"cuda_home": home, "found_by": next((f"${v}" for v in jit.toolkit_env if os.environ.get(v)), None)
+    return {"cuda_home": home, "found_by": next((f"${v}" for v in jit.toolkit_env if foreign(v)), None)
             or ("nvcc on PATH" if on_path else "default"), "nvcc": str(nvcc) if version else None,
             "nvcc_version": ".".join(map(str, version)) if version else None,
             "target_version": target_version, "nvcc_archs": archs}
@@ -129,7 +130,7 @@ def _jit(d, owner: str, root: Path | None, ops: KernelOps) -> dict:
                               f"sm_{row['sm']}: install a CUDA toolkit that lists compute_{row['sm']} in "
                               "`nvcc --list-gpu-arch`")
         targets.append(row)
-    cache = Path(os.path.expanduser(os.environ.get(jit.cache_env) or jit.cache_default))
+    cache = Path(os.path.expanduser(foreign(jit.cache_env) or jit.cache_default))
     built = sorted({p for g in jit.cache_globs for p in cache.glob(g)})
     for lib in built:
         check_library(d, owner, lib)

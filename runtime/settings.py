@@ -94,3 +94,10 @@ def _count(env, name: str) -> int | None:
 
 def _text(env, name: str) -> str | None:
     return env.get(name) or None
+
+
+def foreign(name: str) -> str | None:
+    """Another program's variable (the CUDA toolkit's home, an engine's JIT cache) read as that program reads it,
+    set and non-empty, else None: `doctor` reports what the engine will do with its own variables, which are
+    none of the tool's settings (never parsed, never refused)."""
+    return os.environ.get(name) or None

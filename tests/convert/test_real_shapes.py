@@ -60,8 +60,11 @@ def test_dsv4_i256_converts_and_records_the_unpadded_layouts(dsv4_i256, tmp_path
     assert qc["layouts"] == [{"tp": 1, "ep": 1}, {"tp": 2, "ep": 1}, {"tp": 2, "ep": 2}, {"tp": 4, "ep": 4},
                              {"tp": 8, "ep": 8}]
     serving = (out / "SERVING.md").read_text()
-    assert "TP 1 / EP 1, TP 2 / EP 1, TP 2 / EP 2, TP 4 / EP 4, TP 8 / EP 8" in serving
-    assert "--tp-size 8 --ep-size 8 --moe-runner-backend marlin" in serving
+    # the experts allow all five, but the replica's 2 attention heads forbid TP 4 and 8 at launch (core/parallel_rules):
+    # SERVING.md offers the three the engine accepts, names the two it refuses and why, and launches the largest
+    assert "TP 1 / EP 1, TP 2 / EP 1, TP 2 / EP 2." in serving
+    assert "refuses TP 4 / EP 4, TP 8 / EP 8 for this model at launch (2 attention heads" in serving
+    assert "--tp-size 2 --moe-runner-backend marlin" in serving
     bad = run_cli("validate", out, "--tp", 8, check=False)
     assert bad.returncode != 0 and "structure.tile.tp" in bad.stdout + bad.stderr
     run_cli("validate", out, "--tp", 8, "--ep", 8)
