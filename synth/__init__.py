@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 
 from ..core.errors import UsageError
 from ..core.files import CONFIG, INDEX_FILE, MTP_FILE, SYNTH_MANIFEST, shard_name
-from ..core.source_formats import source_format, synth_formats
+from ..core.sources.source_formats import source_format, synth_formats
 from ..core.version import __version__
 from ..runtime.paths import check_replaceable, out_path
 from .configs import config_files
@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 SYNTH_FORMATS = synth_formats()  # the source-format table's rows with a `synth` entry
-# model family -> the source formats its releases use (the first is the default): core/families.py FAMILIES
+# model family -> the source formats its releases use (the first is the default): core/sources/families.py FAMILIES
 SYNTH_FAMILIES = {"deepseek-v4": ("nvfp4-modelopt-dsv4", "mxfp4-dsv4"), "gpt-oss": ("mxfp4-gptoss",),
                   "deepseek-v41": ("mxfp4-dsv4",),  # synth/dsv41.py
                   **{name: spec.formats for name, spec in FAMILY_SPECS.items()}}
