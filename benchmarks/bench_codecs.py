@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin.weight import from_marlin_weight, to_marlin_weight
 

@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _inputs import header_set, synth_layers  # noqa: E402
 from _measure import Run, measured  # noqa: E402
 
-from dsv4_convert.core.source_formats import source_format, synth_formats  # noqa: E402
+from dsv4_convert.core.sources.source_formats import source_format, synth_formats  # noqa: E402
 from dsv4_convert.runtime.executors import auto_workers, physical_cores  # noqa: E402
 from dsv4_convert.runtime.profiling import breakdown  # noqa: E402
 from dsv4_convert.runtime.settings import MARKS_ENV, PROFILE_ENV  # noqa: E402

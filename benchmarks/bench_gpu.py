@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.kernel_moe import repack_source
 from dsv4_convert.validate.kernel_provider import select_provider

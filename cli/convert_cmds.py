@@ -9,16 +9,16 @@ import click
 
 from ..convert.pipeline import run_conversion
 from ..convert.plan import CONVERT_COMMAND, build_plan, check_servable, check_source
-from ..core.converted_config import TpLayout
-from ..core.engines import ENGINES, shell_quote
+from ..core.checkpoint.reader import open_checkpoint
+from ..core.checkpoint.tensor_model import Quant
 from ..core.errors import UsageError
-from ..core.inner_methods import stale_block
-from ..core.input_scales import invalid_input_scales
-from ..core.mtp import copied_mtp_layers
-from ..core.parallel_rules import split_dims, split_refusals
-from ..core.reader import open_checkpoint
-from ..core.target import MarlinTarget
-from ..core.tensor_model import Quant
+from ..core.record.converted_config import TpLayout
+from ..core.sources.input_scales import invalid_input_scales
+from ..core.sources.mtp import copied_mtp_layers
+from ..core.targets.engines import ENGINES, shell_quote
+from ..core.targets.inner_methods import stale_block
+from ..core.targets.parallel_rules import split_dims, split_refusals
+from ..core.targets.target import MarlinTarget
 from ..core.units import human_rate, human_size, plural
 from ..formats.tiles import PAD
 from ..runtime.paths import out_path
@@ -109,7 +109,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     if tp is not None and (refused := split_refusals(split_dims(ckpt.config, tgt.engine), tp)) and not report["quiet"]:
         # asked for explicitly (plan never offers it): converted as asked, the refusal said up front and in SERVING.md
         click.echo(f"warning: {tgt.engine} refuses TP {tp} for this model at launch ({'; '.join(refused)}; "
-                   "core/parallel_rules.py): this output cannot be served as converted; `dsv4-convert plan` lists "
+                   "core/targets/parallel_rules.py): this output cannot be served as converted; `dsv4-convert plan` lists "
                    "the splits it accepts", err=True)
     if dry_run:
         summary = _plan_summary(plan)
@@ -121,12 +121,12 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     text = (f"converted {plural(result.projections, 'projection')} into {plural(result.shards, 'shard')}{reused} "
             f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "
             f"({human_rate(result.bytes_out, result.seconds)}) -> {result.out}")
-    if ckpt.left_out:  # original/, metal/: folders no engine reads (core/source_location.py LEFT_OUT_DIRS)
+    if ckpt.left_out:  # original/, metal/: folders no engine reads (core/checkpoint/source_location.py LEFT_OUT_DIRS)
         text += f"\nleft out (no engine reads them): {_folders(ckpt.left_out)}"
     if stale_block(ckpt.config.get("quantization_config"), ckpt.hf_quant_config):  # nvidia/DeepSeek-V3-0324-FP4
         text += ("\nconfig.json's quantization_config contradicts hf_quant_config.json (a stale block): the conversion "
                  "serves the non-expert layers from hf_quant_config.json's block (quantization_config.serves_from)")
-    if mtp := copied_mtp_layers(ckpt.tensors, ckpt.config, ckpt.projection_names):  # core/mtp.py
+    if mtp := copied_mtp_layers(ckpt.tensors, ckpt.config, ckpt.projection_names):  # core/sources/mtp.py
         text += f"\nMTP (draft) layers copied byte for byte (no FP4 experts): {', '.join(mtp)} (SERVING.md)"
     emit({**result.as_dict(), "left_out": list(ckpt.left_out), "mtp_copied": list(mtp)},
          text + f"\nnext: dsv4-convert validate {shell_quote(str(out_path(result.out)))} --against "

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import click
 
-from ..core.engines import ENGINES, LAYOUTS, EngineError, engine_inner_method, release_for, w4a8_problem
+from ..core.targets.engines import ENGINES, LAYOUTS, EngineError, engine_inner_method, release_for, w4a8_problem
 from ..runtime.settings import MARLIN_MODULE_ENV, settings
 from .doctor_kernels import check_library, engine_kernels
 from .report import emit, report_options
@@ -83,9 +83,9 @@ def _engines(d: Doctor, extra_module: str | None) -> None:
 
 
 def _checkpoint(d: Doctor, path: str) -> None:
-    from ..core.converted_config import ConvertedConfigError, converted_record
-    from ..core.reader import open_checkpoint
-    from ..core.source_location import resolve_source
+    from ..core.checkpoint.reader import open_checkpoint
+    from ..core.checkpoint.source_location import resolve_source
+    from ..core.record.converted_config import ConvertedConfigError, converted_record
     ckpt = open_checkpoint(resolve_source(path))
     info = {"path": path, "format": ckpt.format.value}
     engines, record = list(LAYOUTS), None
@@ -130,9 +130,9 @@ def _checkpoint(d: Doctor, path: str) -> None:
 
 
 def _engine_config(d: Doctor, path: str, ckpt, layouts: list) -> None:
-    """A config.json the engine cannot build the model from (core/engine_config.py) fails the source and any
+    """A config.json the engine cannot build the model from (core/targets/engine_config.py) fails the source and any
     conversion of it alike: said here, whether or not the engine is installed."""
-    from ..core.engine_config import fix_hint, source_load_refusal
+    from ..core.targets.engine_config import fix_hint, source_load_refusal
 
     for engine in dict.fromkeys(LAYOUTS[t].name for t in layouts):
         if why := source_load_refusal(ckpt.config, engine, ckpt.tensors):
@@ -146,8 +146,8 @@ def _ask_engine(d: Doctor, path: str, engine: str, spec, config: dict) -> None:
     import json
     import subprocess
 
-    from ..core.converted_config import serving_block
-    from ..core.served import engine_key, refusal
+    from ..core.record.converted_config import serving_block
+    from ..core.targets.served import engine_key, refusal
 
     proc = subprocess.run([sys.executable, "-m", "dsv4_convert.serving.probe", path, engine],
                           capture_output=True, text=True)

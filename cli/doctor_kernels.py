@@ -1,5 +1,5 @@
 """doctor's look at an installed engine release's Marlin kernels, as the engine table says it ships them
-(core/kernel_table.py): a prebuilt extension (vLLM: the libraries' SASS for each GPU), or CUDA sources the
+(core/targets/kernel_table.py): a prebuilt extension (vLLM: the libraries' SASS for each GPU), or CUDA sources the
 engine compiles on first use (SGLang 0.5.23's JIT: the sources, the CUDA toolkit and tools the JIT finds the
 way it finds them, the target it compiles for each GPU, and the builds already in its cache). Imports no
 engine; runs `nvcc --version` / `--list-gpu-arch` of the toolkit the JIT would use.
@@ -14,10 +14,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..core.engines import KernelOps
-from ..core.fatbin import FatbinError, read_cuda_code
-from ..core.kernel_table import JitBuild, jit_target
+from ..core.targets.engines import KernelOps
+from ..core.targets.kernel_table import JitBuild, jit_target
 from ..runtime.settings import foreign
+from .fatbin import FatbinError, read_cuda_code
 
 __all__ = ["check_library", "engine_kernels", "jit_toolkit", "package_dir"]
 

@@ -6,16 +6,16 @@ from collections import Counter, defaultdict
 
 import click
 
-from ..core.converted_config import record_or_none
-from ..core.detect import declared_group_size
-from ..core.dtypes import FP8_DTYPES, SCALE_DTYPES, WEIGHT_DTYPES
-from ..core.families import family_of
-from ..core.index import natural_key
-from ..core.mtp import mtp_layers
-from ..core.reader import open_checkpoint
-from ..core.tensor_model import Checkpoint
+from ..core.checkpoint.dtypes import FP8_DTYPES, SCALE_DTYPES, WEIGHT_DTYPES
+from ..core.checkpoint.index import natural_key
+from ..core.checkpoint.reader import open_checkpoint
+from ..core.checkpoint.tensor_model import Checkpoint
+from ..core.record.converted_config import record_or_none
+from ..core.sources.detect import declared_group_size
+from ..core.sources.families import family_of
+from ..core.sources.mtp import mtp_layers
+from ..core.targets.verdicts import verdicts
 from ..core.units import human_size, plural
-from ..core.verdicts import verdicts
 from .report import emit, report_options
 
 __all__ = ["SCHEMA_VERSION", "inspect", "render_table", "summarize"]
@@ -108,7 +108,7 @@ def summarize(ckpt: Checkpoint) -> dict:
         "reason": ckpt.format_reason,
         "architectures": [str(a) for a in archs] if isinstance(archs := ckpt.config.get("architectures"), list) else [],
         "family": family.name if (family := family_of(ckpt.config)) else None,
-        # per engine release: null where the plugin serves it (core/served.py), else why not
+        # per engine release: null where the plugin serves it (core/targets/served.py), else why not
         "served": verdicts(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, ckpt.tensors),
         "shards": len({r.file for r in ckpt.tensors.values()}),
         "index_file": ckpt.index_file,

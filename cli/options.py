@@ -7,8 +7,8 @@ import re
 
 import click
 
-from ..core.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
 from ..core.errors import UsageError
+from ..core.targets.engines import ACT_DTYPES, DEFAULT_ENGINE, ENGINES
 from ..core.version import install_command
 from ..runtime.executors import EXECUTORS, ExecutorSpec
 from .report import progress_option, report_options
@@ -46,7 +46,7 @@ def parse_size(value: str | int | None) -> int | None:
 
 
 # --target and --act-dtype of every command: the choices and the versions in the help come from the
-# engine-facts table (core/engines.py), never typed here
+# engine-facts table (core/targets/engines.py), never typed here
 TARGET_CHOICE = click.Choice(sorted(ENGINES))
 ACT_DTYPE_CHOICE = click.Choice(ACT_DTYPES)
 TARGET_HELP = ", ".join(f"{name} = {ENGINES[name].describe()}" for name in sorted(ENGINES))

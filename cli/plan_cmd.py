@@ -6,10 +6,10 @@ import sys
 
 import click
 
-from ..core.engines import ACT_DTYPES, DEFAULT_ENGINE
+from ..core.checkpoint.reader import open_checkpoint
 from ..core.errors import ContentError, UsageError
-from ..core.reader import open_checkpoint
-from ..serving.launch import make_plan, shape_from_checkpoint
+from ..core.targets.engines import ACT_DTYPES, DEFAULT_ENGINE
+from ..planner.launch import make_plan, shape_from_checkpoint
 from .options import ACT_DTYPE_CHOICE, TARGET_CHOICE, TARGET_HELP, FiniteFloat
 from .report import emit, report_options
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from ..core.families import family_named
 from ..core.files import SYNTH_MANIFEST
-from ..core.source_formats import source_format
+from ..core.sources.families import family_named
+from ..core.sources.source_formats import source_format
 from ..core.units import plural
 from ..synth import (
     DEFECT_NAMES,

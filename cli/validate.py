@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..core.engines import ACT_DTYPES, DEFAULT_ENGINE
+from ..core.targets.engines import ACT_DTYPES, DEFAULT_ENGINE
 from ..runtime.executors import refuse_device
 from ..validate.inputs import Options
 from ..validate.kernel_provider import providers

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
-from ..core.source_formats import SourceFormat
-from ..core.tensor_model import Projection, Quant
+from ..core.checkpoint.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
+from ..core.checkpoint.tensor_model import Projection, Quant
+from ..core.sources.source_formats import SourceFormat
 from ..formats.constants import E4M3_NAN_BYTES, E8M0_NAN
 from ..formats.marlin.compiled_kernels import byte_presence
 from ..formats.marlin.reference_scales import global_to_marlin, inexact_bytes, permute_scales, s0e5m3_table

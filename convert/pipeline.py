@@ -13,12 +13,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..core.checkpoint.reader import TensorReader
+from ..core.checkpoint.tensor_model import Projection, Quant
 from ..core.errors import Interrupted, OutputError
 from ..core.files import LOST_SUFFIX
-from ..core.reader import TensorReader
-from ..core.rescale import stack_rescale_factors
-from ..core.source_formats import SourceFormat
-from ..core.tensor_model import Projection, Quant
+from ..core.sources.source_formats import SourceFormat
+from ..core.targets.rescale import stack_rescale_factors
 from ..core.units import human_size
 from ..runtime.executors import ExecutorSpec, auto_workers, make_executor
 from ..runtime.jobs import RunDir

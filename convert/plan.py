@@ -8,15 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.engines import MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
-from ..core.errors import ContentError
-from ..core.files import CONFIG, HF_QUANT_CONFIG, shard_name
-from ..core.served import refusal, source_block
-from ..core.source_formats import SourceFormat
-from ..core.structure import RULES as STRUCTURE_RULES
-from ..core.structure import layer_experts
-from ..core.target import MarlinTarget
-from ..core.tensor_model import (
+from ..core.checkpoint.tensor_model import (
     Checkpoint,
     Projection,
     Quant,
@@ -24,6 +16,14 @@ from ..core.tensor_model import (
     TensorRef,
     moe_layers,
 )
+from ..core.errors import ContentError
+from ..core.files import CONFIG, HF_QUANT_CONFIG, shard_name
+from ..core.sources.source_formats import SourceFormat
+from ..core.sources.structure import RULES as STRUCTURE_RULES
+from ..core.sources.structure import layer_experts
+from ..core.targets.engines import MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
+from ..core.targets.served import refusal, source_block
+from ..core.targets.target import MarlinTarget
 from ..core.version import __version__
 from ..formats.constants import MARLIN_TILE_K
 from ..formats.padded_layout import padded_nk, rank_nk
@@ -201,7 +201,7 @@ def serving_layouts(ckpt: Checkpoint, engine: str, *, refuse: bool = True) -> tu
 
 
 def check_structure(ckpt: Checkpoint) -> None:
-    """Refuse, before any work, what validate reports as a structure error: the same rules (core/structure.py)."""
+    """Refuse, before any work, what validate reports as a structure error: the same rules (core/sources/structure.py)."""
     for rule in STRUCTURE_RULES:
         violations = list(rule(ckpt))
         if violations:
@@ -219,7 +219,7 @@ def refuse_converted(ckpt: Checkpoint) -> None:
 
 def check_servable(ckpt: Checkpoint, engine: str) -> None:
     """Refuse, before anything is written, a source whose conversion the `engine` plugin is not proven to serve
-    (core/served.py, the table validate's marlin.serving_methods reads too), with the reason."""
+    (core/targets/served.py, the table validate's marlin.serving_methods reads too), with the reason."""
     why = refusal(ckpt.config, ckpt.format.value, engine, source_block(ckpt.config, ckpt.hf_quant_config),
                   tensor_names=ckpt.tensors)
     if why is not None:

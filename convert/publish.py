@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 
-from ..core.converted_config import ConvertedQuantConfig
 from ..core.files import (
     CONFIG,
     HF_QUANT_CONFIG,
@@ -19,6 +18,7 @@ from ..core.files import (
     SOURCE_DIR,
     SOURCE_HEADERS,
 )
+from ..core.record.converted_config import ConvertedQuantConfig
 from ..runtime.stage_files import write_json_atomic
 from ..runtime.staging import Staging
 from .plan import ConvertPlan

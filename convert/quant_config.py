@@ -1,14 +1,14 @@
-"""The converted record of a conversion (core/converted_config.py renders it: the config block, the
+"""The converted record of a conversion (core/record/converted_config.py renders it: the config block, the
 shards' metadata, the manifest's fields) and the config rewrites."""
 
 from __future__ import annotations
 
 import json
 
-from ..core.converted_config import ConvertedQuantConfig, TpLayout
-from ..core.index import natural_key
-from ..core.inner_methods import HF_QUANT_CONFIG_BLOCK, stale_block
-from ..core.tensor_model import Quant
+from ..core.checkpoint.index import natural_key
+from ..core.checkpoint.tensor_model import Quant
+from ..core.record.converted_config import ConvertedQuantConfig, TpLayout
+from ..core.targets.inner_methods import HF_QUANT_CONFIG_BLOCK, stale_block
 from .plan import ConvertPlan
 
 __all__ = ["build_record", "rewrite_config", "rewrite_hf_quant_config"]

@@ -20,7 +20,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from ..core.converted_config import converted_record
+from ..core.checkpoint.index import read_weight_map
+from ..core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
+from ..core.checkpoint.safetensors_header import parse_header
+from ..core.checkpoint.small_files import read_small
+from ..core.checkpoint.tensor_model import Projection, Quant, Role, TensorRef
 from ..core.errors import ContentError, InputError
 from ..core.files import (
     CONFIG,
@@ -33,14 +37,10 @@ from ..core.files import (
     SOURCE_DIR,
     SOURCE_HEADERS,
 )
-from ..core.grouping import group_projections
-from ..core.index import read_weight_map
-from ..core.reader import TensorReader, load_projection, open_checkpoint
-from ..core.safetensors_header import parse_header
-from ..core.small_files import read_small
-from ..core.source_formats import source_format
-from ..core.target import MarlinTarget
-from ..core.tensor_model import Projection, Quant, Role, TensorRef
+from ..core.record.converted_config import converted_record
+from ..core.sources.grouping import group_projections
+from ..core.sources.source_formats import source_format
+from ..core.targets.target import MarlinTarget
 from ..formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
 from ..formats.padded_layout import decode_rank_blocks, padded_nk, unpad_source
 from ..runtime.executors import ExecutorSpec, auto_workers, make_executor

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.dtypes import DTYPE_SIZES
+from ..core.checkpoint.dtypes import DTYPE_SIZES
 from ..runtime import direct_io
 from ..runtime.digest import new_hash
 

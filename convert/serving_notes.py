@@ -3,11 +3,11 @@ check that the plugin took over (facts from dsv4_convert.serving.config, which i
 
 from __future__ import annotations
 
-from ..core.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
-from ..core.mtp import copied_mtp_layers
-from ..core.parallel_rules import split_dims, split_refusals
-from ..core.side_tables import engram_table_bytes
-from ..core.tensor_model import Quant
+from ..core.checkpoint.tensor_model import Quant
+from ..core.sources.mtp import copied_mtp_layers
+from ..core.sources.side_tables import engram_table_bytes
+from ..core.targets.engines import ENGINES, QUANT_METHOD, launch_command, registration_log_line, shell_quote
+from ..core.targets.parallel_rules import split_dims, split_refusals
 from ..core.version import install_sentence
 from .plan import ConvertPlan
 
@@ -18,13 +18,13 @@ def _w4a8_note(t) -> str:
     if not t.w4a8:
         return ""
     return (f"\n**W4A8 (fp8 activations): only {t.facts.w4a8_versions()} serves this checkpoint** (the engine "
-            "table, core/engines.py). Later releases removed W4A8 Marlin and the plugin refuses the checkpoint "
+            "table, core/targets/engines.py). Later releases removed W4A8 Marlin and the plugin refuses the checkpoint "
             "there before loading anything; to serve on them, convert the source again without `--w4a8`.\n")
 
 
 def serving_markdown(plan: ConvertPlan, out_name: str) -> str:
     t = plan.target
-    dims = split_dims(plan.checkpoint.config, t.engine)  # the engine's TP rules (heads, ...): core/parallel_rules.py
+    dims = split_dims(plan.checkpoint.config, t.engine)  # the engine's TP rules (heads, ...): core/targets/parallel_rules.py
     refused = {te: why for te in plan.layouts if (why := split_refusals(dims, te[0]))}
     layouts = [te for te in plan.layouts if te not in refused]
     tp, ep = plan.tp_layout or max(layouts, key=lambda te: (te[0], -te[1]), default=(1, 1))
@@ -102,7 +102,7 @@ def _refused(engine: str, refused: dict) -> str:
 
 
 def _mtp(plan: ConvertPlan) -> str:
-    """A paragraph for the MTP (draft) layers this conversion copied as the source holds them (core/mtp.py:
+    """A paragraph for the MTP (draft) layers this conversion copied as the source holds them (core/sources/mtp.py:
     DeepSeek-R1 / V3 `model.layers.<N>`, Qwen3.5 / Qwen3-Next `mtp.*`, BF16 in the releases)."""
     copied = copied_mtp_layers(plan.checkpoint.tensors, plan.checkpoint.config, plan.checkpoint.projection_names)
     if not copied:
@@ -116,8 +116,8 @@ def _mtp(plan: ConvertPlan) -> str:
 
 
 def _engram(plan: ConvertPlan, launch: str) -> str:
-    """A paragraph for DeepSeek-V4.1's Engram tables (core/side_tables.py): copied, and where the engine keeps them
-    (core/engines.py EngramHost), with the launch that puts them in the other place."""
+    """A paragraph for DeepSeek-V4.1's Engram tables (core/sources/side_tables.py): copied, and where the engine keeps them
+    (core/targets/engines.py EngramHost), with the launch that puts them in the other place."""
     size = engram_table_bytes(plan.checkpoint.tensors)
     facts = ENGINES[plan.target.engine].engram
     if not size or facts is None:

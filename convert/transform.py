@@ -7,12 +7,12 @@ import functools
 import numpy as np
 import torch
 
+from ..core.checkpoint.reader import TensorReader, load_projection
+from ..core.checkpoint.tensor_io import safetensors_dtype
+from ..core.checkpoint.tensor_model import Projection, Quant, Role
 from ..core.errors import ContentError
-from ..core.reader import TensorReader, load_projection
-from ..core.source_formats import SourceFormat
-from ..core.target import MarlinTarget
-from ..core.tensor_io import safetensors_dtype
-from ..core.tensor_model import Projection, Quant, Role
+from ..core.sources.source_formats import SourceFormat
+from ..core.targets.target import MarlinTarget
 from ..formats.constants import E4M3_NAN_BYTES, E8M0_NAN
 from ..formats.e4m3 import e4m3_is_nan
 from ..formats.marlin import (

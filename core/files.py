@@ -12,7 +12,7 @@ CONFIG = "config.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"  # ModelOpt's
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"  # an unsharded checkpoint
-MTP_FILE = "mtp.safetensors"  # GLM-4.6 / 4.7 FP4: the MTP layer, outside the index (core/families.py's GLM entry)
+MTP_FILE = "mtp.safetensors"  # GLM-4.6 / 4.7 FP4: the MTP layer, outside the index (core/sources/families.py's GLM entry)
 
 
 def shard_name(i: int, n: int) -> str:

@@ -9,7 +9,7 @@ they create their MoE parameters; a shape is `ok` only when nobody pads it, sinc
 layout-agnostic output is one packed tensor per projection that each rank slices whole tiles from.
 
 Padding (per rank, zeros at the end of each dimension; w13's gate and up halves separately; the numbers
-live in core/engines.py, which hands them in as an `EnginePadding`):
+live in core/targets/engines.py, which hands them in as an `EnginePadding`):
   vLLM NVFP4 MoE (>= 0.24)      I -> multiple of 64 if H % 128 == 0, else of 128; H kept
   vLLM MXFP4 (Mxfp4MoEMethod)   I -> multiple of 128, H -> multiple of 256 (torch.zeros)
   SGLang MXFP4 (DSv4 Marlin)    I -> 128, H -> 256 too, but torch.empty: dsv4-convert writes zeros
@@ -88,7 +88,7 @@ class PadRule:
 @dataclass(frozen=True, slots=True)
 class EnginePadding:
     """One engine's padding numbers, per FP4 format (None: never pads). The numbers live in the engine
-    table (core/engines.py `EngineFacts.padding`); formats/ imports nothing of the project, so callers
+    table (core/targets/engines.py `EngineFacts.padding`); formats/ imports nothing of the project, so callers
     pass this value in."""
     name: str  # the engine, for messages
     rules: dict  # FP4 format -> PadRule | None
@@ -167,7 +167,7 @@ def moe_rank_tiles(fmt: str, padding: EnginePadding, *, hidden: int, intermediat
                    experts: int | None = None, gated: bool = True) -> RankTiles:
     """Ok as is / needs padding to (I_pad, H_pad) per rank / impossible, with the reason, for a MoE
     layer of `fmt` experts (`gated`: w13 = gate | up; else up alone) served by an engine (its `padding`, from
-    core/engines.py) with tensor parallel `tp` and expert parallel `ep` (MoE TP = TP / EP: with EP each expert
+    core/targets/engines.py) with tensor parallel `tp` and expert parallel `ep` (MoE TP = TP / EP: with EP each expert
     stays whole on one rank)."""
     rule = padding.pad_rule(fmt, gated=gated)  # raises for an unknown format
     pad_rule = padding.rule(fmt, hidden, gated=gated)

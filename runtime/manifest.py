@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.small_files import read_small
+from ..core.checkpoint.small_files import read_small
 from .digest import file_digest, new_hash
 from .paths import record_name_ok
 

@@ -17,6 +17,7 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
+from ..core.checkpoint.small_files import read_small
 from ..core.errors import InputError, OutputError, UsageError
 from ..core.files import (
     LOCK,
@@ -28,7 +29,6 @@ from ..core.files import (
     SYNTH_MANIFEST,
     reserved_input_names,
 )
-from ..core.small_files import read_small
 
 __all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "mark_restored", "recorded_files", "record_name_ok",
            "unlisted_entries", "refuse_reserved_names", "partial_not_ours_error", "plain_file", "replaced_leftovers"]

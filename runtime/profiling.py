@@ -34,7 +34,7 @@ _marks: list[tuple[str, float]] = []
 _CUMULATIVE = {
     # the torch route (convert/transform.py) and the numpy route (convert/cpu_path.py); a third element
     # counts only the calls made from that file (the torch route's wrappers call the same numpy code)
-    "read": [("core/reader.py", "load_projection"), ("core/reader.py", "iter_bytes"), ("convert/cpu_path.py", "_rows")],
+    "read": [("core/checkpoint/reader.py", "load_projection"), ("core/checkpoint/reader.py", "iter_bytes"), ("convert/cpu_path.py", "_rows")],
     "weights": [("formats/marlin/weight.py", "to_marlin_weight"), ("formats/marlin/reference_weight.py", "a16_forward",
                                                                      "convert/cpu_path.py")],
     "scales": [("formats/marlin/scales.py", "permute_scale_columns"), ("formats/marlin/scales.py", "nvfp4_scales_to_s0e5m3"),

@@ -4,7 +4,7 @@ usage error naming the variable (`env.bad_value`), never a ValueError later. Eve
 `settings()` (parsed on first use where no CLI started the process: the plugins, a Ray worker).
 docs/ERRORS.md ("Environment") lists them. Test hooks are not read here nor anywhere in the
 package: they live in tests/hooks/sitecustomize.py. Other projects' variables are theirs to parse
-(HF_HUB_OFFLINE: core/reader.py asks huggingface_hub's own reading of it)."""
+(HF_HUB_OFFLINE: core/checkpoint/reader.py asks huggingface_hub's own reading of it)."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def protect(paths: Iterable[str | os.PathLike | None], *, outputs: Iterable[str 
         if raw is None or str(raw) == "":
             continue
         # imported here: --help and --version protect nothing and import no numpy
-        from ..core.source_location import hub_cache_dir
+        from ..core.checkpoint.source_location import hub_cache_dir
 
         hub = None if output else hub_cache_dir(raw)
         given = Path(os.path.abspath(os.path.expanduser(os.fspath(raw))))

@@ -11,8 +11,8 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..core.small_files import read_small
-from ..core.source_location import is_download_metadata
+from ..core.checkpoint.small_files import read_small
+from ..core.checkpoint.source_location import is_download_metadata
 from .digest import HASH_ALGORITHM, file_digest
 from .paths import plain_file, record_name_ok
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import re
 
-from ..core.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
-from ..core.engines import (
+from ..core.record.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
+from ..core.targets.engines import (
     ENGINES,
     LAYOUTS,
     EngineError,
@@ -40,7 +40,7 @@ class PluginConfigError(ValueError):
 
 
 def parse_quant_config(cfg: dict) -> ConvertedQuantConfig:
-    """The one parser (core/converted_config.py), every problem with its error id in one PluginConfigError."""
+    """The one parser (core/record/converted_config.py), every problem with its error id in one PluginConfigError."""
     try:
         return ConvertedQuantConfig.parse(cfg)
     except ConvertedConfigError as e:
@@ -66,7 +66,7 @@ def check_layout(
             f"marlin_layout {spec.marlin_layout!r} needs {engine} >= {'.'.join(map(str, oldest))} (checked on "
             f"{checked}); the running {engine} is {engine_version}, whose Marlin layout differs. Upgrade {engine}."
         )
-    try:  # the running engine's release (core/engines.py): what it can serve
+    try:  # the running engine's release (core/targets/engines.py): what it can serve
         release_for(engine, engine_version)
     except EngineError as e:
         raise PluginConfigError(f"{e.message}. Fix: {e.hint}") from None

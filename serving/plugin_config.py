@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from ..core.converted_config import ConvertedQuantConfig
-from ..core.engines import QUANT_METHOD
-from ..core.source_formats import reciprocal_global
-from ..core.tensor_io import act_torch_dtype
+from ..core.checkpoint.tensor_io import act_torch_dtype
+from ..core.record.converted_config import ConvertedQuantConfig
+from ..core.sources.source_formats import reciprocal_global
+from ..core.targets.engines import QUANT_METHOD
 
 __all__ = ["MarlinFp4ConfigMixin", "drop_kept_globals", "keep_globals_as_engine", "register_kept_globals"]
 

@@ -3,7 +3,7 @@ its own quantisation lookup builds the plugin's config from config.json (and, in
 config for the non-expert layers). `dsv4-convert doctor PATH` runs this in a subprocess
 (`python -m dsv4_convert.serving.probe PATH ENGINE`), so that doctor itself imports no engine.
 Prints one JSON object: {"engine", "version", "config", "inner", "inner_method"} or {"engine", "error"}.
-Which function asks which engine is the engine table's `probe` field (core/engines.py)."""
+Which function asks which engine is the engine table's `probe` field (core/targets/engines.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 import os
 import sys
 
-from ..core.engines import engine_facts
+from ..core.targets.engines import engine_facts
 
 __all__ = ["probe", "sglang_quant_config", "vllm_quant_config"]
 

@@ -31,9 +31,9 @@ from sglang.srt.layers.quantization.mxfp4_marlin_moe import Mxfp4MarlinMoEMethod
 from sglang.srt.layers.quantization.unquant import UnquantizedLinearMethod
 from sglang.srt.utils import set_weight_attrs
 
-from ..core.engines import ENGINES, QUANT_METHOD
-from ..core.source_formats import reciprocal_global
-from ..core.tensor_io import act_torch_dtype
+from ..core.checkpoint.tensor_io import act_torch_dtype
+from ..core.sources.source_formats import reciprocal_global
+from ..core.targets.engines import ENGINES, QUANT_METHOD
 from ..formats.tiles import GROUP_SIZE, roundup
 from .config import (
     PluginConfigError,
@@ -155,7 +155,7 @@ class PrepackedNvFp4MarlinMoEMethod(ModelOptNvFp4FusedMoEMethod):
         attrs = {**extra_weight_attrs, "is_transposed": True}
         # gated experts: w13 = gate | up; non-gated (Nemotron-H, relu2): up alone, and one global per
         # expert, as SGLang's own method creates them (`num_shards = 2 if is_gated else 1`); its Marlin
-        # preparation pads a non-gated I with zeros (core/engines.py, the non-gated NVFP4 PadRule), which SGLang's
+        # preparation pads a non-gated I with zeros (core/targets/engines.py, the non-gated NVFP4 PadRule), which SGLang's
         # loader gives a buffer of that size (zero tail) with no repack: the Marlin tiles of the padding
         # are the last N tiles of w13 and the last K tiles of w2
         gated = layer.moe_runner_config.is_gated

@@ -22,9 +22,9 @@ from vllm.model_executor.layers.quantization.utils import marlin_utils
 from vllm.model_executor.layers.quantization.utils.layer_utils import replace_parameter
 from vllm.model_executor.utils import set_weight_attrs
 
-from ..core.engines import ENGINES, QUANT_METHOD, release_for
-from ..core.source_formats import reciprocal_global
-from ..core.tensor_io import act_torch_dtype
+from ..core.checkpoint.tensor_io import act_torch_dtype
+from ..core.sources.source_formats import reciprocal_global
+from ..core.targets.engines import ENGINES, QUANT_METHOD, release_for
 from ..formats.marlin.scales import (
     nvfp4_global_to_marlin,
     nvfp4_scales_to_s0e5m3,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from ..core.engines import QUANT_METHOD, registration_log_line
+from ..core.targets.engines import QUANT_METHOD, registration_log_line
 
 __all__ = ["register"]
 

@@ -3,7 +3,7 @@
 #   .venv-vllm       vLLM 0.34.0   (the newest release: CI's)
 #   .venv-vllm-0.33  vLLM 0.33.0   (the older supported release: serving_tests/run.sh --matrix)
 #   .venv-sglang     SGLang 0.5.23
-# The versions must be releases of core/engines.py's table (tests/core/test_engine_table.py checks that
+# The versions must be releases of core/targets/engines.py's table (tests/core/test_engine_table.py checks that
 # every lock file names one). Idempotent: a venv whose stamp matches the lock file and pins is left as is.
 # Never lets pip resolve an engine's own requirements (CUDA torch, flashinfer, ...): --no-deps.
 # Usage: serving_tests/build_venvs.sh [vllm|vllm-0.33|sglang|all]...   (default: vllm sglang, the newest)

@@ -16,7 +16,7 @@ def case_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("cases")
 
 
-# ---- the served table's proofs (core/served.py): an entry is served on this engine release exactly when its
+# ---- the served table's proofs (core/targets/served.py): an entry is served on this engine release exactly when its
 # proofs pass. A proof of an entry for the installed release that ran and did not pass (failed or skipped), or an
 # entry whose proof file was collected without that test, fails the run; a deselected proof is only reported.
 _ran: dict[str, str] = {}
@@ -39,7 +39,7 @@ def _served_problems() -> tuple[str, list[str]]:
 
     from common import installed_engine
 
-    from dsv4_convert.core.served import engine_key, entries
+    from dsv4_convert.core.targets.served import engine_key, entries
 
     engine = installed_engine()
     if engine is None:
@@ -61,5 +61,5 @@ def _served_problems() -> tuple[str, list[str]]:
 def pytest_sessionfinish(session, exitstatus):
     key, problems = _served_problems()
     if problems:
-        print(f"\nserved table (core/served.py) not proven on {key}:\n  " + "\n  ".join(problems))
+        print(f"\nserved table (core/targets/served.py) not proven on {key}:\n  " + "\n  ".join(problems))
         session.exitstatus = 1

@@ -28,7 +28,7 @@ PRODUCERS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "produc
 
 @dataclass(frozen=True)
 class Case:
-    family: str                 # synth --family (core/families.py)
+    family: str                 # synth --family (core/sources/families.py)
     fmt: str                    # synth --format: the source's on-disk format
     edit: str | None = None     # a name in EDITS: rewrites the synth source before conversion
     dtypes: tuple[str, ...] = ("bfloat16",)  # model dtypes to build under (each converted for that act dtype)
@@ -197,7 +197,7 @@ CASES = (
     Case("glm4-moe", "nvfp4-modelopt-hf"),
     Case("glm4-moe", "nvfp4-ct", edit="fused-globals"),
     # fam-mla: DeepSeek-R1 / R1-0528 FP4 (MLA, hf_quant_config.json only), Kimi-K2, DeepSeek-V3.2 (MLA + indexer),
-    # MiniMax-M2; Mixtral on vLLM only (SGLang refuses it: core/served.py REFUSED)
+    # MiniMax-M2; Mixtral on vLLM only (SGLang refuses it: core/targets/served.py REFUSED)
     Case("deepseek-v3", "nvfp4-modelopt-hf"),
     Case("kimi-k2", "nvfp4-modelopt-hf"),
     # nvidia/DeepSeek-V3-0324-FP4 as shipped (stale block-FP8 config.json block): the conversion serves from
@@ -214,7 +214,7 @@ CASES = (
     Case("qwen3.5-moe", "nvfp4-ct", text_only=True),
     Case("qwen3-next", "nvfp4-modelopt-hf"),
     Case("qwen3-next", "nvfp4-ct"),
-    # SGLang 0.5.23 cannot load this source itself (core/served.py _HYBRID says why): vLLM only
+    # SGLang 0.5.23 cannot load this source itself (core/targets/served.py _HYBRID says why): vLLM only
     Case("llama4", "nvfp4-modelopt-hf", text_only=True, engines=("vllm",)),
     Case("gemma4-moe", "nvfp4-modelopt-hf", text_only=True),
     # nemotron: Nemotron-H (Mamba-2 + attention + non-gated relu2 experts: w13 is up_proj alone)
@@ -224,7 +224,7 @@ CASES = (
     Case("nemotron-3-super", "nvfp4-modelopt-hf"),  # LatentMoE: routed experts at moe_latent_size
     Case("gemma4-moe", "nvfp4-ct", text_only=True),  # mtp: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (synth/families.py)
     # producers: what ModelOpt 0.47 and llm-compressor 0.14 write (tests/fixtures/producers), loaded as written;
-    # the outputs no engine loads are refused in serving_tests/test_engine_refusals.py (core/served.py REFUSED)
+    # the outputs no engine loads are refused in serving_tests/test_engine_refusals.py (core/targets/served.py REFUSED)
     Case("qwen3-moe", "nvfp4-modelopt-hf", producer="modelopt-qwen3-moe-w4a16-nvfp4"),  # W4A16_NVFP4
     Case("qwen3-moe", "nvfp4-modelopt-hf", producer="modelopt-qwen3-moe-nvfp4-mlp-only"),
     Case("qwen3-moe", "nvfp4-ct", producer="llmc-qwen3-moe-nvfp4a16"),

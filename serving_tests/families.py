@@ -12,7 +12,7 @@ from synth import converter_cli
 
 __all__ = ["CASES", "ENGINE_REFUSES", "ONE_ENGINE_CASES", "make_family"]
 
-# (family, source format): the releases each stands for are in core/families.py FAMILIES
+# (family, source format): the releases each stands for are in core/sources/families.py FAMILIES
 CASES = (
     ("qwen3-moe", "nvfp4-modelopt-hf"),
     ("qwen3-moe", "nvfp4-ct"),

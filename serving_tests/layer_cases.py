@@ -5,7 +5,7 @@ Engine-independent: synth.py's codecs and the converter's CLI."""
 from __future__ import annotations
 
 import synth
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 
 __all__ = ["EXPERTS", "FINAL", "HIDDEN", "INTER", "case_tensors", "layer_case", "with_checkpoints"]
 

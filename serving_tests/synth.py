@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.core.engines import FORMAT_VERSION, QUANT_METHOD, engine_facts
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.engines import FORMAT_VERSION, QUANT_METHOD, engine_facts
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin, vllm_rescale_factor
 from dsv4_convert.formats.tiles import GROUP_SIZE, LAYOUT_CANDIDATES

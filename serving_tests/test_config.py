@@ -3,7 +3,7 @@
 import pytest
 
 import synth
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.serving.config import (
     PluginConfigError,
     check_layout,

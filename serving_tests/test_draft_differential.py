@@ -1,6 +1,6 @@
 """The MTP (draft) model of a converted checkpoint, built by the engine as its speculative-decoding proposer
 builds it, equals the draft built from the source, parameter by parameter (names, dtypes, shapes, bytes):
-the draft layers the converter copied byte for byte (core/mtp.py; BF16 and excluded from the quantisation in
+the draft layers the converter copied byte for byte (core/sources/mtp.py; BF16 and excluded from the quantisation in
 the releases, synth/mtp.py) get the same methods through the plugin as through the engine's own config.
 
 vLLM (serving_tests/vllm/harness_draft.py): the target's VllmConfig with `SpeculativeConfig(method="mtp")`, the

@@ -1,4 +1,4 @@
-"""The engine's own reason, where core/served.py REFUSED says an engine release cannot serve a family x format
+"""The engine's own reason, where core/targets/served.py REFUSED says an engine release cannot serve a family x format
 because it cannot load the SOURCE itself: the engine builds the source's model with its own construction and
 loads it with its own loader (serving_tests/sglang/harness_refusal.py, the differential harness's set-up), and
 the test passes only while that load fails with the quoted reason. If the engine ever loads it, the test fails:
@@ -6,7 +6,7 @@ the refusal is then stale and the family's differential case should run on that 
 
 The real producers' outputs (tests/fixtures/producers: NVIDIA ModelOpt 0.47, llm-compressor 0.14) that an engine
 cannot load are tested here as the producer wrote them, one spawned rank for all of them (the engine import
-dominates the time); core/served.py REFUSED and core/engine_config.py quote these reasons.
+dominates the time); core/targets/served.py REFUSED and core/targets/engine_config.py quote these reasons.
 
 Substitutions: those of serving_tests/test_differential.py and serving_tests/sglang/harness_differential.py
 (CPU stand-ins for engine steps, never the weight loading this test is about); the source is a
@@ -31,7 +31,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).parent / ENGINE))
 
 
-@pytest.mark.skipif(ENGINE != "sglang", reason="core/served.py REFUSED: SGLang 0.5.23 x llama4")
+@pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x llama4")
 def test_sglang_cannot_load_the_modelopt_llama4_source_itself(engine_loads):
     """nvidia/Llama-4-Scout-17B-16E-Instruct-FP4 layout (ModelOpt's stacked K-major experts with per-expert block
     scales `feed_forward.experts.gate_up_proj_weight_scale` [E, K/16, 2I]): SGLang 0.5.23's Llama4ForConditionalGeneration
@@ -39,7 +39,7 @@ def test_sglang_cannot_load_the_modelopt_llama4_source_itself(engine_loads):
     all experts and writes it into every expert's slot: `param.data[expert_id] = loaded_weight` cannot broadcast
     the whole stack into one expert (RuntimeError, expand)."""
     r = engine_loads["llama4"]
-    assert "error" in r, f"SGLang loaded the ModelOpt Llama-4 source ({r}): core/served.py's refusal is stale"
+    assert "error" in r, f"SGLang loaded the ModelOpt Llama-4 source ({r}): core/targets/served.py's refusal is stale"
     assert r["error"].startswith("RuntimeError:") and "expand" in r["error"], r
     assert "_handle_expert_scale_params" in r["traceback"] and "mllama4.py" in r["traceback"], r["traceback"]
 
@@ -71,7 +71,7 @@ def engine_loads(tmp_path_factory):
 
 def _refused(result: dict, name: str) -> dict:
     r = result[name]
-    assert "error" in r, f"{ENGINE} loaded {name} ({r}): the refusal in core/served.py / engine_config.py is stale"
+    assert "error" in r, f"{ENGINE} loaded {name} ({r}): the refusal in core/targets/served.py / engine_config.py is stale"
     return r
 
 
@@ -109,7 +109,7 @@ def test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself(engine
 @pytest.mark.parametrize("name", ["modelopt-deepseek-v3-nvfp4", "llmc-deepseek-v3-nvfp4a16"])
 def test_neither_engine_builds_the_producers_deepseek_v3_config(engine_loads, name):
     """Both producers save DeepSeek-V3 through transformers 5, whose config has no moe_layer_freq, topk_method or
-    scoring_func (core/engine_config.py quotes what each engine reads; validate's source.engine_config says so)."""
+    scoring_func (core/targets/engine_config.py quotes what each engine reads; validate's source.engine_config says so)."""
     r = _refused(engine_loads, name)
     if ENGINE == "vllm":
         assert r["error"] == "KeyError: 'layers.0.mlp.gate.e_score_correction_bias'", r

@@ -21,8 +21,8 @@ from common import installed_engine
 from differential import Case, make_case
 
 import synth
-from dsv4_convert.core.engines import ENGINES, registration_log_line
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.engines import ENGINES, registration_log_line
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.serving.config import PluginConfigError
 
 ENGINE = installed_engine()

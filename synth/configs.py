@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.files import CONFIG, HF_QUANT_CONFIG
-from ..core.source_formats import SourceFormat, source_format
+from ..core.sources.source_formats import SourceFormat, source_format
 from .layouts import DSV4_HC_MULT, Dims
 
 __all__ = ["config_files"]
@@ -82,7 +82,7 @@ def _hf_config(d: Dims) -> dict[str, Any]:
         "num_attention_heads": d.heads, "head_dim": d.head_dim, "n_routed_experts": d.experts,
         "n_shared_experts": 1, "num_experts_per_tok": d.top_k, "vocab_size": d.vocab,
         "tie_word_embeddings": False,
-        # read by both engines while they build a DeepSeek-V3 model (core/engine_config.py), as its config.json has them
+        # read by both engines while they build a DeepSeek-V3 model (core/targets/engine_config.py), as its config.json has them
         "moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
     }
 

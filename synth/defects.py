@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
+from ..core.checkpoint.tensor_model import Quant
 from ..core.errors import UsageError
 from ..core.files import CONFIG
-from ..core.source_formats import source_format, synth_formats
-from ..core.tensor_model import Quant
+from ..core.sources.source_formats import source_format, synth_formats
 from .experts import ROLES, Tweaks, expert_quant, expert_slot
 
 __all__ = [

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.dtypes import DTYPES
-from ..core.naming import SCHEMES, Scheme, expert_key
-from ..core.source_formats import SourceFormat, source_format
-from ..core.tensor_model import Quant, Role
+from ..core.checkpoint.dtypes import DTYPES
+from ..core.checkpoint.tensor_model import Quant, Role
+from ..core.sources.naming import SCHEMES, Scheme, expert_key
+from ..core.sources.source_formats import SourceFormat, source_format
 from ..formats.constants import E2M1_MAX, E4M3_MAX
 from ..formats.mxfp4 import quantize_mxfp4
 from ..formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
@@ -75,7 +75,7 @@ def _order(fmt: str) -> tuple[str, ...]:
 
 
 def expert_slot(fmt: str, layer: str, expert: int, role: str, scheme: Scheme | None = None) -> ExpertSlot:
-    """Where `fmt` keeps one projection; `scheme` (a per-expert naming scheme of core/naming.py) names it
+    """Where `fmt` keeps one projection; `scheme` (a per-expert naming scheme of core/sources/naming.py) names it
     for a model family, else the format's default names are used."""
     tree = source_format(fmt).synth.tree
     if tree == "gpt-oss":

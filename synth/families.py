@@ -1,5 +1,5 @@
 """Tiny checkpoints of real model families (`dsv4-convert synth OUT --family NAME`): the family's real tensor
-names (core/naming.py), config.json and quantisation config, at shrunk sizes. This module holds what each
+names (core/sources/naming.py), config.json and quantisation config, at shrunk sizes. This module holds what each
 family is (FamilySpec, FAMILY_SPECS); synth/family_layers.py writes its tensors, synth/family_configs.py its
 config files.
 
@@ -79,7 +79,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.families import family_named
+from ..core.sources.families import family_named
 from .mtp import MINIMAX_MTP_CONFIG
 from .nemotron import BF16 as NEMOTRON_BF16
 from .nemotron import LATENT_BF16 as NEMOTRON_LATENT_BF16
@@ -89,7 +89,7 @@ __all__ = ["FAMILY_SPECS", "FamilySpec"]
 
 @dataclass(frozen=True)
 class FamilySpec:
-    family: str                    # core/families.py family name
+    family: str                    # core/sources/families.py family name
     formats: tuple[str, ...]       # source formats its releases use; the first is the default
     model_type: str
     moe: str                       # the MoE block's module name: mlp, block_sparse_moe

@@ -3,9 +3,9 @@ and the facts behind them), as each producer writes them (spec CHECKPOINT_FORMAT
 
 from __future__ import annotations
 
-from ..core.families import family_named
 from ..core.files import CONFIG, HF_QUANT_CONFIG
-from ..core.source_formats import source_format
+from ..core.sources.families import family_named
+from ..core.sources.source_formats import source_format
 from .configs import _ct_config, _modelopt_groups
 from .families import FAMILY_SPECS, FamilySpec
 from .gemma4 import gemma4_text_config

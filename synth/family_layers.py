@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import torch
 
-from ..core.families import family_named
-from ..core.source_formats import source_format
+from ..core.sources.families import family_named
+from ..core.sources.source_formats import source_format
 from ..formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
 from .experts import Tweaks, encode_layer_experts
 from .families import FAMILY_SPECS, FamilySpec

@@ -12,7 +12,7 @@ from functools import partial
 
 import torch
 
-from ..core.source_formats import source_format
+from ..core.sources.source_formats import source_format
 from .experts import Tweaks, encode_layer_experts
 from .seeded import FP8_BLOCK, dense, fp8_block_quantize, generator_for
 

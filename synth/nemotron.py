@@ -40,7 +40,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..core.source_formats import source_format
+from ..core.sources.source_formats import source_format
 from .layouts import Dims
 from .seeded import dense
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..core.dtypes import DTYPES
-from ..core.source_formats import source_format
-from ..core.tensor_model import Quant
+from ..core.checkpoint.dtypes import DTYPES
+from ..core.checkpoint.tensor_model import Quant
+from ..core.sources.source_formats import source_format
 from .experts import ROLES, expert_slot, layer_format
 from .layouts import Dims
 
@@ -113,7 +113,7 @@ def real_size_plan(fmt: str, seed: int, dims: Dims = REAL_SIZE, dtype: torch.dty
     tree = source_format(fmt).synth.tree
     specs = _gptoss_specs(dims) if tree == "gpt-oss" else _dsv4_or_hf_specs(fmt, dims)
     # the model's own output head, last (4 MB): the structure rules require it of every untied model
-    # (core/structure.py: DeepSeek-V4's `head.weight`, the others' `lm_head.weight`)
+    # (core/sources/structure.py: DeepSeek-V4's `head.weight`, the others' `lm_head.weight`)
     specs["head.weight" if tree == "deepseek-v4" else "lm_head.weight"] = ("dense", (dims.vocab, dims.hidden), None, None)
     elem = {torch.float32: 4, None: dtype.itemsize}
     sizes = [int(np.prod(s[1], dtype=np.int64)) * elem.get(s[2], 1) for s in specs.values()]

@@ -9,7 +9,7 @@ package-dir, read here, is the one home of that mapping):
   formats  -> nothing of the project (pure codecs)
   core     -> formats
   runtime  -> core
-  convert, validate, serving, synth -> core, formats, runtime
+  convert, validate, serving, planner, synth -> core, formats, runtime
   cli      -> everything
 
 `dsv4_convert` itself is a namespace (the version is core/version.py's). No substitutions: the
@@ -37,8 +37,9 @@ ALLOWED = {
     "convert": {"core", "formats", "runtime"},
     "validate": {"core", "formats", "runtime"},
     "serving": {"core", "formats", "runtime"},
+    "planner": {"core", "formats", "runtime"},
     "synth": {"core", "formats", "runtime"},
-    "cli": {"core", "formats", "runtime", "convert", "validate", "serving", "synth"},
+    "cli": {"core", "formats", "runtime", "convert", "validate", "serving", "planner", "synth"},
 }
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.core.engines import release_for
+from dsv4_convert.core.targets.engines import release_for
 from tests.gpu.sglang_kernels import prepare
 
 REPO = Path(__file__).resolve().parents[1]

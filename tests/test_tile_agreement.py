@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.convert.plan import build_plan
-from dsv4_convert.core.engines import ENGINES
+from dsv4_convert.core.checkpoint.tensor_model import Checkpoint, Projection, Quant, Role, TensorRef
 from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.source_formats import FORMATS
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Checkpoint, Projection, Quant, Role, TensorRef
+from dsv4_convert.core.sources.source_formats import FORMATS
+from dsv4_convert.core.targets.engines import ENGINES
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, OK, PAD, moe_rank_tiles
+from dsv4_convert.planner.launch import make_plan, shape_from_checkpoint
 from dsv4_convert.serving.config import PluginConfigError, check_rank_shape
-from dsv4_convert.serving.launch import make_plan, shape_from_checkpoint
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks.tiles import tile_rules_per_rank
 from dsv4_convert.validate.inputs import CheckpointInput, Options
@@ -141,7 +141,7 @@ def test_named_cases_from_the_issue():
 
 
 def test_every_engine_has_a_padding_rule_for_every_fp4_format():
-    """The engine table (core/engines.py) holds the padding numbers and hands them to formats/tiles.py as
+    """The engine table (core/targets/engines.py) holds the padding numbers and hands them to formats/tiles.py as
     values: a rule (or an explicit None) for every FP4 format, named after its engine."""
     from dsv4_convert.formats.tiles import GROUP_SIZE
     for name, facts in ENGINES.items():

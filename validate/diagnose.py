@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core.engines import ACT_DTYPES, ENGINES
-from ..core.tensor_model import Quant
+from ..core.checkpoint.tensor_model import Quant
+from ..core.targets.engines import ACT_DTYPES, ENGINES
 from ..formats.constants import MARLIN_TILE_K, MARLIN_TILE_N
 from ..formats.marlin.scales import (
     mxfp4_scales_to_marlin,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.tensor_model import Quant, Role
+from ..core.checkpoint.tensor_model import Quant, Role
 from ..formats.constants import ACT_EXPONENT_BIAS, MXFP4_GROUP, NVFP4_GROUP, W4A8_E8M0_OFFSET
 from ..formats.e2m1 import e2m1_to_float, unpack_nibbles
 from ..formats.e4m3 import s0e5m3_to_half

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from ..core.checkpoint.reader import TensorReader, load_projection
+from ..core.checkpoint.tensor_model import Projection, Quant, Role
 from ..core.errors import DsvError
-from ..core.reader import TensorReader, load_projection
-from ..core.source_formats import SourceFormat
-from ..core.tensor_model import Projection, Quant, Role
+from ..core.sources.source_formats import SourceFormat
 from ..formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
 from ..formats.marlin.scales import nvfp4_global_to_marlin
 from ..formats.padded_layout import decode_rank_blocks, pad_source

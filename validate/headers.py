@@ -1,5 +1,5 @@
 """The validator's scan of `model.safetensors.index.json` and every shard header, through the one
-strict header parser (core/safetensors_header.py).
+strict header parser (core/checkpoint/safetensors_header.py).
 
 The reader refuses a broken checkpoint at the first problem; this scan keeps going file by file, so
 that `validate` can report every broken or truncated shard as a finding.
@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..core.checkpoint.index import lone_surrogate, unsafe_shard_paths
+from ..core.checkpoint.safetensors_header import read_header
+from ..core.checkpoint.small_files import read_small
 from ..core.errors import InputError
 from ..core.files import INDEX_FILE
-from ..core.index import lone_surrogate, unsafe_shard_paths
-from ..core.safetensors_header import read_header
-from ..core.small_files import read_small
 from .inputs import HeaderInfo
 
 __all__ = ["scan_checkpoint", "scan_header", "scan_index"]

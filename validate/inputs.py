@@ -20,9 +20,9 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from ..core.engines import DEFAULT_ENGINE
-from ..core.target import MarlinTarget
-from ..core.tensor_model import Checkpoint, Projection, Quant, Role
+from ..core.checkpoint.tensor_model import Checkpoint, Projection, Quant, Role
+from ..core.targets.engines import DEFAULT_ENGINE
+from ..core.targets.target import MarlinTarget
 from ..formats.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, E8M0_NAN
 from ..formats.e4m3 import e4m3_is_nan
 from ..formats.e8m0 import e8m0_to_float

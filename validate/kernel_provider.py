@@ -1,5 +1,5 @@
 """Where `validate --kernel` gets the engine's Marlin kernels: one small interface, a provider per engine
-of the engine table (each release's `kernels`, core/kernel_table.py), plus a built module.
+of the engine table (each release's `kernels`, core/targets/kernel_table.py), plus a built module.
 
   vllm     the installed vLLM's prebuilt ops: torch.ops._moe_C.moe_wna16_marlin_gemm and
            torch.ops._C.gptq_marlin_repack (what vLLM's Marlin MoE `apply` and weight loading call)
@@ -34,8 +34,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.engines import ENGINES, LAYOUTS, RELEASES, EngineError, KernelOps, release_for
 from ..core.errors import UsageError
+from ..core.targets.engines import ENGINES, LAYOUTS, RELEASES, EngineError, KernelOps, release_for
 from ..runtime.settings import MARLIN_MODULE_ENV, settings
 
 __all__ = ["KernelBuildError", "KernelProvider", "providers", "select_provider", "schema_names"]
@@ -126,7 +126,7 @@ def _positional(op: str, schema: tuple[str, ...], kw: dict, renames: dict | None
                          f"{sorted(k for k, v in extra.items() if not _absent(v)) or 'nothing'})",
                          error_id="kernel.schema_unknown",
                          hint="the engine's op schema is not one dsv4-convert knows: add the release to "
-                              "core/engines.py (CONTRIBUTING.md, 'Add an engine or an engine version')")
+                              "core/targets/engines.py (CONTRIBUTING.md, 'Add an engine or an engine version')")
     return [kw[names[a]] if names[a] in kw else fixed[a] for a in schema]
 
 
@@ -159,7 +159,7 @@ def _module_schema(op: str, fn, field: str) -> KernelOps:
     for r in RELEASES.values():
         if r.kernels.b_type == "id" and len(getattr(r.kernels, field)) == arity:
             return r.kernels
-    raise UsageError(f"kernel module's {op} takes {arity} arguments, which no release in core/engines.py has",
+    raise UsageError(f"kernel module's {op} takes {arity} arguments, which no release in core/targets/engines.py has",
                      error_id="kernel.schema_unknown",
                      hint="build the module from a vLLM release the table lists, or add the release")
 
@@ -187,7 +187,7 @@ def _op(path: str):
 
 
 def _load_engine(engine: str) -> KernelProvider:
-    """The installed release's ops (its kernel facts: core/kernel_table.py). Raises EngineError for a version no
+    """The installed release's ops (its kernel facts: core/targets/kernel_table.py). Raises EngineError for a version no
     release covers, ImportError / AttributeError / RuntimeError where the ops cannot be loaded."""
     facts = ENGINES[engine]
     version = _version(facts.packages[0].dist)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.engines import engine_facts
+from ..core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
+from ..core.checkpoint.source_location import resolve_source
+from ..core.checkpoint.tensor_model import Quant, Role, gated_experts
 from ..core.errors import DsvError
-from ..core.reader import TensorReader, load_projection, open_checkpoint
-from ..core.rescale import stack_key
-from ..core.source_location import resolve_source
-from ..core.tensor_model import Quant, Role, gated_experts
+from ..core.targets.engines import engine_facts
+from ..core.targets.rescale import stack_key
 from ..formats.marlin.scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
 from ..formats.marlin.torch_route import (
     byte_table,
@@ -60,7 +60,7 @@ _LAYER = "w13+relu2+w2"  # a non-gated layer run whole (KernelCase.stack)
 
 def _stacks(experts) -> tuple[tuple[str, tuple[Role, ...]], ...]:
     """The engines' stacks of one layer: w13 = gate | up, or the gate alone where the layer's experts have no
-    up projection (non-gated: Nemotron-H's up_proj is the engines' w1, core/naming.py); w2 = down."""
+    up projection (non-gated: Nemotron-H's up_proj is the engines' w1, core/sources/naming.py); w2 = down."""
     gated = gated_experts(r for roles in experts.values() for r in roles)
     return ("w13", (Role.GATE, Role.UP) if gated else (Role.GATE,)), ("w2", (Role.DOWN,))
 

@@ -15,12 +15,12 @@ With --against, every reference projection must have the shape the converted one
 
 from __future__ import annotations
 
-from ..core.engines import engine_facts
+from ..core.checkpoint.reader import open_checkpoint
+from ..core.checkpoint.source_location import resolve_source
+from ..core.checkpoint.tensor_model import Quant, Role, moe_layers
 from ..core.errors import ContentError, DsvError
-from ..core.reader import open_checkpoint
-from ..core.source_location import resolve_source
-from ..core.structure import padded_containers
-from ..core.tensor_model import Quant, Role, moe_layers
+from ..core.sources.structure import padded_containers
+from ..core.targets.engines import engine_facts
 from ..formats.tiles import IMPOSSIBLE, PAD, RankTiles, kernel_tile_ok, moe_rank_tiles
 from .runner import resolve_options
 

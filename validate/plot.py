@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
+from ..core.checkpoint.index import natural_key
 from ..core.errors import OutputError
-from ..core.index import natural_key
 from ..core.version import install_command
 from ..runtime.side_files import write_side_file
 from .check import Severity

@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..core.converted_config import record_or_none
+from ..core.checkpoint.index import read_json
+from ..core.checkpoint.reader import TensorReader, open_checkpoint
+from ..core.checkpoint.source_location import resolve_source
+from ..core.checkpoint.tensor_model import Checkpoint
 from ..core.errors import DsvError, InputError, UsageError
-from ..core.index import read_json
-from ..core.reader import TensorReader, open_checkpoint
-from ..core.rescale import stack_key, stack_rescale_factors
-from ..core.source_location import resolve_source
-from ..core.structure import padded_containers, unreadable_tensors
-from ..core.tensor_model import Checkpoint
+from ..core.record.converted_config import record_or_none
+from ..core.sources.structure import padded_containers, unreadable_tensors
+from ..core.targets.rescale import stack_key, stack_rescale_factors
 from ..runtime.jobs import stop_with_parent
 from .check import Result, Scope
 from .checks import ALL_CHECKS
@@ -110,7 +110,7 @@ def _on_cluster(executor, job: _Job, tasks: list[_Task], bar) -> list[_Outcome]:
 # ------------------------------------------------------------------------------------------ planning
 def rescale_factors(ckpt: Checkpoint, opts: Options, reader: TensorReader, projections) -> dict:
     """`container.stack` -> sf. Converted checkpoints record it; for an NVFP4 source served by vLLM
-    with bf16 it is computed as the converter's planning pass does (core/rescale.py)."""
+    with bf16 it is computed as the converter's planning pass does (core/targets/rescale.py)."""
     if ckpt.format.converted:
         record = record_or_none(ckpt.config)
         return dict(record.rescale_factors) if record else {}

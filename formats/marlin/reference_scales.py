@@ -87,7 +87,7 @@ def _half(v) -> np.ndarray:
 @functools.lru_cache(maxsize=64)
 def _processed(clamp: bool, sf: float) -> np.ndarray:
     """float16 value the target stores for each E4M3 byte, before the S0E5M3 truncation: fp16(s) [* sf]
-    * 128; with `clamp` (core/engines.py EngineFacts.scale_clamp) values below 2 become 0."""
+    * 128; with `clamp` (core/targets/engines.py EngineFacts.scale_clamp) values below 2 become 0."""
     v = E4M3_VALUES.astype(np.float16)  # exact
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are part of the rule
         if sf != 1.0:

@@ -82,7 +82,7 @@ def vllm_rescale_factor(scales: list[torch.Tensor] | torch.Tensor, act_dtype: st
 def nvfp4_scales_to_s0e5m3(scale: torch.Tensor, *, clamp: bool, sf: float = 1.0) -> torch.Tensor:
     """E4M3 block scales -> uint8 S0E5M3 bytes (same shape, no permutation).
 
-    fp16(s) [* sf] * 128 with the sign dropped; with `clamp` (vLLM: core/engines.py scale_clamp) values
+    fp16(s) [* sf] * 128 with the sign dropped; with `clamp` (vLLM: core/targets/engines.py scale_clamp) values
     below 2 (tiny, zero or negative) become 0. SGLang: no clamp, and sf is 1 (it has no rescale).
     Each output byte depends on its input byte alone, so the rule is evaluated once over all 256
     bytes and applied as a table lookup (several times faster on a [2048, 256] expert scale)."""

@@ -1,7 +1,7 @@
 """Runs inside a spawned gloo rank for serving_tests/test_engine_refusals.py: SGLang builds and loads a SOURCE
 checkpoint alone, with exactly the engine set-up and model loader of harness_differential.py (its header lists
 the CPU substitutions), and reports whether its own loader took it. No plugin and no conversion are involved:
-a refusal row of core/served.py says the engine cannot load the source itself."""
+a refusal row of core/targets/served.py says the engine cannot load the source itself."""
 
 from __future__ import annotations
 

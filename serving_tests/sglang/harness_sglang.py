@@ -85,7 +85,7 @@ def _real_regions(c: dict) -> dict:
 
 def _source_space(layer, stack: str, c: dict):
     """Undo the Marlin packing (the project's inverse codec) for every local expert: (weight, scale)."""
-    from dsv4_convert.core.target import MarlinTarget
+    from dsv4_convert.core.targets.target import MarlinTarget
     from dsv4_convert.formats.marlin import marlin_to_mxfp4
 
     n, k = (2 * c["i_pad"], c["h_pad"]) if stack == "w13" else (c["h_pad"], c["i_pad"])
@@ -97,7 +97,7 @@ def _source_space(layer, stack: str, c: dict):
 def _emulated_moe(w13, w2, x, c: dict) -> torch.Tensor:
     """One expert's SwiGLU MoE output [T, H] from Marlin tensors, with validate/emulate.py's kernel
     emulation (activations zero-padded to H_pad as SGLang's apply() does; output cut back to H)."""
-    from dsv4_convert.core.tensor_model import Quant
+    from dsv4_convert.core.checkpoint.tensor_model import Quant
     from dsv4_convert.validate.emulate import marlin_dequantize
 
     i_pad, h_pad, h = c["i_pad"], c["h_pad"], c["hidden"]
@@ -144,7 +144,7 @@ def padding_evidence(engine, plugin, c: dict) -> dict:
     zeros, w2's padding with w13's zeros: each padded product has one zero side)."""
     from common import byte_diff
 
-    from dsv4_convert.core.target import MarlinTarget
+    from dsv4_convert.core.targets.target import MarlinTarget
     from dsv4_convert.formats.marlin import mxfp4_to_marlin
 
     regions = _real_regions(c)

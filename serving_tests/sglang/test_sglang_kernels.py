@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's Marlin kernels as the engine table says it ships them (core/kernel_table.py), checked against
+"""SGLang 0.5.23's Marlin kernels as the engine table says it ships them (core/targets/kernel_table.py), checked against
 the real sglang wheel installed here, and `doctor`'s report of them, on CPU: the ops are SGLang's own JIT
 functions with the table's argument lists; the sources the JIT compiles are in the package; the target SGLang's
 JIT compiles for each GPU (sm_90a, sm_120a / sm_120f by the nvcc version) is the one doctor names.
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import sglang
 
-from dsv4_convert.core.engines import ENGINES, release_for
-from dsv4_convert.core.kernel_table import jit_target
+from dsv4_convert.core.targets.engines import ENGINES, release_for
+from dsv4_convert.core.targets.kernel_table import jit_target
 from tests.helpers.cli import CLI
 
 RELEASE = release_for("sglang", "0.5.23")

@@ -1,4 +1,4 @@
-"""The SGLang launch command dsv4-convert prints (core/engines.py launch_command: `plan`, SERVING.md and the
+"""The SGLang launch command dsv4-convert prints (core/targets/engines.py launch_command: `plan`, SERVING.md and the
 plugin's wrong-split message) is parsed by SGLang 0.5.23's own server-argument parser, with abbreviations
 turned off so that only the flag names SGLang declares are accepted (a bare `--tp` passes argparse only
 as a prefix of `--tp-size`, which a later SGLang flag could make ambiguous).
@@ -14,7 +14,7 @@ import shlex
 import pytest
 from sglang.srt.server_args import ServerArgs
 
-from dsv4_convert.core.engines import launch_command
+from dsv4_convert.core.targets.engines import launch_command
 
 
 @pytest.mark.parametrize("tp, ep", [(1, 1), (2, 1), (8, 8), (4, 2)])

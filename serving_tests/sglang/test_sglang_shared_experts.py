@@ -14,7 +14,7 @@ import pytest
 from common import installed_engine
 
 import synth
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 
 if installed_engine() != "sglang":
     pytest.skip("SGLang only", allow_module_level=True)

@@ -78,7 +78,7 @@ def run(rank, world, *, src: str, conv: str, ep: bool) -> dict:
     from vllm.model_executor.layers.quantization.utils.marlin_utils import marlin_permute_bias
     from vllm.plugins import load_general_plugins
 
-    from dsv4_convert.core.target import MarlinTarget
+    from dsv4_convert.core.targets.target import MarlinTarget
     from dsv4_convert.formats.marlin import mxfp4_to_marlin
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -156,7 +156,7 @@ def _emulated_outputs(e, p, *, hidden: int) -> dict:
     the constants the plugin sets). Returns {"max_abs_diff": .., "max_abs_out": ..}."""
     from vllm.model_executor.layers.activation import SiluAndMulWithClamp, SwigluOAIAndMul
 
-    from dsv4_convert.core.tensor_model import Quant
+    from dsv4_convert.core.checkpoint.tensor_model import Quant
     from dsv4_convert.validate.emulate import marlin_dequantize
 
     cfg = p.quant_method.moe_quant_config
@@ -182,7 +182,7 @@ def _emulated_outputs(e, p, *, hidden: int) -> dict:
 def _final_scale_diff(e, p, perm):
     """vLLM's own final w13 scale bytes (its marlin_permute_scales + mxfp4_marlin_process_scales) taken
     back to source rows with the project's inverse codec, de-interleaved, against the plugin's."""
-    from dsv4_convert.core.target import MarlinTarget
+    from dsv4_convert.core.targets.target import MarlinTarget
     from dsv4_convert.formats.marlin import marlin_to_mxfp4
 
     t = MarlinTarget(engine="vllm")

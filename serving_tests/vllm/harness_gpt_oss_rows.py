@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, mxfp4_to_marlin
 
 __all__ = ["engine_rows_as_plugin"]

@@ -21,7 +21,7 @@ CPU substitutions (nothing an assertion compares comes from any of them):
 - vLLM 0.34 on an x86 CPU: the triton-cpu check of `CpuPlatform.check_and_update_config` is lifted
   (serving_tests/vllm/cpu_platform.py says why; nothing compared comes from it).
 
-W4A8: the engine table (core/engines.py) says which releases serve it. On those (0.33) the W4A8 cases
+W4A8: the engine table (core/targets/engines.py) says which releases serve it. On those (0.33) the W4A8 cases
 must load byte-equal to vLLM's own W4A8 path; on the others (0.34, which removed W4A8 Marlin) the plugin
 must refuse every W4A8 checkpoint before building its layer, naming the fix (convert without --w4a8).
 """
@@ -38,7 +38,7 @@ vllm = pytest.importorskip("vllm")
 from common import spawn_ranks, split_params
 from layer_cases import EXPERTS, layer_case, with_checkpoints
 
-from dsv4_convert.core.engines import release_for
+from dsv4_convert.core.targets.engines import release_for
 
 W4A8_SERVED = release_for("vllm", vllm.__version__).w4a8
 

@@ -20,7 +20,7 @@ import torch
 
 from dsv4_convert.cli.doctor import Doctor
 from dsv4_convert.cli.doctor_kernels import check_library
-from dsv4_convert.core.fatbin import FatbinError, elf_section, parse_fatbin, read_cuda_code
+from dsv4_convert.cli.fatbin import FatbinError, elf_section, parse_fatbin, read_cuda_code
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "fatbin"
 CLI = [sys.executable, "-m", "dsv4_convert.cli"]
@@ -115,7 +115,7 @@ def test_doctor_with_a_converted_checkpoint_names_engine_and_flag(tmp_path):
 
 def test_doctor_says_when_the_engines_cannot_build_the_source():
     """llm-compressor 0.14's DeepSeek-V3 export (tests/fixtures/producers): its config.json lacks keys both engines
-    read (core/engine_config.py), so it is not 'ready' whatever the machine holds."""
+    read (core/targets/engine_config.py), so it is not 'ready' whatever the machine holds."""
     src = Path(__file__).resolve().parents[1] / "fixtures" / "producers" / "llmc-deepseek-v3-nvfp4a16"
     data = json.loads(subprocess.run([*CLI, "doctor", src, "--json"], capture_output=True, text=True).stdout)
     said = [f for f in data["findings"] if "cannot build or load this model" in f]

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from dsv4_convert.cli.inspect import summarize
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.source_formats import source_format
+from dsv4_convert.core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.sources.source_formats import source_format
 from tests.helpers.ckpt_factory import FORMATS, make_checkpoint
 
 SYNTH_FORMATS = ("mxfp4-dsv4", "nvfp4-modelopt-dsv4", "nvfp4-modelopt-hf", "nvfp4-ct", "mxfp4-ct", "mxfp4-gptoss")

@@ -13,10 +13,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.source_formats import FORMATS
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Quant, Role
+from dsv4_convert.core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.checkpoint.tensor_model import Quant, Role
+from dsv4_convert.core.sources.source_formats import FORMATS
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin, vllm_rescale_factor
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes

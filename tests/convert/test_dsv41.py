@@ -19,11 +19,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from dsv4_convert.core.engines import ENGINES
-from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.core.served import entries
-from dsv4_convert.core.source_formats import source_format
-from dsv4_convert.core.structure import RULES, experts_beyond_config, experts_incomplete, layer_experts
+from dsv4_convert.core.checkpoint.reader import open_checkpoint
+from dsv4_convert.core.sources.source_formats import source_format
+from dsv4_convert.core.sources.structure import RULES, experts_beyond_config, experts_incomplete, layer_experts
+from dsv4_convert.core.targets.engines import ENGINES
+from dsv4_convert.core.targets.served import entries
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 
 _SIZES = {"layers": 2, "experts": 8, "hidden": 256, "intermediate": 128, "shards": 2}

@@ -1,4 +1,4 @@
-"""Model families (core/naming.py, synth/families.py): every family's tiny checkpoint is recognised, converts
+"""Model families (core/sources/naming.py, synth/families.py): every family's tiny checkpoint is recognised, converts
 for both targets, validates clean (source, and output --against source) and reverses byte for byte, all through
 real CLI runs on real safetensors files.
 
@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.core.detect import detect_format
+from dsv4_convert.core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.checkpoint.tensor_model import Role, TensorRef
 from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.families import family_named, family_of, module_prefix
 from dsv4_convert.core.files import MTP_FILE
-from dsv4_convert.core.naming import converted_expert, parse_expert_name
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.served import entries
-from dsv4_convert.core.source_formats import FORMATS
-from dsv4_convert.core.tensor_model import Role, TensorRef
+from dsv4_convert.core.sources.detect import detect_format
+from dsv4_convert.core.sources.families import family_named, family_of, module_prefix
+from dsv4_convert.core.sources.naming import converted_expert, parse_expert_name
+from dsv4_convert.core.sources.source_formats import FORMATS
+from dsv4_convert.core.targets.served import entries
 from dsv4_convert.formats.nvfp4 import quantize_nvfp4
 from dsv4_convert.synth import SYNTH_FAMILIES
 from dsv4_convert.synth.families import FAMILY_SPECS
@@ -113,7 +113,7 @@ def test_converted_output_validates_and_reverses(converted, family_source, tmp_p
     out = converted(fam, fmt, validated_target)
     family = family_named(FAMILY_SPECS[fam].family)
     # a family x format the plugins are not proven to serve (converted here with --allow-unservable) fails the
-    # serving pre-flight (core/served.py, the table the converter's gate reads too); its bytes must pass
+    # serving pre-flight (core/targets/served.py, the table the converter's gate reads too); its bytes must pass
     served = bool(entries(family.name, fmt, validated_target))
     report = _validate(out, "--against", src, allowed=frozenset() if served else frozenset({"marlin.serving_methods"}))
     assert served or "marlin.serving_methods" in {f["check"] for f in report["findings"]}
@@ -144,7 +144,7 @@ def test_unservable_family_is_refused_with_the_reason(family_source, tmp_path):
                           capture_output=True, text=True, env=env)
     err = json.loads(proc.stdout)
     assert proc.returncode == 4 and err["error"]["id"] == "convert.unservable_family", proc.stdout
-    # SGLang 0.5.23 (the default target) itself refuses Mixtral: the gate quotes its reason (core/served.py REFUSED)
+    # SGLang 0.5.23 (the default target) itself refuses Mixtral: the gate quotes its reason (core/targets/served.py REFUSED)
     assert "itself cannot serve a mixtral" in err["error"]["message"], proc.stdout
     assert "QuantMixtralForCausalLM" in err["error"]["message"], proc.stdout
     assert "--allow-unservable" in err["error"]["fix"]

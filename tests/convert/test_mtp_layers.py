@@ -1,4 +1,4 @@
-"""MTP (draft) layers of the families (synth/mtp.py has the releases' facts, core/mtp.py tells the layers apart):
+"""MTP (draft) layers of the families (synth/mtp.py has the releases' facts, core/sources/mtp.py tells the layers apart):
 DeepSeek-R1 / V3 / V3.2 FP4 ship a BF16 layer `model.layers.<num_hidden_layers>` excluded from the NVFP4 method,
 Kimi-K2 none, MiniMax-M2 declares three and ships none, Qwen3.5 / Qwen3-Next a BF16 `mtp.*` block. The converter
 copies a draft layer without FP4 experts byte for byte and says so (CLI report, SERVING.md); inspect lists it;
@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from dsv4_convert.core.mtp import copied_mtp_layers, mtp_layers
-from dsv4_convert.core.reader import open_checkpoint
+from dsv4_convert.core.checkpoint.reader import open_checkpoint
+from dsv4_convert.core.sources.mtp import copied_mtp_layers, mtp_layers
 from dsv4_convert.synth.mtp import MINIMAX_MTP_CONFIG
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 

@@ -7,7 +7,7 @@ and the part not understood (it was copied unconverted).
 Substitution: the checkpoint is a `dsv4_convert.synth` Qwen3-MoE ModelOpt NVFP4 replica renamed to Nemotron-H's
 names (gate projections dropped, up_proj / down_proj kept, `model.layers` -> `backbone.layers`, `mlp` ->
 `mixer`) with architectures NemotronHForCausalLM: the names and the quantisation files are the release's, the
-rest of the model (Mamba layers) is not reproduced. Nemotron-H x ModelOpt NVFP4 is served (core/served.py, the
+rest of the model (Mamba layers) is not reproduced. Nemotron-H x ModelOpt NVFP4 is served (core/targets/served.py, the
 differential proof of the whole-model replica `synth --family nemotron-h`), so both convert with no
 --allow-unservable and validate clean; the whole replica also goes through inspect, plan, validate and
 marlin-to-source for both targets.

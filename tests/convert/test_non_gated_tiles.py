@@ -1,7 +1,7 @@
 """Issue 37 item 7: one tile rule for gated and non-gated experts (formats/tiles.py moe_rank_tiles, `gated`), from
-the engine table (core/engines.py: SGLang 0.5.23 pads a non-gated NVFP4 I per rank to a multiple of 128 in
+the engine table (core/targets/engines.py: SGLang 0.5.23 pads a non-gated NVFP4 I per rank to a multiple of 128 in
 `prepare_moe_nvfp4_layer_for_marlin`, `if not layer.moe_runner_config.is_gated`; a gated one never), used by
-plan, --tp/--ep, validate and the kernel runner (core/tensor_model.py MoeLayer.gated is the one home of
+plan, --tp/--ep, validate and the kernel runner (core/checkpoint/tensor_model.py MoeLayer.gated is the one home of
 "gated"). Non-gated experts (Nemotron-H, ReLU-squared) were judged with w13 N = 2 x I_shard and refused as
 "gated". Real CLI in subprocesses on synth's Nemotron-H replicas; that SGLang's own load of the source equals
 the plugin's load of the padded conversion is serving_tests/test_differential.py's `nemotron-h-...-i96` case.
@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from dsv4_convert.core.engines import engine_facts
-from dsv4_convert.core.tensor_model import Role, gated_experts
+from dsv4_convert.core.checkpoint.tensor_model import Role, gated_experts
+from dsv4_convert.core.targets.engines import engine_facts
 from dsv4_convert.formats.tiles import IMPOSSIBLE, OK, PAD, moe_rank_tiles
 from tests.helpers.cli import run_cli
 

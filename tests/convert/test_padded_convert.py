@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 from tests.helpers.ckpt_factory import make_checkpoint
 from tests.helpers.cli import run_cli, tree_hashes
 from tests.helpers.padded_ref import assert_rank_blocks, load_out, rank_reference

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 from tests.helpers.ckpt_factory import make_checkpoint
 from tests.helpers.cli import run_cli
 from tests.helpers.compare import assert_bytes_equal

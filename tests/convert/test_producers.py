@@ -2,8 +2,8 @@
 compressed-tensors quantising tiny random-weight Qwen3-MoE, Mixtral and DeepSeek-V3 models on a CPU; the
 script that made them and the producer versions are beside them), end to end through the real CLI in
 subprocesses: recognised as the format their producer writes, with the family and the verdict `inspect` shows,
-refused by the converter's gate exactly where that verdict says (core/served.py: no entry, the engine's own
-refusal, or a config the engine cannot build: core/engine_config.py), converted for both targets, validated against
+refused by the converter's gate exactly where that verdict says (core/targets/served.py: no entry, the engine's own
+refusal, or a config the engine cannot build: core/targets/engine_config.py), converted for both targets, validated against
 the source (which names the same reasons), and reversed byte for byte. CI reads the committed outputs; it never installs the producers.
 
 No substitutions: the files are the producers' own output. A fixture whose shape the engine pads at every
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.core.engine_config import missing_engine_keys
-from dsv4_convert.core.families import family_of
+from dsv4_convert.core.sources.families import family_of
+from dsv4_convert.core.targets.engine_config import missing_engine_keys
 from tests.helpers.cli import restored_tree, run_cli, tree_hashes
 
 pytestmark = pytest.mark.slow

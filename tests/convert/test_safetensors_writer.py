@@ -11,9 +11,9 @@ import xxhash
 from safetensors import safe_open
 
 from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec
-from dsv4_convert.core.reader import TensorReader
-from dsv4_convert.core.safetensors_header import read_header
-from dsv4_convert.core.tensor_io import safetensors_dtype
+from dsv4_convert.core.checkpoint.reader import TensorReader
+from dsv4_convert.core.checkpoint.safetensors_header import read_header
+from dsv4_convert.core.checkpoint.tensor_io import safetensors_dtype
 from dsv4_convert.runtime import direct_io, settings
 from dsv4_convert.runtime.digest import HASH_ALGORITHM
 from tests.helpers.compare import assert_bytes_equal

@@ -1,5 +1,5 @@
 """The converter's gate and validate's pre-flight decide the same way, from the one served table
-(core/served.py), before anything is written: real CLI runs in subprocesses on real safetensors files.
+(core/targets/served.py), before anything is written: real CLI runs in subprocesses on real safetensors files.
 
 Substitutions: the checkpoints are `dsv4_convert.synth` Qwen3-MoE ModelOpt NVFP4 replicas with one config
 edit each (the ModelOpt MIXED_PRECISION block a Qwen3-30B-A3B export writes: served on SGLang, refused on vLLM;
@@ -67,7 +67,7 @@ def _arch(arch):
 def test_refused_before_writing_and_validate_gives_the_same_reason(tmp_path, case):
     src = _qwen3(tmp_path / "src", _mixed if case == "mixed-precision" else _arch(case))
     run = _env_without_flag()
-    # Qwen3's MIXED_PRECISION export is proven on SGLang (core/served.py), not on vLLM
+    # Qwen3's MIXED_PRECISION export is proven on SGLang (core/targets/served.py), not on vLLM
     for target in ("vllm",) if case == "mixed-precision" else ("sglang", "vllm"):
         out = tmp_path / f"out-{target}"
         proc = run("nvfp4-to-marlin", src, out, "--target", target, "--json")

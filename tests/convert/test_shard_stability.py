@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Quant, Role
+from dsv4_convert.core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.checkpoint.tensor_model import Quant, Role
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from tests.helpers.cli import run_cli
 from tests.helpers.compare import assert_bytes_equal

@@ -10,7 +10,7 @@ import pytest
 from dsv4_convert.convert.pieces import split_shards
 from dsv4_convert.convert.plan import OutTensor, ShardPlan
 from dsv4_convert.convert.safetensors_writer import TensorSpec
-from dsv4_convert.core.tensor_model import TensorRef
+from dsv4_convert.core.checkpoint.tensor_model import TensorRef
 
 MIB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""core/converted_config.py, the one schema of a converted checkpoint's quantization_config: what the
+"""core/record/converted_config.py, the one schema of a converted checkpoint's quantization_config: what the
 writer builds parses back to the same object, and the one parser refuses values of the wrong type for
 all its users (here: the parser itself and `marlin-to-source` in a subprocess; validate in
 tests/validate/checks/test_quant_config_checks.py, the plugins in serving_tests/test_config.py).
@@ -11,8 +11,8 @@ import shutil
 
 import pytest
 
-from dsv4_convert.core.converted_config import ConvertedConfigError, ConvertedQuantConfig
-from dsv4_convert.core.converted_rules import model_config_problems
+from dsv4_convert.core.record.converted_config import ConvertedConfigError, ConvertedQuantConfig
+from dsv4_convert.core.record.converted_rules import model_config_problems
 from tests.helpers.cli import rerecord, run_cli
 
 
@@ -56,7 +56,7 @@ def test_wrong_types_refused_with_their_id(converted, change, error_id):
 @pytest.mark.slow  # the `converted` fixture runs the CLI
 def test_serves_from_round_trips_and_chooses_the_serving_block(converted):
     """nvidia/DeepSeek-V3-0324-FP4's conversion: the plugins serve from hf_quant_config.json, not the stale block."""
-    from dsv4_convert.core.converted_config import serving_block
+    from dsv4_convert.core.record.converted_config import serving_block
 
     block = _block(converted)
     hf = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}}

@@ -1,12 +1,12 @@
 import pytest
 
-from dsv4_convert.core.detect import detect_format
+from dsv4_convert.core.checkpoint.reader import open_checkpoint
+from dsv4_convert.core.checkpoint.tensor_model import Quant, Role, TensorRef
 from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.grouping import group_projections
-from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.core.source_formats import FORMATS as ROWS
-from dsv4_convert.core.source_formats import source_format
-from dsv4_convert.core.tensor_model import Quant, Role, TensorRef
+from dsv4_convert.core.sources.detect import detect_format
+from dsv4_convert.core.sources.grouping import group_projections
+from dsv4_convert.core.sources.source_formats import FORMATS as ROWS
+from dsv4_convert.core.sources.source_formats import source_format
 from tests.helpers.ckpt_factory import FORMATS, make_checkpoint
 
 

@@ -1,11 +1,11 @@
-"""core/dtypes.py, the one dtype table: every safetensors dtype it names maps to a torch dtype of the
+"""core/checkpoint/dtypes.py, the one dtype table: every safetensors dtype it names maps to a torch dtype of the
 size it claims (torch's own itemsize is the independent reference), and the names are the ones the
 safetensors format defines (the Rust crate's Dtype enum, written out here)."""
 
 import torch
 
-from dsv4_convert.core.dtypes import DTYPE_SIZES, DTYPES, FP8_DTYPES, SCALE_DTYPES, WEIGHT_DTYPES
-from dsv4_convert.core.tensor_io import TORCH_DTYPES, safetensors_dtype
+from dsv4_convert.core.checkpoint.dtypes import DTYPE_SIZES, DTYPES, FP8_DTYPES, SCALE_DTYPES, WEIGHT_DTYPES
+from dsv4_convert.core.checkpoint.tensor_io import TORCH_DTYPES, safetensors_dtype
 
 SAFETENSORS_NAMES = {"BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16",
                      "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64"}

@@ -1,4 +1,4 @@
-"""The engine table (core/engines.py) is the only switch: a new entry alone reaches every consumer, and an
+"""The engine table (core/targets/engines.py) is the only switch: a new entry alone reaches every consumer, and an
 engine or version it does not list is a typed error everywhere, never another engine's rules.
 
 Substitutions: the made-up engine "toyengine" and release "vllm 0.35" are added to the real table for the
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.core.engines import (
+from dsv4_convert.core.errors import UsageError
+from dsv4_convert.core.targets.engines import (
     ENGINES,
     LAYOUTS,
     RELEASES,
@@ -33,9 +34,8 @@ from dsv4_convert.core.engines import (
     release_for,
     w4a8_problem,
 )
-from dsv4_convert.core.errors import UsageError
-from dsv4_convert.core.kernel_table import GEMM_ARGS_034, REPACK_ARGS_034
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.kernel_table import GEMM_ARGS_034, REPACK_ARGS_034
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.tiles import PAD, EnginePadding, PadRule, moe_rank_tiles
 from dsv4_convert.serving.config import PluginConfigError, check_layout, check_rank_shape, parse_quant_config
 from dsv4_convert.serving.probe import probe
@@ -169,14 +169,14 @@ def _code_strings(path: Path):
 
 
 def test_no_engine_literal_outside_the_table():
-    """Engine names and layout tags appear in code only in core/engines.py and in an engine's own plugin
+    """Engine names and layout tags appear in code only in core/targets/engines.py and in an engine's own plugin
     modules (serving/<engine>_*.py, which name their own engine and no other)."""
     names = {e.name for e in ENGINES.values()} | set(LAYOUTS) | {r.kernels.provider for r in RELEASES.values()}
     folders = ("cli", "convert", "core", "formats", "runtime", "serving", "synth", "validate")
     bad = []
     for path in sorted(p for f in folders for p in (ROOT / f).rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel in ("core/engines.py", "core/kernel_table.py"):  # the table and its kernel part
+        if rel in ("core/targets/engines.py", "core/targets/kernel_table.py"):  # the table and its kernel part
             continue
         own = next((e for e in ENGINES if path.name.startswith(f"{e}_") and rel.startswith("serving/")), None)
         bad += [f"{rel}:{line}: {text!r}" for line, text in _code_strings(path) if text in names and text != own]

@@ -1,4 +1,4 @@
-"""core/gc_pause.py: open_checkpoint runs with the garbage collector paused and gives it back as it found
+"""core/checkpoint/gc_pause.py: open_checkpoint runs with the garbage collector paused and gives it back as it found
 it, also when it raises, and never freezes the process's objects (gc.freeze is the program's decision, not
 a library's). Real checkpoints by dsv4_convert.synth (the substitution for released weights); the large
 case is a stand-in object with 2**15 tensors, since the decorator reads nothing of what it returns."""
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from dsv4_convert.core.checkpoint.gc_pause import builds_tables
+from dsv4_convert.core.checkpoint.reader import open_checkpoint
 from dsv4_convert.core.errors import InputError
-from dsv4_convert.core.gc_pause import builds_tables
-from dsv4_convert.core.reader import open_checkpoint
 from dsv4_convert.synth import write_synthetic_checkpoint
 
 

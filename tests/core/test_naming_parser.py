@@ -1,4 +1,4 @@
-"""expert_parser (one regular expression for a list of schemes, core/naming.py) reads every name as a loop over
+"""expert_parser (one regular expression for a list of schemes, core/sources/naming.py) reads every name as a loop over
 the schemes' own patterns does: the first scheme, in the list's order, whose pattern matches wins. Names: the
 fuzz vocabulary of tests/core/test_name_fuzz.py (real-looking and malformed spellings), every combination with
 a few indices; scheme lists: the whole table, each layout, each scheme alone, the table reversed.
@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from dsv4_convert.core.naming import PER_EXPERT, SCHEMES, STACKED, ExpertName, expert_parser, parse_expert_name
+from dsv4_convert.core.sources.naming import PER_EXPERT, SCHEMES, STACKED, ExpertName, expert_parser, parse_expert_name
 from tests.core.test_name_fuzz import LEAVES, MIDDLES, MODULES, NUMBERS, PREFIXES, REAL, SUFFIXES
 
 

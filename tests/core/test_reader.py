@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from dsv4_convert.core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.checkpoint.source_location import resolve_source
+from dsv4_convert.core.checkpoint.tensor_model import Quant, Role
 from dsv4_convert.core.errors import ContentError, InputError, UsageError
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.source_formats import FORMATS as ROWS
-from dsv4_convert.core.source_formats import source_format
-from dsv4_convert.core.source_location import resolve_source
-from dsv4_convert.core.tensor_model import Quant, Role
+from dsv4_convert.core.sources.source_formats import FORMATS as ROWS
+from dsv4_convert.core.sources.source_formats import source_format
 from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.ckpt_factory import FORMATS, make_checkpoint, write_json
 
@@ -254,7 +254,7 @@ def _offline(code: str, hf_home: Path) -> subprocess.CompletedProcess:
 def test_hub_repo_id_from_prefilled_cache_offline(tmp_path):
     make_checkpoint(tmp_path / "src", "nvfp4-modelopt-dsv4")
     snap = _fill_cache(tmp_path / "hf", "nvidia/Tiny-DSV4-NVFP4", tmp_path / "src")
-    code = ("from dsv4_convert.core.reader import open_checkpoint\n"
+    code = ("from dsv4_convert.core.checkpoint.reader import open_checkpoint\n"
             "c = open_checkpoint('nvidia/Tiny-DSV4-NVFP4')\n"
             "print(c.root); print(c.format.value); print(len(c.projections))")
     r = _offline(code, tmp_path / "hf")
@@ -266,7 +266,7 @@ def test_hub_repo_id_from_prefilled_cache_offline(tmp_path):
 def test_hub_repo_not_cached_offline(tmp_path):
     (tmp_path / "hf").mkdir()
     code = ("from dsv4_convert.core.errors import InputError\n"
-            "from dsv4_convert.core.reader import open_checkpoint\n"
+            "from dsv4_convert.core.checkpoint.reader import open_checkpoint\n"
             "try:\n    open_checkpoint('nobody/not-cached')\n"
             "except InputError as e:\n    print(e.error_id)\n")
     r = _offline(code, tmp_path / "hf")
@@ -292,7 +292,7 @@ def test_hub_snapshot_cached_as_vllm_downloads_it_opens_offline(tmp_path):
     for doc in snap.glob("*.md"):  # vLLM fetches weights and configs only
         doc.unlink()
     _cache_tree_listing(snap, {"README.md": 100, "original/model.safetensors": 1000, "metal/model.bin": 1000})
-    code = ("from dsv4_convert.core.reader import open_checkpoint\n"
+    code = ("from dsv4_convert.core.checkpoint.reader import open_checkpoint\n"
             "c = open_checkpoint('openai/tiny-gpt-oss')\nprint(c.root); print(c.format.value)")
     r = _offline(code, tmp_path / "hf")
     assert r.returncode == 0, r.stderr
@@ -307,7 +307,7 @@ def test_hub_snapshot_missing_a_shard_is_not_cached(tmp_path):
     shard = sorted(snap.glob("*.safetensors"))[0]
     shard.unlink()
     code = ("from dsv4_convert.core.errors import InputError\n"
-            "from dsv4_convert.core.reader import open_checkpoint\n"
+            "from dsv4_convert.core.checkpoint.reader import open_checkpoint\n"
             "try:\n    open_checkpoint('openai/tiny-gpt-oss')\n"
             "except InputError as e:\n    print(e.error_id)\n")
     r = _offline(code, tmp_path / "hf")

@@ -1,5 +1,5 @@
-"""The families of issue 35 that dsv4-convert recognises but does not serve yet (core/families.py FAMILIES without
-rows in core/served.py): each architecture names its family, its releases' expert names (quoted from the engines'
+"""The families of issue 35 that dsv4-convert recognises but does not serve yet (core/sources/families.py FAMILIES without
+rows in core/targets/served.py): each architecture names its family, its releases' expert names (quoted from the engines'
 weight mappings beside each FAMILIES entry) parse to that family's scheme with the right layer, expert and role,
 and the gate refuses it because no serving test loads it, not because the architecture is unknown.
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4_convert.core.families import family_of
-from dsv4_convert.core.naming import parse_expert_name
-from dsv4_convert.core.served import entries, refusal
-from dsv4_convert.core.tensor_model import Role
+from dsv4_convert.core.checkpoint.tensor_model import Role
+from dsv4_convert.core.sources.families import family_of
+from dsv4_convert.core.sources.naming import parse_expert_name
+from dsv4_convert.core.targets.served import entries, refusal
 
 # (architecture, model_type, an expert tensor name of its releases, family, layer, expert, role)
 RECOGNISED = [

@@ -1,4 +1,4 @@
-"""core/rescale.py: the one vLLM rescale routine the converter's planning pass and validate share.
+"""core/targets/rescale.py: the one vLLM rescale routine the converter's planning pass and validate share.
 
 A real synthetic NVFP4 checkpoint whose layer-0 block scales are shrunk (so vLLM's factor is > 1);
 the expected factor per stack is vllm_rescale_factor over the scale tensors as safetensors'
@@ -10,9 +10,9 @@ import re
 import torch
 from safetensors.torch import load_file, save_file
 
-from dsv4_convert.core.reader import TensorReader, open_checkpoint
-from dsv4_convert.core.rescale import stack_rescale_factors
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.checkpoint.reader import TensorReader, open_checkpoint
+from dsv4_convert.core.targets.rescale import stack_rescale_factors
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin.scales import vllm_rescale_factor
 from dsv4_convert.synth import write_synthetic_checkpoint
 

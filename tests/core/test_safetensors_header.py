@@ -6,8 +6,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from dsv4_convert.core.checkpoint.safetensors_header import parse_header, read_header
 from dsv4_convert.core.errors import InputError
-from dsv4_convert.core.safetensors_header import parse_header, read_header
 
 
 def _raw(path, header, data: bytes = b"", *, pad: bool = True) -> None:
@@ -123,7 +123,7 @@ def test_duplicate_keys(tmp_path):
     assert err.tensor == "a"
 
 
-# The header is decoded without a duplicate-key hook first and counted (core/safetensors_header.py
+# The header is decoded without a duplicate-key hook first and counted (core/checkpoint/safetensors_header.py
 # _no_key_lost); these are the cases that count must send to the exact, hooked decode.
 @pytest.mark.parametrize("text, key", [
     ('{"a":{"dtype":"U8","dtype":"U8","shape":[2],"data_offsets":[0,2]}}', "dtype"),  # inside an entry
@@ -238,12 +238,12 @@ def test_unreadable_file(tmp_path):
 
 
 def test_tensor_refs_are_built_as_the_dataclass_builds_them():
-    """parse_header builds TensorRefs through their slots (core/safetensors_header.py _tensor_ref): the same
+    """parse_header builds TensorRefs through their slots (core/checkpoint/safetensors_header.py _tensor_ref): the same
     object as TensorRef(...) in every field; a field added to TensorRef fails here until _tensor_ref sets it."""
     from dataclasses import astuple
 
-    from dsv4_convert.core.safetensors_header import _tensor_ref
-    from dsv4_convert.core.tensor_model import TensorRef
+    from dsv4_convert.core.checkpoint.safetensors_header import _tensor_ref
+    from dsv4_convert.core.checkpoint.tensor_model import TensorRef
     args = ("layers.0.ffn.experts.1.w1.weight", "model-00001.safetensors", "U8", (2, 8), 80, 96)
     fast, slow = _tensor_ref(*args), TensorRef(*args)
     assert fast == slow and astuple(fast) == astuple(slow) == args and hash(fast) == hash(slow)

@@ -1,4 +1,4 @@
-"""The served table (core/served.py): every entry names a proof that exists, every proof case has its entry,
+"""The served table (core/targets/served.py): every entry names a proof that exists, every proof case has its entry,
 the README's matrix is the table, and the one verdict (`refusal`) is what the converter's gate, validate and
 plan give: nothing is served because its architecture is unknown, nothing proven is refused.
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.core.families import FAMILIES
-from dsv4_convert.core.served import (
+from dsv4_convert.core.sources.families import FAMILIES
+from dsv4_convert.core.sources.source_formats import FORMATS
+from dsv4_convert.core.targets.served import (
     ENGINE_VERSIONS,
     MATRIX_BEGIN,
     MATRIX_END,
@@ -24,11 +25,10 @@ from dsv4_convert.core.served import (
     matrix_markdown,
     refusal,
 )
-from dsv4_convert.core.source_formats import FORMATS
 from dsv4_convert.synth.families import FAMILY_SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
-# the keys the engines read to build a DeepSeek-V3-style model (core/engine_config.py), as the releases carry them
+# the keys the engines read to build a DeepSeek-V3-style model (core/targets/engine_config.py), as the releases carry them
 ENGINE_KEYS = {"moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
 NVFP4_BLOCK = {"quant_method": "modelopt", "quant_algo": "NVFP4"}
 MIXED_BLOCK = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
@@ -97,7 +97,7 @@ def test_every_entry_names_a_proof_that_exists():
 
 def test_every_refusal_names_a_test_node_that_exists():
     """A refusal quotes the engine's own reason and names the test that shows it (a node, never prose)."""
-    from dsv4_convert.core.served import REFUSED
+    from dsv4_convert.core.targets.served import REFUSED
 
     for r in REFUSED:
         file, sep, name = r.proof.partition("::")
@@ -115,7 +115,7 @@ def test_every_differential_proof_has_its_entry_and_every_entry_a_differential_p
     """The differential proof (serving_tests/test_differential.py) is what makes an entry: each of its cases is an
     entry on every release of its engines, and each entry names the differential case of its family and format
     first."""
-    from dsv4_convert.core.served import _DIFF
+    from dsv4_convert.core.targets.served import _DIFF
 
     cases = _differential_cases()
     for c in cases:
@@ -143,8 +143,8 @@ def test_readme_matrix_is_the_table():
     assert MATRIX_BEGIN in readme and MATRIX_END in readme
     block = readme[readme.index(MATRIX_BEGIN):readme.index(MATRIX_END) + len(MATRIX_END)]
     assert block == matrix_markdown(), (
-        "README.md's support matrix differs from core/served.py; paste the output of `python -c 'from "
-        "dsv4_convert.core.served import matrix_markdown; print(matrix_markdown())'`")
+        "README.md's support matrix differs from core/targets/served.py; paste the output of `python -c 'from "
+        "dsv4_convert.core.targets.served import matrix_markdown; print(matrix_markdown())'`")
 
 
 def test_an_architecture_in_no_family_is_not_served():
@@ -158,7 +158,7 @@ def test_an_architecture_in_no_family_is_not_served():
 def test_served_exactly_where_an_entry_proves_it(arch):
     """DeepSeek-V3.2 and Qwen3-Next converted with exit 0 and no proof: the verdict is the table's, whatever the
     architecture string."""
-    from dsv4_convert.core.families import family_of
+    from dsv4_convert.core.sources.families import family_of
 
     config = {"architectures": [arch], "model_type": "x", **ENGINE_KEYS}
     family = family_of(config)
@@ -192,7 +192,7 @@ def test_qwen3_mixed_precision_is_served_only_where_its_proof_ran():
 def test_an_installed_version_maps_to_its_release():
     assert engine_key("vllm", "0.33.0") == "vllm 0.33" and engine_key("sglang", "0.5.23") == "sglang 0.5.23"
     assert engine_key("vllm", "0.34.0") == "vllm 0.34" and entries(engine="vllm 0.34")
-    from dsv4_convert.core.engines import RELEASES
+    from dsv4_convert.core.targets.engines import RELEASES
 
     assert set(ENGINE_VERSIONS) <= set(RELEASES)
     unknown = engine_key("vllm", "0.99.1")
@@ -201,7 +201,7 @@ def test_an_installed_version_maps_to_its_release():
 
 
 def test_an_engines_own_refusal_is_quoted_by_the_gate_and_the_matrix(monkeypatch):
-    from dsv4_convert.core import served
+    from dsv4_convert.core.targets import served
 
     row = served.Refused("qwen3-moe", "mxfp4-ct", "sglang 0.5.23", "the engine's own words",
                          "serving_tests/test_families.py::test_x")

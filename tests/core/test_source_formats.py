@@ -1,4 +1,4 @@
-"""The source-format table (core/source_formats.py) is the only switch: a toy row added to it alone is
+"""The source-format table (core/sources/source_formats.py) is the only switch: a toy row added to it alone is
 synthesised, detected, converted, validated and reversed byte for byte, and its conversion equals the
 conversion of the same matrices written in an existing format.
 
@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.cli.main import main
-from dsv4_convert.core import source_formats as table
-from dsv4_convert.core.detectors import ct
-from dsv4_convert.core.reader import TensorReader, open_checkpoint
-from dsv4_convert.core.source_formats import FORMATS, MULTIPLIER, Suffixes, source_format, synth_formats
+from dsv4_convert.core.checkpoint.reader import TensorReader, open_checkpoint
+from dsv4_convert.core.sources import source_formats as table
+from dsv4_convert.core.sources.detectors import ct
+from dsv4_convert.core.sources.source_formats import FORMATS, MULTIPLIER, Suffixes, source_format, synth_formats
 from dsv4_convert.synth import write_synthetic_checkpoint
 from tests.helpers.cli import restored_tree, tree_hashes
 
@@ -108,7 +108,7 @@ def test_without_its_row_the_toy_checkpoint_is_not_read(toy, tmp_path, monkeypat
 
 # ------------------------------------------------------------------------------------ no branch outside it
 PACKAGES = ("cli", "convert", "core", "formats", "runtime", "serving", "synth", "validate")
-HOME = "core/source_formats.py"
+HOME = "core/sources/source_formats.py"
 
 
 def format_branches(source: str, names: frozenset[str]) -> list[str]:

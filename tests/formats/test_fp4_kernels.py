@@ -10,7 +10,7 @@ import pytest
 import torch
 import xxhash
 
-from dsv4_convert.core.engines import ENGINES
+from dsv4_convert.core.targets.engines import ENGINES
 from dsv4_convert.formats.marlin import compiled_kernels as fp4_kernels
 from dsv4_convert.formats.marlin.reference_weight import a16_forward as _a16_forward
 from dsv4_convert.formats.marlin.scales import (

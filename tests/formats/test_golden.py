@@ -6,7 +6,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.tiles import padded_moe_intermediate
 from tests.helpers.compare import assert_bytes_equal
 from tests.helpers.engine_stacks import (

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from dsv4_convert.core.engines import ENGINES
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.engines import ENGINES
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4, mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin.scales import marlin_to_nvfp4_global, vllm_rescale_factor
 from dsv4_convert.formats.marlin.weight import from_marlin_weight

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from dsv4_convert.core.engines import ENGINES
+from dsv4_convert.core.targets.engines import ENGINES
 from dsv4_convert.formats.constants import ACT_EXPONENT_BIAS
 from dsv4_convert.formats.marlin import reference_scales as st
 

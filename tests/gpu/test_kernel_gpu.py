@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.core.tensor_model import Role
+from dsv4_convert.core.checkpoint.reader import open_checkpoint
+from dsv4_convert.core.checkpoint.tensor_model import Role
 from dsv4_convert.formats.marlin.scales import unpermute_scale_columns
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
 from tests.helpers.kernel_cli import PROVIDER, TARGETS, needs_kernels, run_cli

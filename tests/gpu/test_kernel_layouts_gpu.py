@@ -20,9 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Role
+from dsv4_convert.core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.checkpoint.tensor_model import Role
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
 from tests.helpers.kernel_cli import PROVIDER, TARGETS, edit, kernel, needs_kernels, record, run_cli, status

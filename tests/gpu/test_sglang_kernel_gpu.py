@@ -18,9 +18,9 @@ import sys
 import pytest
 import torch
 
-from dsv4_convert.core.reader import TensorReader, load_projection, open_checkpoint
-from dsv4_convert.core.source_formats import source_format
-from dsv4_convert.core.tensor_model import Quant, Role
+from dsv4_convert.core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.checkpoint.tensor_model import Quant, Role
+from dsv4_convert.core.sources.source_formats import source_format
 from dsv4_convert.formats.marlin.scales import marlin_to_nvfp4_global
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
 from dsv4_convert.validate.kernel_moe import Stack, dequant, reference_product, rel_errors, run_stack

@@ -337,7 +337,7 @@ CATALOGUE: tuple[Entry, ...] = (
           validate="structure.reader"),
     Entry("nan-global-scale", NV, nan_global_scale, "convert.bad_values", CONTENT, f"{EXPERT}.w3",
           validate="nvfp4.global.invalid", inspect_ok=True),
-    # the structure rules (core/structure.py) that the converter and validate share
+    # the structure rules (core/sources/structure.py) that the converter and validate share
     Entry("empty-expert", NV, synth_defect("empty-expert"), "convert.empty_expert", CONTENT,
           "layers.0.ffn.experts.0.w1.weight", validate="structure.experts.empty", inspect_ok=True),
     Entry("empty-expert-mxfp4", MX, synth_defect("empty-expert"), "convert.empty_expert", CONTENT,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.core.target import MarlinTarget
-from dsv4_convert.core.tensor_model import Projection, Quant, Role, TensorRef
+from dsv4_convert.core.checkpoint.tensor_model import Projection, Quant, Role, TensorRef
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin
 from dsv4_convert.formats.mxfp4 import quantize_mxfp4
@@ -98,7 +98,7 @@ def on_disk(root, opts: Options | None = None):
 
 def loaded(root, proj: Projection, sf: float = 1.0) -> ProjectionTensors:
     """One projection read from the files with the production reader, as the runner hands it to checks."""
-    from dsv4_convert.core.reader import TensorReader, load_projection
+    from dsv4_convert.core.checkpoint.reader import TensorReader, load_projection
 
     with TensorReader(root) as reader:
         d = load_projection(reader, proj)

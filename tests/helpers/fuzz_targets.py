@@ -19,10 +19,10 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from dsv4_convert.core.dtypes import DTYPE_SIZES
+from dsv4_convert.core.checkpoint.dtypes import DTYPE_SIZES
+from dsv4_convert.core.checkpoint.reader import open_checkpoint
+from dsv4_convert.core.checkpoint.safetensors_header import MAX_HEADER_SIZE, dtype_bits, parse_header, read_header
 from dsv4_convert.core.errors import ContentError, InputError
-from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.core.safetensors_header import MAX_HEADER_SIZE, dtype_bits, parse_header, read_header
 from dsv4_convert.validate.headers import scan_checkpoint, scan_header
 
 __all__ = ["EXTREME_INTS", "TARGETS", "Seeds", "check_parse", "make_seeds", "strategy"]

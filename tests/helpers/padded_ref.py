@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin.scales import vllm_rescale_factor
 from tests.helpers.ckpt_factory import write_json
 from tests.helpers.compare import assert_bytes_equal

@@ -20,9 +20,9 @@ from datetime import timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from dsv4_convert.core.checkpoint.reader import open_checkpoint
+from dsv4_convert.core.checkpoint.safetensors_header import MAX_HEADER_SIZE, _numel, parse_header, read_header
 from dsv4_convert.core.errors import InputError
-from dsv4_convert.core.reader import open_checkpoint
-from dsv4_convert.core.safetensors_header import MAX_HEADER_SIZE, _numel, parse_header, read_header
 from dsv4_convert.validate.headers import scan_checkpoint, scan_header
 from tests.helpers.fuzz_targets import make_seeds, run_target, strategy
 

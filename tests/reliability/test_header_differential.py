@@ -1,4 +1,4 @@
-"""Issue 37 items 2-3: the project's header parser (core/safetensors_header.py) refuses, typed, every
+"""Issue 37 items 2-3: the project's header parser (core/checkpoint/safetensors_header.py) refuses, typed, every
 header the `safetensors` library refuses. A differential fuzz: a seeded generator writes 12,000 header
 texts spelled token by token (names with JSON escapes, lone and paired surrogates, control characters,
 non-ASCII and invalid UTF-8 bytes; duplicate keys in every spelling; numbers as -0, 1.0, 1e0, 01, at and
@@ -25,9 +25,9 @@ from collections import Counter
 import pytest
 import safetensors
 
-from dsv4_convert.core.dtypes import DTYPE_SIZES, SUB_BYTE_BITS
+from dsv4_convert.core.checkpoint.dtypes import DTYPE_SIZES, SUB_BYTE_BITS
+from dsv4_convert.core.checkpoint.safetensors_header import parse_header
 from dsv4_convert.core.errors import InputError
-from dsv4_convert.core.safetensors_header import parse_header
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.core.engines import ENGINES
+from dsv4_convert.core.targets.engines import ENGINES
 from dsv4_convert.core.version import install_command
 from tests.helpers.cli import run_cli
 

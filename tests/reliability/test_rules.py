@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.core.structure import RULES
+from dsv4_convert.core.sources.structure import RULES
 from dsv4_convert.validate.checks import BY_ID
 from tests.helpers.cli import run_cli, tree_hashes
 from tests.helpers.corrupt import rerecord_manifest

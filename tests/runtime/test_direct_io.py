@@ -34,7 +34,7 @@ import xxhash
 from safetensors import safe_open
 
 from dsv4_convert.convert.safetensors_writer import ShardWriter, TensorSpec, header_bytes
-from dsv4_convert.core.tensor_io import safetensors_dtype
+from dsv4_convert.core.checkpoint.tensor_io import safetensors_dtype
 from dsv4_convert.runtime import direct_io, settings
 from tests.helpers.compare import assert_bytes_equal
 

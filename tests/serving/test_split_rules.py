@@ -1,5 +1,5 @@
 """Issue 37 item 10: `plan` and SERVING.md's launch line never offer a TP the engine refuses for the
-model: the divisibility rules of core/parallel_rules.py, read from config.json (attention heads, KV heads,
+model: the divisibility rules of core/targets/parallel_rules.py, read from config.json (attention heads, KV heads,
 linear-attention and Mamba-2 heads and groups). The rules themselves on config dicts; then `synth` replicas
 whose config.json is given small head counts, through the real CLI (plan, a conversion's SERVING.md, --tp).
 
@@ -14,8 +14,8 @@ import re
 
 import pytest
 
-from dsv4_convert.core.engines import ENGINES
-from dsv4_convert.core.parallel_rules import split_dims, split_refusals
+from dsv4_convert.core.targets.engines import ENGINES
+from dsv4_convert.core.targets.parallel_rules import split_dims, split_refusals
 from tests.helpers.cli import run_cli
 
 

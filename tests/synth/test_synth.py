@@ -362,8 +362,8 @@ def test_real_size_layout_with_tiny_dims(tmp_path, fmt):
 def test_real_size_output_meets_every_structure_rule(tmp_path, fmt):
     """The benchmarks convert real-size layers: the converter's structure rules (the output head included)
     must hold, or `nvfp4-to-marlin` refuses them."""
-    from dsv4_convert.core.reader import open_checkpoint
-    from dsv4_convert.core.structure import RULES
+    from dsv4_convert.core.checkpoint.reader import open_checkpoint
+    from dsv4_convert.core.sources.structure import RULES
 
     dims = Dims(layers=1, experts=4, hidden=128, intermediate=64, hash_layers=0, mtp=False)
     root = write_synthetic_checkpoint(tmp_path / "r", format=fmt, real_size=True, real_size_dims=dims)

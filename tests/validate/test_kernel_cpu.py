@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from dsv4_convert.core.errors import UsageError
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin.torch_route import (
     from_marlin_weight_t,

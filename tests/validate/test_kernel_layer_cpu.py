@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from dsv4_convert.core.tensor_model import Role
+from dsv4_convert.core.checkpoint.tensor_model import Role
 from dsv4_convert.validate.kernel_moe import Stack, reference_layer, relu2, run_layer
 from dsv4_convert.validate.kernel_runner import _stacks
 

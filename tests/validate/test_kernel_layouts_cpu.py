@@ -20,9 +20,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from dsv4_convert.core.checkpoint.reader import TensorReader, open_checkpoint
+from dsv4_convert.core.checkpoint.tensor_model import Role
 from dsv4_convert.core.errors import ContentError
-from dsv4_convert.core.reader import TensorReader, open_checkpoint
-from dsv4_convert.core.tensor_model import Role
 from dsv4_convert.formats.marlin.weight import to_marlin_weight
 from dsv4_convert.synth import write_synthetic_checkpoint
 from dsv4_convert.validate.check import Severity

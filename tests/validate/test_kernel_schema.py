@@ -1,4 +1,4 @@
-"""validate --kernel calls the Marlin ops by name, mapped onto each release's own argument list (core/kernel_table.py):
+"""validate --kernel calls the Marlin ops by name, mapped onto each release's own argument list (core/targets/kernel_table.py):
 vLLM 0.34.0 dropped `a_scales` and `is_a_8bit`; SGLang 0.5.23's JIT ops name three arguments differently, take
 act-order / EP arguments and the weight type as a ScalarType, and read the NVFP4 global in the activation dtype.
 Runs on CPU: the argument mapping is pure; the GPU runs with the kernel builds are tests/gpu (docs/VALIDATE.md).
@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dsv4_convert.core.engines import RELEASES
 from dsv4_convert.core.errors import UsageError
-from dsv4_convert.core.kernel_table import GEMM_ARGS_033, GEMM_ARGS_034, GEMM_ARGS_SGLANG_0523
+from dsv4_convert.core.targets.engines import RELEASES
+from dsv4_convert.core.targets.kernel_table import GEMM_ARGS_033, GEMM_ARGS_034, GEMM_ARGS_SGLANG_0523
 from dsv4_convert.validate.kernel_moe import Stack, run_stack
 from dsv4_convert.validate.kernel_provider import KernelProvider, schema_names
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ...core.reader import TensorReader
+from ...core.checkpoint.reader import TensorReader
 from ...runtime.digest import new_hash
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options

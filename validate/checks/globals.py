@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import torch
 
-from ...core.input_scales import invalid_input_scales
-from ...core.tensor_model import Quant, Role
+from ...core.checkpoint.tensor_model import Quant, Role
+from ...core.sources.input_scales import invalid_input_scales
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, ExpertTensors, Options, ProjectionTensors
 

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import torch
 
-from ...core.engines import ENGINES
-from ...core.tensor_model import Role
+from ...core.checkpoint.tensor_model import Role
+from ...core.targets.engines import ENGINES
 from ...formats.marlin.scales import nvfp4_global_to_marlin
 from ...formats.padded_layout import encode_rank_blocks, padding_masks
 from ..check import Finding, Scope, Severity, check

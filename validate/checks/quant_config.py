@@ -8,12 +8,12 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator
 
-from ...core.converted_config import ConvertedConfigError, converted_record, record_or_none
-from ...core.converted_rules import EXPERTS_MAP, model_config_problems
-from ...core.engines import mxfp4_dtype_problem
+from ...core.checkpoint.tensor_model import Quant
 from ...core.files import CONFIG, HF_QUANT_CONFIG
-from ...core.target import MarlinTarget
-from ...core.tensor_model import Quant
+from ...core.record.converted_config import ConvertedConfigError, converted_record, record_or_none
+from ...core.record.converted_rules import EXPERTS_MAP, model_config_problems
+from ...core.targets.engines import mxfp4_dtype_problem
+from ...core.targets.target import MarlinTarget
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 from .tiles import containers

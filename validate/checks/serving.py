@@ -1,18 +1,18 @@
 """Will the engine resolve every layer of this checkpoint to a method that can load it? From the config
 files, the tensor headers and the engine-facts table alone (no engine import): the source's own
 quantisation block against hf_quant_config.json, and, for a converted checkpoint, the method the target
-engine builds for the non-expert layers (core/inner_methods.py mirrors its lookup)."""
+engine builds for the non-expert layers (core/targets/inner_methods.py mirrors its lookup)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ...core.converted_config import ConvertedConfigError, converted_record, serving_block
-from ...core.engine_config import fix_hint, source_load_refusal
-from ...core.engines import ENGINES, engine_inner_method
-from ...core.inner_methods import FP4_METHODS, HF_QUANT_CONFIG_BLOCK, stale_block
-from ...core.served import refusal
-from ...core.source_formats import FORMATS
+from ...core.record.converted_config import ConvertedConfigError, converted_record, serving_block
+from ...core.sources.source_formats import FORMATS
+from ...core.targets.engine_config import fix_hint, source_load_refusal
+from ...core.targets.engines import ENGINES, engine_inner_method
+from ...core.targets.inner_methods import FP4_METHODS, HF_QUANT_CONFIG_BLOCK, stale_block
+from ...core.targets.served import refusal
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 
@@ -80,7 +80,7 @@ def _quantised_linears(c: CheckpointInput) -> list[str]:
             "`dsv4-convert doctor` on the launch machine to ask the installed engine itself); a wrong block in the "
             "source: fix it and convert again")
 def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
-    """The plugin serves the routed experts and hands every other layer to the method the engine builds from the source's own block; the family, source format and that method must be proven for the engine (core/served.py), and the method must match the layers' tensors."""
+    """The plugin serves the routed experts and hands every other layer to the method the engine builds from the source's own block; the family, source format and that method must be proven for the engine (core/targets/served.py), and the method must match the layers' tensors."""
     if (spec := _record(c)) is None:
         return
     engine = ENGINES[spec.target_engine]
@@ -92,7 +92,7 @@ def inner_method_resolves(c: CheckpointInput, opts: Options) -> Iterator[Finding
         quant = row.trunk or (next(iter(row.quants)) if len(row.quants) == 1 else None) if row else None
         command = f"`dsv4-convert {quant.convert_command}`" if quant else "the converter"
         yield Finding("config.json", f"the {engine.name} plugin is not proven to serve this checkpoint: {why} "
-                      f"(core/served.py; {command} refuses the same source).", file="config.json")
+                      f"(core/targets/served.py; {command} refuses the same source).", file="config.json")
     quantised = _quantised_linears(c)
     if method is None:
         if quantised:
@@ -127,7 +127,7 @@ def w4a8_releases(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
        hint="add the missing keys to config.json with the values of the model's release (the finding names them), "
             "then validate again")
 def engine_config_keys(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
-    """An engine that cannot build the source's model from its config.json serves neither the source nor any conversion of it (which keeps that config): some producers' exports lack keys the engines read (core/engine_config.py)."""
+    """An engine that cannot build the source's model from its config.json serves neither the source nor any conversion of it (which keeps that config): some producers' exports lack keys the engines read (core/targets/engine_config.py)."""
     names = c.checkpoint.tensors if c.checkpoint is not None else ()
     for engine in ENGINES:
         if why := source_load_refusal(c.config, engine, names):

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator
 
-from ...core import structure as rules
-from ...core.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
-from ...core.families import outside_index_note
+from ...core.checkpoint.dtypes import SCALE_DTYPES, WEIGHT_DTYPES
+from ...core.checkpoint.index import unsafe_shard_paths
 from ...core.files import INDEX_FILE
-from ...core.index import unsafe_shard_paths
-from ...core.structure import model_dims
+from ...core.sources import structure as rules
+from ...core.sources.families import outside_index_note
+from ...core.sources.structure import model_dims
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 
@@ -137,7 +137,7 @@ def reader_refused(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
 
 
 def _findings(rule: rules.Rule, c: CheckpointInput) -> Iterator[Finding]:
-    """The shared rule's violations (core/structure.py: the converter refuses the same ones) as findings."""
+    """The shared rule's violations (core/sources/structure.py: the converter refuses the same ones) as findings."""
     if c.checkpoint is None:
         return
     for v in rule(c.checkpoint):

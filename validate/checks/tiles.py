@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ...core.converted_config import read_tp_layout
-from ...core.engines import engine_facts
-from ...core.structure import layer_experts
-from ...core.tensor_model import moe_layers
+from ...core.checkpoint.tensor_model import moe_layers
+from ...core.record.converted_config import read_tp_layout
+from ...core.sources.structure import layer_experts
+from ...core.targets.engines import engine_facts
 from ...formats.tiles import moe_rank_tiles
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options

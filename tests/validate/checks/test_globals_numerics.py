@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from dsv4_convert.core.tensor_model import Role
+from dsv4_convert.core.checkpoint.tensor_model import Role
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import globals as g
 from dsv4_convert.validate.checks import numerics as nm

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dsv4_convert.core.target import MarlinTarget
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import marlin_to_nvfp4
 from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin
 from dsv4_convert.formats.marlin.weight import to_marlin_weight

@@ -130,7 +130,7 @@ def test_converted_global_of_the_wrong_dtype(marlin):
     assert f.tensor == first.key and "weight_global_scale BF16 [], expected F32 []" in f.message
 
 
-# --- the converted block through the one parser (core/converted_config.py), issue 23 items 8 and 15 ----
+# --- the converted block through the one parser (core/record/converted_config.py), issue 23 items 8 and 15 ----
 
 
 @pytest.mark.parametrize("edit, error_id, text", [

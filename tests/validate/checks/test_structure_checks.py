@@ -98,7 +98,7 @@ def latent(tmp_path_factory):
 
 
 def test_latent_moe_experts_are_checked_at_the_latent_width(latent, tmp_path):
-    """core/structure.py model_dims reads the experts' width from moe_latent_size, as both engines size the
+    """core/sources/structure.py model_dims reads the experts' width from moe_latent_size, as both engines size the
     FusedMoE: clean as released; the same tensors with the key removed (hidden_size then) are the wrong matrix."""
     assert json.loads((latent / "config.json").read_text())["moe_latent_size"] == 64
     assert run(s.expert_dims, on_disk(latent)) == []

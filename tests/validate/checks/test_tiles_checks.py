@@ -7,7 +7,7 @@ container, the layer and the split. No substitutions.
 
 import pytest
 
-from dsv4_convert.core.engines import ENGINES
+from dsv4_convert.core.targets.engines import ENGINES
 from dsv4_convert.formats.tiles import moe_rank_tiles
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks.tiles import tile_rules_per_rank

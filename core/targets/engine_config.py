@@ -1,0 +1,74 @@
+"""config.json keys an engine reads while it builds a family's model, which a producer may not write: without
+them the engine cannot build (or load) the SOURCE itself, so no conversion of it, which keeps its config.json,
+can be served either. The converter's gate (through core/targets/served.py `refusal`), validate (`source.engine_config`)
+and `doctor` say so instead of calling such a checkpoint clean.
+
+Facts, from the engines' own model files (quoted where the proof, serving_tests/test_engine_refusals.py, shows
+them fail on the real producers' DeepSeek-V3 exports: ModelOpt 0.47 and llm-compressor 0.14 save through
+transformers 5, whose DeepseekV3Config has no `moe_layer_freq`, `topk_method` or `scoring_func`):
+- SGLang 0.5.23 models/deepseek_v2.py reads `config.moe_layer_freq` (`_is_layer_sparse`), `config.topk_method`
+  and `config.scoring_func` as plain attributes: AttributeError while the model is built.
+- vLLM 0.33.0 / 0.34.0 models/deepseek_v2.py creates `gate.e_score_correction_bias` only when
+  `getattr(config, "topk_method", None) == "noaux_tc"`: a checkpoint holding that tensor fails to load (KeyError).
+Pure: no engine import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ..sources.families import family_of
+
+__all__ = ["ENGINE_CONFIG_KEYS", "fix_hint", "missing_engine_keys", "source_load_refusal"]
+
+# family -> the keys the engines read to build it, with the values DeepSeek-V3's own config.json carries
+ENGINE_CONFIG_KEYS = {
+    family: {"moe_layer_freq": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+    for family in ("deepseek-v3", "deepseek-v32")
+}
+_BIAS = "e_score_correction_bias"
+
+
+def missing_engine_keys(config: Mapping) -> dict:
+    """The keys (with DeepSeek-V3's values) this family's engines read that config.json (or its text_config)
+    lacks; {} when none is missing or the family has none."""
+    family = family_of(config)
+    wanted = ENGINE_CONFIG_KEYS.get(family.name, {}) if family else {}
+    text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else {}
+    return {k: v for k, v in wanted.items() if k not in config and k not in text}
+
+
+# release key -> (the keys it reads, the stored tensor whose load fails without them (None: the build fails
+# already), the engine's own failure)
+_READS = {
+    "sglang 0.5.23": (("moe_layer_freq", "topk_method", "scoring_func"), None,
+                      "SGLang's models/deepseek_v2.py reads them as plain attributes (`config.moe_layer_freq` in "
+                      "_is_layer_sparse, `config.topk_method`, `config.scoring_func`): it cannot build the source's "
+                      "model (AttributeError)"),
+    **{key: (("topk_method",), _BIAS,
+             "vLLM's models/deepseek_v2.py creates `gate.e_score_correction_bias` only when "
+             "`getattr(config, \"topk_method\", None) == \"noaux_tc\"`: it cannot load the checkpoint's "
+             f"`mlp.gate.{_BIAS}` (KeyError)") for key in ("vllm 0.33", "vllm 0.34")},
+}
+
+
+def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str] = ()) -> str | None:
+    """Why `engine` (a name or a release key) cannot build or load this source's model from its config.json,
+    or None. `tensor_names`: the checkpoint's tensors (vLLM fails only where the correction bias is stored)."""
+    missing = missing_engine_keys(config)
+    if not missing:
+        return None
+    names = tuple(tensor_names)
+    for key, (reads, tensor, why) in _READS.items():
+        lacks = [k for k in reads if k in missing]
+        if engine in (key, key.split(" ", 1)[0]) and lacks and (
+                tensor is None or any(n.endswith(tensor) for n in names)):
+            return f"config.json lacks {', '.join(lacks)}, and {why}"
+    return None
+
+
+def fix_hint(config: Mapping) -> str:
+    """What to add to config.json: the keys and the values the release's own config.json carries."""
+    keys = ", ".join(f'"{k}": {v!r}' for k, v in missing_engine_keys(config).items()).replace("'", '"')
+    return (f"add {keys} to config.json (the values DeepSeek-V3's own config.json carries; check your model's "
+            "release), then validate again")
