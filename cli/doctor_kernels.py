@@ -84,9 +84,9 @@ def jit_toolkit(jit: JitBuild) -> dict:
     """The CUDA toolkit the JIT uses, found its way: the first of its variables that is set, else the folder
     above `nvcc` on PATH, else its default; the compiler version (`nvcc --version`, else torch's CUDA version, as
     the JIT falls back) and the architectures the compiler can target."""
-    named = next((foreign(v) for v in jit.toolkit_env if foreign(v)), None)
+    named = next((v for v in jit.toolkit_env if foreign(v)), None)  # the first of the JIT's variables that is set
     on_path = shutil.which("nvcc")
-    home = named or (str(Path(on_path).resolve().parent.parent) if on_path else jit.toolkit_default)
+    home = foreign(named) if named else (str(Path(on_path).resolve().parent.parent) if on_path else jit.toolkit_default)
     nvcc = Path(home) / "bin" / "nvcc"
     out = _run([str(nvcc), "--version"]) if nvcc.is_file() else None
     m = re.search(r"release (\d+)\.(\d+)", out or "")
@@ -98,8 +98,8 @@ def jit_toolkit(jit: JitBuild) -> dict:
         target_version = version
     archs = sorted({int(a) for a in re.findall(r"compute_(\d+)", _run([str(nvcc), "--list-gpu-arch"]) or "")}) \
         if version else []
-    return {"cuda_home": home, "found_by": next((f"${v}" for v in jit.toolkit_env if foreign(v)), None)
-            or ("nvcc on PATH" if on_path else "default"), "nvcc": str(nvcc) if version else None,
+    return {"cuda_home": home, "found_by": f"${named}" if named
+            else ("nvcc on PATH" if on_path else "default"), "nvcc": str(nvcc) if version else None,
             "nvcc_version": ".".join(map(str, version)) if version else None,
             "target_version": target_version, "nvcc_archs": archs}
 

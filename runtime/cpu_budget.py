@@ -35,9 +35,13 @@ def parse_cpu_max(text: str) -> float | None:
     if len(parts) != 2 or parts[0] == "max":
         return None
     try:
-        quota, period = int(parts[0]), int(parts[1])
+        return _cpus(int(parts[0]), int(parts[1]))
     except ValueError:
         return None
+
+
+def _cpus(quota: int, period: int) -> float | None:
+    """A quota of `quota` microseconds per `period` in CPUs; None for no limit (v1 writes -1)."""
     return quota / period if quota > 0 and period > 0 else None
 
 
@@ -48,11 +52,10 @@ def cgroup_cpu_quota(root: Path = _CGROUP) -> float | None:
     except OSError:
         pass
     try:
-        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
-        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return _cpus(int((root / "cpu" / "cpu.cfs_quota_us").read_text()),
+                     int((root / "cpu" / "cpu.cfs_period_us").read_text()))
     except (OSError, ValueError):
         return None
-    return quota / period if quota > 0 and period > 0 else None
 
 
 def _affinity() -> set[int] | None:

@@ -4,7 +4,7 @@ usage error naming the variable (`env.bad_value`), never a ValueError later. Eve
 `settings()` (parsed on first use where no CLI started the process: the plugins, a Ray worker).
 docs/ERRORS.md ("Environment") lists them. Test hooks are not read here nor anywhere in the
 package: they live in tests/hooks/sitecustomize.py. Other projects' variables are theirs to parse
-(HF_HUB_OFFLINE: core/checkpoint/reader.py asks huggingface_hub's own reading of it)."""
+(HF_HUB_OFFLINE: core/checkpoint/source_location.py asks huggingface_hub's own reading of it)."""
 
 from __future__ import annotations
 
@@ -100,4 +100,4 @@ def foreign(name: str) -> str | None:
     """Another program's variable (the CUDA toolkit's home, an engine's JIT cache) read as that program reads it,
     set and non-empty, else None: `doctor` reports what the engine will do with its own variables, which are
     none of the tool's settings (never parsed, never refused)."""
-    return os.environ.get(name) or None
+    return _text(os.environ, name)
