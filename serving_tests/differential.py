@@ -209,6 +209,12 @@ CASES = (
     Case("glm5-moe", "nvfp4-modelopt-hf"),  # GLM-5.x: V3.2's DSA model (vLLM) / DeepseekV2ForCausalLM (SGLang)
     Case("minimax-m2", "nvfp4-modelopt-hf"),
     Case("mixtral", "nvfp4-modelopt-hf", engines=("vllm",)),
+    # MiniMax-M3 / M3.1 (nvidia/MiniMax-M3-NVFP4's MIXED_PRECISION; M3.1's quant_method mxfp8 + compressed-tensors
+    # NVFP4 experts); the VL wrapper text-only (no vision tensors in the replica)
+    Case("minimax-m3", "nvfp4-modelopt-hf"),
+    Case("minimax-m3", "nvfp4-ct-mxfp8"),
+    Case("minimax-m3-vl", "nvfp4-ct-mxfp8", text_only=True),
+    Case("minimax-m3-vl", "nvfp4-modelopt-hf", text_only=True),
     # fam-hybrid: the multimodal wrappers' replicas carry no vision tensors, so their towers are not built
     Case("qwen3.5-moe", "nvfp4-modelopt-hf", text_only=True),
     Case("qwen3.5-moe", "nvfp4-ct", text_only=True),

@@ -16,6 +16,7 @@ Substitutions: those of serving_tests/test_differential.py and serving_tests/sgl
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from pathlib import Path
 import pytest
 from common import installed_engine, spawn_ranks
 from differential import PRODUCERS, Case, make_source
+
+from dsv4_convert.core.targets.served import REFUSED, engine_key
 
 ENGINE = installed_engine()
 if ENGINE is None:
@@ -55,6 +58,13 @@ _PRODUCER_CASES = {
 }
 
 
+# MiniMax-M3 / M3.1 replicas (synth/families.py) this release refuses (core/targets/served.py REFUSED names the rows)
+_MINIMAX = {("minimax-m3", "nvfp4-ct-mxfp8"), ("minimax-m3-vl", "nvfp4-ct-mxfp8"), ("minimax-m3", "nvfp4-modelopt-hf")}
+RELEASE = engine_key(ENGINE, importlib.metadata.version(ENGINE))
+_REFUSED_REPLICAS = sorted((r.family, r.source_format) for r in REFUSED
+                           if r.engine == RELEASE and (r.family, r.source_format) in _MINIMAX)
+
+
 @pytest.fixture(scope="module")
 def engine_loads(tmp_path_factory):
     """Each source loaded alone by the engine (its own construction and loader), all in one spawned rank: the
@@ -65,6 +75,10 @@ def engine_loads(tmp_path_factory):
     if ENGINE == "sglang":
         src = make_source(tmp, Case("llama4", "nvfp4-modelopt-hf"))
         cases["llama4"] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf"}
+    for family, fmt in _REFUSED_REPLICAS:  # the VL wrapper built text-only, as its differential case
+        src = make_source(tmp, Case(family, fmt))
+        cases[f"{family}-{fmt}"] = {"source": str(src), "dtype": "bfloat16", "fmt": fmt,
+                                    "text_only": family.endswith("-vl")}
     (result,) = spawn_ranks("harness_refusal:run", {"cases": cases}, tmp, world=1)
     return result
 
@@ -116,3 +130,32 @@ def test_neither_engine_builds_the_producers_deepseek_v3_config(engine_loads, na
     else:
         assert r["error"] == "AttributeError: 'DeepseekV3Config' object has no attribute 'moe_layer_freq'", r
         assert "_is_layer_sparse" in r["traceback"], r["traceback"]
+
+
+@pytest.mark.parametrize("family", ["minimax-m3", "minimax-m3-vl"])
+def test_minimax_m31_experts_are_built_as_mxfp8_by_the_release(engine_loads, family):
+    """MiniMax-M3.1's block (`quant_method: mxfp8`, `moe_quant_algo: NVFP4`, compressed-tensors expert tensors).
+    SGLang 0.5.23: QUANTIZATION_METHODS maps 'mxfp8' to Fp8Config (use_mxfp8), whose MoE method holds MXFP8 experts;
+    MiniMaxM3Nvfp4Config (its M3.1 method) is built only for `--quantization minimax_m3_nvfp4`. vLLM 0.33.0:
+    ModelOptMxFp8Config.from_config keeps no moe_quant_algo, so the experts get ModelOptMxFp8FusedMoE. Either way
+    the packed NVFP4 `weight_packed` bytes (two codes a byte) do not fit the MXFP8 parameter; the expert loader raises.
+    vLLM 0.34.0 loads it (its differential case passes): skipped there."""
+    reason = next((r for r in REFUSED if (r.family, r.source_format, r.engine) == (family, "nvfp4-ct-mxfp8", RELEASE)), None)
+    if reason is None or not reason.proof.endswith("::test_minimax_m31_experts_are_built_as_mxfp8_by_the_release"):
+        pytest.skip(f"{RELEASE} loads it, or fails it for another reason (core/targets/served.py REFUSED says which)")
+    r = _refused(engine_loads, f"{family}-nvfp4-ct-mxfp8")
+    assert r["error"].startswith("RuntimeError: The size of tensor a") and "must match the size" in r["error"], r
+    assert "weight_loader" in r["traceback"], r["traceback"]
+    if ENGINE == "sglang":
+        assert "_load_w13" in r["traceback"], r["traceback"]
+
+
+@pytest.mark.skipif(RELEASE != "vllm 0.33", reason="vLLM 0.34.0 builds it (its differential case passes)")
+@pytest.mark.parametrize("fmt", ["nvfp4-modelopt-hf", "nvfp4-ct-mxfp8"])
+def test_vllm_033_cannot_build_the_minimax_m3_text_model(engine_loads, fmt):
+    """vLLM 0.33.0's MiniMaxM3 attention reads `config.rope_theta` (and `partial_rotary_factor`), set only by its own
+    MiniMaxM3TextConfig (a VL checkpoint's text_config); the text-only config is transformers' (model_type
+    minimax_m2), which keeps both in `rope_parameters`."""
+    r = _refused(engine_loads, f"minimax-m3-{fmt}")
+    assert r["error"] == "AttributeError: 'MiniMaxM2Config' object has no attribute 'rope_theta'", r
+    assert "minimax_m3/nvidia/model.py" in r["traceback"], r["traceback"]

@@ -8,6 +8,7 @@ from typing import Any
 from ..core.files import CONFIG, HF_QUANT_CONFIG
 from ..core.sources.source_formats import SourceFormat, source_format
 from .layouts import DSV4_HC_MULT, Dims
+from .minimax import MXFP8_CT_BLOCK
 
 __all__ = ["config_files"]
 
@@ -126,6 +127,13 @@ def _modelopt_hf(d: Dims) -> tuple[dict, dict]:
     return config, hf_quant
 
 
+def _mxfp8_ct(d: Dims) -> tuple[dict, None]:
+    """MiniMax-M3.1's layout: quant_method mxfp8 with NVFP4 experts (synth/minimax.py); the BF16 layers ignored."""
+    config = _hf_config(d)
+    config["quantization_config"] = {**MXFP8_CT_BLOCK, "ignored_layers": list(_HF_EXCLUDE)}
+    return config, None
+
+
 def _ct(d: Dims, row: SourceFormat) -> tuple[dict, None]:
     config = _hf_config(d)
     config["quantization_config"] = _ct_config(row.trunk.value, row.ct_format)
@@ -138,6 +146,7 @@ _WRITERS = {
     "modelopt-dsv4": lambda d, row: _modelopt_dsv4(d),
     "modelopt-hf": lambda d, row: _modelopt_hf(d),
     "ct": _ct,
+    "mxfp8-ct": lambda d, row: _mxfp8_ct(d),
     "gpt-oss": lambda d, row: (_gptoss_config(d), None),
 }
 

@@ -70,6 +70,22 @@ The facts per family, and where they come from:
   has Maverick's layout, experts on every other layer (`interleave_moe_layer_step: 2`, a dense NVFP4
   `feed_forward.{gate,up,down}_proj` of `intermediate_size_mlp` between: vLLM 0.33 llama4.py is_moe_layer;
   Scout has step 1); the dense layers' NVFP4 quantisation is this generator's assumption.
+- minimax-m3 / minimax-m3-vl (MiniMax-M3 / M3.1): MiniMaxM3SparseForCausalLM (`model.layers`) and
+  MiniMaxM3SparseForConditionalGeneration (`language_model.model.layers`, config under `text_config`), MiniMax-M2's
+  `block_sparse_moe.experts.E.{w1,w3,w2}` with `block_sparse_moe.gate` (F32 router: vLLM 0.34 GateLinear
+  params_dtype float32), `block_sparse_moe.e_score_correction_bias` and `block_sparse_moe.shared_experts.
+  {gate,up,down}_proj` of `intermediate_size` (vLLM 0.34 models/minimax_m3/nvidia/model.py MiniMaxM3MoE; SGLang
+  0.5.23 minimax_m3.py MiniMaxM3MoE: intermediate_size x n_shared_experts), per-head Gemma q/k norms
+  (`qk_norm_type per_head`, `use_gemma_norm`: SGLang 0.5.23 MiniMaxM3Attention; vLLM MiniMAXGemmaRMSNorm(head_dim)),
+  the clamped SwiGLU-OAI `hidden_act swigluoai`, `swiglu_alpha` 1.702, `swiglu_limit` 7.0 (transformers 5.20
+  MiniMaxM3VLTextConfig defaults; vLLM's experts run `swigluoai_uninterleave` with them). The text config's
+  `model_type` is `minimax_m2` (SGLang 0.5.23 configs/minimax_vl.py: "M3's `minimax_m2`"), so the fields vLLM
+  reads from transformers' MiniMaxM3VLTextConfig (`layer_types`, `mlp_layer_types`) are written out, with SGLang's
+  `moe_layer_freq`. The replica has every layer MoE with full attention (no sparse-attention indexer, no dense
+  MLP: both engines build those from fields this generator leaves at "all sparse, all full attention").
+  Formats: nvidia/MiniMax-M3-NVFP4 (ModelOpt MIXED_PRECISION: FP8 attention here, MXFP8 in the release) and
+  M3.1's `nvfp4-ct-mxfp8` (quant_method mxfp8, compressed-tensors NVFP4 experts; its MXFP8 attention and shared
+  experts are BF16 here, listed in `ignored_layers`: writing MXFP8 linears is not modelled).
 MTP / draft layers (DeepSeek `model.layers.<N>`, MiniMax-M2 declared only, Qwen `mtp.*`): synth/mtp.py.
 DeepSeek-V4.1 (Engram, vision tower, DSpark stages; V4's native names, no FamilySpec): synth/dsv41.py.
 Sizes, values and the tokenizer are synthetic; the generator never copies real weights.
@@ -138,6 +154,13 @@ _DEEPSEEK_MTP = {**_DEEPSEEK, "num_nextn_predict_layers": 1}  # DeepSeek-R1 / V3
 _GLM5_ATTENTION = {"qk_nope_head_dim": 192, "v_head_dim": 256, "index_n_heads": 32, "rope_theta": 1000000,
                    "rope_scaling": None, "rms_norm_eps": 1e-5}
 
+# MiniMax-M3 / M3.1's text config beyond the dimensions (transformers 5.20 MiniMaxM3VLTextConfig defaults; the
+# per-head Gemma q/k norms SGLang 0.5.23 minimax_m3.py reads; rotary_dim half the head, as MiniMax-M2's)
+_MINIMAX_M3 = {"scoring_func": "sigmoid", "use_routing_bias": True, "routed_scaling_factor": 2.0, "n_shared_experts": 1,
+               "hidden_act": "swigluoai", "swiglu_alpha": 1.702, "swiglu_limit": 7.0, "use_qk_norm": True,
+               "qk_norm_type": "per_head", "use_gemma_norm": True, "rotary_dim": 32, "rope_theta": 5000000,
+               "rms_norm_eps": 1e-6, "max_position_embeddings": 4096}
+
 FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     FamilySpec("qwen3-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_moe", "mlp",
                config={"norm_topk_prob": True, "decoder_sparse_step": 1}),
@@ -188,6 +211,13 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                config={"scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True,
                        "qk_norm_type": "per_layer", "rotary_dim": 32, "rope_theta": 5000000, "rms_norm_eps": 1e-6,
                        **MINIMAX_MTP_CONFIG}),  # declared, no weights shipped (synth/mtp.py)
+    # MiniMax-M3 / M3.1 (the docstring names the sources); the VL checkpoint nests the text model
+    FamilySpec("minimax-m3", ("nvfp4-ct-mxfp8", "nvfp4-modelopt-hf"), "minimax_m2", "block_sparse_moe",
+               shared="shared_experts", mixed=True, config=_MINIMAX_M3),
+    FamilySpec("minimax-m3-vl", ("nvfp4-ct-mxfp8", "nvfp4-modelopt-hf"), "minimax_m3_vl", "block_sparse_moe",
+               shared="shared_experts", mixed=True,
+               nested=True, text_model_type="minimax_m2", lm_head="language_model.lm_head.weight",
+               config=_MINIMAX_M3),
     FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
                router="router", lm_head="language_model.lm_head.weight", stacked=True,

@@ -11,6 +11,7 @@ from .families import FAMILY_SPECS, FamilySpec
 from .gemma4 import gemma4_text_config
 from .hybrid import LINEAR, layer_types, linear_config
 from .layouts import Dims
+from .minimax import minimax_m3_layers, minimax_m3_vision, mxfp8_ct_block
 from .mla import mla_config
 from .nemotron import nemotron_config
 
@@ -46,6 +47,8 @@ def _arch_config(spec: FamilySpec, d: Dims) -> dict:
         text["shared_expert_intermediate_size"] = d.intermediate
     if spec.linear is not None:
         text.update(linear_config(d))
+    if spec.family.startswith("minimax-m3"):  # every layer MoE, full attention, in both engines' fields
+        text.update(minimax_m3_layers(d))
     config = {"architectures": [spec.architecture or family.architectures[0]], "model_type": spec.model_type}
     if spec.nested:
         text["model_type"] = spec.text_model_type or f"{spec.model_type}_text"
@@ -115,9 +118,13 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
                                    "init_pos_emb_time": 4, "pos_emb_type": "divided_fixed",
                                    "video_attn_type": "spatial_temporal", "merge_type": "sd2_tpool",
                                    "merge_kernel_size": [2, 2], "text_hidden_size": d.hidden}
+    if family == "minimax-m3-vl":  # its vision tower's config, no tensors (served text-only): synth/minimax.py
+        config.update(minimax_m3_vision(d))
     files = {CONFIG: config}
     row = source_format(fmt)
-    if row.synth.config == "ct":
+    if row.synth.config == "mxfp8-ct":
+        config["quantization_config"] = mxfp8_ct_block(spec, d)
+    elif row.synth.config == "ct":
         config["quantization_config"] = qc = _ct_config(row.trunk.value)
         if spec.mixed:  # llm-compressor's Qwen3.5 recipe quantises self_attn and the shared expert
             qc["ignore"] = [i for i in qc["ignore"] if "self_attn" not in i and "shared_experts" not in i]

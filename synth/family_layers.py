@@ -62,7 +62,7 @@ def _ct(fmt: str) -> bool:
 
 def _attn_kind(spec: FamilySpec, fmt: str) -> str:
     """Attention's quantisation: FP8 in ModelOpt's MIXED_PRECISION, NVFP4 in llm-compressor's Qwen3.5 recipe."""
-    if spec.mixed:
+    if spec.mixed and source_format(fmt).synth.linear != "bf16":
         return source_format(fmt).synth.linear if _ct(fmt) else "fp8"
     return "bf16"
 
@@ -72,7 +72,7 @@ def _shared_kind(spec: FamilySpec, fmt: str) -> str:
     llm-compressor's Qwen3.5 / 3.6 one (it skips only the shared-expert gate)."""
     if _ct(fmt):
         return source_format(fmt).synth.linear if spec.mixed else "bf16"
-    return "nvfp4"
+    return source_format(fmt).synth.linear
 
 
 def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims, dtype: torch.dtype,
@@ -95,8 +95,9 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
         qkv = peak(seed, [(f"{p}.self_attn.{proj}", n, k) for proj, (n, k) in projs[:3]])
         for proj, (n, k) in projs:
             _linear(out, seed, f"{p}.self_attn.{proj}", n, k, attn, dtype, qkv if proj != "o_proj" else None)
-    if spec.config.get("use_qk_norm"):  # MiniMax-M2: one norm over all heads
-        out[f"{p}.self_attn.q_norm.weight"] = torch.ones(hd, dtype=dtype)
+    if spec.config.get("use_qk_norm"):  # MiniMax-M2: one norm over all heads; M3: one per head (per_head)
+        per_head = spec.config.get("qk_norm_type") == "per_head"
+        out[f"{p}.self_attn.q_norm.weight"] = torch.ones(d.head_dim if per_head else hd, dtype=dtype)
         out[f"{p}.self_attn.k_norm.weight"] = torch.ones(d.head_dim, dtype=dtype)
     out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
     if layer < spec.dense_layers or (layer + 1) % spec.moe_every:

@@ -13,7 +13,7 @@ from ..checkpoint.tensor_model import Quant, TensorRef
 from ..targets.engines import QUANT_METHOD
 from .naming import PER_EXPERT, SCHEMES, Scheme, expert_parser
 
-__all__ = ["WEIGHT_SUFFIXES", "ct", "dsv4_native", "expert_dtype", "gptoss", "hfq_block", "marlin",
+__all__ = ["WEIGHT_SUFFIXES", "ct", "dsv4_native", "mxfp8_ct_experts", "expert_dtype", "gptoss", "hfq_block", "marlin",
            "modelopt_algo", "modelopt_dsv4", "modelopt_hf", "parse_per_expert", "qc_block", "spelling"]
 
 WEIGHT_SUFFIXES = ("weight", "weight_packed")
@@ -166,6 +166,19 @@ def ct(fmt, config, hfq, tensors) -> str | None:
     if scheme:
         return (f"quant_method compressed-tensors, format {fmt.ct_format}, {fmt.suffixes.weight} expert tensors "
                 f"({scheme.name} names)")
+    return None
+
+
+def mxfp8_ct_experts(fmt, config, hfq, tensors) -> str | None:
+    """MiniMax-M3.1: `quant_method mxfp8` (MXFP8 linears) whose routed experts are compressed-tensors NVFP4, named by
+    `moe_quant_algo` and `moe_quant_format` (the fields vLLM 0.34's ModelOptMxFp8Config.from_config requires)."""
+    qc = qc_block(config)
+    scheme = (_lower(qc.get("quant_method")) == "mxfp8" and _upper(qc.get("moe_quant_algo")) in fmt.quant_algos
+              and _lower(qc.get("moe_quant_format")) == fmt.ct_format
+              and _has(tensors, _PER_EXPERT, (fmt.suffixes.weight,)))
+    if scheme:
+        return (f"quant_method mxfp8 + moe_quant_algo {_upper(qc.get('moe_quant_algo'))} ({fmt.ct_format}), "
+                f"{fmt.suffixes.weight} expert tensors ({scheme.name} names)")
     return None
 
 

@@ -78,8 +78,15 @@ FAMILIES: tuple[Family, ...] = (
     # `model.language_model.` -> `model.`); its per-layer embedding (PLE) tables are no experts
     Family("qwen4-exp", ("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"), "hf-language-model",
            "hf-language-model", examples="Qwen3.8-Flash-Next NVFP4"),
-    # MiniMax-M3 / M3.1: MiniMax-M2's `block_sparse_moe.experts.E.w{1,3,2}` (text), under `language_model.model.layers`
-    # in the VL checkpoint; clamped SwiGLU
+    # MiniMax-M3 / M3.1: MiniMax-M2's `block_sparse_moe.experts.E.w{1,3,2}` (vLLM 0.34 models/minimax_m3/nvidia/model.py
+    # MiniMaxM3Model.get_expert_mapping: "Checkpoint experts use w1=gate, w2=down, w3=up"; SGLang 0.5.23 minimax_m3.py
+    # load_weights renames `.block_sparse_moe` to `.mlp`), under `language_model.model.layers` in the VL checkpoint (vLLM
+    # builds `language_model` = MiniMaxM3SparseForCausalLM, SGLang `self.model` at prefix language_model.model). Expert
+    # width `intermediate_size`, every routed expert of every MoE layer `num_local_experts` (both engines' MoE); the
+    # activation a clamped SwiGLU-OAI: vLLM `activation="swigluoai_uninterleave"`, `swiglu_limit`, `swiglu_alpha`,
+    # beta 1.0 (gate * sigmoid(alpha * gate) * (up + 1), both halves clamped); SGLang `gemm1_alpha`,
+    # `gemm1_clamp_limit`. MTP (`model.mtp.layers.i.*`, `num_mtp_modules`) and the DSpark draft (a `dspark/` checkpoint)
+    # are skipped by both main-model loaders.
     Family("minimax-m3", ("MiniMaxM3SparseForCausalLM",), "block-sparse-moe", "block-sparse-moe",
            examples="nvidia/MiniMax-M3-NVFP4 (text)"),
     Family("minimax-m3-vl", ("MiniMaxM3SparseForConditionalGeneration",), "block-sparse-moe-lm", "block-sparse-moe-lm",

@@ -121,6 +121,17 @@ _ROWS = (
                  moe_method=Quant.NVFP4, every_linear=False, global_rule=MULTIPLIER, quant_algos=_NVFP4_ALGOS,
                  model_type="deepseek_v4",
                  synth=SynthSpec("deepseek-v4", "modelopt-dsv4", mtp_format="mxfp4-dsv4")),
+    # MiniMax-M3.1: MXFP8 linears (`quant_method mxfp8`, `ignored_layers`) and compressed-tensors NVFP4 routed experts
+    # (vLLM 0.34 modelopt.py ModelOptMxFp8Config: "MiniMax-M3.1 checkpoints keep MXFP8 linears but store routed experts
+    # as compressed-tensors NVFP4 (`moe_quant_algo: NVFP4`)"; from_config requires moe_quant_format
+    # nvfp4-pack-quantized and group_size 16; get_quant_method gives RoutedExperts CompressedTensorsW4A4Nvfp4MoEMethod)
+    SourceFormat("nvfp4-ct-mxfp8", "MiniMax-M3.1: quant_method mxfp8 linears, compressed-tensors NVFP4 experts",
+                 detectors.mxfp8_ct_experts, frozenset({Quant.NVFP4}), Quant.NVFP4, _CT_NVFP4, "U8", "F8_E4M3",
+                 ("config.json quantization_config (quant_method mxfp8, moe_quant_algo NVFP4, "
+                  "moe_quant_format nvfp4-pack-quantized)",),
+                 moe_method=Quant.NVFP4, every_linear=True, global_rule=RECIPROCAL, quant_algos=frozenset({"NVFP4"}),
+                 ct_format="nvfp4-pack-quantized", synth=SynthSpec("hf", "mxfp8-ct", linear="bf16"),
+                 notes=("MiniMax-M3.1 releases",)),
     SourceFormat("mxfp4-modelopt-hf", "ModelOpt MXFP4 export: weight U8 + weight_scale U8 (E8M0 bits)",
                  detectors.modelopt_algo, frozenset({Quant.MXFP4}), Quant.MXFP4, Suffixes("weight", "weight_scale"),
                  "U8", "U8", ("config.json quantization_config (quant_method modelopt, quant_algo)",

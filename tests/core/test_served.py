@@ -20,6 +20,7 @@ from dsv4_convert.core.targets.served import (
     MATRIX_BEGIN,
     MATRIX_END,
     SERVED,
+    _refused,
     engine_key,
     entries,
     matrix_markdown,
@@ -122,6 +123,8 @@ def test_every_differential_proof_has_its_entry_and_every_entry_a_differential_p
         for key in ENGINE_VERSIONS:
             if key.split(" ")[0] in c["engines"]:
                 family = FAMILY_SPECS[c["family"]].family if c["family"] in FAMILY_SPECS else c["family"]  # kimi-k2
+                if _refused(family, c["fmt"], key):  # the release cannot load the source: no proof runs there
+                    continue
                 assert entries(family, c["fmt"], key), f"differential proof of {c} has no entry on {key}"
     for s in SERVED:
         differential = [p for p in s.proofs if p.startswith(_DIFF + f"[{s.family}-{s.source_format}")]

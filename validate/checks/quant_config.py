@@ -60,7 +60,9 @@ def _tensor_group(p) -> int | None:
 def exclusion_patterns(c: CheckpointInput) -> list[str]:
     qc, hq = _qc(c), _hfq(c)
     pats = []
-    for v in (hq.get("exclude_modules"), qc.get("exclude_modules"), qc.get("ignore"), qc.get("modules_to_not_convert")):
+    # `ignored_layers`: the mxfp8 blocks of MiniMax-M3.1 (vLLM 0.34 ModelOptMxFp8Config.from_config, SGLang 0.5.23 Fp8Config)
+    for v in (hq.get("exclude_modules"), qc.get("exclude_modules"), qc.get("ignore"), qc.get("modules_to_not_convert"),
+              qc.get("ignored_layers")):
         pats += [p for p in (v or []) if isinstance(p, str)]
     return pats
 
