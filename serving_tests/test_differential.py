@@ -61,6 +61,11 @@ equivalent; nothing else is changed):
   the device index 0 and an sm_120 SM count (188) while it is built. SGLang builds it with the server's model and
   tokenizer path set (both engines' Engram hash reads the tokenizer). The same in both models, never a compared
   tensor but the dense MXFP8 linears, which both models process with the same emulation kernel.
+- MiniMax-M3 / M3.1 (vLLM 0.34): the CUDA model class (`models/minimax_m3/nvidia`, the registry's pick off ROCm); its
+  MLP asks the CuTe DSL module `ops/dense_gemm1_mxfp8` (it imports `cutlass`, CUDA only) whether a fused MXFP8 GEMM
+  replaces gate_up_proj + activation: that module answers as on sm_120 (`can_fuse_gemm1` False: the shipped function
+  requires capability family 100), the `ops` package registered without its `__init__` (a CuTe DSL kernel import).
+  serving_tests/vllm/minimax_m3_cpu.py; the fused kernel owns no parameter. vLLM 0.33 needs no stand-in.
 - DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
   no compressor or indexer is built (vLLM's compressor takes head sizes 512 / 128 only, beyond synth's shrunk dims).
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
