@@ -18,7 +18,8 @@ from ..formats.constants import E2M1_VALUES, MXFP4_GROUP, NVFP4_GROUP
 from ..formats.e2m1 import unpack_nibbles
 from ..formats.e8m0 import e8m0_to_float
 
-__all__ = ["Stack", "moe_align", "run_stack", "run_layer", "reference_layer", "relu2", "dequant", "repack_source"]
+__all__ = ["Stack", "moe_align", "run_stack", "run_layer", "reference_layer", "relu2", "clamped_swiglu", "dequant",
+           "repack_source"]
 
 
 @dataclass
@@ -90,17 +91,33 @@ def relu2(y: torch.Tensor) -> torch.Tensor:
     return torch.square(torch.relu(y))
 
 
-def run_layer(provider, w13: Stack, w2: Stack, x: torch.Tensor) -> torch.Tensor:
-    """A non-gated MoE layer as the engines run it: x [M, H] -> w13 GEMM (N = I) -> relu2 in the activation
-    dtype -> w2 GEMM on every (token, expert) row: [M, E, H] fp32."""
+def clamped_swiglu(y: torch.Tensor, swiglu) -> torch.Tensor:
+    """The clamped SwiGLU-OAI of a gated MoE (`swiglu`: core/sources/structure.py ClampedSwiglu, from the config the
+    engine reads) on the first GEMM's [gates; ups] output in its dtype: vLLM's SWIGLUOAI_UNINTERLEAVE
+    (SiluAndMulWithClamp.forward_native) gate = min(gate, limit), up = clamp(up, -limit, limit),
+    gate * sigmoid(alpha * gate) * (up + beta)."""
+    i = y.shape[-1] // 2
+    gate, up = y[..., :i].clamp(max=swiglu.limit), y[..., i:].clamp(min=-swiglu.limit, max=swiglu.limit)
+    return gate * torch.sigmoid(swiglu.alpha * gate) * (up + swiglu.beta)
+
+
+def _activation(swiglu):
+    return relu2 if swiglu is None else (lambda y: clamped_swiglu(y, swiglu))
+
+
+def run_layer(provider, w13: Stack, w2: Stack, x: torch.Tensor, swiglu=None) -> torch.Tensor:
+    """A MoE layer as the engines run it: x [M, H] -> w13 GEMM -> the activation in the activation dtype (relu2 on a
+    non-gated N = I; with `swiglu`, the clamped SwiGLU-OAI on a gated N = 2I) -> w2 GEMM on every (token, expert)
+    row: [M, E, H] fp32."""
     y1 = run_stack(provider, w13, x).to(x.dtype)
-    m, e, i = y1.shape
-    return run_stack(provider, w2, relu2(y1).reshape(m * e, i), per_expert_rows=True)
+    a = _activation(swiglu)(y1)
+    m, e, i = a.shape
+    return run_stack(provider, w2, a.reshape(m * e, i), per_expert_rows=True)
 
 
-def reference_layer(w13: Stack, w2: Stack, x: torch.Tensor) -> torch.Tensor:
+def reference_layer(w13: Stack, w2: Stack, x: torch.Tensor, swiglu=None) -> torch.Tensor:
     """The fp32 reference of run_layer."""
-    return torch.einsum("mei,ehi->meh", relu2(reference_product(w13, x)), w2.reference)
+    return torch.einsum("mei,ehi->meh", _activation(swiglu)(reference_product(w13, x)), w2.reference)
 
 
 def rel_errors(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from ..core.checkpoint.reader import TensorReader, load_projection, open_checkpo
 from ..core.checkpoint.source_location import resolve_source
 from ..core.checkpoint.tensor_model import Quant, Role, gated_experts
 from ..core.errors import DsvError
+from ..core.sources.structure import moe_activation
 from ..core.targets.engines import engine_facts
 from ..core.targets.rescale import stack_key
 from ..formats.marlin.scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
@@ -56,6 +57,7 @@ from .runner import rescale_factors, resolve_options
 __all__ = ["KernelOptions", "run_kernel_checks"]
 
 _LAYER = "w13+relu2+w2"  # a non-gated layer run whole (KernelCase.stack)
+_SWIGLU_LAYER = "w13+swiglu-clamp+w2"  # a gated layer whose config declares the clamped SwiGLU-OAI, run whole
 
 
 def _stacks(experts) -> tuple[tuple[str, tuple[Role, ...]], ...]:
@@ -63,6 +65,14 @@ def _stacks(experts) -> tuple[tuple[str, tuple[Role, ...]], ...]:
     up projection (non-gated: Nemotron-H's up_proj is the engines' w1, core/sources/naming.py); w2 = down."""
     gated = gated_experts(r for roles in experts.values() for r in roles)
     return ("w13", (Role.GATE, Role.UP) if gated else (Role.GATE,)), ("w2", (Role.DOWN,))
+
+
+def _whole_layer(stacks, swiglu) -> str | None:
+    """Which whole-layer case a layer also runs: a non-gated one with relu2, a gated one whose config declares the
+    clamped SwiGLU-OAI with it; None for a plain SiLU-and-mul layer (its two stacks' own cases)."""
+    if stacks[0][1] == (Role.GATE,):
+        return _LAYER
+    return _SWIGLU_LAYER if swiglu is not None else None
 
 
 @dataclass(frozen=True)
@@ -197,6 +207,7 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
     report.notes.append(f"kernel: {provider.name} on {torch.cuda.get_device_name(dev)}")
     report.notes += _layout_notes(ckpt, opts, layouts, ref_ckpt is not None)
     refs = {p.key: p for p in ref_ckpt.projections} if ref_ckpt is not None else {}
+    swiglu = moe_activation(ckpt.config)  # MiniMax-M3's clamped SwiGLU-OAI, from the config the engine reads
     groups = defaultdict(lambda: defaultdict(dict))
     for p in ckpt.projections:
         groups[p.layer][p.expert][p.role] = p
@@ -209,8 +220,8 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
         for layer, experts in groups.items():
             chosen = _chosen(experts, kopts.experts, opts.seed, layer)
             stacks = _stacks(experts)
-            non_gated = stacks[0][1] == (Role.GATE,)
-            for stack, roles in (*stacks, *(((_LAYER, (Role.GATE, Role.DOWN)),) if non_gated else ())):
+            whole = _whole_layer(stacks, swiglu)
+            for stack, roles in (*stacks, *(((whole, stacks[0][1] + (Role.DOWN,)),) if whole else ())):
                 members = [e for e in chosen if all(r in experts[e] for r in roles)]
                 if not members:
                     continue
@@ -220,9 +231,10 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                 case = KernelCase(layer, stack, opts.act_dtype, provider.name, kind)
                 t0 = time.monotonic()
                 try:
-                    if stack == _LAYER:
+                    if stack == whole:
                         case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.act_dtype]
-                        _run_layer(layer_prep, experts, members, case, opts, kopts, dev)
+                        _run_layer(layer_prep, experts, members, case, opts, kopts, dev,
+                                   swiglu if whole == _SWIGLU_LAYER else None)
                     else:
                         _run_stack(layer_prep, experts, members, roles, case, opts, kopts, dev)
                 except KernelBuildError as e:  # nothing can run: one finding, the rest not run
@@ -299,27 +311,33 @@ def _run_stack(prep, experts, members, roles, case, opts, kopts, dev):
         del stack, y, ref
 
 
-def _run_layer(prep, experts, members, case, opts, kopts, dev):
-    """A non-gated layer whole (kernel_moe.run_layer): per chunk, the w13 (up) and w2 (down) stacks of the same
-    experts, one input. The reference takes each projection's global as the engine keeps it (vLLM: exact;
-    SGLang: the activation dtype's), so this case sees the kernels' path through the activation, not the global
-    rounding that the two stacks' own cases report."""
+def _run_layer(prep, experts, members, case, opts, kopts, dev, swiglu=None):
+    """A layer whole (kernel_moe.run_layer): per chunk, the w13 and w2 stacks of the same experts, one input; w13 is
+    the up projection alone (non-gated, relu2) or gate | up with the gate's global (`swiglu`: the clamped SwiGLU-OAI).
+    The reference takes each projection's global as the engine keeps it (vLLM: exact; SGLang: the activation dtype's),
+    so this case sees the kernels' path through the activation, not the global rounding that the two stacks' own
+    cases report."""
     gen = torch.Generator(device=dev).manual_seed(opts.seed + 1)
     act = getattr(torch, opts.act_dtype)
     x = None
     for i in range(0, len(members), kopts.chunk):
         part = members[i:i + kopts.chunk]
         stacks = []
-        for role in (Role.GATE, Role.DOWN):
-            pieces = [prep.prepare(experts[e][role], experts[e][role]) for e in part]
-            kept = torch.tensor([1.0 if p.engine_global is None else p.engine_global for p in pieces], device=dev)
-            stacks.append(Stack(torch.stack([p.q for p in pieces]), torch.stack([p.s for p in pieces]),
-                                torch.stack([p.g for p in pieces]).to(dev) if pieces[0].g is not None else None,
-                                torch.stack([p.ref for p in pieces]) * kept[:, None, None]))
+        for roles in (((Role.GATE, Role.UP) if swiglu is not None else (Role.GATE,)), (Role.DOWN,)):
+            pieces = [[prep.prepare(experts[e][r], experts[e][roles[0]]) for r in roles] for e in part]
+            kept = torch.tensor([1.0 if p[0].engine_global is None else p[0].engine_global for p in pieces],
+                                device=dev)
+            stacks.append(Stack(torch.stack([torch.cat([q.q for q in p], dim=-1) for p in pieces]),
+                                torch.stack([torch.cat([q.s.view(torch.uint8) for q in p], dim=-1)
+                                             .view(p[0].s.dtype) for p in pieces]),
+                                torch.stack([p[0].g for p in pieces]).to(dev) if pieces[0][0].g is not None else None,
+                                torch.stack([torch.cat([q.ref for q in p], dim=0) for p in pieces])
+                                * kept[:, None, None]))
         for e in part:
             case.names[e] = (experts[e][Role.GATE].weight.name, experts[e][Role.GATE].weight.file)
         if x is None:
             x = torch.randn(kopts.rows, stacks[0].reference.shape[-1], generator=gen, device=dev).to(act)
-        y = run_layer(prep.provider, stacks[0], stacks[1], x)
-        case.rel.update({e: float(r) for e, r in zip(part, rel_errors(y, reference_layer(*stacks, x)).tolist())})
+        y = run_layer(prep.provider, stacks[0], stacks[1], x, swiglu)
+        ref = reference_layer(*stacks, x, swiglu)
+        case.rel.update({e: float(r) for e, r in zip(part, rel_errors(y, ref).tolist())})
         del stacks, y

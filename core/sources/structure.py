@@ -19,7 +19,7 @@ from ..record.converted_config import read_tp_layout
 from .families import family_of
 from .naming import parse_expert_name, scheme_roles
 
-__all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
+__all__ = ["RULES", "ClampedSwiglu", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
            "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts", "model_dims",
            "unreadable_tensors"]
 
@@ -67,6 +67,29 @@ def model_dims(config: dict) -> dict:
     return {"hidden": get(*EXPERT_WIDTH_KEYS), "intermediate": get("moe_intermediate_size", "intermediate_size"),
             "experts": get("n_routed_experts", "num_local_experts", "num_experts"),
             "layers": get("num_hidden_layers"), "draft_experts": get(_DRAFT_EXPERTS)}
+
+
+@dataclass(frozen=True)
+class ClampedSwiglu:
+    """The clamped SwiGLU-OAI a gated MoE runs between its GEMMs: on w13's [gates; ups], gate clamped above at
+    `limit`, up on both sides, out = gate * sigmoid(alpha * gate) * (up + beta). MiniMax-M3 / M3.1: vLLM 0.34
+    models/minimax_m3/nvidia/model.py MiniMaxM3MoE builds its experts with `activation="swigluoai_uninterleave"`,
+    `swiglu_limit=config.swiglu_limit`, `swiglu_alpha=config.swiglu_alpha`, `swiglu_beta=1.0` (the formula:
+    layers/activation.py SiluAndMulWithClamp.forward_native); SGLang 0.5.23 minimax_m3.py MiniMaxM3MoE passes
+    `gemm1_alpha=config.swiglu_alpha`, `gemm1_beta=1.0`, `gemm1_clamp_limit=config.swiglu_limit`."""
+    alpha: float
+    limit: float
+    beta: float = 1.0
+
+
+def moe_activation(config: dict) -> ClampedSwiglu | None:
+    """The clamped SwiGLU-OAI of a config that declares it (`hidden_act: swigluoai` with `swiglu_limit` and
+    `swiglu_alpha`, the text config first), else None (plain SiLU-and-mul, or the non-gated relu2 of Nemotron-H)."""
+    for c in (config.get("text_config") or {}, config):
+        if c.get("hidden_act") == "swigluoai" and all(isinstance(c.get(k), (int, float)) for k in
+                                                      ("swiglu_limit", "swiglu_alpha")):
+            return ClampedSwiglu(float(c["swiglu_alpha"]), float(c["swiglu_limit"]))
+    return None
 
 
 # DeepSeek-V4.1's DSpark draft stages size their MoE with this field, not n_routed_experts (vLLM 0.34

@@ -107,3 +107,23 @@ def test_deepseek_v41_trunk_and_dspark_stages_run_through_the_engines_kernels(re
     # synth's default 8 experts a trunk layer: dspark_n_routed_experts 4 (synth/dsv41.py draft_experts)
     assert all(ns == {4} for layer, ns in experts.items() if layer.startswith("mtp")) and min(trunk) > 4, experts
     assert status(data, "kernel.gemm") == "pass" and status(data, "kernel.repack") == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("replica,fmt", [("minimax-m3", "nvfp4-ct-mxfp8"), ("minimax-m3", "nvfp4-modelopt-hf"),
+                                         ("minimax-m3-vl", "nvfp4-ct-mxfp8")])
+def test_minimax_m3_layers_run_whole_with_the_clamped_swiglu(reports, replica, fmt, target):
+    """MiniMax-M3 / M3.1: every MoE layer ran w13 (gate | up), w2 and the whole layer with the clamped SwiGLU-OAI its
+    config declares (`hidden_act: swigluoai`, swiglu_alpha 1.702, swiglu_limit 7.0: core/sources/structure.py
+    moe_activation), each within its limit. M3.1 on SGLang is not served (--allow-unservable): the kernel still runs."""
+    unservable, data = reports[(replica, fmt, target)]
+    rows = {(r["layer"], r["projection"]): r for r in data["kernel"]}
+    layers = {layer for layer, _ in rows}
+    record(suite="families-minimax-m3", kernels=KERNELS, replica=replica, format=fmt, target=target,
+           unservable=unservable, rows=[[k[0], k[1], r["experts"], r["max_rel_error"], r["limit"]]
+                                        for k, r in sorted(rows.items())])
+    assert unservable == (fmt == "nvfp4-ct-mxfp8" and target == "sglang")
+    assert layers and set(rows) == {(layer, p) for layer in layers for p in ("w13", "w2", "w13+swiglu-clamp+w2")}, rows
+    assert all(r["experts"] == 8 and r["max_rel_error"] <= r["limit"] for r in rows.values()), rows
+    assert status(data, "kernel.gemm") == "pass"

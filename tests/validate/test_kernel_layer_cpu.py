@@ -1,4 +1,5 @@
-"""The CPU side of `validate --kernel`'s whole non-gated layer (validate/kernel_moe.py run_layer: w13 with one
+"""The CPU side of `validate --kernel`'s whole layers (the non-gated one with relu2; MiniMax-M3's gated one with the
+clamped SwiGLU-OAI its config declares) and its whole non-gated layer (validate/kernel_moe.py run_layer: w13 with one
 shard, ReLU-squared, then w2 on every (token, expert) row, as fused_marlin_moe chains its two MoE GEMMs), and
 which stacks kernel_runner builds for a gated and a non-gated layer.
 
@@ -13,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from dsv4_convert.core.checkpoint.tensor_model import Role
-from dsv4_convert.validate.kernel_moe import Stack, reference_layer, relu2, run_layer
-from dsv4_convert.validate.kernel_runner import _stacks
+from dsv4_convert.core.sources.structure import ClampedSwiglu, moe_activation
+from dsv4_convert.validate.kernel_moe import Stack, clamped_swiglu, reference_layer, relu2, run_layer
+from dsv4_convert.validate.kernel_runner import _LAYER, _SWIGLU_LAYER, _stacks, _whole_layer
 
 
 class _RoutingGemm:
@@ -70,3 +72,50 @@ def test_a_non_gated_layer_stacks_w13_from_the_up_projection_alone():
     non_gated = {0: {Role.GATE: 1, Role.DOWN: 3}}  # Nemotron-H: up_proj has the gate's role (vLLM's w1)
     assert _stacks(gated) == (("w13", (Role.GATE, Role.UP)), ("w2", (Role.DOWN,)))
     assert _stacks(non_gated) == (("w13", (Role.GATE,)), ("w2", (Role.DOWN,)))
+
+
+M3 = ClampedSwiglu(alpha=1.702, limit=7.0)  # transformers 5.20 MiniMaxM3VLTextConfig's swiglu_alpha / swiglu_limit
+
+
+def test_a_gated_layer_with_the_clamped_swiglu_chains_the_two_gemms_as_the_engines_do(monkeypatch):
+    """w13 = [gates; ups] (N = 2I), the clamped SwiGLU-OAI on it, w2 on every (token, expert) row."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type("P", (), {"multi_processor_count": 4}))
+    g = torch.Generator().manual_seed(1)
+    experts, hidden, inter, rows = 4, 64, 32, 5
+    provider = _RoutingGemm()
+    w13 = provider.stack(torch.randn(experts, 2 * inter, hidden, generator=g))  # large enough to reach the clamp
+    w2 = provider.stack(torch.randn(experts, hidden, inter, generator=g) / 8)
+    x = torch.randn(rows, hidden, generator=g)
+    y = run_layer(provider, w13, w2, x, M3)
+    assert torch.allclose(y, reference_layer(w13, w2, x, M3), rtol=1e-5, atol=1e-4)
+    h = x @ w13.reference[0].t()
+    assert (h.abs() > M3.limit).any()  # the clamp is exercised
+    gate, up = h[:, :inter].clamp(max=7.0), h[:, inter:].clamp(-7.0, 7.0)
+    assert torch.allclose(y[:, 0], (gate * torch.sigmoid(1.702 * gate) * (up + 1.0)) @ w2.reference[0].t(),
+                          rtol=1e-5, atol=1e-4)
+    # the walk fails on a made-up activation: plain SiLU-and-mul (no clamp, no +1) gives another layer
+    silu = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+    assert not torch.allclose(y[:, 0], silu @ w2.reference[0].t(), rtol=1e-2, atol=1e-2)
+
+
+def test_the_clamp_bounds_the_gate_above_and_the_up_on_both_sides():
+    y = torch.tensor([[10.0, -10.0, 3.0, 9.0, -9.0, -2.0]])  # gates 10, -10, 3; ups 9, -9, -2
+    out = clamped_swiglu(y, M3)
+    same = clamped_swiglu(torch.tensor([[7.0, -10.0, 3.0, 7.0, -7.0, -2.0]]), M3)
+    assert torch.equal(out, same)  # 10 -> 7 (gate, above), 9 -> 7 and -9 -> -7 (up); -10 stays (gate: above only)
+    assert out[0, 1] != clamped_swiglu(torch.tensor([[7.0, -7.0, 3.0, 9.0, -9.0, -2.0]]), M3)[0, 1]
+
+
+def test_which_whole_layer_a_layer_runs():
+    gated, non_gated = _stacks({0: {Role.GATE: 1, Role.UP: 2, Role.DOWN: 3}}), _stacks({0: {Role.GATE: 1, Role.DOWN: 3}})
+    assert _whole_layer(non_gated, None) == _LAYER and _whole_layer(gated, M3) == _SWIGLU_LAYER
+    assert _whole_layer(gated, None) is None  # plain SiLU-and-mul: the two stacks' own cases
+
+
+def test_the_activation_comes_from_the_config_the_engine_reads():
+    m3 = {"architectures": ["MiniMaxM3SparseForConditionalGeneration"],
+          "text_config": {"hidden_act": "swigluoai", "swiglu_alpha": 1.702, "swiglu_limit": 7.0}}
+    assert moe_activation(m3) == M3 and moe_activation(m3["text_config"]) == M3
+    # DeepSeek-V4's swiglu_limit clamps a SiLU-and-mul (hidden_act silu): not this activation
+    assert moe_activation({"hidden_act": "silu", "swiglu_limit": 10.0}) is None
+    assert moe_activation({"hidden_act": "swigluoai"}) is None  # gpt-oss's fixed constants live in its own method
