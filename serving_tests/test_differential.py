@@ -134,8 +134,10 @@ UNINITIALISED = {
 # parts a family's proof must compare (a model that dropped them would compare the rest and pass): DeepSeek-V4.1's
 # Engram tables, vision tower and routed experts, in each engine's own parameter names
 MUST_COMPARE = {"deepseek-v41": ("engram.embed", "vision.", "aligner.", "experts.w13_weight"),
-                # MiniMax-M3 / M3.1: the routed experts, the shared experts and the F32 router (both engines' names)
-                **{f: ("experts.w13_weight", "shared_experts.", "gate.weight") for f in ("minimax-m3", "minimax-m3-vl")}}
+                # MiniMax-M3 / M3.1: the routed experts, the quantised shared experts and attention (their block
+                # scales: FP8 / NVFP4 in nvidia's MIXED_PRECISION, MXFP8 in M3.1) and the F32 router (both engines' names)
+                **{f: ("experts.w13_weight", "shared_experts.gate_up_proj.weight_scale", "qkv_proj.weight_scale",
+                       "gate.weight") for f in ("minimax-m3", "minimax-m3-vl")}}
 
 
 @pytest.mark.parametrize("case", IDS)

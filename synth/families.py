@@ -84,8 +84,9 @@ The facts per family, and where they come from:
   `moe_layer_freq`. The replica has every layer MoE with full attention (no sparse-attention indexer, no dense
   MLP: both engines build those from fields this generator leaves at "all sparse, all full attention").
   Formats: nvidia/MiniMax-M3-NVFP4 (ModelOpt MIXED_PRECISION: FP8 attention here, MXFP8 in the release) and
-  M3.1's `nvfp4-ct-mxfp8` (quant_method mxfp8, compressed-tensors NVFP4 experts; its MXFP8 attention and shared
-  experts are BF16 here, listed in `ignored_layers`: writing MXFP8 linears is not modelled).
+  M3.1's `nvfp4-ct-mxfp8` (quant_method mxfp8: MXFP8 attention and shared experts, `weight` E4M3 + `weight_scale_inv`
+  E8M0 per 32 (vLLM 0.34 minimax_m3 load_weights renames it `weight_scale`), compressed-tensors NVFP4 experts,
+  `ignored_layers` the head).
 MTP / draft layers (DeepSeek `model.layers.<N>`, MiniMax-M2 declared only, Qwen `mtp.*`): synth/mtp.py.
 DeepSeek-V4.1 (Engram, vision tower, DSpark stages; V4's native names, no FamilySpec): synth/dsv41.py.
 Sizes, values and the tokenizer are synthetic; the generator never copies real weights.

@@ -15,6 +15,7 @@ from .families import FAMILY_SPECS, FamilySpec
 from .gemma4 import gemma4_tensors
 from .hybrid import LINEAR, gated_attention, gdn_layer, layer_types
 from .layouts import Dims
+from .minimax import quantize_mxfp8
 from .mla import mla_dims, mla_tensors
 from .mtp import deepseek_mtp_layer, qwen_mtp_block
 from .nemotron import nemotron_tensors
@@ -35,6 +36,8 @@ def _linear(out: dict, seed: int, name: str, n: int, k: int, kind: str, dtype: t
     w = dense(seed, name, (n, k), dtype=torch.float32)
     if kind == "bf16":
         out[f"{name}.weight"] = w.to(dtype)
+    elif kind == "mxfp8":  # MiniMax-M3.1's linears: E4M3 codes, one E8M0 exponent (U8) per 32 along K (synth/minimax.py)
+        out[f"{name}.weight"], out[f"{name}.weight_scale_inv"] = quantize_mxfp8(w)
     elif kind == "fp8":
         scale = (w.abs().max() / 448.0).float()
         out[f"{name}.weight"] = (w / scale).to(torch.float8_e4m3fn)
@@ -61,8 +64,11 @@ def _ct(fmt: str) -> bool:
 
 
 def _attn_kind(spec: FamilySpec, fmt: str) -> str:
-    """Attention's quantisation: FP8 in ModelOpt's MIXED_PRECISION, NVFP4 in llm-compressor's Qwen3.5 recipe."""
-    if spec.mixed and source_format(fmt).synth.linear != "bf16":
+    """Attention's quantisation: FP8 in ModelOpt's MIXED_PRECISION, NVFP4 in llm-compressor's Qwen3.5 recipe, MXFP8
+    where the format's linears are (MiniMax-M3.1)."""
+    if source_format(fmt).synth.linear == "mxfp8":
+        return "mxfp8"
+    if spec.mixed:
         return source_format(fmt).synth.linear if _ct(fmt) else "fp8"
     return "bf16"
 

@@ -3,9 +3,11 @@ and M3.1's `quant_method mxfp8` block with compressed-tensors NVFP4 experts."""
 
 from __future__ import annotations
 
+import torch
+
 from .layouts import Dims
 
-__all__ = ["MXFP8_CT_BLOCK", "minimax_m3_layers", "minimax_m3_vision", "mxfp8_ct_block"]
+__all__ = ["MXFP8_CT_BLOCK", "minimax_m3_layers", "minimax_m3_vision", "mxfp8_ct_block", "quantize_mxfp8"]
 
 # M3.1's quantisation block beyond the exclusions: the fields vLLM 0.34 ModelOptMxFp8Config.from_config requires for
 # NVFP4 experts (moe_quant_algo NVFP4, moe_quant_format nvfp4-pack-quantized, group_size 16) and SGLang 0.5.23's
@@ -23,13 +25,22 @@ def minimax_m3_layers(d: Dims) -> dict:
 
 
 def mxfp8_ct_block(spec, d: Dims) -> dict:
-    """The block of a MiniMax-M3.1 replica: the BF16 attention and shared experts by module path, as both engines
-    match `ignored_layers` (SGLang: whole dotted segments, vLLM: substrings), in the text model's spelling
-    (`model.layers.L...`, what SGLang's VL model prefixes) and, for the VL checkpoint, the tensors' own."""
-    prefixes = dict.fromkeys(("model.layers", spec.prefix))
-    ignored = [f"{p}.{i}.{m}" for p in prefixes for i in range(d.layers)
-               for m in ("self_attn", f"{spec.moe}.{spec.shared}")]
-    return {**MXFP8_CT_BLOCK, "ignored_layers": [*ignored, spec.lm_head.removesuffix(".weight")]}
+    """The block of a MiniMax-M3.1 replica: attention and shared experts are MXFP8 (synth/family_layers.py), the head
+    is left out (vLLM 0.34's ModelOpt config quantises a ParallelLMHead it does not exclude)."""
+    return {**MXFP8_CT_BLOCK, "ignored_layers": [spec.lm_head.removesuffix(".weight")]}
+
+
+def quantize_mxfp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E4M3 codes [N, K], E8M0 exponents U8 [N, K/32]) of an fp32 [N, K]: each 32-wide block along K gets the
+    smallest power of two that brings its amax within E4M3's 448 (OCP MX: scale 2**(e - 127)). The names MiniMax-M3.1
+    writes: `weight` and `weight_scale_inv` (vLLM 0.34 minimax_m3 load_weights: "The checkpoint stores block scales
+    as ``weight_scale_inv``; the ModelOpt MXFP8 layers expose them as ``weight_scale``")."""
+    n, k = w.shape
+    blocks = w.float().reshape(n, k // 32, 32)
+    amax = blocks.abs().amax(-1).clamp_min(2.0 ** -126)
+    exp = torch.ceil(torch.log2(amax / 448.0)).clamp(-127, 127)
+    codes = (blocks / torch.exp2(exp)[..., None]).to(torch.float8_e4m3fn).reshape(n, k)
+    return codes, (exp + 127).to(torch.uint8)
 
 
 def minimax_m3_vision(d: Dims) -> dict:

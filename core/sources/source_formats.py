@@ -47,7 +47,7 @@ class SynthSpec:
     gate/down/up file order; "hf": a Hugging Face MoE; "gpt-oss": gpt-oss's stacked experts). `config`: which
     config writer of synth/configs.py. `mtp_format`: the format of the MTP experts when it is another (ModelOpt
     keeps DeepSeek-V4's MTP experts MXFP4). `linear`: how a family's quantised dense linears are written
-    ("nvfp4": ModelOpt's tensors, "ct-nvfp4": compressed-tensors' tensors)."""
+    ("nvfp4": ModelOpt's tensors, "ct-nvfp4": compressed-tensors' tensors, "mxfp8": MiniMax-M3.1's E4M3 + E8M0)."""
     tree: str
     config: str
     mtp_format: str | None = None
@@ -130,7 +130,7 @@ _ROWS = (
                  ("config.json quantization_config (quant_method mxfp8, moe_quant_algo NVFP4, "
                   "moe_quant_format nvfp4-pack-quantized)",),
                  moe_method=Quant.NVFP4, every_linear=True, global_rule=RECIPROCAL, quant_algos=frozenset({"NVFP4"}),
-                 ct_format="nvfp4-pack-quantized", synth=SynthSpec("hf", "mxfp8-ct", linear="bf16"),
+                 ct_format="nvfp4-pack-quantized", synth=SynthSpec("hf", "mxfp8-ct", linear="mxfp8"),
                  notes=("MiniMax-M3.1 releases",)),
     SourceFormat("mxfp4-modelopt-hf", "ModelOpt MXFP4 export: weight U8 + weight_scale U8 (E8M0 bits)",
                  detectors.modelopt_algo, frozenset({Quant.MXFP4}), Quant.MXFP4, Suffixes("weight", "weight_scale"),
