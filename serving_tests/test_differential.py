@@ -65,7 +65,9 @@ equivalent; nothing else is changed):
   MLP asks the CuTe DSL module `ops/dense_gemm1_mxfp8` (it imports `cutlass`, CUDA only) whether a fused MXFP8 GEMM
   replaces gate_up_proj + activation: that module answers as on sm_120 (`can_fuse_gemm1` False: the shipped function
   requires capability family 100), the `ops` package registered without its `__init__` (a CuTe DSL kernel import).
-  serving_tests/vllm/minimax_m3_cpu.py; the fused kernel owns no parameter. vLLM 0.33 needs no stand-in.
+  serving_tests/vllm/minimax_m3_cpu.py; the fused kernel owns no parameter. vLLM 0.33 needs no stand-in. M3.1's MXFP8
+  attention and shared experts get vLLM's own EmulationMxfp8LinearKernel, as DeepSeek-V4.1's (dsv41_cpu.py): the same
+  method and kernel in both models.
 - DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
   no compressor or indexer is built (vLLM's compressor takes head sizes 512 / 128 only, beyond synth's shrunk dims).
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).

@@ -1,4 +1,4 @@
-"""The one CPU stand-in vLLM 0.34's CUDA MiniMax-M3 model (`models/minimax_m3/nvidia/model.py`) needs while it is built:
+"""The CPU stand-in of its own that vLLM 0.34's CUDA MiniMax-M3 model (`models/minimax_m3/nvidia/model.py`) needs while it is built:
 its dense / shared-expert MLP (`MiniMaxM3MLP.__init__`) imports `models/minimax_m3/nvidia/ops/dense_gemm1_mxfp8` to ask
 `can_fuse_gemm1` whether a fused CuTe DSL MXFP8 GEMM replaces gate_up_proj + activation. That module, and the `ops`
 package's `__init__` (which imports the CuTe DSL index-decode kernel), import `cutlass` and `cuda.bindings`
@@ -9,7 +9,8 @@ package's `__init__` (which imports the CuTe DSL index-decode kernel), import `c
   False first of all unless `current_platform.is_device_capability_family(100)`; an RTX PRO 6000 is sm_120, family
   120), `MIN_TOKENS` is never read then.
 The fused kernel owns no parameter: the model's parameters, their loaders and processing are vLLM's own either way.
-vLLM 0.33.0's MiniMax-M3 MLP does not import the module (nothing is stood in there).
+vLLM 0.33.0's MiniMax-M3 MLP does not import the module (nothing is stood in there). M3.1's MXFP8 linears take the
+MXFP8 emulation kernel DeepSeek-V4.1's do (serving_tests/vllm/dsv41_cpu.py use_mxfp8_emulation says why).
 """
 
 from __future__ import annotations
