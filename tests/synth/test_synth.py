@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 
 from dsv4_convert.core.errors import OutputError, UsageError
+from dsv4_convert.core.sources.source_formats import FORMATS
 from dsv4_convert.formats.mxfp4 import dequantize_mxfp4
 from dsv4_convert.formats.nvfp4 import dequantize_nvfp4, global_from_ct
 from dsv4_convert.synth import SYNTH_FORMATS, write_synthetic_checkpoint
@@ -56,6 +57,7 @@ EXPECTED_GATE = {
     "nvfp4-modelopt-dsv4": ("U8", [128, 128], "F8_E4M3", [128, 16], "F32", []),
     "nvfp4-modelopt-hf": ("U8", [128, 128], "F8_E4M3", [128, 16], "F32", []),
     "nvfp4-ct": ("U8", [128, 128], "F8_E4M3", [128, 16], "F32", [1]),
+    "nvfp4-ct-mxfp8": ("U8", [128, 128], "F8_E4M3", [128, 16], "F32", [1]),  # MiniMax-M3.1: compressed-tensors experts
     "mxfp4-ct": ("U8", [128, 128], "U8", [128, 8], None, None),
     "mxfp4-gptoss": ("U8", [8, 256, 8, 16], "U8", [8, 256, 8], None, None),
 }
@@ -173,7 +175,8 @@ def _dequant(fmt: str, t: dict, layer: str, expert: int, role: str) -> torch.Ten
     if s.global_scale is None:
         return dequantize_mxfp4(t[s.weight], t[s.scale])
     g = t[s.global_scale]
-    return dequantize_nvfp4(t[s.weight], t[s.scale], global_from_ct(g) if fmt == "nvfp4-ct" else g)
+    reciprocal = FORMATS[fmt].global_rule.reciprocal  # compressed-tensors rows (nvfp4-ct, nvfp4-ct-mxfp8)
+    return dequantize_nvfp4(t[s.weight], t[s.scale], global_from_ct(g) if reciprocal else g)
 
 
 @pytest.mark.parametrize("fmt", SYNTH_FORMATS)
