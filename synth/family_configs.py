@@ -3,6 +3,8 @@ and the facts behind them), as each producer writes them (spec CHECKPOINT_FORMAT
 
 from __future__ import annotations
 
+import re
+
 from ..core.files import CONFIG, HF_QUANT_CONFIG
 from ..core.sources.families import family_named
 from ..core.sources.source_formats import source_format
@@ -140,6 +142,8 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
         qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.shared_gate else []
         qc["ignore"] += ["re:.*linear_attn.*"] if spec.linear else []
         qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
+        # DeepSeek's BF16 MTP layer num_hidden_layers (GLM-5.3-Flash's compressed-tensors release; synth/glm5next.py)
+        qc["ignore"] += [f"re:^{re.escape(spec.prefix)}\\.{d.layers}\\..*"] if spec.mtp == "layer" else []
         qc["ignore"] += ["re:.*visual.*"] if spec.nested else []  # the vision tower (llm-compressor PR #2740)
         qc["ignore"] += ["re:.*router.*", "re:.*vision_tower.*"] if family == "gemma4-moe" else []
     else:
