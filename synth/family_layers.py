@@ -172,6 +172,7 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
     elif spec.mtp == "layer":  # DeepSeek: layer num_hidden_layers in the index, BF16, excluded (synth/mtp.py)
         deepseek_mtp_layer(out, seed, spec.prefix, d, _mlp, dtype, indexer=spec.attention != "mla",
                            dims=mla_dims(spec.config))
-        if spec.attention == "kda-mla":  # GLM-5.3-Flash's MTP layer: MLA with the kpool indexer
+        if spec.attention == "kda-mla":  # GLM-5.3-Flash's MTP layer: MLA with the kpool indexer, the target's head
             kpool_indexer(out, seed, f"{spec.prefix}.{d.layers}.self_attn", d.hidden, dtype)
+            del out[f"{spec.prefix}.{d.layers}.shared_head.head.weight"]
     return out, outside

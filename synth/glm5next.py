@@ -33,7 +33,9 @@ Facts and their public sources (the engines' own model code; no GLM-5.3-Flash fi
 - MTP: one layer `<layers>.<num_hidden_layers>` (an MLA layer with the kpool indexer and MoE, no mHC: vLLM 0.34
   common/mtp.py Glm5NextMTP "build an MLA (DSA) layer rather than KDA for the MTP path", SGLang 0.5.23
   glm5_next_nextn.py), BF16 and excluded as GLM-5.x's (synth/mtp.py; the NVFP4 releases' precision split is this
-  generator's assumption, as for GLM-5.x).
+  generator's assumption, as for GLM-5.x), without `shared_head.head`: vLLM 0.34 builds the MTP's SharedHead with
+  `defer_lm_head=True` (the target's lm_head; a `shared_head.head` tensor has no parameter there) and SGLang 0.5.23
+  skips the name.
 - Text releases (Glm5NextForCausalLM, vLLM 0.34 only): a flat config.json, model_type `glm5_next` ("Flat
   (text-only) GLM-5.3-Flash checkpoints store the text fields at the top level": transformers 5
   Glm5NextConfig.__post_init__), names `model.layers.*`. Multimodal (Glm5NextForConditionalGeneration): the text
