@@ -174,6 +174,7 @@ class Refused:
     proof: str
 
 
+_GLM5_NEXT = {"nvfp4-modelopt-hf": "modelopt_fp4", "nvfp4-ct": "compressed-tensors"}  # its releases' formats
 # (family, format, release) the engine refuses, e.g. SGLang's quantised-Mixtral model (fam-mla's row)
 REFUSED: tuple[Refused, ...] = (
     Refused("mixtral", "nvfp4-modelopt-hf", "sglang 0.5.23",
@@ -186,14 +187,10 @@ REFUSED: tuple[Refused, ...] = (
             "SGLang cannot load the ModelOpt source itself: mllama4.py _handle_expert_scale_params takes a stacked "
             "`experts.gate_up_proj_weight_scale` for a single scale for all experts (RuntimeError: expand)",
             "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_modelopt_llama4_source_itself"),
-    # GLM-5.3-Flash's text class, which SGLang's registry lacks (serving_tests/test_engine_refusals.py shows SGLang's
-    # own refusal of the source)
-    *(Refused("glm5-next", fmt, "sglang 0.5.23",
-              "SGLang 0.5.23 registers no Glm5NextForCausalLM (glm5_next.py's EntryClass is "
-              "[Glm5NextForConditionalGeneration] alone) and its Transformers fallback has none either: \"Cannot find "
-              "model module. 'Glm5NextForCausalLM' is not a registered model in the Transformers library\"",
-              "serving_tests/test_engine_refusals.py::test_sglang_has_no_glm5_next_text_model")
-      for fmt in ("nvfp4-modelopt-hf", "nvfp4-ct")),
+    *(Refused("glm5-next", fmt, "sglang 0.5.23", "SGLang 0.5.23 registers no Glm5NextForCausalLM (glm5_next.py's "
+              "EntryClass is [Glm5NextForConditionalGeneration] alone) and its Transformers fallback has none either: "
+              "\"Cannot find model module. 'Glm5NextForCausalLM' is not a registered model in the Transformers library\"",
+              "serving_tests/test_engine_refusals.py::test_sglang_has_no_glm5_next_text_model") for fmt in _GLM5_NEXT),
     # the real producers' outputs (tests/fixtures/producers) no engine loads, as the producer wrote them
     *(Refused(family, "mxfp4-modelopt-hf", key, (
         "SGLang cannot load ModelOpt's MXFP4 export itself: `_parse_modelopt_quant_config` maps no quant_algo "
@@ -236,12 +233,8 @@ _HYBRID = (
 _NEW_FAMILIES = (
     ("glm5-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),  # GLM-5.x: V3.2's DSA model in vLLM, DeepseekV2 in SGLang
     ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
-    # GLM-5.3-Flash (KDA + MLA with the kpool indexer + mHC): vLLM 0.33 and 0.34 (both have vllm/models/glm5next),
-    # SGLang 0.5.23 the multimodal class (served text-only) but not the text one (REFUSED says why)
-    ("glm5-next", "nvfp4-modelopt-hf", "modelopt_fp4"),
-    ("glm5-next", "nvfp4-ct", "compressed-tensors"),
-    ("glm5-next-vl", "nvfp4-modelopt-hf", "modelopt_fp4"),
-    ("glm5-next-vl", "nvfp4-ct", "compressed-tensors"),
+    # GLM-5.3-Flash (KDA + MLA, kpool indexer, mHC): both classes on vLLM 0.33 / 0.34, the VL one on SGLang (REFUSED)
+    *((family, fmt, method) for family in ("glm5-next", "glm5-next-vl") for fmt, method in _GLM5_NEXT.items()),
 )
 
 
