@@ -33,6 +33,9 @@ if ENGINE is None:
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).parent / ENGINE))
 
+# GLM-5.3-Flash replicas whose architecture this release's registry lacks (core/targets/served.py REFUSED)
+_NO_ARCHITECTURE = {"glm5-next": "nvfp4-modelopt-hf"} if ENGINE == "sglang" else {}
+
 
 @pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x llama4")
 def test_sglang_cannot_load_the_modelopt_llama4_source_itself(engine_loads):
@@ -75,6 +78,8 @@ def engine_loads(tmp_path_factory):
     if ENGINE == "sglang":
         src = make_source(tmp, Case("llama4", "nvfp4-modelopt-hf"))
         cases["llama4"] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf"}
+    for family, fmt in _NO_ARCHITECTURE.items():
+        cases[family] = {"source": str(make_source(tmp, Case(family, fmt))), "dtype": "bfloat16", "fmt": fmt}
     for family, fmt in _REFUSED_REPLICAS:  # the VL wrapper built text-only, as its differential case
         src = make_source(tmp, Case(family, fmt))
         cases[f"{family}-{fmt}"] = {"source": str(src), "dtype": "bfloat16", "fmt": fmt,
@@ -159,3 +164,14 @@ def test_vllm_033_cannot_build_the_minimax_m3_text_model(engine_loads, fmt):
     r = _refused(engine_loads, f"minimax-m3-{fmt}")
     assert r["error"] == "AttributeError: 'MiniMaxM2Config' object has no attribute 'rope_theta'", r
     assert "minimax_m3/nvidia/model.py" in r["traceback"], r["traceback"]
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x glm5-next")
+def test_sglang_has_no_glm5_next_text_model(engine_loads):
+    """A GLM-5.3-Flash text checkpoint (architectures [Glm5NextForCausalLM]): SGLang 0.5.23's glm5_next.py registers
+    only Glm5NextForConditionalGeneration (`EntryClass`); its registry falls back to the Transformers backend, which
+    has no such model either."""
+    r = _refused(engine_loads, "glm5-next")
+    assert r["error"].startswith("ValueError: Cannot find model module. 'Glm5NextForCausalLM' is not a registered model "
+                                 "in the Transformers library"), r
+

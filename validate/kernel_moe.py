@@ -18,8 +18,8 @@ from ..formats.constants import E2M1_VALUES, MXFP4_GROUP, NVFP4_GROUP
 from ..formats.e2m1 import unpack_nibbles
 from ..formats.e8m0 import e8m0_to_float
 
-__all__ = ["Stack", "moe_align", "run_stack", "run_layer", "reference_layer", "relu2", "clamped_swiglu", "dequant",
-           "repack_source"]
+__all__ = ["Stack", "moe_align", "run_stack", "run_layer", "reference_layer", "relu2", "swiglu_limited",
+           "swigluoai_limited", "dequant", "repack_source"]
 
 
 @dataclass
@@ -91,33 +91,40 @@ def relu2(y: torch.Tensor) -> torch.Tensor:
     return torch.square(torch.relu(y))
 
 
-def clamped_swiglu(y: torch.Tensor, swiglu) -> torch.Tensor:
-    """The clamped SwiGLU-OAI of a gated MoE (`swiglu`: core/sources/structure.py ClampedSwiglu, from the config the
-    engine reads) on the first GEMM's [gates; ups] output in its dtype: vLLM's SWIGLUOAI_UNINTERLEAVE
-    (SiluAndMulWithClamp.forward_native) gate = min(gate, limit), up = clamp(up, -limit, limit),
-    gate * sigmoid(alpha * gate) * (up + beta)."""
-    i = y.shape[-1] // 2
-    gate, up = y[..., :i].clamp(max=swiglu.limit), y[..., i:].clamp(min=-swiglu.limit, max=swiglu.limit)
-    return gate * torch.sigmoid(swiglu.alpha * gate) * (up + swiglu.beta)
+def swiglu_limited(limit: float):
+    """The engines' clamped SwiGLU on the first GEMM's output [..., 2I] (gate rows, then up rows), in its dtype:
+    gate clamped to at most `limit`, up to [-limit, limit], then silu(gate) * up (vLLM 0.34 SiluAndMulWithClamp,
+    the `swiglu_limit` of FusedMoEFactory; SGLang 0.5.23 glm5_next.py swiglu_clamped)."""
+    def act(y: torch.Tensor) -> torch.Tensor:
+        gate, up = y.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+    return act
 
 
-def _activation(swiglu):
-    return relu2 if swiglu is None else (lambda y: clamped_swiglu(y, swiglu))
+def swigluoai_limited(alpha: float, limit: float, beta: float = 1.0):
+    """The engines' clamped SwiGLU-OAI on the first GEMM's output [..., 2I] (gate rows, then up rows), in its dtype:
+    gate clamped to at most `limit`, up to [-limit, limit], then gate * sigmoid(alpha * gate) * (up + beta) (vLLM 0.34
+    MiniMax-M3's `swigluoai_uninterleave`, SiluAndMulWithClamp.forward_native with beta 1; SGLang 0.5.23 minimax_m3.py
+    gemm1_alpha / gemm1_clamp_limit)."""
+    def act(y: torch.Tensor) -> torch.Tensor:
+        gate, up = y.chunk(2, dim=-1)
+        gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+        return gate * torch.sigmoid(alpha * gate) * (up + beta)
+    return act
 
 
-def run_layer(provider, w13: Stack, w2: Stack, x: torch.Tensor, swiglu=None) -> torch.Tensor:
-    """A MoE layer as the engines run it: x [M, H] -> w13 GEMM -> the activation in the activation dtype (relu2 on a
-    non-gated N = I; with `swiglu`, the clamped SwiGLU-OAI on a gated N = 2I) -> w2 GEMM on every (token, expert)
-    row: [M, E, H] fp32."""
-    y1 = run_stack(provider, w13, x).to(x.dtype)
-    a = _activation(swiglu)(y1)
-    m, e, i = a.shape
-    return run_stack(provider, w2, a.reshape(m * e, i), per_expert_rows=True)
+def run_layer(provider, w13: Stack, w2: Stack, x: torch.Tensor, activation=relu2) -> torch.Tensor:
+    """An MoE layer as the engines run it: x [M, H] -> w13 GEMM -> `activation` in the activation dtype (relu2 of a
+    non-gated layer, N = I; swiglu_limited of a gated one, N = 2I) -> w2 GEMM on every (token, expert) row:
+    [M, E, H] fp32."""
+    y1 = activation(run_stack(provider, w13, x).to(x.dtype))
+    m, e, i = y1.shape
+    return run_stack(provider, w2, y1.reshape(m * e, i), per_expert_rows=True)
 
 
-def reference_layer(w13: Stack, w2: Stack, x: torch.Tensor, swiglu=None) -> torch.Tensor:
+def reference_layer(w13: Stack, w2: Stack, x: torch.Tensor, activation=relu2) -> torch.Tensor:
     """The fp32 reference of run_layer."""
-    return torch.einsum("mei,ehi->meh", _activation(swiglu)(reference_product(w13, x)), w2.reference)
+    return torch.einsum("mei,ehi->meh", activation(reference_product(w13, x)), w2.reference)
 
 
 def rel_errors(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,8 @@ from ..record.converted_config import read_tp_layout
 from .families import family_of
 from .naming import parse_expert_name, scheme_roles
 
-__all__ = ["RULES", "ClampedSwiglu", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
-           "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts", "model_dims",
+__all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
+           "swiglu_alpha", "swiglu_limit", "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts", "model_dims",
            "unreadable_tensors"]
 
 
@@ -69,26 +69,29 @@ def model_dims(config: dict) -> dict:
             "layers": get("num_hidden_layers"), "draft_experts": get(_DRAFT_EXPERTS)}
 
 
-@dataclass(frozen=True)
-class ClampedSwiglu:
-    """The clamped SwiGLU-OAI a gated MoE runs between its GEMMs: on w13's [gates; ups], gate clamped above at
-    `limit`, up on both sides, out = gate * sigmoid(alpha * gate) * (up + beta). MiniMax-M3 / M3.1: vLLM 0.34
-    models/minimax_m3/nvidia/model.py MiniMaxM3MoE builds its experts with `activation="swigluoai_uninterleave"`,
-    `swiglu_limit=config.swiglu_limit`, `swiglu_alpha=config.swiglu_alpha`, `swiglu_beta=1.0` (the formula:
-    layers/activation.py SiluAndMulWithClamp.forward_native); SGLang 0.5.23 minimax_m3.py MiniMaxM3MoE passes
-    `gemm1_alpha=config.swiglu_alpha`, `gemm1_beta=1.0`, `gemm1_clamp_limit=config.swiglu_limit`."""
-    alpha: float
-    limit: float
-    beta: float = 1.0
+def swiglu_limit(config: dict) -> float | None:
+    """The clamp of the experts' SwiGLU for a family whose engines clamp it (core/sources/families.py `activation`
+    "swiglu-limit", or "swigluoai-limit": swiglu_alpha): config `swiglu_limit` (a nested `text_config` wins); None where the family's activation is not
+    the clamped SwiGLU (gpt-oss's own swiglu_limit belongs to another activation) or the config has no limit."""
+    return _clamped_swiglu_field(config, "swiglu_limit", ("swiglu-limit", "swigluoai-limit"))
 
 
-def moe_activation(config: dict) -> ClampedSwiglu | None:
-    """The clamped SwiGLU-OAI of a config that declares it (`hidden_act: swigluoai` with `swiglu_limit` and
-    `swiglu_alpha`, the text config first), else None (plain SiLU-and-mul, or the non-gated relu2 of Nemotron-H)."""
+def swiglu_alpha(config: dict) -> float | None:
+    """The alpha of the SwiGLU-OAI a family's engines clamp (core/sources/families.py `activation` "swigluoai-limit",
+    MiniMax-M3 / M3.1: gate * sigmoid(alpha * gate) * (up + 1), gate and up clamped as swiglu_limit says; vLLM 0.34
+    minimax_m3 MiniMaxM3MoE `swiglu_alpha=config.swiglu_alpha`, SGLang 0.5.23 `gemm1_alpha`): config
+    `swiglu_alpha`; None for every other activation."""
+    return _clamped_swiglu_field(config, "swiglu_alpha", ("swigluoai-limit",))
+
+
+def _clamped_swiglu_field(config: dict, key: str, activations: tuple[str, ...]) -> float | None:
+    family = family_of(config)
+    if family is None or family.activation not in activations:
+        return None
     for c in (config.get("text_config") or {}, config):
-        if c.get("hidden_act") == "swigluoai" and all(isinstance(c.get(k), (int, float)) for k in
-                                                      ("swiglu_limit", "swiglu_alpha")):
-            return ClampedSwiglu(float(c["swiglu_alpha"]), float(c["swiglu_limit"]))
+        v = c.get(key) if isinstance(c, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return float(v)
     return None
 
 

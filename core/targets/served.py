@@ -25,6 +25,7 @@ from ..sources.families import FAMILIES, Family, family_of
 from .engine_config import source_load_refusal
 from .engines import RELEASES, EngineError, engine_inner_method, release_for
 from .inner_methods import stale_block
+from .minimax_m3 import MINIMAX_M3_FORMATS, MINIMAX_M3_REFUSED
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
            "refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
@@ -174,6 +175,7 @@ class Refused:
     proof: str
 
 
+_GLM5_NEXT = {"nvfp4-modelopt-hf": "modelopt_fp4", "nvfp4-ct": "compressed-tensors"}  # its releases' formats
 # (family, format, release) the engine refuses, e.g. SGLang's quantised-Mixtral model (fam-mla's row)
 REFUSED: tuple[Refused, ...] = (
     Refused("mixtral", "nvfp4-modelopt-hf", "sglang 0.5.23",
@@ -186,6 +188,10 @@ REFUSED: tuple[Refused, ...] = (
             "SGLang cannot load the ModelOpt source itself: mllama4.py _handle_expert_scale_params takes a stacked "
             "`experts.gate_up_proj_weight_scale` for a single scale for all experts (RuntimeError: expand)",
             "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_modelopt_llama4_source_itself"),
+    *(Refused("glm5-next", fmt, "sglang 0.5.23", "SGLang 0.5.23 registers no Glm5NextForCausalLM (glm5_next.py's "
+              "EntryClass is [Glm5NextForConditionalGeneration] alone) and its Transformers fallback has none either: "
+              "\"Cannot find model module. 'Glm5NextForCausalLM' is not a registered model in the Transformers library\"",
+              "serving_tests/test_engine_refusals.py::test_sglang_has_no_glm5_next_text_model") for fmt in _GLM5_NEXT),
     # the real producers' outputs (tests/fixtures/producers) no engine loads, as the producer wrote them
     *(Refused(family, "mxfp4-modelopt-hf", key, (
         "SGLang cannot load ModelOpt's MXFP4 export itself: `_parse_modelopt_quant_config` maps no quant_algo "
@@ -199,31 +205,7 @@ REFUSED: tuple[Refused, ...] = (
         "quantizations in vLLM\")"),
         "serving_tests/test_engine_refusals.py::test_neither_engine_loads_the_modelopt_mxfp4_source_itself")
       for family in ("qwen3-moe", "deepseek-v3") for key in ENGINE_VERSIONS),
-    # MiniMax-M3.1 (quant_method mxfp8 + compressed-tensors NVFP4 experts): the release builds MXFP8 experts for them
-    *(Refused(family, "nvfp4-ct-mxfp8", "sglang 0.5.23",
-              "SGLang 0.5.23 builds `quant_method: mxfp8` as Fp8Config (quantization/__init__.py QUANTIZATION_METHODS "
-              "'mxfp8': Fp8Config, MXFP8 experts), which cannot load M3.1's NVFP4 `weight_packed` experts (FusedMoE "
-              "_load_w13: size mismatch); its M3.1 config, MiniMaxM3Nvfp4Config, is built only for `--quantization "
-              "minimax_m3_nvfp4` (model_config.py: \"Resolved by the MiniMax override from the MoE fields\", but no "
-              "override_quantization_method in the release claims moe_quant_algo)",
-              "serving_tests/test_engine_refusals.py::test_minimax_m31_experts_are_built_as_mxfp8_by_the_release")
-      for family in ("minimax-m3", "minimax-m3-vl")),
-    *(Refused(family, "nvfp4-ct-mxfp8", "vllm 0.33",
-              "vLLM 0.33.0's ModelOptMxFp8Config.from_config normalises MiniMax's `quant_method: mxfp8` block to "
-              "quant_algo MXFP8, kv_cache_quant_algo and exclude_modules only (moe_quant_algo, which 0.34 reads for "
-              "\"MiniMax-M3.1 checkpoints [that] keep MXFP8 linears but store routed experts as compressed-tensors "
-              "NVFP4\", is dropped): the routed experts get ModelOptMxFp8FusedMoE, whose MXFP8 parameters cannot "
-              "load the NVFP4 `weight_packed` experts (size mismatch)",
-              "serving_tests/test_engine_refusals.py::test_minimax_m31_experts_are_built_as_mxfp8_by_the_release")
-      for family in ("minimax-m3-vl",)),
-    *(Refused("minimax-m3", fmt, "vllm 0.33",
-            "vLLM 0.33.0's MiniMax-M3 attention reads `config.rope_theta` and `config.partial_rotary_factor` "
-            "(models/minimax_m3/nvidia/model.py get_rope(rope_parameters={\"rope_theta\": config.rope_theta, ...})), "
-            "which only its own MiniMaxM3TextConfig sets: the text config of the VL checkpoint (minimax_m3_vl, served). "
-            "A text-only MiniMaxM3SparseForCausalLM config (model_type minimax_m2, as SGLang reads M3's) is built by "
-            "transformers 5.20, which keeps them in rope_parameters: AttributeError",
-            "serving_tests/test_engine_refusals.py::test_vllm_033_cannot_build_the_minimax_m3_text_model")
-      for fmt in ("nvfp4-modelopt-hf", "nvfp4-ct-mxfp8")),
+    *(Refused(*row) for row in MINIMAX_M3_REFUSED),  # core/targets/minimax_m3.py quotes the engines
     *(Refused(family, "mxfp4-ct", "sglang 0.5.23",
               "SGLang cannot load llm-compressor's MXFP4A16 export itself (every Linear quantised, attention too): "
               "its compressed-tensors lookup has no MXFP4 weight-only linear scheme (compressed_tensors.py "
@@ -253,12 +235,10 @@ _HYBRID = (
 _NEW_FAMILIES = (
     ("glm5-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),  # GLM-5.x: V3.2's DSA model in vLLM, DeepseekV2 in SGLang
     ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
-    # MiniMax-M3 (nvidia/MiniMax-M3-NVFP4, MIXED_PRECISION) and M3.1 (quant_method mxfp8, compressed-tensors NVFP4
-    # experts: the engines' resolvers name the block `mxfp8`); the VL wrapper served text-only
-    ("minimax-m3", "nvfp4-modelopt-hf", "modelopt_mixed"),
-    ("minimax-m3", "nvfp4-ct-mxfp8", "mxfp8"),
-    ("minimax-m3-vl", "nvfp4-ct-mxfp8", "mxfp8"),
-    ("minimax-m3-vl", "nvfp4-modelopt-hf", "modelopt_mixed"),
+    # GLM-5.3-Flash (KDA + MLA, kpool indexer, mHC): both classes on vLLM 0.33 / 0.34, the VL one on SGLang (REFUSED)
+    *((family, fmt, method) for family in ("glm5-next", "glm5-next-vl") for fmt, method in _GLM5_NEXT.items()),
+    # MiniMax-M3 / M3.1, text and VL (served text-only): core/targets/minimax_m3.py
+    *((family, fmt, method) for family in ("minimax-m3", "minimax-m3-vl") for fmt, method in MINIMAX_M3_FORMATS.items()),
 )
 
 

@@ -1,5 +1,4 @@
-"""The CPU side of `validate --kernel`'s whole layers (the non-gated one with relu2; MiniMax-M3's gated one with the
-clamped SwiGLU-OAI its config declares) and its whole non-gated layer (validate/kernel_moe.py run_layer: w13 with one
+"""The CPU side of `validate --kernel`'s whole non-gated layer (validate/kernel_moe.py run_layer: w13 with one
 shard, ReLU-squared, then w2 on every (token, expert) row, as fused_marlin_moe chains its two MoE GEMMs), and
 which stacks kernel_runner builds for a gated and a non-gated layer.
 
@@ -14,9 +13,8 @@ from __future__ import annotations
 import torch
 
 from dsv4_convert.core.checkpoint.tensor_model import Role
-from dsv4_convert.core.sources.structure import ClampedSwiglu, moe_activation
-from dsv4_convert.validate.kernel_moe import Stack, clamped_swiglu, reference_layer, relu2, run_layer
-from dsv4_convert.validate.kernel_runner import _LAYER, _SWIGLU_LAYER, _stacks, _whole_layer
+from dsv4_convert.validate.kernel_moe import Stack, reference_layer, relu2, run_layer, swiglu_limited, swigluoai_limited
+from dsv4_convert.validate.kernel_runner import _stacks
 
 
 class _RoutingGemm:
@@ -74,11 +72,53 @@ def test_a_non_gated_layer_stacks_w13_from_the_up_projection_alone():
     assert _stacks(non_gated) == (("w13", (Role.GATE,)), ("w2", (Role.DOWN,)))
 
 
-M3 = ClampedSwiglu(alpha=1.702, limit=7.0)  # transformers 5.20 MiniMaxM3VLTextConfig's swiglu_alpha / swiglu_limit
+def test_a_gated_layer_with_a_swiglu_limit_chains_the_clamped_swiglu(monkeypatch):
+    """GLM-5.3-Flash: w13 = gate | up (N = 2I), the engines' SwiGLU clamped at swiglu_limit, then w2; the input
+    is scaled so that the clamp bites (the runner does the same), and each expert's row is its own clamped MLP."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type("P", (), {"multi_processor_count": 4}))
+    g = torch.Generator().manual_seed(1)
+    experts, hidden, inter, rows, limit = 3, 64, 32, 5, 0.5
+    provider = _RoutingGemm()
+    w13 = provider.stack(torch.randn(experts, 2 * inter, hidden, generator=g) / 8)
+    w2 = provider.stack(torch.randn(experts, hidden, inter, generator=g) / 8)
+    x = torch.randn(rows, hidden, generator=g)
+    act = swiglu_limited(limit)
+    y = run_layer(provider, w13, w2, x, act)
+    assert y.shape == (rows, experts, hidden)
+    assert torch.allclose(y, reference_layer(w13, w2, x, act), rtol=1e-5, atol=1e-5)
+    for e in range(experts):
+        h = x @ w13.reference[e].t()
+        gate, up = h[:, :inter], h[:, inter:]
+        assert (gate > limit).any() and (up.abs() > limit).any()  # the clamp is reached on both halves
+        mlp = torch.nn.functional.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+        assert torch.allclose(y[:, e], mlp @ w2.reference[e].t(), rtol=1e-5, atol=1e-5)
+    # without the clamp the layer differs: the activation is not a no-op here
+    assert not torch.allclose(y, reference_layer(w13, w2, x, swiglu_limited(1e9)), rtol=1e-3, atol=1e-3)
 
 
-def test_a_gated_layer_with_the_clamped_swiglu_chains_the_two_gemms_as_the_engines_do(monkeypatch):
-    """w13 = [gates; ups] (N = 2I), the clamped SwiGLU-OAI on it, w2 on every (token, expert) row."""
+def test_swiglu_limited_clamps_the_gate_above_and_the_up_projection_both_ways():
+    y = torch.tensor([[-20.0, 3.0, 20.0, 20.0, -20.0, 2.0]])  # gate [-20, 3, 20] | up [20, -20, 2]
+    out = swiglu_limited(10.0)(y)
+    silu = torch.nn.functional.silu
+    expected = torch.stack([silu(torch.tensor(-20.0)) * 10.0, silu(torch.tensor(3.0)) * -10.0,
+                            silu(torch.tensor(10.0)) * 2.0])
+    assert torch.allclose(out[0], expected)
+
+
+def test_the_swiglu_limit_is_read_for_glm5_next_only():
+    from dsv4_convert.core.sources.structure import swiglu_limit
+
+    glm = {"architectures": ["Glm5NextForConditionalGeneration"], "text_config": {"swiglu_limit": 10.0}}
+    assert swiglu_limit(glm) == 10.0
+    assert swiglu_limit({"architectures": ["Glm5NextForCausalLM"], "swiglu_limit": 7}) == 7.0
+    # gpt-oss's swiglu_limit belongs to its own activation (alpha 1.702, up + 1): not this clamp
+    assert swiglu_limit({"architectures": ["GptOssForCausalLM"], "swiglu_limit": 7.0}) is None
+    assert swiglu_limit({"architectures": ["Glm5NextForCausalLM"]}) is None
+
+
+def test_minimax_m3s_swiglu_oai_is_clamped_and_chained_as_the_engines_do(monkeypatch):
+    """MiniMax-M3: w13 = gate | up, vLLM's SWIGLUOAI_UNINTERLEAVE (gate clamped above, up both ways, then
+    gate * sigmoid(alpha * gate) * (up + 1)), then w2; the transformers 5.20 MiniMaxM3VLTextConfig constants."""
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type("P", (), {"multi_processor_count": 4}))
     g = torch.Generator().manual_seed(1)
     experts, hidden, inter, rows = 4, 64, 32, 5
@@ -86,36 +126,25 @@ def test_a_gated_layer_with_the_clamped_swiglu_chains_the_two_gemms_as_the_engin
     w13 = provider.stack(torch.randn(experts, 2 * inter, hidden, generator=g))  # large enough to reach the clamp
     w2 = provider.stack(torch.randn(experts, hidden, inter, generator=g) / 8)
     x = torch.randn(rows, hidden, generator=g)
-    y = run_layer(provider, w13, w2, x, M3)
-    assert torch.allclose(y, reference_layer(w13, w2, x, M3), rtol=1e-5, atol=1e-4)
+    act = swigluoai_limited(1.702, 7.0)
+    y = run_layer(provider, w13, w2, x, act)
+    assert torch.allclose(y, reference_layer(w13, w2, x, act), rtol=1e-5, atol=1e-4)
     h = x @ w13.reference[0].t()
-    assert (h.abs() > M3.limit).any()  # the clamp is exercised
+    assert (h.abs() > 7.0).any()  # the clamp is exercised
     gate, up = h[:, :inter].clamp(max=7.0), h[:, inter:].clamp(-7.0, 7.0)
     assert torch.allclose(y[:, 0], (gate * torch.sigmoid(1.702 * gate) * (up + 1.0)) @ w2.reference[0].t(),
                           rtol=1e-5, atol=1e-4)
-    # the walk fails on a made-up activation: plain SiLU-and-mul (no clamp, no +1) gives another layer
-    silu = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
-    assert not torch.allclose(y[:, 0], silu @ w2.reference[0].t(), rtol=1e-2, atol=1e-2)
+    # the walk fails on the other clamped SwiGLU (GLM-5.3-Flash's silu(gate) * up): another layer
+    assert not torch.allclose(y, reference_layer(w13, w2, x, swiglu_limited(7.0)), rtol=1e-2, atol=1e-2)
 
 
-def test_the_clamp_bounds_the_gate_above_and_the_up_on_both_sides():
-    y = torch.tensor([[10.0, -10.0, 3.0, 9.0, -9.0, -2.0]])  # gates 10, -10, 3; ups 9, -9, -2
-    out = clamped_swiglu(y, M3)
-    same = clamped_swiglu(torch.tensor([[7.0, -10.0, 3.0, 7.0, -7.0, -2.0]]), M3)
-    assert torch.equal(out, same)  # 10 -> 7 (gate, above), 9 -> 7 and -9 -> -7 (up); -10 stays (gate: above only)
-    assert out[0, 1] != clamped_swiglu(torch.tensor([[7.0, -7.0, 3.0, 9.0, -9.0, -2.0]]), M3)[0, 1]
+def test_the_swiglu_oai_alpha_is_read_for_minimax_m3_only():
+    from dsv4_convert.core.sources.structure import swiglu_alpha, swiglu_limit
 
-
-def test_which_whole_layer_a_layer_runs():
-    gated, non_gated = _stacks({0: {Role.GATE: 1, Role.UP: 2, Role.DOWN: 3}}), _stacks({0: {Role.GATE: 1, Role.DOWN: 3}})
-    assert _whole_layer(non_gated, None) == _LAYER and _whole_layer(gated, M3) == _SWIGLU_LAYER
-    assert _whole_layer(gated, None) is None  # plain SiLU-and-mul: the two stacks' own cases
-
-
-def test_the_activation_comes_from_the_config_the_engine_reads():
     m3 = {"architectures": ["MiniMaxM3SparseForConditionalGeneration"],
           "text_config": {"hidden_act": "swigluoai", "swiglu_alpha": 1.702, "swiglu_limit": 7.0}}
-    assert moe_activation(m3) == M3 and moe_activation(m3["text_config"]) == M3
-    # DeepSeek-V4's swiglu_limit clamps a SiLU-and-mul (hidden_act silu): not this activation
-    assert moe_activation({"hidden_act": "silu", "swiglu_limit": 10.0}) is None
-    assert moe_activation({"hidden_act": "swigluoai"}) is None  # gpt-oss's fixed constants live in its own method
+    assert (swiglu_alpha(m3), swiglu_limit(m3)) == (1.702, 7.0)
+    assert swiglu_alpha({"architectures": ["MiniMaxM3SparseForCausalLM"], "swiglu_alpha": 1.702}) == 1.702
+    # GLM-5.3-Flash clamps a plain SwiGLU; gpt-oss's constants belong to its own method: no alpha read for them
+    assert swiglu_alpha({"architectures": ["Glm5NextForCausalLM"], "swiglu_alpha": 1.702, "swiglu_limit": 7}) is None
+    assert swiglu_alpha({"architectures": ["GptOssForCausalLM"], "swiglu_alpha": 1.702}) is None
