@@ -8,10 +8,10 @@ from __future__ import annotations
 
 __all__ = ["MINIMAX_M3_FORMATS", "MINIMAX_M3_REFUSED"]
 
-# format -> the engines' method for the non-expert layers: nvidia/MiniMax-M3-NVFP4's ModelOpt MIXED_PRECISION, and
+# (format, the engines' method for the non-expert layers): nvidia/MiniMax-M3-NVFP4's ModelOpt MIXED_PRECISION, and
 # M3.1's `quant_method: mxfp8` (MXFP8 linears, compressed-tensors NVFP4 experts), which both engines' resolvers name
 # `mxfp8` (core/targets/inner_methods.py); rows on every release but those MINIMAX_M3_REFUSED names
-MINIMAX_M3_FORMATS = {"nvfp4-modelopt-hf": "modelopt_mixed", "nvfp4-ct-mxfp8": "mxfp8"}
+MINIMAX_M3_FORMATS = (("nvfp4-modelopt-hf", "modelopt_mixed"), ("nvfp4-ct-mxfp8", "mxfp8"))
 
 _NODES = "serving_tests/test_engine_refusals.py::"
 _MXFP8_EXPERTS = _NODES + "test_minimax_m31_experts_are_built_as_mxfp8_by_the_release"

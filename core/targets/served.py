@@ -238,7 +238,7 @@ _NEW_FAMILIES = (
     # GLM-5.3-Flash (KDA + MLA, kpool indexer, mHC): both classes on vLLM 0.33 / 0.34, the VL one on SGLang (REFUSED)
     *((family, fmt, method) for family in ("glm5-next", "glm5-next-vl") for fmt, method in _GLM5_NEXT.items()),
     # MiniMax-M3 / M3.1, text and VL (served text-only): core/targets/minimax_m3.py
-    *((family, fmt, method) for family in ("minimax-m3", "minimax-m3-vl") for fmt, method in MINIMAX_M3_FORMATS.items()),
+    *((family, fmt, method) for family in ("minimax-m3", "minimax-m3-vl") for fmt, method in MINIMAX_M3_FORMATS),
 )
 
 
