@@ -231,6 +231,9 @@ CASES = (
     # SGLang 0.5.23's Mixtral takes head_dim = hidden_size / heads (mixtral.py), not the fixture's head_dim 32:
     # it cannot load this tiny export (a real Mixtral's head_dim is that quotient), so it proves vLLM only
     Case("mixtral", "nvfp4-ct", producer="llmc-mixtral-nvfp4a16", engines=("vllm",)),
+    # llm-compressor's MXFP4A16: vLLM's CT MXFP4 MoE method (unpadded); SGLang cannot load it (test_engine_refusals.py)
+    Case("qwen3-moe", "mxfp4-ct", producer="llmc-qwen3-moe-mxfp4a16", engines=("vllm",)),
+    Case("mixtral", "mxfp4-ct", producer="llmc-mixtral-mxfp4a16", engines=("vllm",)),
 )
 
 

@@ -96,7 +96,7 @@ def test_neither_engine_loads_the_modelopt_mxfp4_source_itself(engine_loads, nam
                                      "found 'mxfp4'"), r
 
 
-@pytest.mark.skipif(ENGINE != "sglang", reason="vLLM loads it (its CT MXFP4 MoE method; the plugin is not proven)")
+@pytest.mark.skipif(ENGINE != "sglang", reason="vLLM loads it: served (serving_tests/differential.py, its CT MXFP4 MoE method)")
 @pytest.mark.parametrize("name", ["llmc-qwen3-moe-mxfp4a16", "llmc-mixtral-mxfp4a16"])
 def test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself(engine_loads, name):
     """llm-compressor 0.14's MXFP4A16 scheme quantises every Linear (attention too): SGLang 0.5.23's compressed-tensors

@@ -160,6 +160,9 @@ def _rows(key: str) -> tuple[Served, ...]:
         # llm-compressor 0.14's NVFP4A16 Mixtral; on SGLang unproven (serving_tests/differential.py says why)
         *((Served("mixtral", "nvfp4-ct", key, frozenset({"compressed-tensors"}),
                   (_differential("mixtral", "nvfp4-ct-llmc-nvfp4a16"),)),) if key in ("vllm 0.33", "vllm 0.34") else ()),
+        # llm-compressor 0.14's MXFP4A16 on vLLM (its CT MXFP4 MoE method never pads: engines.py _VLLM_CT_PAD)
+        *(Served(f, "mxfp4-ct", key, frozenset({"compressed-tensors"}), (_differential(f, "mxfp4-ct-llmc-mxfp4a16"),))
+          for f in ("qwen3-moe", "mixtral") if not _refused(f, "mxfp4-ct", key)),
     )
 
 
@@ -206,7 +209,6 @@ REFUSED: tuple[Refused, ...] = (
               "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself")
       for family in ("qwen3-moe", "mixtral")),
 )
-
 
 
 # fam-hybrid: (family, source format, the engines' method for the non-expert layers, the engine releases whose
