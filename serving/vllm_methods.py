@@ -164,6 +164,9 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
             replace_parameter(layer, "w13_weight", w4a8_w13_final(layer.w13_weight.data))
         for name in ("w13_weight_scale", "w2_weight_scale"):
             replace_parameter(layer, name, getattr(layer, name).data.view(torch.float8_e8m0fnu))
+        if _compressed_tensors(self.spec.source_format) and release_for("vllm", vllm.__version__).keeps_moe_input_scales:
+            for stack in ("w13", "w2"):  # vLLM's CT MXFP4 method keeps the checkpoint name too (move_parameter)
+                layer.register_parameter(f"{stack}_weight_packed", getattr(layer, f"{stack}_weight"))
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors
 
 

@@ -11,13 +11,8 @@ __all__ = ["draft_diff", "model_state", "run_diff_cases", "state_diff", "zero_fi
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter and buffer by its full name (vLLM and SGLang hold no other tensor a kernel reads
-    that a checkpoint fills; workspaces are allocated, not loaded). A parameter object registered under two names
-    by vLLM's `move_parameter` (0.34 model_executor/utils.py: "Both names then refer to one object and so to one
-    storage: the loader writes through the checkpoint name, kernels read the runtime name"; its compressed-tensors
-    MXFP4 MoE method moves `w13_weight_packed` to `w13_weight`) is one tensor: it is compared once, under the
-    runtime name, as vLLM's `kernel_parameters` reports it."""
-    state = {name: p.data for name, p in model.named_parameters(remove_duplicate=False)
-             if getattr(p, "runtime_name", None) in (None, name.rsplit(".", 1)[-1])}
+    that a checkpoint fills; workspaces are allocated, not loaded)."""
+    state = {name: p.data for name, p in model.named_parameters(remove_duplicate=False)}
     state.update({name: b for name, b in model.named_buffers(remove_duplicate=False) if b is not None})
     return state
 

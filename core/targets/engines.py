@@ -60,8 +60,8 @@ class Release:
     below: tuple[int, ...]  # first version past the range (not covered)
     verified: str  # the version the plugin and the layout were verified on
     w4a8: bool  # can serve a W4A8 (fp8 activations) Marlin checkpoint
-    # after processing an NVFP4 MoE layer, the engine's own method keeps ModelOpt's fp32 input scales and
-    # compressed-tensors' `w13/w2_weight_packed` (a second name of `w13/w2_weight`); False: input scales None
+    # after processing an NVFP4 MoE layer, the engine's own method keeps ModelOpt's fp32 input scales and (NVFP4 and
+    # MXFP4) compressed-tensors' `w13/w2_weight_packed` (a second name of `w13/w2_weight`); False: input scales None
     keeps_moe_input_scales: bool
     kernels: KernelOps  # its Marlin MoE GEMM and repack
 
