@@ -61,7 +61,8 @@ _PRODUCER_CASES = {
 @pytest.fixture(scope="module")
 def engine_loads(tmp_path_factory):
     """Each source loaded alone by the engine (its own construction and loader), all in one spawned rank: the
-    producers' outputs and, on SGLang, the ModelOpt Llama-4 replica."""
+    producers' outputs, a replica pruned per layer (differential.py `pruned`) and, on SGLang, the ModelOpt Llama-4
+    replica and llm-compressor's DeepSeek-V3 with the keys its export lacks (`release-keys`)."""
     tmp = tmp_path_factory.mktemp("refusals")
     cases = {name: {"source": str(PRODUCERS / name), "dtype": "bfloat16", "fmt": fmt}
              for name, fmt in _PRODUCER_CASES.items()}
