@@ -229,7 +229,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                shared="shared_experts", mixed=True,
                nested=True, text_model_type="minimax_m2", lm_head="language_model.lm_head.weight",
                config=_MINIMAX_M3),
-    FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
+    FamilySpec("mixtral", ("nvfp4-modelopt-hf", "nvfp4-ct"), "mixtral", "block_sparse_moe"),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
                router="router", lm_head="language_model.lm_head.weight", stacked=True,
                moe_every=2, config={"interleave_moe_layer_step": 2}),

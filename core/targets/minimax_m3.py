@@ -6,6 +6,8 @@ shows it. Pure data: no engine import.
 
 from __future__ import annotations
 
+from .refusals import Refused
+
 __all__ = ["MINIMAX_M3_FORMATS", "MINIMAX_M3_REFUSED"]
 
 # (format, the engines' method for the non-expert layers): nvidia/MiniMax-M3-NVFP4's ModelOpt MIXED_PRECISION, and
@@ -35,11 +37,11 @@ _VLLM_033_TEXT = (
     "MiniMaxM3SparseForCausalLM config (model_type minimax_m2, as SGLang reads M3's) is built by transformers 5.20, "
     "which keeps them in rope_parameters: AttributeError")
 
-# (family, source format, release, the engine's reason, the test node): core/targets/served.py Refused's fields
-MINIMAX_M3_REFUSED = (
+# (family, source format, release, the engine's reason, the test node)
+MINIMAX_M3_REFUSED = tuple(Refused(*row) for row in (
     ("minimax-m3", "nvfp4-ct-mxfp8", "sglang 0.5.23", _SGLANG_M31, _MXFP8_EXPERTS),
     ("minimax-m3-vl", "nvfp4-ct-mxfp8", "sglang 0.5.23", _SGLANG_M31, _MXFP8_EXPERTS),
     ("minimax-m3-vl", "nvfp4-ct-mxfp8", "vllm 0.33", _VLLM_033_M31, _MXFP8_EXPERTS),
     ("minimax-m3", "nvfp4-modelopt-hf", "vllm 0.33", _VLLM_033_TEXT, _TEXT_033),
     ("minimax-m3", "nvfp4-ct-mxfp8", "vllm 0.33", _VLLM_033_TEXT, _TEXT_033),
-)
+))
