@@ -63,6 +63,9 @@ equivalent; nothing else is changed):
   tensor but the dense MXFP8 linears, which both models process with the same emulation kernel.
 - DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
   no compressor or indexer is built (vLLM's compressor takes head sizes 512 / 128 only, beyond synth's shrunk dims).
+- Kimi-K3 (vLLM; serving_tests/vllm/kimi_k3_cpu.py, each with its reason): vLLM's own GEMM + all-reduce switch off
+  (`VLLM_KIMI_K3_GEMM_AR=0`: its cute_dsl kernels), prefix caching off (the CPU attention backend's block size fails
+  vLLM's Mamba block check for the hybrid KDA / MLA cache), the CUDA stream placeholders of DeepSeek-V4's stand-in.
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """
@@ -117,7 +120,10 @@ UNINITIALISED = {
 
 # parts a family's proof must compare (a model that dropped them would compare the rest and pass): DeepSeek-V4.1's
 # Engram tables, vision tower and routed experts, in each engine's own parameter names
-MUST_COMPARE = {"deepseek-v41": ("engram.embed", "vision.", "aligner.", "experts.w13_weight")}
+MUST_COMPARE = {"deepseek-v41": ("engram.embed", "vision.", "aligner.", "experts.w13_weight"),
+                # Kimi-K3: the routed experts (latent width), the latent projections, KDA's and MLA's attention
+                "kimi-k3": ("experts.w13_weight", "experts.w2_weight_scale", "routed_expert_up_proj", "A_log",
+                            "kv_b_proj")}
 
 
 @pytest.mark.parametrize("case", IDS)

@@ -25,6 +25,8 @@ from common import installed_engine, spawn_ranks
 from differential import PRODUCERS, Case, make_source
 
 ENGINE = installed_engine()
+# Kimi-K3.1's architecture: vLLM 0.34.0 has it, vLLM 0.33.0 and SGLang 0.5.23 do not (core/targets/engine_config.py)
+NO_KIMI_K31 = ENGINE == "sglang" or (ENGINE == "vllm" and __import__("vllm").__version__.startswith("0.33."))
 if ENGINE is None:
     pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -65,6 +67,9 @@ def engine_loads(tmp_path_factory):
     if ENGINE == "sglang":
         src = make_source(tmp, Case("llama4", "nvfp4-modelopt-hf"))
         cases["llama4"] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf"}
+    if NO_KIMI_K31:
+        src = make_source(tmp, Case("kimi-k3", "mxfp4-ct", edit="k31"))
+        cases["kimi-k31"] = {"source": str(src), "dtype": "bfloat16", "fmt": "mxfp4-ct"}
     (result,) = spawn_ranks("harness_refusal:run", {"cases": cases}, tmp, world=1)
     return result
 
@@ -116,3 +121,19 @@ def test_neither_engine_builds_the_producers_deepseek_v3_config(engine_loads, na
     else:
         assert r["error"] == "AttributeError: 'DeepseekV3Config' object has no attribute 'moe_layer_freq'", r
         assert "_is_layer_sparse" in r["traceback"], r["traceback"]
+
+
+@pytest.mark.skipif(not NO_KIMI_K31, reason="vLLM 0.34 builds Kimi-K3.1 (test_differential.py proves Kimi-K3)")
+def test_engine_has_no_kimi_k31_architecture(engine_loads):
+    """vLLM 0.33.0: its config lookup has no model_type kimi_k31 (nor its registry KimiK31ForConditionalGeneration), so
+    ModelConfig refuses the checkpoint before any model is built. SGLang 0.5.23: neither its config registry nor its
+    model classes know kimi_k31 / KimiK31ForConditionalGeneration. core/targets/engine_config.py quotes both."""
+    from importlib import import_module
+
+    r = _refused(engine_loads, "kimi-k31")
+    if ENGINE == "vllm":
+        registry = import_module("vllm.model_executor.models.registry")
+        assert "KimiK31ForConditionalGeneration" not in registry._VLLM_MODELS, "vLLM 0.33 has Kimi-K3.1 now"
+        assert "model type `kimi_k31` but Transformers does not recognize this architecture" in r["error"], r
+    else:
+        assert "kimi_k31" in r["error"] or "KimiK31ForConditionalGeneration" in r["error"], r

@@ -229,6 +229,10 @@ _NEW_FAMILIES = (
     ("glm5-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),  # GLM-5.x: V3.2's DSA model in vLLM, DeepseekV2 in SGLang
     ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
 )
+# Kimi-K3 (served text-only) on these releases; the non-expert layers' method is the engine's own for the release's block
+# (vLLM 0.33 / 0.34 rewrite the MXFP4 one to `mxfp4`: core/targets/inner_methods.py _KIMI_K3_TYPES). Kimi-K3.1's
+# architecture is absent from vLLM 0.33.0 and SGLang 0.5.23: core/targets/engine_config.py refuses it there
+_KIMI_K3 = ("vllm 0.33", "vllm 0.34")
 
 
 # further differential cases of a family (serving_tests/differential.py), named in its row after the first
@@ -241,6 +245,14 @@ _MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192", "i96"),
 _REPLICA_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("nemotron-3-super",)}  # LatentMoE (moe_latent_size)
 
 
+def _kimi_k3_rows(key: str) -> tuple[Served, ...]:
+    blocks = {fmt: {"quant_method": "compressed-tensors", "format": f"{fmt[:5]}-pack-quantized"}
+              for fmt in ("mxfp4-ct", "nvfp4-ct")}
+    return tuple(Served("kimi-k3", fmt, key, _method(_engine_of(key), block, "kimi_k3"),
+                        (_differential("kimi-k3", f"{fmt}-h512"),))
+                 for fmt, block in blocks.items() if key in _KIMI_K3)
+
+
 def _hybrid_rows(key: str) -> tuple[Served, ...]:
     return tuple(Served(family, fmt, key, frozenset({method}),
                         (_differential(family, fmt),
@@ -249,7 +261,8 @@ def _hybrid_rows(key: str) -> tuple[Served, ...]:
                  for family, fmt, method in (*_HYBRID, *_NEW_FAMILIES) if not _refused(family, fmt, key))
 
 
-SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS for row in (*_rows(key), *_hybrid_rows(key)))
+SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS
+                                   for row in (*_rows(key), *_hybrid_rows(key), *_kimi_k3_rows(key)))
 
 
 def entries(family: str | None = None, source_format: str | None = None, engine: str | None = None) -> list[Served]:

@@ -26,6 +26,7 @@ from dsv4_cpu import as_sm120, cuda_model_class, use_cpu_stand_ins
 from dsv41_cpu import as_sm120_device, engram_config, use_cuda_quant_config, use_mxfp8_emulation
 from harness_gpt_oss_rows import engine_rows_as_plugin
 from harness_models import _marlin_runs_here
+from kimi_k3_cpu import kimi_k3_cache_config, use_cpu_kimi_k3
 from mla_cpu import use_cpu_reference_kernels
 from nemotron_cpu import use_cpu_nemotron_h
 
@@ -35,8 +36,10 @@ def _model(path: str, dtype: str, text_only: bool = False):
 
     model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
                                language_model_only=text_only)
+    cache = kimi_k3_cache_config(model_config)  # Kimi-K3: kimi_k3_cpu.py
     vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"),
-                             engram_config=engram_config(model_config))  # DeepSeek-V4.1: dsv41_cpu.py
+                             engram_config=engram_config(model_config),  # DeepSeek-V4.1: dsv41_cpu.py
+                             **({"cache_config": cache} if cache is not None else {}))
     model_class = cuda_model_class(model_config.hf_config)  # DeepSeek-V4 / V4.1, DSA: serving_tests/vllm/dsv4_cpu.py
     return _load(path, vllm_config, model_config, model_class)
 
@@ -105,6 +108,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     use_cpu_stand_ins()  # DeepSeek-V4's CUDA model: serving_tests/vllm/dsv4_cpu.py
     use_cuda_quant_config()  # DeepSeek-V4.1's quantisation config class: serving_tests/vllm/dsv41_cpu.py
     use_mxfp8_emulation()  # DeepSeek-V4.1's MXFP8 dense linears: serving_tests/vllm/dsv41_cpu.py
+    use_cpu_kimi_k3()  # Kimi-K3's GEMM + all-reduce switch: serving_tests/vllm/kimi_k3_cpu.py
     ops.gptq_marlin_repack = _reference_repack
     ops.scaled_fp8_quant = _native_static_fp8_quant  # its CUDA op static_scaled_fp8_quant (FP8 layers, both models)
     # the CPU platform packs unquantised weights for its own GEMM (a CUDA GPU keeps them as loaded)

@@ -1,0 +1,55 @@
+"""Kimi-K3 / K3.1 in the family, served and engine-config tables (pure; the proofs are serving_tests'): both
+architectures name the kimi-k3 family, its release's expert names parse to that family's scheme, vLLM 0.33 and 0.34
+serve both formats with the method each engine builds for the non-expert layers (vLLM rewrites the MXFP4 block to
+`mxfp4`), and Kimi-K3.1's architecture is refused by exactly the releases whose registries lack it.
+
+No substitutions: the tables are the code under test; the configs are the keys those tables read."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsv4_convert.core.checkpoint.tensor_model import Role
+from dsv4_convert.core.sources.families import family_of
+from dsv4_convert.core.sources.naming import parse_expert_name
+from dsv4_convert.core.targets.served import entries, inner_method, refusal
+
+K3 = {"architectures": ["KimiK3ForConditionalGeneration"], "model_type": "kimi_k3"}
+K31 = {"architectures": ["KimiK31ForConditionalGeneration"], "model_type": "kimi_k31"}
+BLOCKS = {"mxfp4-ct": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized"},
+          "nvfp4-ct": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}}
+
+
+def test_both_architectures_are_kimi_k3_and_its_expert_names_parse():
+    assert family_of(K3).name == family_of(K31).name == "kimi-k3"
+    parsed = parse_expert_name("language_model.layers.4.block_sparse_moe.experts.9.w2.weight_packed")
+    assert parsed is not None and parsed.scheme is family_of(K3).source_scheme
+    assert (parsed.layer, parsed.expert, parsed.role) == ("4", 9, Role.DOWN)
+
+
+def test_vllm_builds_mxfp4_for_kimi_k3s_compressed_tensors_mxfp4_block_only():
+    """vLLM 0.33 / 0.34 KimiK3ForConditionalGenerationConfig rewrites quant_method to mxfp4 for the MXFP4 format of
+    Kimi-K3 only: the same block of another model type, and the NVFP4 block, stay compressed-tensors."""
+    assert inner_method("vllm", BLOCKS["mxfp4-ct"], "kimi_k3") == "mxfp4"
+    assert inner_method("vllm", BLOCKS["mxfp4-ct"], "qwen3_moe") == "compressed-tensors"
+    assert inner_method("vllm", BLOCKS["nvfp4-ct"], "kimi_k3") == "compressed-tensors"
+    assert inner_method("sglang", BLOCKS["mxfp4-ct"], "kimi_k3") == "compressed-tensors"
+
+
+@pytest.mark.parametrize("fmt", sorted(BLOCKS))
+def test_served_on_vllm_033_and_034_not_on_sglang(fmt):
+    assert {e.engine for e in entries("kimi-k3", fmt)} == {"vllm 0.33", "vllm 0.34"}
+    for key in ("vllm 0.33", "vllm 0.34", "vllm"):
+        assert refusal(K3, fmt, key, BLOCKS[fmt]) is None, key
+    assert "no serving test loads a kimi-k3 checkpoint" in refusal(K3, fmt, "sglang", BLOCKS[fmt])
+
+
+def test_kimi_k31_is_refused_where_the_release_has_no_such_architecture():
+    block = BLOCKS["mxfp4-ct"]
+    assert refusal(K31, "mxfp4-ct", "vllm 0.34", block) is None
+    assert refusal(K31, "mxfp4-ct", "vllm", block) is None  # vLLM 0.34 has it: the engine as a whole serves it
+    assert "model type `kimi_k31` but Transformers does not recognize" in refusal(K31, "mxfp4-ct", "vllm 0.33", block)
+    for engine in ("sglang", "sglang 0.5.23"):
+        assert "no model class KimiK31ForConditionalGeneration" in refusal(K31, "mxfp4-ct", engine, block)
+    # the walk fails on the K3 architecture: it is no K3.1 and vLLM 0.33 has it
+    assert refusal(K3, "mxfp4-ct", "vllm 0.33", block) is None
