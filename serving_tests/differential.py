@@ -268,16 +268,17 @@ def make_source(tmp, case: Case) -> Path:
     return src
 
 
-def make_case(tmp, case: Case, engine: str, dtype: str) -> tuple[Path, Path]:
+def make_case(tmp, case: Case, engine: str, dtype: str, *, allow_unservable: bool = False) -> tuple[Path, Path]:
     """(the source the engine loads, its conversion for `engine` at `dtype`), each written once per session in
     `tmp` (the session's `case_dir`, serving_tests/conftest.py: the differential and draft tests share them). The
-    engine loads the source itself, or its REFERENCES form where the release as shipped does not load correctly."""
+    engine loads the source itself, or its REFERENCES form where the release as shipped does not load correctly.
+    `allow_unservable`: a refusal's test converts what the gate refuses, to show the engine's own reason."""
     src = make_source(tmp, case)
     out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
     if not out.exists():
         command = "mxfp4-to-marlin" if case.fmt.startswith("mxfp4") else "nvfp4-to-marlin"
         _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q",
-             *CONVERT_ARGS.get(case.edit, ()))
+             *CONVERT_ARGS.get(case.edit, ()), *(("--allow-unservable",) if allow_unservable else ()))
     if case.family in REFERENCES:
         ref = Path(tmp, f"ref-{case.id}")
         if not ref.exists():

@@ -137,3 +137,47 @@ def test_engine_has_no_kimi_k31_architecture(engine_loads):
         assert "model type `kimi_k31` but Transformers does not recognize this architecture" in r["error"], r
     else:
         assert "kimi_k31" in r["error"] or "KimiK31ForConditionalGeneration" in r["error"], r
+
+
+@pytest.fixture(scope="module")
+def kimi_k3_on_sglang(tmp_path_factory, case_dir):
+    """The Kimi-K3 replicas on SGLang 0.5.23 (harness_kimi_k3.py): the NVFP4 source loaded by SGLang's own loader, and
+    the MXFP4 conversion built (its routed experts' method); one spawned rank."""
+    from differential import make_case
+
+    tmp = tmp_path_factory.mktemp("kimi-k3")
+    nvfp4 = make_source(case_dir, Case("kimi-k3", "nvfp4-ct", edit="h512"))
+    mxfp4_src, mxfp4_conv = make_case(case_dir, Case("kimi-k3", "mxfp4-ct", edit="h512"), ENGINE, "bfloat16",
+                                      allow_unservable=True)
+    cases = {"nvfp4-source": {"source": str(nvfp4), "converted": None, "dtype": "bfloat16", "fmt": "nvfp4-ct"},
+             "mxfp4-conversion": {"source": str(mxfp4_src), "converted": str(mxfp4_conv), "dtype": "bfloat16",
+                                  "fmt": "mxfp4-ct"}}
+    (result,) = spawn_ranks("harness_kimi_k3:run", {"cases": cases}, tmp, world=1)
+    return result
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x kimi-k3 nvfp4-ct")
+def test_sglang_cannot_load_the_compressed_tensors_nvfp4_kimi_k3_source_itself(kimi_k3_on_sglang):
+    """SGLang 0.5.23 models/kimi_k3.py load_weights renames every checkpoint `weight_packed` to `weight` ("compressed-
+    tensors MXFP4 stores as weight_packed; Mxfp4MoEMethod uses weight"), but its compressed-tensors NVFP4 MoE scheme
+    names the experts' parameters `w13_weight_packed` / `w2_weight_packed`, and the loader skips an expert name that is
+    not a parameter ("Skip experts of layers outside a truncated config"): the experts' FP4 weights are never loaded,
+    silently (their block scales are)."""
+    r = kimi_k3_on_sglang["nvfp4-source"]
+    assert "error" not in r, r.get("traceback", r)
+    packed = {n: v for n, v in r["nonzero"].items() if n.endswith(("w13_weight_packed", "w2_weight_packed"))}
+    scales = {n: v for n, v in r["nonzero"].items() if n.endswith(("w13_weight_scale", "w2_weight_scale"))}
+    assert packed and set(packed.values()) == {0}, f"SGLang loads the NVFP4 experts now ({packed}): refusal stale"
+    assert scales and all(scales.values()), scales  # the walk: the same load does write the scales
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x kimi-k3 mxfp4-ct")
+def test_sglang_kimi_k3_bypasses_the_plugins_moe_method_for_mxfp4(kimi_k3_on_sglang):
+    """SGLang 0.5.23 models/kimi_k3.py KimiK3MoE: "For MXFP4 compressed-tensors on non-NPU, replace quant_config with
+    Mxfp4Config", whenever `"mxfp4" in quant_config.quant_format`; the plugin's config answers the inner compressed-
+    tensors config's fields (serving/plugin_config.py), so the routed experts get SGLang's own Mxfp4MoEMethod and never
+    the plugin's: the Marlin-packed experts cannot be loaded into it."""
+    r = kimi_k3_on_sglang["mxfp4-conversion"]
+    assert "error" not in r, r.get("traceback", r)
+    assert r["config"] == "SglangMarlinFp4Config", r  # the plugin's config was built for the model...
+    assert r["methods"] and set(r["methods"].values()) == {"Mxfp4MoEMethod"}, r  # ...and bypassed for the experts

@@ -56,6 +56,7 @@ PREFIX = "language_model.layers"
 ROOT = "language_model.model"
 SITU = {"hidden_act": "situ", "activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0}
 _CONV = 4  # short_conv_kernel_size
+_DENSE = 1  # first_k_dense_replace
 _MLA = {"kv_lora_rank": 64, "qk_nope_head_dim": 64, "qk_rope_head_dim": 0, "v_head_dim": 64}
 Linear = Callable[..., None]  # family_layers._linear(out, seed, name, n, k, kind, dtype)
 
@@ -75,7 +76,7 @@ def kimi_k3_config(d: Dims) -> dict:
         "num_hidden_layers": d.layers, "num_attention_heads": d.heads, "num_key_value_heads": d.heads,
         "head_dim": d.head_dim, "intermediate_size": 2 * d.intermediate, "vocab_size": d.vocab, **SITU,
         "moe_intermediate_size": d.intermediate, "num_experts": d.experts, "num_experts_per_token": d.top_k,
-        "num_shared_experts": 1, "first_k_dense_replace": 1, "moe_layer_freq": 1, "use_grouped_topk": True,
+        "num_shared_experts": 1, "first_k_dense_replace": _DENSE, "moe_layer_freq": 1, "use_grouped_topk": True,
         "num_expert_group": 1, "topk_group": 1, "moe_router_activation_func": "sigmoid", "moe_renormalize": True,
         "routed_scaling_factor": 2.5, "routed_expert_hidden_size": latent_width(d), "latent_moe_use_norm": True,
         "q_lora_rank": d.q_lora_rank, **_MLA, "mla_use_nope": True, "rms_norm_eps": 1e-5,
@@ -93,8 +94,11 @@ def kimi_k3_config(d: Dims) -> dict:
 
 
 def kimi_k3_ignore() -> list[str]:
-    """compressed-tensors' ignore list: every Linear but the routed experts (the module docstring says why)."""
-    return ["re:.*lm_head", "re:.*self_attn.*", "re:.*\\.mlp\\..*", "re:.*shared_experts.*",
+    """compressed-tensors' ignore list: every Linear but the routed experts (the module docstring says why). The dense
+    layers' MLP by layer number: SGLang names the MoE block `mlp` too (its hf_to_sglang_mapper `block_sparse_moe` ->
+    `mlp`), so an `.mlp.` pattern would exclude the routed experts there."""
+    return ["re:.*lm_head", "re:.*self_attn.*", *(f"re:.*layers\\.{i}\\.mlp\\..*" for i in range(_DENSE)),
+            "re:.*shared_experts.*",
             "re:.*block_sparse_moe\\.gate$", "re:.*routed_expert_(down|up)_proj", "re:.*vision_tower.*",
             "re:.*mm_projector.*"]
 
@@ -131,7 +135,7 @@ def kimi_k3_tensors(fmt: str, seed: int, d: Dims, dtype: torch.dtype) -> dict[st
         else:
             mla_tensors(out, seed, p, h, d.heads, d.q_lora_rank, dtype, indexer=False, dims=_MLA)
         ones_weight(out, f"{p}.post_attention_layernorm.weight", h, dtype)
-        if i < 1:  # first_k_dense_replace
+        if i < _DENSE:
             _mlp(out, seed, f"{p}.mlp", h, 2 * d.intermediate, dtype)
             continue
         moe = f"{p}.block_sparse_moe"

@@ -205,6 +205,18 @@ REFUSED: tuple[Refused, ...] = (
               "_get_scheme_from_parts: \"No compressed-tensors compatible scheme was found.\")",
               "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself")
       for family in ("qwen3-moe", "mixtral")),
+    # Kimi-K3 on SGLang 0.5.23 (models/kimi_k3.py), each shown by serving_tests/test_engine_refusals.py
+    Refused("kimi-k3", "nvfp4-ct", "sglang 0.5.23",
+            "SGLang cannot load the compressed-tensors NVFP4 source itself: Kimi-K3's load_weights renames every "
+            "`weight_packed` to `weight` (\"compressed-tensors MXFP4 stores as weight_packed; Mxfp4MoEMethod uses "
+            "weight\"), its compressed-tensors NVFP4 MoE names the parameters `w13_weight_packed`, and the loader skips "
+            "an expert name that is no parameter: the experts' FP4 weights are silently never loaded",
+            "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_compressed_tensors_nvfp4_kimi_k3_source_itself"),
+    Refused("kimi-k3", "mxfp4-ct", "sglang 0.5.23",
+            "SGLang's Kimi-K3 MoE bypasses the plugin's MoE method: \"For MXFP4 compressed-tensors on non-NPU, replace "
+            "quant_config with Mxfp4Config\" whenever the config's quant_format holds 'mxfp4' (KimiK3MoE), so the "
+            "routed experts get SGLang's own Mxfp4MoEMethod, which cannot hold Marlin-packed experts",
+            "serving_tests/test_engine_refusals.py::test_sglang_kimi_k3_bypasses_the_plugins_moe_method_for_mxfp4"),
 )
 
 
