@@ -28,6 +28,9 @@ pytestmark = [needs_kernels, pytest.mark.xdist_group("families")]
 
 CASES = [(family, fmt, target) for family, formats in SYNTH_FAMILIES.items() for fmt in formats
          for target in TARGETS]
+# synth sizes a family's replica needs: Kimi-K3's experts run at the latent width H / 2, which vLLM's MXFP4 MoE takes
+# unpadded from 256 (serving_tests/differential.py's h512 edit, the differential proof's size)
+SYNTH_ARGS = {"kimi-k3": ("--hidden", "512")}
 
 
 def _convert(root: Path, family: str, fmt: str, target: str) -> tuple[Path, Path, bool]:
@@ -49,7 +52,7 @@ def reports(tmp_path_factory):
     # one synth per (family, format) first, so that the conversions never race for a source
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda ff: run_cli("synth", root / f"src-{ff[0]}-{ff[1]}", "--family", ff[0], "--format",
-                                         ff[1], "-q"), {(f, x) for f, x, _ in CASES}))
+                                         ff[1], *SYNTH_ARGS.get(ff[0], ()), "-q"), {(f, x) for f, x, _ in CASES}))
         converted = dict(zip(CASES, pool.map(lambda c: _convert(root, *c), CASES)))
         runs = pool.map(lambda c: kernel(converted[c][1], PROVIDER, "--against", converted[c][0]), CASES)
         return {c: (converted[c][2], data) for c, data in zip(CASES, runs)}
@@ -106,4 +109,20 @@ def test_deepseek_v41_trunk_and_dspark_stages_run_through_the_engines_kernels(re
     trunk = {n for layer, ns in experts.items() if not layer.startswith("mtp") for n in ns}
     # synth's default 8 experts a trunk layer: dspark_n_routed_experts 4 (synth/dsv41.py draft_experts)
     assert all(ns == {4} for layer, ns in experts.items() if layer.startswith("mtp")) and min(trunk) > 4, experts
+    assert status(data, "kernel.gemm") == "pass" and status(data, "kernel.repack") == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("fmt", ("mxfp4-ct", "nvfp4-ct"))
+def test_kimi_k3_latent_experts_run_through_the_engines_kernels(reports, fmt, target):
+    """Kimi-K3's routed experts (latent width, synth/kimi_k3.py) ran w13 and w2 through the kernel and passed; served on
+    vLLM, refused on SGLang 0.5.23 (core/targets/served.py REFUSED: converted with --allow-unservable there). Its SiTU
+    activation is not run: the kernel reference chains a whole layer only for non-gated relu2 experts
+    (validate/kernel_moe.py run_layer); the gated w13 and w2 GEMMs are activation-free."""
+    unservable, data = reports[("kimi-k3", fmt, target)]
+    rows = {(r["layer"], r["projection"]) for r in data["kernel"]}
+    record(suite="families-kimi-k3", kernels=KERNELS, format=fmt, target=target, rows=sorted(rows))
+    assert unservable == (target == "sglang")
+    assert {p for _, p in rows} == {"w13", "w2"}, rows
     assert status(data, "kernel.gemm") == "pass" and status(data, "kernel.repack") == "pass"
