@@ -20,7 +20,7 @@ from .families import family_of
 from .naming import parse_expert_name, scheme_roles
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
-           "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts", "model_dims",
+           "situ_betas", "swiglu_limit", "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts", "model_dims",
            "unreadable_tensors"]
 
 
@@ -67,6 +67,32 @@ def model_dims(config: dict) -> dict:
     return {"hidden": get(*EXPERT_WIDTH_KEYS), "intermediate": get("moe_intermediate_size", "intermediate_size"),
             "experts": get("n_routed_experts", "num_local_experts", "num_experts"),
             "layers": get("num_hidden_layers"), "draft_experts": get(_DRAFT_EXPERTS)}
+
+
+def swiglu_limit(config: dict) -> float | None:
+    """The clamp of the experts' SwiGLU for a family whose engines clamp it (core/sources/families.py `activation`
+    "swiglu-limit"): config `swiglu_limit` (a nested `text_config` wins); None where the family's activation is not
+    the clamped SwiGLU (gpt-oss's own swiglu_limit belongs to another activation) or the config has no limit."""
+    family = family_of(config)
+    if family is None or family.activation != "swiglu-limit":
+        return None
+    for c in (config.get("text_config") or {}, config):
+        v = c.get("swiglu_limit") if isinstance(c, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return float(v)
+    return None
+
+
+def situ_betas(config: dict) -> tuple[float, float | None] | None:
+    """(beta, linear_beta or None) of the experts' SiTU for a family whose engines apply it (families.py `activation`
+    "situ": Kimi-K3): `activation_situ_beta` (1.0 when unset) and `activation_situ_linear_beta`, as vLLM 0.34's KimiMoE
+    hands them to its FusedMoE (a nested `text_config` wins); None for any other family."""
+    family = family_of(config)
+    if family is None or family.activation != "situ":
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    beta, linear = text.get("activation_situ_beta"), text.get("activation_situ_linear_beta")
+    return float(beta or 1.0), (float(linear) if linear else None)
 
 
 # DeepSeek-V4.1's DSpark draft stages size their MoE with this field, not n_routed_experts (vLLM 0.34

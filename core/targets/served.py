@@ -174,6 +174,7 @@ class Refused:
     proof: str
 
 
+_GLM5_NEXT = {"nvfp4-modelopt-hf": "modelopt_fp4", "nvfp4-ct": "compressed-tensors"}  # its releases' formats
 # (family, format, release) the engine refuses, e.g. SGLang's quantised-Mixtral model (fam-mla's row)
 REFUSED: tuple[Refused, ...] = (
     Refused("mixtral", "nvfp4-modelopt-hf", "sglang 0.5.23",
@@ -186,6 +187,10 @@ REFUSED: tuple[Refused, ...] = (
             "SGLang cannot load the ModelOpt source itself: mllama4.py _handle_expert_scale_params takes a stacked "
             "`experts.gate_up_proj_weight_scale` for a single scale for all experts (RuntimeError: expand)",
             "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_modelopt_llama4_source_itself"),
+    *(Refused("glm5-next", fmt, "sglang 0.5.23", "SGLang 0.5.23 registers no Glm5NextForCausalLM (glm5_next.py's "
+              "EntryClass is [Glm5NextForConditionalGeneration] alone) and its Transformers fallback has none either: "
+              "\"Cannot find model module. 'Glm5NextForCausalLM' is not a registered model in the Transformers library\"",
+              "serving_tests/test_engine_refusals.py::test_sglang_has_no_glm5_next_text_model") for fmt in _GLM5_NEXT),
     # the real producers' outputs (tests/fixtures/producers) no engine loads, as the producer wrote them
     *(Refused(family, "mxfp4-modelopt-hf", key, (
         "SGLang cannot load ModelOpt's MXFP4 export itself: `_parse_modelopt_quant_config` maps no quant_algo "
@@ -206,16 +211,13 @@ REFUSED: tuple[Refused, ...] = (
               "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself")
       for family in ("qwen3-moe", "mixtral")),
     # Kimi-K3 on SGLang 0.5.23 (models/kimi_k3.py), each shown by serving_tests/test_engine_refusals.py
-    Refused("kimi-k3", "nvfp4-ct", "sglang 0.5.23",
-            "SGLang cannot load the compressed-tensors NVFP4 source itself: Kimi-K3's load_weights renames every "
-            "`weight_packed` to `weight` (\"compressed-tensors MXFP4 stores as weight_packed; Mxfp4MoEMethod uses "
-            "weight\"), its compressed-tensors NVFP4 MoE names the parameters `w13_weight_packed`, and the loader skips "
-            "an expert name that is no parameter: the experts' FP4 weights are silently never loaded",
+    Refused("kimi-k3", "nvfp4-ct", "sglang 0.5.23", "SGLang cannot load the compressed-tensors NVFP4 source itself: "
+            "Kimi-K3's load_weights renames every `weight_packed` to `weight` (for Mxfp4MoEMethod), its NVFP4 MoE names "
+            "them `w13_weight_packed`, and the loader skips the unknown name: the experts' weights never load",
             "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_compressed_tensors_nvfp4_kimi_k3_source_itself"),
-    Refused("kimi-k3", "mxfp4-ct", "sglang 0.5.23",
-            "SGLang's Kimi-K3 MoE bypasses the plugin's MoE method: \"For MXFP4 compressed-tensors on non-NPU, replace "
-            "quant_config with Mxfp4Config\" whenever the config's quant_format holds 'mxfp4' (KimiK3MoE), so the "
-            "routed experts get SGLang's own Mxfp4MoEMethod, which cannot hold Marlin-packed experts",
+    Refused("kimi-k3", "mxfp4-ct", "sglang 0.5.23", "SGLang's KimiK3MoE bypasses the plugin's MoE method: \"For MXFP4 "
+            "compressed-tensors on non-NPU, replace quant_config with Mxfp4Config\" (any config whose quant_format holds "
+            "'mxfp4'): the experts get SGLang's Mxfp4MoEMethod, which cannot hold Marlin-packed experts",
             "serving_tests/test_engine_refusals.py::test_sglang_kimi_k3_bypasses_the_plugins_moe_method_for_mxfp4"),
 )
 
@@ -240,11 +242,13 @@ _HYBRID = (
 _NEW_FAMILIES = (
     ("glm5-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),  # GLM-5.x: V3.2's DSA model in vLLM, DeepseekV2 in SGLang
     ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
+    # GLM-5.3-Flash (KDA + MLA, kpool indexer, mHC): both classes on vLLM 0.33 / 0.34, the VL one on SGLang (REFUSED)
+    *((family, fmt, method) for family in ("glm5-next", "glm5-next-vl") for fmt, method in _GLM5_NEXT.items()),
+    # Kimi-K3 (KDA + MLA, latent MoE, SiTU; text-only): vLLM rewrites its MXFP4 block to `mxfp4` (inner_methods.py
+    # _KIMI_K3_TYPES); SGLang 0.5.23 refuses both (REFUSED); K3.1's architecture: core/targets/engine_config.py
+    ("kimi-k3", "mxfp4-ct", "mxfp4"), ("kimi-k3", "nvfp4-ct", "compressed-tensors"),
 )
-# Kimi-K3 (served text-only) on these releases; the non-expert layers' method is the engine's own for the release's block
-# (vLLM 0.33 / 0.34 rewrite the MXFP4 one to `mxfp4`: core/targets/inner_methods.py _KIMI_K3_TYPES). Kimi-K3.1's
-# architecture is absent from vLLM 0.33.0 and SGLang 0.5.23: core/targets/engine_config.py refuses it there
-_KIMI_K3 = ("vllm 0.33", "vllm 0.34")
+_FIRST_CASE = {("kimi-k3", "mxfp4-ct"): "h512", ("kimi-k3", "nvfp4-ct"): "h512"}  # a family's first case, when edited
 
 
 # further differential cases of a family (serving_tests/differential.py), named in its row after the first
@@ -257,24 +261,15 @@ _MORE_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("i192", "i96"),
 _REPLICA_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("nemotron-3-super",)}  # LatentMoE (moe_latent_size)
 
 
-def _kimi_k3_rows(key: str) -> tuple[Served, ...]:
-    blocks = {fmt: {"quant_method": "compressed-tensors", "format": f"{fmt[:5]}-pack-quantized"}
-              for fmt in ("mxfp4-ct", "nvfp4-ct")}
-    return tuple(Served("kimi-k3", fmt, key, _method(_engine_of(key), block, "kimi_k3"),
-                        (_differential("kimi-k3", f"{fmt}-h512"),))
-                 for fmt, block in blocks.items() if key in _KIMI_K3)
-
-
 def _hybrid_rows(key: str) -> tuple[Served, ...]:
     return tuple(Served(family, fmt, key, frozenset({method}),
-                        (_differential(family, fmt),
+                        (_differential(family, "-".join(filter(None, (fmt, _FIRST_CASE.get((family, fmt)))))),
                          *(_differential(family, f"{fmt}-{edit}") for edit in _MORE_PROOFS.get((family, fmt), ())),
                          *(_differential(replica, fmt) for replica in _REPLICA_PROOFS.get((family, fmt), ()))))
                  for family, fmt, method in (*_HYBRID, *_NEW_FAMILIES) if not _refused(family, fmt, key))
 
 
-SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS
-                                   for row in (*_rows(key), *_hybrid_rows(key), *_kimi_k3_rows(key)))
+SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS for row in (*_rows(key), *_hybrid_rows(key)))
 
 
 def entries(family: str | None = None, source_format: str | None = None, engine: str | None = None) -> list[Served]:
