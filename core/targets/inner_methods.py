@@ -33,12 +33,6 @@ FP8_METHODS = frozenset({"fp8", "modelopt", "modelopt_fp8", "deepseek_v4_fp8", "
 _DEEPSEEK_V4_TYPES = ("deepseek_v4", "deepseek_v4_text", "deepseek_v41", "deepseek_v41_text")
 
 
-# vLLM 0.34 model_executor/models/config.py KimiK3ForConditionalGenerationConfig (both Kimi-K3 architectures):
-# "Rewriting ``quant_method`` to ``"mxfp4"`` selects ``Mxfp4Config`` (hence ``Mxfp4MoEMethod``)" for a compressed-tensors
-# `mxfp4-pack-quantized` block; a non-MXFP4 block is left untouched
-_KIMI_K3_TYPES = ("kimi_k3", "kimi_k31")
-
-
 def _modelopt_algo(block: dict) -> str | None:
     """quant_algo of a ModelOpt block (config.json's flat one or hf_quant_config.json's nested one)."""
     inner = block.get("quantization")
@@ -95,8 +89,6 @@ def resolve_vllm(block: dict, model_type: str | None) -> str | None:
         return "deepseek_v4_fp8"
     if method in ("mxfp4", "gpt_oss_mxfp4") and model_type == "gpt_oss":
         return "gpt_oss_mxfp4"
-    if method == "compressed-tensors" and block.get("format") == "mxfp4-pack-quantized" and model_type in _KIMI_K3_TYPES:
-        return "mxfp4"  # KimiK3ForConditionalGenerationConfig.verify_and_update_model_config's rewrite (_KIMI_K3_TYPES)
     return method or None
 
 

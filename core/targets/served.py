@@ -244,9 +244,11 @@ _NEW_FAMILIES = (
     ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
     # GLM-5.3-Flash (KDA + MLA, kpool indexer, mHC): both classes on vLLM 0.33 / 0.34, the VL one on SGLang (REFUSED)
     *((family, fmt, method) for family in ("glm5-next", "glm5-next-vl") for fmt, method in _GLM5_NEXT.items()),
-    # Kimi-K3 (KDA + MLA, latent MoE, SiTU; text-only): vLLM rewrites its MXFP4 block to `mxfp4` (inner_methods.py
-    # _KIMI_K3_TYPES); SGLang 0.5.23 refuses both (REFUSED); K3.1's architecture: core/targets/engine_config.py
-    ("kimi-k3", "mxfp4-ct", "mxfp4"), ("kimi-k3", "nvfp4-ct", "compressed-tensors"),
+    # Kimi-K3 (KDA + MLA, latent MoE, SiTU; text-only). For the MXFP4 source vLLM's architecture hook swaps the block for
+    # `mxfp4` (models/config.py KimiK3ForConditionalGenerationConfig: Mxfp4MoEMethod for its experts); the plugin's
+    # non-expert layers get compressed-tensors (vLLM's walk on the recorded block), every one BF16 either way: the
+    # proof compares them. SGLang 0.5.23 refuses both (REFUSED); K3.1's architecture: core/targets/engine_config.py
+    *(("kimi-k3", fmt, "compressed-tensors") for fmt in ("mxfp4-ct", "nvfp4-ct")),
 )
 _FIRST_CASE = {("kimi-k3", "mxfp4-ct"): "h512", ("kimi-k3", "nvfp4-ct"): "h512"}  # a family's first case, when edited
 
