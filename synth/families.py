@@ -199,7 +199,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                config={"scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True,
                        "qk_norm_type": "per_layer", "rotary_dim": 32, "rope_theta": 5000000, "rms_norm_eps": 1e-6,
                        **MINIMAX_MTP_CONFIG}),  # declared, no weights shipped (synth/mtp.py)
-    FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
+    FamilySpec("mixtral", ("nvfp4-modelopt-hf", "nvfp4-ct"), "mixtral", "block_sparse_moe"),
     # Kimi-K3 (synth/kimi_k3.py): KDA + NoPE MLA, latent MoE with SiTU experts, compressed-tensors on the experts only
     FamilySpec("kimi-k3", ("mxfp4-ct", "nvfp4-ct"), "kimi_k3", "block_sparse_moe", shared="shared_experts",
                dense_layers=1, nested=True, layer_prefix="language_model.layers", lm_head="language_model.lm_head.weight",

@@ -52,3 +52,17 @@ def test_kimi_k31_is_refused_where_the_release_has_no_such_architecture():
         assert "no model class KimiK31ForConditionalGeneration" in refusal(K31, "mxfp4-ct", engine, block)
     # the walk fails on the K3 architecture: it is no K3.1 and vLLM 0.33 has it
     assert refusal(K3, "mxfp4-ct", "vllm 0.33", block) is None
+
+
+def test_vllm_builds_its_native_mxfp4_method_for_kimi_k3_only():
+    """vLLM's Kimi-K3 hook swaps a compressed-tensors MXFP4 block for `mxfp4` (Mxfp4MoEMethod); any other model type
+    keeps the compressed-tensors MoE method, and NVFP4 is never swapped (core/targets/engines.py native_ct)."""
+    from dsv4_convert.core.targets.engines import ENGINES
+
+    vllm = ENGINES["vllm"]
+    assert not vllm.builds_ct_method("mxfp4-pack-quantized", "kimi_k3")
+    assert not vllm.builds_ct_method("mxfp4-pack-quantized", "kimi_k31")
+    assert vllm.builds_ct_method("mxfp4-pack-quantized", "qwen3_moe")
+    assert vllm.builds_ct_method("nvfp4-pack-quantized", "kimi_k3")
+    assert not vllm.builds_ct_method(None, "kimi_k3")
+    assert ENGINES["sglang"].builds_ct_method("mxfp4-pack-quantized", "kimi_k3")
