@@ -73,6 +73,9 @@ equivalent; nothing else is changed):
   method and kernel in both models.
 - DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
   no compressor or indexer is built (vLLM's compressor takes head sizes 512 / 128 only, beyond synth's shrunk dims).
+- Kimi-K3 (vLLM; serving_tests/vllm/kimi_k3_cpu.py, each with its reason): vLLM's own GEMM + all-reduce switch off
+  (`VLLM_KIMI_K3_GEMM_AR=0`: its cute_dsl kernels), prefix caching off (as GLM-5.3-Flash below: a hybrid MLA model),
+  the CUDA stream placeholders of DeepSeek-V4's stand-in.
 - GLM-5.3-Flash (vLLM): built with vLLM's own `--no-enable-prefix-caching` (serving_tests/vllm/glm5next_cpu.py: the
   hybrid hook sets `mamba_block_size` for prefix caching, which the CPU platform then turns off for an MLA model, and
   VllmConfig refuses the pair); SGLang: the engine's fused KDA projections (it fuses them for the ModelOpt source's
@@ -144,6 +147,9 @@ UNINITIALISED = {
 # parts a family's proof must compare (a model that dropped them would compare the rest and pass): DeepSeek-V4.1's
 # Engram tables, vision tower and routed experts, in each engine's own parameter names
 MUST_COMPARE = {"deepseek-v41": ("engram.embed", "vision.", "aligner.", "experts.w13_weight"),
+                # Kimi-K3: the routed experts (latent width), the latent projections, KDA's and MLA's attention
+                "kimi-k3": ("experts.w13_weight", "experts.w2_weight_scale", "routed_expert_up_proj", "A_log",
+                            "kv_b_proj"),
                 # GLM-5.3-Flash: the KDA layer (its short convolutions, A_log), mHC, the kpool indexer, the experts
                 **{f: ("conv1d", "A_log", "hc_attn_fn", "index_kpool_compress_gate", "experts.w13_weight")
                    for f in ("glm5-next", "glm5-next-vl")},

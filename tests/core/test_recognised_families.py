@@ -22,8 +22,6 @@ RECOGNISED = [
      "qwen4-exp", "1", 0, Role.UP),
     ("Qwen4ExpForCausalLM", "qwen4_exp", "model.language_model.layers.1.mlp.experts.0.up_proj.weight",
      "qwen4-exp", "1", 0, Role.UP),
-    ("KimiK3ForConditionalGeneration", "kimi_k3", "language_model.layers.4.block_sparse_moe.experts.9.w2.weight_packed",
-     "kimi-k3", "4", 9, Role.DOWN),
 ]
 
 

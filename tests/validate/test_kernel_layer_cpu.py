@@ -13,7 +13,15 @@ from __future__ import annotations
 import torch
 
 from dsv4_convert.core.checkpoint.tensor_model import Role
-from dsv4_convert.validate.kernel_moe import Stack, reference_layer, relu2, run_layer, swiglu_limited, swigluoai_limited
+from dsv4_convert.validate.kernel_moe import (
+    Stack,
+    reference_layer,
+    relu2,
+    run_layer,
+    situ,
+    swiglu_limited,
+    swigluoai_limited,
+)
 from dsv4_convert.validate.kernel_runner import _stacks
 
 
@@ -116,35 +124,44 @@ def test_the_swiglu_limit_is_read_for_glm5_next_only():
     assert swiglu_limit({"architectures": ["Glm5NextForCausalLM"]}) is None
 
 
-def test_minimax_m3s_swiglu_oai_is_clamped_and_chained_as_the_engines_do(monkeypatch):
-    """MiniMax-M3: w13 = gate | up, vLLM's SWIGLUOAI_UNINTERLEAVE (gate clamped above, up both ways, then
-    gate * sigmoid(alpha * gate) * (up + 1)), then w2; the transformers 5.20 MiniMaxM3VLTextConfig constants."""
+def test_situ_is_vllms_situ_and_mul():
+    """vLLM 0.34 SituAndMul.forward_native, written out: beta * tanh(gate / beta) * sigmoid(gate) * linear_beta *
+    tanh(up / linear_beta), in fp32, returned in the input's dtype; without linear_beta the up projection passes."""
+    gate, up = torch.tensor([-6.0, 0.5, 9.0]), torch.tensor([30.0, -2.0, 100.0])
+    y = torch.cat([gate, up])[None]
+    want = 4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate) * (25.0 * torch.tanh(up / 25.0))
+    assert torch.allclose(situ(4.0, 25.0)(y)[0], want)
+    assert torch.allclose(situ(4.0, None)(y)[0], 4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate) * up)
+    assert situ(4.0, 25.0)(y.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_a_gated_layer_with_situ_chains_it(monkeypatch):
+    """Kimi-K3: w13 = gate | up (N = 2I), SiTU, then w2; each expert's row is its own SiTU MLP, and the activation
+    bends there (a plain SwiGLU gives another layer)."""
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type("P", (), {"multi_processor_count": 4}))
-    g = torch.Generator().manual_seed(1)
-    experts, hidden, inter, rows = 4, 64, 32, 5
+    g = torch.Generator().manual_seed(2)
+    experts, hidden, inter, rows = 3, 64, 32, 5
     provider = _RoutingGemm()
-    w13 = provider.stack(torch.randn(experts, 2 * inter, hidden, generator=g))  # large enough to reach the clamp
+    w13 = provider.stack(torch.randn(experts, 2 * inter, hidden, generator=g))
     w2 = provider.stack(torch.randn(experts, hidden, inter, generator=g) / 8)
     x = torch.randn(rows, hidden, generator=g)
-    act = swigluoai_limited(1.702, 7.0)
+    act = situ(4.0, 25.0)
     y = run_layer(provider, w13, w2, x, act)
-    assert torch.allclose(y, reference_layer(w13, w2, x, act), rtol=1e-5, atol=1e-4)
-    h = x @ w13.reference[0].t()
-    assert (h.abs() > 7.0).any()  # the clamp is exercised
-    gate, up = h[:, :inter].clamp(max=7.0), h[:, inter:].clamp(-7.0, 7.0)
-    assert torch.allclose(y[:, 0], (gate * torch.sigmoid(1.702 * gate) * (up + 1.0)) @ w2.reference[0].t(),
-                          rtol=1e-5, atol=1e-4)
-    # the walk fails on the other clamped SwiGLU (GLM-5.3-Flash's silu(gate) * up): another layer
-    assert not torch.allclose(y, reference_layer(w13, w2, x, swiglu_limited(7.0)), rtol=1e-2, atol=1e-2)
+    assert torch.allclose(y, reference_layer(w13, w2, x, act), rtol=1e-5, atol=1e-5)
+    for e in range(experts):
+        h = x @ w13.reference[e].t()
+        gate, up = h[:, :inter], h[:, inter:]
+        mlp = 4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate) * 25.0 * torch.tanh(up / 25.0)
+        assert torch.allclose(y[:, e], mlp @ w2.reference[e].t(), rtol=1e-4, atol=1e-4)
+    silu = lambda t: torch.nn.functional.silu(t.chunk(2, -1)[0]) * t.chunk(2, -1)[1]  # noqa: E731
+    assert not torch.allclose(y, reference_layer(w13, w2, x, silu), rtol=1e-3, atol=1e-3)
 
 
-def test_the_swiglu_oai_alpha_is_read_for_minimax_m3_only():
-    from dsv4_convert.core.sources.structure import swiglu_alpha, swiglu_limit
+def test_the_situ_betas_are_read_for_kimi_k3_only():
+    from dsv4_convert.core.sources.structure import situ_betas
 
-    m3 = {"architectures": ["MiniMaxM3SparseForConditionalGeneration"],
-          "text_config": {"hidden_act": "swigluoai", "swiglu_alpha": 1.702, "swiglu_limit": 7.0}}
-    assert (swiglu_alpha(m3), swiglu_limit(m3)) == (1.702, 7.0)
-    assert swiglu_alpha({"architectures": ["MiniMaxM3SparseForCausalLM"], "swiglu_alpha": 1.702}) == 1.702
-    # GLM-5.3-Flash clamps a plain SwiGLU; gpt-oss's constants belong to its own method: no alpha read for them
-    assert swiglu_alpha({"architectures": ["Glm5NextForCausalLM"], "swiglu_alpha": 1.702, "swiglu_limit": 7}) is None
-    assert swiglu_alpha({"architectures": ["GptOssForCausalLM"], "swiglu_alpha": 1.702}) is None
+    k3 = {"architectures": ["KimiK3ForConditionalGeneration"],
+          "text_config": {"activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0}}
+    assert situ_betas(k3) == (4.0, 25.0)
+    assert situ_betas({"architectures": ["KimiK31ForConditionalGeneration"], "text_config": {}}) == (1.0, None)
+    assert situ_betas({"architectures": ["Glm5NextForCausalLM"], "activation_situ_beta": 4.0}) is None
