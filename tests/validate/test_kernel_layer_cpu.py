@@ -20,7 +20,6 @@ from dsv4_convert.validate.kernel_moe import (
     run_layer,
     situ,
     swiglu_limited,
-    swigluoai_limited,
 )
 from dsv4_convert.validate.kernel_runner import _stacks
 
