@@ -179,13 +179,13 @@ def test_glm5_next_layers_run_with_the_engines_clamped_swiglu(reports, family, f
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("replica,fmt", [("minimax-m3", "nvfp4-ct-mxfp8"), ("minimax-m3", "nvfp4-modelopt-hf"),
-                                         ("minimax-m3-vl", "nvfp4-ct-mxfp8")])
+@pytest.mark.parametrize("replica,fmt,target", on_targets(("minimax-m3", "nvfp4-ct-mxfp8"), ("minimax-m3", "nvfp4-modelopt-hf"),
+                                                          ("minimax-m3-vl", "nvfp4-ct-mxfp8")))
 def test_minimax_m3_layers_run_whole_with_the_clamped_swiglu(reports, replica, fmt, target):
     """MiniMax-M3 / M3.1: every MoE layer ran w13 (gate | up), w2 and the whole layer with the clamped SwiGLU-OAI its
-    config declares (family activation `swigluoai-limit`; swiglu_alpha 1.702, swiglu_limit 7.0: core/sources/structure.py
-    swiglu_alpha / swiglu_limit), each within its limit. M3.1 on SGLang is not served (--allow-unservable): the kernel still runs."""
+    config declares (family activation `swigluoai-limit`; swiglu_alpha 1.702, swiglu_limit 7.0: structure.py
+    swiglu_alpha / swiglu_limit), each within its limit. M3.1 on SGLang is not served (--allow-unservable): the kernel
+    still runs."""
     unservable, data = reports[(replica, fmt, target)]
     rows = {(r["layer"], r["projection"]): r for r in data["kernel"]}
     layers = {layer for layer, _ in rows}
