@@ -80,7 +80,7 @@ def test_loadable_and_index_complete(ckpts, fmt):
     assert [p.name for p in sorted(root.glob("model-*.safetensors"))] == [
         f"model-{i:05d}-of-00003.safetensors" for i in (1, 2, 3)]
     assert (root / "tokenizer_config.json").exists() and (root / "generation_config.json").exists()
-    assert not list(root.parent.glob(f"{fmt}.partial-*"))
+    assert not list(root.parent.glob(f"{fmt}.partial*"))
 
 
 @pytest.mark.parametrize("fmt", SYNTH_FORMATS)
