@@ -56,7 +56,7 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
             seen[key].append(info["layer"])
             continue
         seen[key] = [info["layer"]]
-        v = moe_rank_tiles(info["quant"], engine_facts(opts.engine).padding, hidden=info["hidden"], intermediate=info["intermediate"],
+        v = moe_rank_tiles(info["quant"], engine_facts(opts.target.engine).padding, hidden=info["hidden"], intermediate=info["intermediate"],
                            tp=opts.tp, ep=opts.ep, experts=experts, gated=info["gated"])
         if v.ok:
             continue
