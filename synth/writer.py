@@ -158,8 +158,9 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
                 real_size, defects, family)
     if not real_size:
         check_defects(defects, format, experts)
-    # an empty OUT is fine; --force replaces only a directory dsv4-convert wrote (runtime/output/rules.py)
-    tree = OutputTree(out, force=force, resumable=False, allow_empty=True)
+    # an empty OUT is fine; --force replaces only a directory dsv4-convert wrote (runtime/output/rules.py);
+    # not durable: a synthetic checkpoint is made again in seconds, so nothing is fsync'd (the rename stays atomic)
+    tree = OutputTree(out, force=force, resumable=False, allow_empty=True, durable=False)
     tree.check()
     try:
         tree.open(f"synth {format} {family} {seed}")

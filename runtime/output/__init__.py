@@ -3,7 +3,8 @@
 rules (rules.py), taking the staging directory (claim.py) and its small records (records.py), which
 no module outside this package uses."""
 
+from .claim import inside_staging
 from .rules import out_path, record_name_ok, refuse_reserved_names
 from .tree import OutputTree, output_paths
 
-__all__ = ["OutputTree", "output_paths", "out_path", "record_name_ok", "refuse_reserved_names"]
+__all__ = ["OutputTree", "inside_staging", "output_paths", "out_path", "record_name_ok", "refuse_reserved_names"]

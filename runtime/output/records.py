@@ -27,7 +27,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, obj) -> None:
+def write_json_atomic(path: Path, obj, *, sync: bool = True) -> None:
     """Through a fresh temporary file (O_EXCL, never through a link a stale one may be) and a rename."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)  # a name, never what it links to
@@ -36,7 +36,8 @@ def write_json_atomic(path: Path, obj) -> None:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

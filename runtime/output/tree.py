@@ -60,12 +60,14 @@ class OutputTree:
     """The one owner of OUT's life cycle: the command builds it and checks it before any work, then
     opens, fills (shards from the workers' scratch directory, files, records), publishes or discards
     the same object. `resumable`: the command has --resume; `allow_empty`: an empty OUT is written
-    into without --force (synth)."""
+    into without --force; `durable=False`: nothing is fsync'd, the rename stays atomic (synth: a synthetic
+    checkpoint is made again in seconds, and the tests make hundreds)."""
 
     def __init__(self, out, *, force: bool = False, resume: bool = False, source: Path | None = None,
-                 resumable: bool = True, allow_empty: bool = False):
+                 resumable: bool = True, allow_empty: bool = False, durable: bool = True):
         self.out, self.path = output_paths(out)  # path: the staging directory, named in messages only
         self.force, self.resume, self.resumable, self.allow_empty = force, resume, resumable, allow_empty
+        self.durable = durable
         self.source = Path(source).resolve() if source is not None else None
         self.stamp: dict = {}
         self._locks = Locks()  # the staging directory's flock (held through publish's rename) and lock file
@@ -136,7 +138,8 @@ class OutputTree:
 
     def _save_progress(self) -> None:
         write_json_atomic(self.path / PROGRESS, {"fingerprint": self.fingerprint, "sources": self.stamp,
-                                                  "hash_algorithm": HASH_ALGORITHM, "shards": self.done})
+                                                  "hash_algorithm": HASH_ALGORITHM, "shards": self.done},
+                          sync=self.durable)
 
     def _source_names(self) -> set[str]:
         """The top-level names of the input: a run copies these into its staging directory."""
@@ -224,7 +227,7 @@ class OutputTree:
         self.file(rel).write_text(text)
 
     def write_json(self, rel: str, obj) -> None:
-        write_json_atomic(self.file(rel), obj)
+        write_json_atomic(self.file(rel), obj, sync=self.durable)
 
     def copy_in(self, source_file: Path, rel: str) -> None:
         """A byte-identical copy of `source_file` (a file of the input) as `rel`."""
@@ -258,10 +261,10 @@ class OutputTree:
             files[rel] = rec if rec else {"hash": file_digest(f), "size": f.stat().st_size}
         manifest = dict(manifest, hash_algorithm=HASH_ALGORITHM, files=files)
         manifest.setdefault("producer", {"name": "dsv4-convert"})
-        write_json_atomic(self.path / name, manifest)
+        write_json_atomic(self.path / name, manifest, sync=self.durable)
 
     def publish(self, step=lambda: None) -> None:
-        """fsync everything, then rename `<out>.partial` to `<out>` (replacing `<out>` under --force).
+        """fsync everything (when durable), then rename `<out>.partial` to `<out>` (replacing `<out>` under --force).
         The staging directory stays flock'd until the rename is done: no other run adopts it meanwhile."""
         if self.source is not None and self.stamp:
             changed = first_change(self.stamp, source_stamp(self.source))
@@ -269,13 +272,14 @@ class OutputTree:
                 raise InputError(f"{changed} changed while it was being converted; nothing was published",
                                  error_id="input.changed_during_run", file=str(self.source / changed),
                                  hint="leave the input alone while a run reads it, then run again")
-        for f in self.path.rglob("*"):
+        for f in self.path.rglob("*") if self.durable else ():
             if f.is_file() and not f.is_symlink():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
         if (self.path / PROGRESS).exists():
             (self.path / PROGRESS).unlink()
-        fsync_dir(self.path)
+        if self.durable:
+            fsync_dir(self.path)
         check_replaceable(self.out, force=self.force, allow_empty=True)  # again: it may have changed since
         self._locks.drop_file(self.path)
         step()  # (the crash tests' step points: each state a kill can leave here is recovered or explained)
@@ -295,7 +299,8 @@ class OutputTree:
             self.published = True
         self._locks.release()
         step()
-        fsync_dir(self.out.parent)
+        if self.durable:
+            fsync_dir(self.out.parent)
         for holder in ([old] if old is not None else []) + self.leftovers:  # --force asked to replace them
             shutil.rmtree(holder)
 

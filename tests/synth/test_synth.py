@@ -333,6 +333,29 @@ def test_existing_out_refused_unless_force(tmp_path):
     write_synthetic_checkpoint(empty, format="mxfp4-ct", **SMALL)
 
 
+def test_synth_writes_through_the_output_tree(tmp_path):
+    """Issue 38: synth stages, locks and publishes through runtime/output/ as the converters do: a run whose
+    OUT another run is writing is refused (output.locked) and leaves that run's staging directory alone; a
+    killed run's staging directory is refused without --force, and replaced with it."""
+    from dsv4_convert.runtime.output import OutputTree
+
+    out = tmp_path / "x"
+    other = OutputTree(out, resumable=False)
+    other.open("another run")
+    try:
+        with pytest.raises(OutputError) as e:
+            write_synthetic_checkpoint(out, format="mxfp4-ct", **SMALL)
+        assert e.value.error_id == "output.locked" and other.path.is_dir() and not out.exists()
+    finally:
+        other._locks.release()  # the other run dies: its lock goes, its staging directory stays
+    with pytest.raises(OutputError) as e:
+        write_synthetic_checkpoint(out, format="mxfp4-ct", **SMALL)
+    assert e.value.error_id == "output.interrupted_run" and "--resume" not in e.value.hint
+    write_synthetic_checkpoint(out, format="mxfp4-ct", force=True, **SMALL)
+    assert json.loads((out / "synth.json").read_text())["format"] == "mxfp4-ct" and not other.path.exists()
+    assert "dsv4-convert.lock" not in json.loads((out / "synth.json").read_text())["written"]
+
+
 @pytest.mark.parametrize("fmt", SYNTH_FORMATS)
 def test_real_size_layout_with_tiny_dims(tmp_path, fmt):
     dims = Dims(layers=1, experts=4, hidden=128, intermediate=64, hash_layers=0, mtp=False)
