@@ -63,6 +63,11 @@ equivalent; nothing else is changed):
   tensor but the dense MXFP8 linears, which both models process with the same emulation kernel.
 - DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
   no compressor or indexer is built (vLLM's compressor takes head sizes 512 / 128 only, beyond synth's shrunk dims).
+- GLM-5.3-Flash (vLLM): built with vLLM's own `--no-enable-prefix-caching` (serving_tests/vllm/glm5next_cpu.py: the
+  hybrid hook sets `mamba_block_size` for prefix caching, which the CPU platform then turns off for an MLA model, and
+  VllmConfig refuses the pair); SGLang: the engine's fused KDA projections (it fuses them for the ModelOpt source's
+  config, not for the plugin's) compared split into the plugin's unfused modules (serving_tests/sglang/
+  harness_kda_split.py). No KDA, mHC or indexer kernel runs at load on CPU.
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """
@@ -117,7 +122,10 @@ UNINITIALISED = {
 
 # parts a family's proof must compare (a model that dropped them would compare the rest and pass): DeepSeek-V4.1's
 # Engram tables, vision tower and routed experts, in each engine's own parameter names
-MUST_COMPARE = {"deepseek-v41": ("engram.embed", "vision.", "aligner.", "experts.w13_weight")}
+MUST_COMPARE = {"deepseek-v41": ("engram.embed", "vision.", "aligner.", "experts.w13_weight"),
+                # GLM-5.3-Flash: the KDA layer (its short convolutions, A_log), mHC, the kpool indexer, the experts
+                **{f: ("conv1d", "A_log", "hc_attn_fn", "index_kpool_compress_gate", "experts.w13_weight")
+                   for f in ("glm5-next", "glm5-next-vl")}}
 
 
 @pytest.mark.parametrize("case", IDS)

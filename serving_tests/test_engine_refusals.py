@@ -30,6 +30,9 @@ if ENGINE is None:
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).parent / ENGINE))
 
+# GLM-5.3-Flash replicas whose architecture this release's registry lacks (core/targets/served.py REFUSED)
+_NO_ARCHITECTURE = {"glm5-next": "nvfp4-modelopt-hf"} if ENGINE == "sglang" else {}
+
 
 @pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x llama4")
 def test_sglang_cannot_load_the_modelopt_llama4_source_itself(engine_loads):
@@ -65,6 +68,8 @@ def engine_loads(tmp_path_factory):
     if ENGINE == "sglang":
         src = make_source(tmp, Case("llama4", "nvfp4-modelopt-hf"))
         cases["llama4"] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf"}
+    for family, fmt in _NO_ARCHITECTURE.items():
+        cases[family] = {"source": str(make_source(tmp, Case(family, fmt))), "dtype": "bfloat16", "fmt": fmt}
     (result,) = spawn_ranks("harness_refusal:run", {"cases": cases}, tmp, world=1)
     return result
 
@@ -116,3 +121,14 @@ def test_neither_engine_builds_the_producers_deepseek_v3_config(engine_loads, na
     else:
         assert r["error"] == "AttributeError: 'DeepseekV3Config' object has no attribute 'moe_layer_freq'", r
         assert "_is_layer_sparse" in r["traceback"], r["traceback"]
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x glm5-next")
+def test_sglang_has_no_glm5_next_text_model(engine_loads):
+    """A GLM-5.3-Flash text checkpoint (architectures [Glm5NextForCausalLM]): SGLang 0.5.23's glm5_next.py registers
+    only Glm5NextForConditionalGeneration (`EntryClass`); its registry falls back to the Transformers backend, which
+    has no such model either."""
+    r = _refused(engine_loads, "glm5-next")
+    assert r["error"].startswith("ValueError: Cannot find model module. 'Glm5NextForCausalLM' is not a registered model "
+                                 "in the Transformers library"), r
+

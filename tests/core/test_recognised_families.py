@@ -17,10 +17,7 @@ from dsv4_convert.core.targets.served import entries, refusal
 
 # (architecture, model_type, an expert tensor name of its releases, family, layer, expert, role)
 RECOGNISED = [
-    ("Glm5NextForCausalLM", "glm5_next", "model.layers.3.mlp.experts.7.gate_proj.weight",
-     "glm5-next", "3", 7, Role.GATE),
-    ("Glm5NextForConditionalGeneration", "glm5_next", "model.language_model.layers.3.mlp.experts.7.down_proj.weight",
-     "glm5-next-vl", "3", 7, Role.DOWN),
+    # GLM-5.3-Flash (glm5-next, glm5-next-vl) is served now: tests/convert/test_families.py, serving_tests/differential.py
     ("Qwen4ExpForConditionalGeneration", "qwen4_exp", "model.language_model.layers.1.mlp.experts.0.up_proj.weight",
      "qwen4-exp", "1", 0, Role.UP),
     ("Qwen4ExpForCausalLM", "qwen4_exp", "model.language_model.layers.1.mlp.experts.0.up_proj.weight",
