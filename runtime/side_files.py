@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..core.errors import OutputError, UsageError
-from .output import inside_staging
+from .output.names import inside_staging
 
 __all__ = ["protect", "reset", "guard", "write_side_file", "FLAGS"]
 

@@ -12,7 +12,7 @@ from ...core.errors import OutputError
 from ...core.files import LOCK
 from .rules import partial_not_ours_error, plain_file
 
-__all__ = ["Locks", "inside_staging"]
+__all__ = ["Locks"]
 
 _HELD: set[int] = set()  # this process's lock descriptors (the staging directory's and its lock file's)
 
@@ -37,12 +37,6 @@ def _let_go(fd: int) -> None:
     fcntl.flock(fd, fcntl.LOCK_UN)
     _HELD.discard(fd)
     os.close(fd)
-
-
-def inside_staging(p: Path) -> bool:
-    """Whether `p` lies inside a directory that holds this tool's lock: a run's OUT.partial, which it publishes
-    (runtime/side_files.py writes no side file there)."""
-    return any(os.path.lexists(d / LOCK) for d in p.parents)
 
 
 class Locks:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from ...core.checkpoint.source_location import is_download_metadata
 from ..digest import HASH_ALGORITHM, file_digest
-from .rules import plain_file, record_name_ok
+from .names import record_name_ok
+from .rules import plain_file
 
 __all__ = ["fsync_dir", "write_json_atomic", "source_stamp", "first_change", "remove_entry",
            "KeptCheck", "bad_record_entry"]

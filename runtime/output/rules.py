@@ -32,7 +32,7 @@ from ...core.files import (
     staging_entry_ok,
 )
 
-__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "mark_restored", "recorded_files", "record_name_ok",
+__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "mark_restored", "recorded_files",
            "unlisted_entries", "refuse_reserved_names", "partial_not_ours_error", "plain_file", "replaced_leftovers",
            "refuse_foreign", "read_json"]
 
@@ -247,17 +247,6 @@ def unlisted_entries(root: Path) -> list[str]:
         return entries or ["(no record)"]
     return [e for e in entries if e not in listed and not (e in folders and (root / e).is_dir()
                                                            and not (root / e).is_symlink())]
-
-
-def record_name_ok(name, *, nested: bool = False) -> bool:
-    """A name read back from one of this tool's records (progress, manifest, marker, the source
-    record) becomes a path under that record's directory, to read, replace or delete: only a name
-    this tool could have written passes. A plain file name; with `nested`, a relative path of plain
-    names. Never absolute, never `.` or `..`, never empty, no NUL or backslash."""
-    if not isinstance(name, str) or not name or "\0" in name or "\\" in name:
-        return False
-    parts = name.split("/")
-    return (nested or len(parts) == 1) and all(part not in ("", ".", "..") for part in parts)
 
 
 def refuse_reserved_names(root: Path, *, converted: bool = False) -> None:

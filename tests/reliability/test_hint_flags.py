@@ -48,9 +48,10 @@ NOT_REACHED = {
     ("runtime/executors.py", "--executor", "plan"): "refuse_device is called by validate only",
     ("runtime/ray_executor.py", "--ray-address", "plan"): "the Ray executor runs only under --executor ray, which "
                                                           "plan does not have",
-    ("runtime/output/rules.py", "--force", "validate"): "validate imports runtime/output for reading; it checks no OUT",
     ("runtime/output/tree.py", "--resume", "marlin-to-source"): "only when OutputTree(resumable=True): marlin-to-source "
-                                                            "builds it with resumable=False",
+                                                                 "builds it with resumable=False",
+    ("runtime/output/tree.py", "--resume", "synth"): "only when OutputTree(resumable=True): synth builds it with "
+                                                     "resumable=False",
 }
 
 
