@@ -33,7 +33,10 @@ equivalent; nothing else is changed):
   GEMM and CPU_MLA backend instead of AMX kernels whose ops the wheel lacks on CPU) and V3.2's sparse-MLA
   kernel lookup -> the dense CPU_MLA backend ("Sparse Attention is not supported on CPU."); SGLang: the rotary
   embedding's accelerator lookup -> "cpu" (YaRN's cos/sin cache). serving_tests/{vllm,sglang}/mla_cpu.py; the
-  same stand-in in both models, never a compared tensor.
+  same stand-in in both models, never a compared tensor. vLLM, a quantised `kv_b_proj` (llm-compressor's
+  DeepSeek-V3): the CUDA op `marlin_gemm`, which MLA's weight processing runs on an identity matrix to dequantise it,
+  -> the project's emulation of that product (validate/emulate.py); the same engine method and bytes in both
+  models, so W_UK / W_UV are compared as the engine processes them.
 - vLLM: the torchvision stand-in (serving_tests/stubs) also on the spawned ranks' PYTHONPATH: vLLM inspects a
   multimodal wrapper's class (Qwen3.5, Llama-4, Gemma-4) in a subprocess that imports transformers' image
   processors; no multimodal code runs. Those wrappers are built text-only (`text_only` cases: vLLM's own
@@ -63,6 +66,9 @@ equivalent; nothing else is changed):
   tensor but the dense MXFP8 linears, which both models process with the same emulation kernel.
 - DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
   no compressor or indexer is built (vLLM's compressor takes head sizes 512 / 128 only, beyond synth's shrunk dims).
+- Kimi-K3 (vLLM; serving_tests/vllm/kimi_k3_cpu.py, each with its reason): vLLM's own GEMM + all-reduce switch off
+  (`VLLM_KIMI_K3_GEMM_AR=0`: its cute_dsl kernels), prefix caching off (as GLM-5.3-Flash below: a hybrid MLA model),
+  the CUDA stream placeholders of DeepSeek-V4's stand-in.
 - GLM-5.3-Flash (vLLM): built with vLLM's own `--no-enable-prefix-caching` (serving_tests/vllm/glm5next_cpu.py: the
   hybrid hook sets `mamba_block_size` for prefix caching, which the CPU platform then turns off for an MLA model, and
   VllmConfig refuses the pair); SGLang: the engine's fused KDA projections (it fuses them for the ModelOpt source's
@@ -123,6 +129,9 @@ UNINITIALISED = {
 # parts a family's proof must compare (a model that dropped them would compare the rest and pass): DeepSeek-V4.1's
 # Engram tables, vision tower and routed experts, in each engine's own parameter names
 MUST_COMPARE = {"deepseek-v41": ("engram.embed", "vision.", "aligner.", "experts.w13_weight"),
+                # Kimi-K3: the routed experts (latent width), the latent projections, KDA's and MLA's attention
+                "kimi-k3": ("experts.w13_weight", "experts.w2_weight_scale", "routed_expert_up_proj", "A_log",
+                            "kv_b_proj"),
                 # GLM-5.3-Flash: the KDA layer (its short convolutions, A_log), mHC, the kpool indexer, the experts
                 **{f: ("conv1d", "A_log", "hc_attn_fn", "index_kpool_compress_gate", "experts.w13_weight")
                    for f in ("glm5-next", "glm5-next-vl")}}

@@ -25,6 +25,8 @@ from common import installed_engine, spawn_ranks
 from differential import PRODUCERS, Case, make_source
 
 ENGINE = installed_engine()
+# Kimi-K3.1's architecture: vLLM 0.34.0 has it, vLLM 0.33.0 and SGLang 0.5.23 do not (core/targets/engine_config.py)
+NO_KIMI_K31 = ENGINE == "sglang" or (ENGINE == "vllm" and __import__("vllm").__version__.startswith("0.33."))
 if ENGINE is None:
     pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -61,13 +63,22 @@ _PRODUCER_CASES = {
 @pytest.fixture(scope="module")
 def engine_loads(tmp_path_factory):
     """Each source loaded alone by the engine (its own construction and loader), all in one spawned rank: the
-    producers' outputs and, on SGLang, the ModelOpt Llama-4 replica."""
+    producers' outputs, a replica pruned per layer (differential.py `pruned`) and, on SGLang, the ModelOpt Llama-4
+    replica and llm-compressor's DeepSeek-V3 with the keys its export lacks (`release-keys`)."""
     tmp = tmp_path_factory.mktemp("refusals")
     cases = {name: {"source": str(PRODUCERS / name), "dtype": "bfloat16", "fmt": fmt}
              for name, fmt in _PRODUCER_CASES.items()}
+    pruned = make_source(tmp, Case("qwen3-moe", "nvfp4-ct", edit="pruned"))
+    cases["pruned"] = {"source": str(pruned), "dtype": "bfloat16", "fmt": "nvfp4-ct"}
     if ENGINE == "sglang":
         src = make_source(tmp, Case("llama4", "nvfp4-modelopt-hf"))
         cases["llama4"] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf"}
+        keys = Case("deepseek-v3", "nvfp4-ct", edit="release-keys", producer="llmc-deepseek-v3-nvfp4a16")
+        cases["llmc-deepseek-v3-with-keys"] = {"source": str(make_source(tmp, keys)), "dtype": "bfloat16",
+                                               "fmt": "nvfp4-ct"}
+    if NO_KIMI_K31:
+        src = make_source(tmp, Case("kimi-k3", "mxfp4-ct", edit="k31"))
+        cases["kimi-k31"] = {"source": str(src), "dtype": "bfloat16", "fmt": "mxfp4-ct"}
     for family, fmt in _NO_ARCHITECTURE.items():
         cases[family] = {"source": str(make_source(tmp, Case(family, fmt))), "dtype": "bfloat16", "fmt": fmt}
     (result,) = spawn_ranks("harness_refusal:run", {"cases": cases}, tmp, world=1)
@@ -101,7 +112,7 @@ def test_neither_engine_loads_the_modelopt_mxfp4_source_itself(engine_loads, nam
                                      "found 'mxfp4'"), r
 
 
-@pytest.mark.skipif(ENGINE != "sglang", reason="vLLM loads it (its CT MXFP4 MoE method; the plugin is not proven)")
+@pytest.mark.skipif(ENGINE != "sglang", reason="vLLM loads it: served (serving_tests/differential.py, its CT MXFP4 MoE method)")
 @pytest.mark.parametrize("name", ["llmc-qwen3-moe-mxfp4a16", "llmc-mixtral-mxfp4a16"])
 def test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself(engine_loads, name):
     """llm-compressor 0.14's MXFP4A16 scheme quantises every Linear (attention too): SGLang 0.5.23's compressed-tensors
@@ -109,6 +120,37 @@ def test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself(engine
     r = _refused(engine_loads, name)
     assert r["error"] == "NotImplementedError: No compressed-tensors compatible scheme was found.", r
     assert "get_linear_scheme" in r["traceback"] and "_get_scheme_from_parts" in r["traceback"], r["traceback"]
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="vLLM loads it with the keys: served (serving_tests/differential.py)")
+def test_sglang_cannot_load_the_llm_compressor_deepseek_v3_even_with_its_keys(engine_loads):
+    """llm-compressor 0.14's DeepSeek-V3 NVFP4A16 with the keys validate asks for (the differential case's `release-keys`
+    edit): SGLang 0.5.23's DeepSeek loader fuses q_a_proj and kv_a_proj_with_mqa by concatenating each tensor of the
+    pair (deepseek_weight_loader.py do_load_weights), the two [1] weight_global_scale too, which the fused layer's
+    [1] parameter refuses (linear.py weight_loader)."""
+    r = _refused(engine_loads, "llmc-deepseek-v3-with-keys")
+    assert r["error"].startswith("AssertionError: param.shape=torch.Size([1])") and \
+        "loaded_weight.shape=torch.Size([2])" in r["error"], r
+    assert "do_load_weights" in r["traceback"] and "linear.py" in r["traceback"], r["traceback"]
+
+
+def test_no_engine_serves_fp4_experts_pruned_per_layer(engine_loads):
+    """A Qwen3-MoE compressed-tensors NVFP4 replica whose layer 0 lost an expert to per-layer pruning (differential.py's
+    `pruned` edit: `approximate_experts`). vLLM builds SubstitutedRoutedExperts and refuses quantised experts; SGLang
+    names neither field anywhere, so it builds every expert and its loader skips what it has no parameter for: the
+    load 'succeeds' with an expert that has no weights (core/targets/engine_config.py _PRUNED quotes both)."""
+    if ENGINE == "vllm":
+        r = _refused(engine_loads, "pruned")
+        assert "expert substitution does not support: quantized MoE weights" in r["error"], r
+        return
+    import sglang
+
+    r = engine_loads["pruned"]
+    assert r.get("loaded"), r  # nothing refused it: the pruned expert is silently empty
+    root = Path(sglang.__file__).parent
+    readers = [p for p in root.rglob("*.py") if "approximate_experts" in p.read_text(errors="ignore")
+               or "expert_substitution" in p.read_text(errors="ignore")]
+    assert not readers, f"SGLang now reads per-layer pruning ({readers}): revisit engine_config.py _PRUNED"
 
 
 @pytest.mark.parametrize("name", ["modelopt-deepseek-v3-nvfp4", "llmc-deepseek-v3-nvfp4a16"])
@@ -121,6 +163,66 @@ def test_neither_engine_builds_the_producers_deepseek_v3_config(engine_loads, na
     else:
         assert r["error"] == "AttributeError: 'DeepseekV3Config' object has no attribute 'moe_layer_freq'", r
         assert "_is_layer_sparse" in r["traceback"], r["traceback"]
+
+
+@pytest.mark.skipif(not NO_KIMI_K31, reason="vLLM 0.34 builds Kimi-K3.1 (test_differential.py proves Kimi-K3)")
+def test_engine_has_no_kimi_k31_architecture(engine_loads):
+    """vLLM 0.33.0: its config lookup has no model_type kimi_k31 (nor its registry KimiK31ForConditionalGeneration), so
+    ModelConfig refuses the checkpoint before any model is built. SGLang 0.5.23: neither its config registry nor its
+    model classes know kimi_k31 / KimiK31ForConditionalGeneration. core/targets/engine_config.py quotes both."""
+    from importlib import import_module
+
+    r = _refused(engine_loads, "kimi-k31")
+    if ENGINE == "vllm":
+        registry = import_module("vllm.model_executor.models.registry")
+        assert "KimiK31ForConditionalGeneration" not in registry._VLLM_MODELS, "vLLM 0.33 has Kimi-K3.1 now"
+        assert "model type `kimi_k31` but Transformers does not recognize this architecture" in r["error"], r
+    else:
+        assert "kimi_k31" in r["error"] or "KimiK31ForConditionalGeneration" in r["error"], r
+
+
+@pytest.fixture(scope="module")
+def kimi_k3_on_sglang(tmp_path_factory, case_dir):
+    """The Kimi-K3 replicas on SGLang 0.5.23 (harness_kimi_k3.py): the NVFP4 source loaded by SGLang's own loader, and
+    the MXFP4 conversion built (its routed experts' method); one spawned rank."""
+    from differential import make_case
+
+    tmp = tmp_path_factory.mktemp("kimi-k3")
+    nvfp4 = make_source(case_dir, Case("kimi-k3", "nvfp4-ct", edit="h512"))
+    mxfp4_src, mxfp4_conv = make_case(case_dir, Case("kimi-k3", "mxfp4-ct", edit="h512"), ENGINE, "bfloat16",
+                                      allow_unservable=True)
+    cases = {"nvfp4-source": {"source": str(nvfp4), "converted": None, "dtype": "bfloat16", "fmt": "nvfp4-ct"},
+             "mxfp4-conversion": {"source": str(mxfp4_src), "converted": str(mxfp4_conv), "dtype": "bfloat16",
+                                  "fmt": "mxfp4-ct"}}
+    (result,) = spawn_ranks("harness_kimi_k3:run", {"cases": cases}, tmp, world=1)
+    return result
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x kimi-k3 nvfp4-ct")
+def test_sglang_cannot_load_the_compressed_tensors_nvfp4_kimi_k3_source_itself(kimi_k3_on_sglang):
+    """SGLang 0.5.23 models/kimi_k3.py load_weights renames every checkpoint `weight_packed` to `weight` ("compressed-
+    tensors MXFP4 stores as weight_packed; Mxfp4MoEMethod uses weight"), but its compressed-tensors NVFP4 MoE scheme
+    names the experts' parameters `w13_weight_packed` / `w2_weight_packed`, and the loader skips an expert name that is
+    not a parameter ("Skip experts of layers outside a truncated config"): the experts' FP4 weights are never loaded,
+    silently (their block scales are)."""
+    r = kimi_k3_on_sglang["nvfp4-source"]
+    assert "error" not in r, r.get("traceback", r)
+    packed = {n: v for n, v in r["nonzero"].items() if n.endswith(("w13_weight_packed", "w2_weight_packed"))}
+    scales = {n: v for n, v in r["nonzero"].items() if n.endswith(("w13_weight_scale", "w2_weight_scale"))}
+    assert packed and set(packed.values()) == {0}, f"SGLang loads the NVFP4 experts now ({packed}): refusal stale"
+    assert scales and all(scales.values()), scales  # the walk: the same load does write the scales
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x kimi-k3 mxfp4-ct")
+def test_sglang_kimi_k3_bypasses_the_plugins_moe_method_for_mxfp4(kimi_k3_on_sglang):
+    """SGLang 0.5.23 models/kimi_k3.py KimiK3MoE: "For MXFP4 compressed-tensors on non-NPU, replace quant_config with
+    Mxfp4Config", whenever `"mxfp4" in quant_config.quant_format`; the plugin's config answers the inner compressed-
+    tensors config's fields (serving/plugin_config.py), so the routed experts get SGLang's own Mxfp4MoEMethod and never
+    the plugin's: the Marlin-packed experts cannot be loaded into it."""
+    r = kimi_k3_on_sglang["mxfp4-conversion"]
+    assert "error" not in r, r.get("traceback", r)
+    assert r["config"] == "SglangMarlinFp4Config", r  # the plugin's config was built for the model...
+    assert r["methods"] and set(r["methods"].values()) == {"Mxfp4MoEMethod"}, r  # ...and bypassed for the experts
 
 
 @pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x glm5-next")

@@ -10,6 +10,8 @@ transformers 5, whose DeepseekV3Config has no `moe_layer_freq`, `topk_method` or
   and `config.scoring_func` as plain attributes: AttributeError while the model is built.
 - vLLM 0.33.0 / 0.34.0 models/deepseek_v2.py creates `gate.e_score_correction_bias` only when
   `getattr(config, "topk_method", None) == "noaux_tc"`: a checkpoint holding that tensor fails to load (KeyError).
+And config.json keys that make a model no release serves with FP4 experts: per-layer expert pruning
+(`approximate_experts`, `compression_config.transform_config.expert_substitution`; _PRUNED quotes both engines).
 Pure: no engine import.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from ..sources.families import family_of
+from .engines import RELEASES
 
 __all__ = ["ENGINE_CONFIG_KEYS", "fix_hint", "missing_engine_keys", "source_load_refusal"]
 
@@ -52,9 +55,59 @@ _READS = {
 }
 
 
+# release key -> architectures of a served family that release's model registry does not have, with its own failure:
+# Kimi-K3.1 (`KimiK31ForConditionalGeneration`, model_type kimi_k31) is new in vLLM 0.34.0 (model_executor/models/
+# registry.py maps it to vllm.models.kimi_k3, transformers_utils/config.py kimi_k31 -> KimiK3Config); vLLM 0.33.0 and
+# SGLang 0.5.23 know KimiK3ForConditionalGeneration only (serving_tests/test_engine_refusals.py shows each fail)
+_NO_ARCHITECTURE = {
+    "vllm 0.33": {"KimiK31ForConditionalGeneration": (
+        "vLLM 0.33.0's registry has no KimiK31ForConditionalGeneration and its config lookup no model_type kimi_k31 "
+        "(ModelConfig: \"The checkpoint you are trying to load has model type `kimi_k31` but Transformers does not "
+        "recognize this architecture\")")},
+    "sglang 0.5.23": {"KimiK31ForConditionalGeneration": (
+        "SGLang 0.5.23 has no model class KimiK31ForConditionalGeneration (its models/kimi_k3.py EntryClass is "
+        "KimiK3ForConditionalGeneration, KimiK3LinearForCausalLM) and no config for model_type kimi_k31")},
+}
+
+
+def _no_architecture(config: Mapping, engine: str) -> str | None:
+    archs = config.get("architectures") if isinstance(config.get("architectures"), list) else []
+    return next((why for arch in archs for why in (_NO_ARCHITECTURE.get(engine, {}).get(arch),) if why), None)
+
+
+# Per-layer expert pruning (core/sources/structure.py substituted_experts), which no release serves for FP4 experts;
+# serving_tests/test_engine_refusals.py shows both on a pruned replica
+_PRUNED = {
+    **{key: "vLLM builds SubstitutedRoutedExperts for a pruned layer, which refuses quantised experts "
+            "(fused_moe/expert_substitution.py: \"expert substitution does not support: quantized MoE weights\")"
+       for key in ("vllm 0.33", "vllm 0.34")},
+    "sglang 0.5.23": "SGLang reads neither field (no code of it names them): it allocates every expert, leaves the "
+                     "pruned ones without weights and drops their `approx_value` constants (its loaders skip a name "
+                     "they have no parameter for), so tokens routed to them get an empty expert",
+}
+
+
+def _pruned_layers(config: Mapping) -> list[tuple[str, str]]:
+    """(layer, the config field) of each layer whose experts a per-layer pruning replaced."""
+    from ..sources.structure import model_dims, substituted_experts  # structure's rules import this module's family
+
+    layers = model_dims(dict(config))["layers"] or 0
+    return [(str(i), by) for i in range(layers) for ids, by in [substituted_experts(dict(config), str(i))] if ids]
+
+
 def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str] = ()) -> str | None:
     """Why `engine` (a name or a release key) cannot build or load this source's model from its config.json,
-    or None. `tensor_names`: the checkpoint's tensors (vLLM fails only where the correction bias is stored)."""
+    or None. `tensor_names`: the checkpoint's tensors (vLLM fails only where the correction bias is stored). An
+    architecture one release lacks is refused for that release key only (another release of the engine has it)."""
+    releases = [key for key in RELEASES if key.split(" ", 1)[0] == engine] or [engine]  # a name: all its releases
+    reasons = [_no_architecture(config, key) for key in releases]
+    if all(reasons):
+        return reasons[0]
+    if pruned := _pruned_layers(config):
+        why = next((w for key, w in _PRUNED.items() if engine in (key, key.split(" ", 1)[0])), None)
+        if why:
+            return (f"{pruned[0][1]} prunes experts per layer ({len(pruned)} layer(s), first {pruned[0][0]}), and "
+                    f"{why}")
     missing = missing_engine_keys(config)
     if not missing:
         return None
@@ -68,7 +121,12 @@ def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str
 
 
 def fix_hint(config: Mapping) -> str:
-    """What to add to config.json: the keys and the values the release's own config.json carries."""
+    """What to add to config.json: the keys and the values the release's own config.json carries (a model pruned per
+    layer: what to serve instead)."""
+    if _pruned_layers(config):
+        return ("no engine release serves FP4 experts pruned per layer: quantise the unpruned model, or serve a "
+                "pruning that keeps the same expert count in every layer (llm-compressor's REAP writes it as "
+                "`num_experts`)")
     keys = ", ".join(f'"{k}": {v!r}' for k, v in missing_engine_keys(config).items()).replace("'", '"')
     return (f"add {keys} to config.json (the values DeepSeek-V3's own config.json carries; check your model's "
             "release), then validate again")
