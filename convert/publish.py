@@ -19,6 +19,7 @@ from ..core.files import (
     SOURCE_HEADERS,
 )
 from ..core.record.converted_config import ConvertedQuantConfig
+from ..core.sources.side_tables import ple_storage
 from ..runtime.stage_files import write_json_atomic
 from ..runtime.staging import Staging
 from .plan import ConvertPlan
@@ -53,7 +54,7 @@ def finalize(plan: ConvertPlan, staging: Staging, record: ConvertedQuantConfig, 
             f.unlink()
         save_file(lost, src_dir / LOST)
     (src_dir / SOURCE_HEADERS).write_text(json.dumps(_source_headers(ckpt), indent=1) + "\n")
-    (dst / CONFIG).write_text(rewrite_config(ckpt.config, record))
+    (dst / CONFIG).write_text(rewrite_config(ckpt.config, record, ple_storage=ple_storage(ckpt.tensors)))
     if ckpt.hf_quant_config is not None:
         (dst / HF_QUANT_CONFIG).write_text(rewrite_hf_quant_config(ckpt.hf_quant_config, record))
     step()

@@ -10,11 +10,17 @@ transformers 5, whose DeepseekV3Config has no `moe_layer_freq`, `topk_method` or
   and `config.scoring_func` as plain attributes: AttributeError while the model is built.
 - vLLM 0.33.0 / 0.34.0 models/deepseek_v2.py creates `gate.e_score_correction_bias` only when
   `getattr(config, "topk_method", None) == "noaux_tc"`: a checkpoint holding that tensor fails to load (KeyError).
+A source the engine cannot LOAD whatever its config says, for a tensor it holds:
+- SGLang 0.5.23 models/qwen4_exp.py builds each Qwen3.8-Flash-Next PLE n-gram table BF16 or FP8 only
+  (_ple_table_is_fp8) and copies every `ngram_embedding.shard_<i>.weight` into it (load_qwen4_exp_ple_shard): NVFP4
+  tables (packed E2M1 rows, a per-shard `weight_scale`: core/sources/side_tables.py) fail there (RuntimeError, the
+  packed rows half as wide). vLLM 0.33 / 0.34 load them (common/ngram_embedding.py Qwen4ExpPLENvFp4EmbeddingMethod).
 Pure: no engine import.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from ..sources.families import family_of
@@ -52,13 +58,33 @@ _READS = {
 }
 
 
+# release key -> (the stored tensors it cannot load, the engine's own failure, what to do instead)
+_TENSORS = {
+    "sglang 0.5.23": (re.compile(r"\.ple\.ple_embedding\.ngram_embedding\.shard_\d+\.weight_scale$"),
+                      "the checkpoint's Qwen4-Exp PLE n-gram tables are NVFP4, and SGLang's models/qwen4_exp.py builds "
+                      "a PLE table BF16 or FP8 only (_ple_table_is_fp8) and copies each `shard_<i>.weight` into it "
+                      "(load_qwen4_exp_ple_shard: RuntimeError, the packed rows are half as wide)",
+                      "serve it with vLLM (its NVFP4 PLE method), or use a release with FP8 or BF16 n-gram tables"),
+}
+
+
+def _tensor_refusal(engine: str, names: tuple[str, ...]) -> tuple[str, str] | None:
+    """(the engine's failure, the fix) for a stored tensor `engine` cannot load, or None."""
+    for key, (pattern, why, fix) in _TENSORS.items():
+        if engine in (key, key.split(" ", 1)[0]) and any(pattern.search(n) for n in names):
+            return why, fix
+    return None
+
+
 def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str] = ()) -> str | None:
-    """Why `engine` (a name or a release key) cannot build or load this source's model from its config.json,
-    or None. `tensor_names`: the checkpoint's tensors (vLLM fails only where the correction bias is stored)."""
+    """Why `engine` (a name or a release key) cannot build or load this source's model from its config.json or its
+    tensors, or None. `tensor_names`: the checkpoint's tensors (vLLM fails only where the correction bias is stored)."""
+    names = tuple(tensor_names)
+    if said := _tensor_refusal(engine, names):
+        return said[0]
     missing = missing_engine_keys(config)
     if not missing:
         return None
-    names = tuple(tensor_names)
     for key, (reads, tensor, why) in _READS.items():
         lacks = [k for k in reads if k in missing]
         if engine in (key, key.split(" ", 1)[0]) and lacks and (
@@ -67,8 +93,11 @@ def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str
     return None
 
 
-def fix_hint(config: Mapping) -> str:
-    """What to add to config.json: the keys and the values the release's own config.json carries."""
+def fix_hint(config: Mapping, engine: str = "", tensor_names: Iterable[str] = ()) -> str:
+    """What to do: for a tensor `engine` cannot load, the way round it; else what to add to config.json, the keys and
+    the values the release's own config.json carries."""
+    if said := _tensor_refusal(engine, tuple(tensor_names)):
+        return said[1]
     keys = ", ".join(f'"{k}": {v!r}' for k, v in missing_engine_keys(config).items()).replace("'", '"')
     return (f"add {keys} to config.json (the values DeepSeek-V3's own config.json carries; check your model's "
             "release), then validate again")
