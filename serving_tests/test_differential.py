@@ -63,6 +63,10 @@ equivalent; nothing else is changed):
   tensor but the dense MXFP8 linears, which both models process with the same emulation kernel.
 - DeepSeek-V4's synth replica has sliding-window layers only (config `compress_ratios` 0, as Flash's first two):
   no compressor or indexer is built (vLLM's compressor takes head sizes 512 / 128 only, beyond synth's shrunk dims).
+- Qwen3.8-Flash-Next (vLLM 0.33.0): its QSA attention's build-time FlashAttention check -> the CUDA answer
+  (serving_tests/vllm/qwen4_exp_cpu.py; the implementation object owns no parameter), and the QSA indexer's per-token
+  top-k scratch buffer (torch.empty, non-persistent, written by a forward pass) compared by dtype and shape only
+  (serving_tests/differential_state.py SCRATCH); the same in both models.
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """
@@ -77,6 +81,7 @@ from pathlib import Path
 import pytest
 from common import installed_engine, spawn_ranks
 from differential import CASES, make_case
+from differential_state import scratch_bytes
 
 ENGINE = installed_engine()
 if ENGINE is None:
@@ -115,15 +120,6 @@ UNINITIALISED = {
 }
 
 
-# Buffers the engine allocates with torch.empty and fills only in a forward pass (scratch, never loaded, not
-# persistent): compared by name, dtype and shape, not by their arbitrary bytes
-SCRATCH = {
-    # vLLM 0.33.0's QSA attention (vllm/models/qwen4_exp/nvidia/qsa.py): the indexer's packed top-k selection per
-    # token, `register_buffer("topk_indices_buffer", torch.empty(...), persistent=False)`; 0.34 keeps it off the state
-    "vllm": ("topk_indices_buffer",),
-}
-
-
 # parts a family's proof must compare (a model that dropped them would compare the rest and pass): DeepSeek-V4.1's
 # Engram tables, vision tower and routed experts, in each engine's own parameter names
 # Engram tables, vision tower and routed experts; Qwen3.8-Flash-Next's PLE n-gram tables (FP8 / NVFP4 / BF16 rows, the
@@ -144,7 +140,5 @@ def test_plugin_load_equals_the_engines_load_of_the_source(results, case):
     empty = UNINITIALISED.get(ENGINE, ())
     problems = [f"only the engine's model has {n}" for n in r["only_engine"] if n.rsplit(".", 1)[-1] not in empty]
     problems += [f"only the plugin's model has {n}" for n in r["only_plugin"]]
-    scratch = SCRATCH.get(ENGINE, ())
-    problems += [f"{name}: {what}" for name, what in r["differ"].items()
-                 if not (name.rsplit(".", 1)[-1] in scratch and "bytes differ" in what)]  # dtype, shape still count
+    problems += [f"{name}: {what}" for name, what in r["differ"].items() if not scratch_bytes(ENGINE, name, what)]
     assert not problems, "\n".join(problems)

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from common import installed_engine, spawn_ranks
 from differential import Case, make_case
+from differential_state import scratch_bytes
 
 ENGINE = installed_engine()
 if ENGINE is None:
@@ -40,7 +41,9 @@ DRAFTS = (Case("deepseek-v3", "nvfp4-modelopt-hf"), Case("deepseek-v32", "nvfp4-
           Case("qwen3-next", "nvfp4-modelopt-hf"), Case("qwen3-next", "nvfp4-ct"),
           Case("qwen3.5-moe", "nvfp4-modelopt-hf"), Case("qwen3.5-moe", "nvfp4-ct"),
           Case("glm4-moe", "nvfp4-modelopt-hf"), Case("glm4-moe", "nvfp4-ct", edit="fused-globals"),
-          Case("deepseek-v41", "mxfp4-dsv4"))
+          Case("deepseek-v41", "mxfp4-dsv4"),
+          # Qwen3.8-Flash-Next's BF16 MTP block (synth/qwen4_exp.py): vLLM Qwen4ExpMTP, SGLang Qwen4ExpForCausalLMMTP
+          Case("qwen4-exp", "nvfp4-modelopt-hf", text_only=True), Case("qwen4-exp-nvfp4", "nvfp4-modelopt-hf", text_only=True))
 IDS = [f"{c.id}-bfloat16" for c in DRAFTS]
 # (engine, case) whose draft the engine's own loader cannot build from the SOURCE: nothing the plugin could serve.
 # SGLang 0.5.23 builds Qwen3-Next's draft (Qwen3NextForCausalLMMTP) with the target's ModelOpt / CT config, whose
@@ -51,6 +54,12 @@ IDS = [f"{c.id}-bfloat16" for c in DRAFTS]
 # (glm4_moe_nextn.py) and cannot load the NVFP4 experts of the replica's mtp.safetensors into it.
 ENGINE_CANNOT = {("sglang", "qwen3-next-nvfp4-modelopt-hf"), ("sglang", "qwen3-next-nvfp4-ct"),
                  ("vllm", "glm4-moe-nvfp4-modelopt-hf"), ("sglang", "glm4-moe-nvfp4-modelopt-hf")}
+# (engine, case) where the plugin's draft is NOT the engine's (a known defect, asserted as it is so that the test fails
+# once it is fixed): SGLang 0.5.23 builds Qwen3.5's and Qwen4-Exp's draft with no quantisation for a serialized
+# `modelopt_fp4` target (qwen3_5_mtp.py _mtp_quant_config checks `quant_config.get_name() == "modelopt_fp4"`), but
+# keeps the plugin's `marlin_fp4` config, whose inner ModelOpt NVFP4 config then quantises the draft's head
+# `model.shared_head.head` (the release excludes `lm_head` only); the MIXED_PRECISION release's draft is equal
+PLUGIN_DRAFT_DIFFERS = {("sglang", "qwen4-exp-nvfp4-nvfp4-modelopt-hf")}
 # GLM's draft layer (mtp.safetensors) keeps the release's NVFP4 experts: the source's own method, in both drafts
 SOURCE_METHOD_EXPERTS = ("glm4-moe",)
 # DeepSeek-V4.1's DSpark stages hold MXFP4 experts, which the converter converts: the plugin's method in its draft
@@ -94,5 +103,8 @@ def test_plugin_draft_equals_the_engines_draft_of_the_source(results, case):
     assert not missing, f"no compared parameter holds {missing}: {r['compared_names']}"
     problems = [f"only the engine's draft has {n}" for n in r["only_engine"]]
     problems += [f"only the plugin's draft has {n}" for n in r["only_plugin"]]
-    problems += [f"{name}: {what}" for name, what in r["differ"].items()]
+    problems += [f"{name}: {what}" for name, what in r["differ"].items() if not scratch_bytes(ENGINE, name, what)]
+    if (ENGINE, case.removesuffix("-bfloat16")) in PLUGIN_DRAFT_DIFFERS:
+        assert problems and all("lm_head." in p or ".attn." in p for p in problems), problems
+        pytest.xfail(f"known: the plugin's {ENGINE} draft quantises the head: {problems[:2]}")
     assert not problems, "\n".join(problems)

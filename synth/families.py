@@ -70,6 +70,8 @@ The facts per family, and where they come from:
   has Maverick's layout, experts on every other layer (`interleave_moe_layer_step: 2`, a dense NVFP4
   `feed_forward.{gate,up,down}_proj` of `intermediate_size_mlp` between: vLLM 0.33 llama4.py is_moe_layer;
   Scout has step 1); the dense layers' NVFP4 quantisation is this generator's assumption.
+- qwen4-exp (Qwen3.8-Flash-Next: hyper-connections, QSA, PLE n-gram tables, its MTP block), qwen4-exp-text (its text
+  class), qwen4-exp-nvfp4 / qwen4-exp-ple-nvfp4 (plain ModelOpt NVFP4; NVFP4 n-gram tables): synth/qwen4_exp.py.
 MTP / draft layers (DeepSeek `model.layers.<N>`, MiniMax-M2 declared only, Qwen `mtp.*`): synth/mtp.py.
 DeepSeek-V4.1 (Engram, vision tower, DSpark stages; V4's native names, no FamilySpec): synth/dsv41.py.
 Sizes, values and the tokenizer are synthetic; the generator never copies real weights.
@@ -176,7 +178,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     # MIXED_PRECISION release (FP8 n-gram tables), its text architecture, the plain ModelOpt NVFP4 form and the
     # MIXED_PRECISION form with NVFP4 n-gram tables
     *(FamilySpec(family, ("nvfp4-modelopt-hf",), "qwen4_exp", "mlp", shared="shared_expert", mixed=mixed,
-                 nested=family == "qwen4-exp", linear="split", shared_gate=True, ple=ple, name=name,
+                 nested=family == "qwen4-exp", linear="split", shared_gate=True, ple=ple, name=name, mtp="unquantised",
                  architecture=family_named(family).architectures[0], text_model_type="qwen4_exp_text",
                  config={"rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
                                              "mrope_section": [3, 3, 2], "mrope_interleaved": True}}, examples=examples)

@@ -18,7 +18,7 @@ from .layouts import Dims
 from .mla import mla_dims, mla_tensors
 from .mtp import deepseek_mtp_layer, qwen_mtp_block
 from .nemotron import nemotron_tensors
-from .qwen4_exp import qwen4_exp_layer_extras, qwen4_exp_top_extras
+from .qwen4_exp import qwen4_exp_layer_extras, qwen4_exp_mtp, qwen4_exp_top_extras
 from .seeded import dense, expert_matrix
 
 __all__ = ["family_tensors"]
@@ -179,6 +179,8 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
             outside[f"{spec.prefix}.{d.layers}.{name}.weight"] = torch.ones(d.hidden, dtype=dtype)
         outside[f"{spec.prefix}.{d.layers}.eh_proj.weight"] = dense(seed, "eh_proj", (d.hidden, 2 * d.hidden),
                                                                     dtype=dtype)
+    elif spec.mtp == "unquantised" and spec.ple:  # Qwen4-Exp's: hyper-connections, QSA (synth/qwen4_exp.py)
+        qwen4_exp_mtp(out, seed, d, _mlp, _linear, dtype)
     elif spec.mtp == "unquantised":  # Qwen3.5 / Qwen3-Next: a BF16 MTP block under mtp.*, experts included
         qwen_mtp_block(out, seed, d, _mlp, _linear, dtype)
     elif spec.mtp == "layer":  # DeepSeek: layer num_hidden_layers in the index, BF16, excluded (synth/mtp.py)

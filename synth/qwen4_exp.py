@@ -29,7 +29,8 @@ SGLang 0.5.23 sglang/srt/models/qwen4_exp.py, configs/qwen4_exp.py):
   replica's FP8 attention and linear attention follow the Qwen3.5 replica's MIXED_PRECISION split (an assumption);
   `qwen4-exp-nvfp4` is the plain ModelOpt NVFP4 form (BF16 attention, PLE, hyper-connections) and
   `qwen4-exp-ple-nvfp4` the MIXED_PRECISION form with NVFP4 n-gram tables, which vLLM reads and SGLang does not.
-Not modelled: the vision tower (served text-only) and the MTP draft.
+- The MTP draft: a BF16 block under `mtp.*` (qwen4_exp_mtp), `mtp_num_hidden_layers` 1.
+Not modelled: the vision tower (served text-only).
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from .hybrid import LINEAR, gated_attention, gdn_layer, layer_types
 from .layouts import Dims
 from .seeded import dense
 
-__all__ = ["HC", "PLE", "QSA", "ple_layers", "ple_table_rows", "qwen4_exp_layer_extras", "qwen4_exp_top_extras",
-           "qwen4_exp_text_config"]
+__all__ = ["HC", "PLE", "QSA", "ple_layers", "ple_table_rows", "qwen4_exp_layer_extras", "qwen4_exp_mtp",
+           "qwen4_exp_top_extras", "qwen4_exp_text_config"]
 
 HC = {"hc_count": 4, "hc_lowrank": 32}
 # two n-gram orders x two heads of 16 columns; a small prime base keeps the table a few hundred rows
@@ -53,6 +54,7 @@ PLE = {"ple_layer_ids": [1], "ple_embed_dim": 64, "ple_conv_kernel_size": 4, "ng
 QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 32, "indexer_budget": 2048,
        "indexer_compress_ratio": 4}
 Linear = Callable[..., None]  # family_layers._linear(out, seed, name, n, k, kind, dtype)
+Mlp = Callable[..., None]     # family_layers._mlp(out, seed, base, h, inter, kind, dtype)
 
 
 def _next_prime(n: int) -> int:
@@ -87,7 +89,7 @@ def ple_layers(d: Dims) -> list[int]:
 def qwen4_exp_text_config(d: Dims) -> dict:
     """The text config's Qwen4-Exp keys (beside synth/hybrid.py's linear_config); `full_attention` layers are QSA."""
     kinds = ["indexed_attention" if k != LINEAR else k for k in layer_types(d)]
-    return {**HC, **PLE, **QSA, "layer_types": kinds, "eos_token_id": d.vocab - 1, "norm_topk_prob": True,
+    return {**HC, **PLE, **QSA, "layer_types": kinds, "mtp_num_hidden_layers": 1, "eos_token_id": d.vocab - 1, "norm_topk_prob": True,
             "hidden_act": "silu", "output_gate_type": "silu"}
 
 
@@ -134,6 +136,14 @@ def _ple(out: dict, seed: int, p: str, h: int, ple_index: int, table: str, dtype
     out[f"{p}.ple.conv1d.weight"] = dense(seed, f"{p}.ple.conv1d", (hc, 1, PLE["ple_conv_kernel_size"]), dtype=dtype)
 
 
+def _indexer(out: dict, seed: int, p: str, d: Dims, linear: Linear, kind: str, dtype: torch.dtype) -> None:
+    i = f"{p}.self_attn.indexer"
+    rows = (QSA["indexer_n_heads"] + QSA["indexer_kv_heads"]) * QSA["indexer_head_dim"]
+    linear(out, seed, f"{i}.index_qk_proj", rows, d.hidden, kind, dtype)
+    out[f"{i}.q_layernorm.weight"] = torch.zeros(QSA["indexer_head_dim"], dtype=dtype)
+    out[f"{i}.k_layernorm.weight"] = torch.zeros(QSA["indexer_head_dim"], dtype=dtype)
+
+
 def qwen4_exp_layer_extras(out: dict, seed: int, p: str, layer: int, d: Dims, linear: Linear, *, attn: str,
                            big: str, table: str, dtype: torch.dtype) -> None:
     """Layer `layer`'s attention (Gated-DeltaNet or QSA), hyper-connections and PLE block: everything but its MoE."""
@@ -141,11 +151,7 @@ def qwen4_exp_layer_extras(out: dict, seed: int, p: str, layer: int, d: Dims, li
         gdn_layer(out, seed, p, d, linear, split=True, big=big, dtype=dtype)
     else:
         gated_attention(out, seed, p, d, linear, kind=attn, dtype=dtype)
-        i = f"{p}.self_attn.indexer"
-        rows = (QSA["indexer_n_heads"] + QSA["indexer_kv_heads"]) * QSA["indexer_head_dim"]
-        linear(out, seed, f"{i}.index_qk_proj", rows, d.hidden, attn, dtype)
-        out[f"{i}.q_layernorm.weight"] = torch.zeros(QSA["indexer_head_dim"], dtype=dtype)
-        out[f"{i}.k_layernorm.weight"] = torch.zeros(QSA["indexer_head_dim"], dtype=dtype)
+        _indexer(out, seed, p, d, linear, attn, dtype)
     for branch in ("attn", "mlp"):
         _hyper_connection(out, seed, f"{p}.{branch}_hyper_connection", d.hidden, dtype)
     if layer in ple_layers(d):
@@ -155,3 +161,26 @@ def qwen4_exp_layer_extras(out: dict, seed: int, p: str, layer: int, d: Dims, li
 def qwen4_exp_top_extras(out: dict, seed: int, root: str, d: Dims, dtype: torch.dtype) -> None:
     """The final stream mixer `<root>.hyper_connection_mixer` (no block_inject_weight: use_combine=False)."""
     _hyper_connection(out, seed, f"{root}.hyper_connection_mixer", d.hidden, dtype, combine=False)
+
+
+def qwen4_exp_mtp(out: dict, seed: int, d: Dims, mlp: Mlp, linear: Linear, dtype: torch.dtype) -> None:
+    """The BF16 MTP block under `mtp.*`, as both engines' drafts read it (vLLM 0.34 nvidia/mtp.py
+    Qwen4ExpMultiTokenPredictor, `_remap_mtp_weight_name`; SGLang 0.5.23 qwen4_exp_mtp.py Qwen4ExpForCausalLMMTP):
+    `fc_embedding` and `fc_hidden` [H, H] (the residual_linear_shared fusion of hc_count > 1), `pre_fc_norm_embedding`
+    [H], `pre_fc_norm_hidden` [hc*H], one QSA layer `mtp.layers.0` with its hyper-connections and a BF16 MoE (the
+    routed experts too: excluded `mtp*`, as Qwen3.5's releases keep the draft), and `mtp.hyper_connection_mixer`."""
+    h, p = d.hidden, "mtp.layers.0"
+    for name in ("fc_embedding", "fc_hidden"):
+        out[f"mtp.{name}.weight"] = dense(seed, f"mtp.{name}", (h, h), dtype=dtype)
+    out["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(h, dtype=dtype)
+    out["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(HC["hc_count"] * h, dtype=dtype)
+    gated_attention(out, seed, p, d, linear, kind="bf16", dtype=dtype)
+    _indexer(out, seed, p, d, linear, "bf16", dtype)
+    for branch in ("attn", "mlp"):
+        _hyper_connection(out, seed, f"{p}.{branch}_hyper_connection", h, dtype)
+    out[f"{p}.mlp.gate.weight"] = dense(seed, f"{p}.mlp.gate", (d.experts, h), dtype=dtype)
+    mlp(out, seed, f"{p}.mlp.shared_expert", h, d.intermediate, "bf16", dtype)
+    out[f"{p}.mlp.shared_expert_gate.weight"] = dense(seed, f"{p}.mlp.shared_expert_gate", (1, h), dtype=dtype)
+    for e in range(d.experts):
+        mlp(out, seed, f"{p}.mlp.experts.{e}", h, d.intermediate, "bf16", dtype)
+    _hyper_connection(out, seed, "mtp.hyper_connection_mixer", h, dtype, combine=False)

@@ -262,8 +262,10 @@ def _qwen4_exp_rows(key: str) -> tuple[Served, ...]:
     n-gram tables and the text class."""
     fmt = "nvfp4-modelopt-hf"  # NVFP4 tables where the release loads them (core/targets/engine_config.py)
     nvfp4_ple = source_load_refusal({}, key, ("layers.0.ple.ple_embedding.ngram_embedding.shard_0.weight_scale",)) is None
+    draft = "serving_tests/test_draft_differential.py::test_plugin_draft_equals_the_engines_draft_of_the_source"
     multimodal = (_differential("qwen4-exp", fmt), _differential("qwen4-exp-nvfp4", fmt),
-                  *((_differential("qwen4-exp-ple-nvfp4", fmt),) if nvfp4_ple else ()))
+                  *((_differential("qwen4-exp-ple-nvfp4", fmt),) if nvfp4_ple else ()),
+                  f"{draft}[qwen4-exp-{fmt}-bfloat16]")  # its BF16 MTP draft (MIXED_PRECISION)
     return (Served("qwen4-exp", fmt, key, frozenset({"modelopt_mixed", "modelopt_fp4"}), multimodal),
             *((Served("qwen4-exp-text", fmt, key, frozenset({"modelopt_mixed"}), (_differential("qwen4-exp-text", fmt),)),)
               if not _refused("qwen4-exp-text", fmt, key) else ()))
