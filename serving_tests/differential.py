@@ -208,6 +208,12 @@ CASES = (
     Case("kimi-k25", "nvfp4-modelopt-hf", edit="nvidia-names", text_only=True),  # nvidia's excludes' spelling
     Case("glm5-moe", "nvfp4-modelopt-hf"),  # GLM-5.x: V3.2's DSA model (vLLM) / DeepseekV2ForCausalLM (SGLang)
     Case("minimax-m2", "nvfp4-modelopt-hf"),
+    # GLM-5.3-Flash: KDA + MLA (kpool indexer) + mHC; the text class on vLLM only (SGLang 0.5.23 registers the
+    # multimodal one alone: core/targets/served.py REFUSED), the multimodal one served text-only (no vision tensors)
+    Case("glm5-next", "nvfp4-modelopt-hf", engines=("vllm",)),
+    Case("glm5-next", "nvfp4-ct", engines=("vllm",)),
+    Case("glm5-next-vl", "nvfp4-modelopt-hf", text_only=True),
+    Case("glm5-next-vl", "nvfp4-ct", text_only=True),
     Case("mixtral", "nvfp4-modelopt-hf", engines=("vllm",)),
     # fam-hybrid: the multimodal wrappers' replicas carry no vision tensors, so their towers are not built
     Case("qwen3.5-moe", "nvfp4-modelopt-hf", text_only=True),

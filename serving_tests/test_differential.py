@@ -67,6 +67,11 @@ equivalent; nothing else is changed):
   (serving_tests/vllm/qwen4_exp_cpu.py; the implementation object owns no parameter), and the QSA indexer's per-token
   top-k scratch buffer (torch.empty, non-persistent, written by a forward pass) compared by dtype and shape only
   (serving_tests/differential_state.py SCRATCH); the same in both models.
+- GLM-5.3-Flash (vLLM): built with vLLM's own `--no-enable-prefix-caching` (serving_tests/vllm/glm5next_cpu.py: the
+  hybrid hook sets `mamba_block_size` for prefix caching, which the CPU platform then turns off for an MLA model, and
+  VllmConfig refuses the pair); SGLang: the engine's fused KDA projections (it fuses them for the ModelOpt source's
+  config, not for the plugin's) compared split into the plugin's unfused modules (serving_tests/sglang/
+  harness_kda_split.py). No KDA, mHC or indexer kernel runs at load on CPU.
 - One spawned gloo rank (TP 1); tiny models (synth's shrunk sizes).
 What no CPU runs: any forward pass; the GPU suite (tests/gpu) runs the engines' kernels on these bytes.
 """
@@ -126,6 +131,9 @@ UNINITIALISED = {
 # storage the conversion's `ple_embedding_dtype` names), hyper-connections and routed experts
 _QWEN4_EXP = ("ple_embedding.ngram_embedding.weight", "hyper_connection", "experts.w13_weight")
 MUST_COMPARE = {"deepseek-v41": ("engram.embed", "vision.", "aligner.", "experts.w13_weight"),
+                # GLM-5.3-Flash: the KDA layer (its short convolutions, A_log), mHC, the kpool indexer, the experts
+                **{f: ("conv1d", "A_log", "hc_attn_fn", "index_kpool_compress_gate", "experts.w13_weight")
+                   for f in ("glm5-next", "glm5-next-vl")},
                 **dict.fromkeys(("qwen4-exp", "qwen4-exp-text", "qwen4-exp-nvfp4", "qwen4-exp-ple-nvfp4"), _QWEN4_EXP)}
 
 

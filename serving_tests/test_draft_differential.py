@@ -42,8 +42,12 @@ DRAFTS = (Case("deepseek-v3", "nvfp4-modelopt-hf"), Case("deepseek-v32", "nvfp4-
           Case("qwen3.5-moe", "nvfp4-modelopt-hf"), Case("qwen3.5-moe", "nvfp4-ct"),
           Case("glm4-moe", "nvfp4-modelopt-hf"), Case("glm4-moe", "nvfp4-ct", edit="fused-globals"),
           Case("deepseek-v41", "mxfp4-dsv4"),
+          # GLM-5.3-Flash's MTP layer (an MLA + kpool indexer + MoE layer, no mHC; synth/glm5next.py): the text class
+          # on vLLM only (SGLang 0.5.23 has none: core/targets/served.py REFUSED)
+          Case("glm5-next", "nvfp4-modelopt-hf", engines=("vllm",)), Case("glm5-next-vl", "nvfp4-modelopt-hf"),
           # Qwen3.8-Flash-Next's BF16 MTP block (synth/qwen4_exp.py): vLLM Qwen4ExpMTP, SGLang Qwen4ExpForCausalLMMTP
           Case("qwen4-exp", "nvfp4-modelopt-hf", text_only=True), Case("qwen4-exp-nvfp4", "nvfp4-modelopt-hf", text_only=True))
+DRAFTS = tuple(c for c in DRAFTS if ENGINE in c.engines)
 IDS = [f"{c.id}-bfloat16" for c in DRAFTS]
 # (engine, case) whose draft the engine's own loader cannot build from the SOURCE: nothing the plugin could serve.
 # SGLang 0.5.23 builds Qwen3-Next's draft (Qwen3NextForCausalLMMTP) with the target's ModelOpt / CT config, whose
@@ -52,8 +56,13 @@ IDS = [f"{c.id}-bfloat16" for c in DRAFTS]
 # (the export excludes `lm_head` only) and cannot load the BF16 head into it (whether the GLM NVFP4 releases'
 # exclude lists name the MTP head is not confirmed). SGLang builds a modelopt_fp4 GLM draft unquantised
 # (glm4_moe_nextn.py) and cannot load the NVFP4 experts of the replica's mtp.safetensors into it.
+# vLLM 0.34 builds GLM-5.3-Flash's multimodal draft as the text-only Glm5NextMTP (common/mtp.py strips
+# `model.language_model.` to `model.`) under the target's ModelOpt config, whose excludes it mapped to the VL module
+# names (`language_model.model.layers.N*`): the draft's `model.layers.N.mlp.experts` matches none, gets NVFP4 and
+# cannot take the release's BF16 MTP experts (RuntimeError on the packed w2's size).
 ENGINE_CANNOT = {("sglang", "qwen3-next-nvfp4-modelopt-hf"), ("sglang", "qwen3-next-nvfp4-ct"),
-                 ("vllm", "glm4-moe-nvfp4-modelopt-hf"), ("sglang", "glm4-moe-nvfp4-modelopt-hf")}
+                 ("vllm", "glm4-moe-nvfp4-modelopt-hf"), ("sglang", "glm4-moe-nvfp4-modelopt-hf"),
+                 ("vllm", "glm5-next-vl-nvfp4-modelopt-hf")}
 # (engine, case) where the plugin's draft is NOT the engine's (a known defect, asserted as it is so that the test fails
 # once it is fixed): SGLang 0.5.23 builds Qwen3.5's and Qwen4-Exp's draft with no quantisation for a serialized
 # `modelopt_fp4` target (qwen3_5_mtp.py _mtp_quant_config checks `quant_config.get_name() == "modelopt_fp4"`), but

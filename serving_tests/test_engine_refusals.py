@@ -32,6 +32,9 @@ VERSION = importlib.metadata.version(ENGINE)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).parent / ENGINE))
 
+# GLM-5.3-Flash replicas whose architecture this release's registry lacks (core/targets/served.py REFUSED)
+_NO_ARCHITECTURE = {"glm5-next": "nvfp4-modelopt-hf"} if ENGINE == "sglang" else {}
+
 
 @pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x llama4")
 def test_sglang_cannot_load_the_modelopt_llama4_source_itself(engine_loads):
@@ -74,6 +77,8 @@ def engine_loads(tmp_path_factory):
     for family in _QWEN4_EXP_SOURCES.get((ENGINE, VERSION), ()):  # Qwen3.8-Flash-Next's refusals (below)
         src = make_source(tmp, Case(family, "nvfp4-modelopt-hf"))
         cases[family] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf", "text_only": True}
+    for family, fmt in _NO_ARCHITECTURE.items():
+        cases[family] = {"source": str(make_source(tmp, Case(family, fmt))), "dtype": "bfloat16", "fmt": fmt}
     (result,) = spawn_ranks("harness_refusal:run", {"cases": cases}, tmp, world=1)
     return result
 
@@ -145,4 +150,14 @@ def test_sglang_cannot_load_qwen4_exp_nvfp4_ple_tables(engine_loads):
     assert r["error"] == ("RuntimeError: The size of tensor a (16) must match the size of tensor b (8) at "
                           "non-singleton dimension 1"), r  # the replica's 16 columns, packed into 8 bytes
     assert "load_qwen4_exp_ple_shard" in r["traceback"] and "copy_ple_rows_to_tp_embedding" in r["traceback"], r
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x glm5-next")
+def test_sglang_has_no_glm5_next_text_model(engine_loads):
+    """A GLM-5.3-Flash text checkpoint (architectures [Glm5NextForCausalLM]): SGLang 0.5.23's glm5_next.py registers
+    only Glm5NextForConditionalGeneration (`EntryClass`); its registry falls back to the Transformers backend, which
+    has no such model either."""
+    r = _refused(engine_loads, "glm5-next")
+    assert r["error"].startswith("ValueError: Cannot find model module. 'Glm5NextForCausalLM' is not a registered model "
+                                 "in the Transformers library"), r
 

@@ -70,6 +70,9 @@ The facts per family, and where they come from:
   has Maverick's layout, experts on every other layer (`interleave_moe_layer_step: 2`, a dense NVFP4
   `feed_forward.{gate,up,down}_proj` of `intermediate_size_mlp` between: vLLM 0.33 llama4.py is_moe_layer;
   Scout has step 1); the dense layers' NVFP4 quantisation is this generator's assumption.
+- glm5-next / glm5-next-vl (GLM-5.3-Flash, text and multimodal; NVIDIA ModelOpt NVFP4 and compressed-tensors NVFP4
+  releases): hybrid KDA linear attention + MLA with the kpool sparse indexer + mHC, DeepSeek-V3's MoE block with a
+  clamped SwiGLU (`swiglu_limit`), one MTP layer: synth/glm5next.py names every fact and its source.
 - qwen4-exp (Qwen3.8-Flash-Next: hyper-connections, QSA, PLE n-gram tables, its MTP block), qwen4-exp-text (its text
   class), qwen4-exp-nvfp4 / qwen4-exp-ple-nvfp4 (plain ModelOpt NVFP4; NVFP4 n-gram tables): synth/qwen4_exp.py.
 MTP / draft layers (DeepSeek `model.layers.<N>`, MiniMax-M2 declared only, Qwen `mtp.*`): synth/mtp.py.
@@ -82,6 +85,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.sources.families import family_named
+from .glm5next import GLM5_NEXT
 from .mtp import MINIMAX_MTP_CONFIG
 from .nemotron import BF16 as NEMOTRON_BF16
 from .nemotron import LATENT_BF16 as NEMOTRON_LATENT_BF16
@@ -113,7 +117,7 @@ class FamilySpec:
     layer_prefix: str | None = None  # the layers' prefix where the naming table has no scheme for it yet
     config: dict = field(default_factory=dict)
     name: str = ""                 # the replica's own name when it is a release of `family` (kimi-k2)
-    attention: str = "gqa"         # gqa, mla, mla-indexer (synth/mla.py)
+    attention: str = "gqa"         # gqa, mla, mla-indexer (synth/mla.py), kda-mla (synth/glm5next.py)
     architecture: str = ""         # config.json `architectures` when not the family's first
     routed_only: bool = False      # NVFP4 on the routed experts only (dense MLP and shared experts BF16)
     stale_block: bool = False      # config.json keeps the pre-FP4 block-FP8 block (DeepSeek-V3-0324-FP4)
@@ -165,6 +169,12 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
     # GLM-5.x: DeepSeek-V3.2's layout with GLM-5's head sizes (the docstring names the sources)
     FamilySpec("glm5-moe", ("nvfp4-modelopt-hf",), "glm_moe_dsa", "mlp", shared="shared_experts",
                dense_layers=1, attention="mla-indexer", mtp="layer", config={**_DEEPSEEK_MTP, **_GLM5_ATTENTION}),
+    # GLM-5.3-Flash (synth/glm5next.py): text (flat config.json, `model.layers`) and multimodal (`text_config`,
+    # `model.language_model.layers`); its config.json is glm5next_text_config's, not the generic one
+    FamilySpec("glm5-next", ("nvfp4-modelopt-hf", "nvfp4-ct"), "glm5_next", "mlp", shared="shared_experts",
+               dense_layers=1, attention="kda-mla", mtp="layer", config=dict(GLM5_NEXT)),
+    FamilySpec("glm5-next-vl", ("nvfp4-modelopt-hf", "nvfp4-ct"), "glm5_next", "mlp", shared="shared_experts",
+               dense_layers=1, attention="kda-mla", mtp="layer", nested=True, config=dict(GLM5_NEXT)),
     FamilySpec("glm4-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "glm4_moe", "mlp", shared="shared_experts",
                dense_layers=1, mtp="file", config={"n_shared_experts": 1, "num_nextn_predict_layers": 1}),
     FamilySpec("qwen3.5-moe", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_5_moe", "mlp", shared="shared_expert",

@@ -3,12 +3,15 @@ and the facts behind them), as each producer writes them (spec CHECKPOINT_FORMAT
 
 from __future__ import annotations
 
+import re
+
 from ..core.files import CONFIG, HF_QUANT_CONFIG
 from ..core.sources.families import family_named
 from ..core.sources.source_formats import source_format
 from .configs import _ct_config, _modelopt_groups
 from .families import FAMILY_SPECS, FamilySpec
 from .gemma4 import gemma4_text_config
+from .glm5next import glm5next_text_config, glm5next_vision_config
 from .hybrid import LINEAR, layer_types, linear_config
 from .layouts import Dims
 from .mla import mla_config
@@ -18,6 +21,10 @@ from .qwen4_exp import ple_layers, qwen4_exp_text_config
 __all__ = ["family_config_files"]
 
 _BLOCK_FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+# the VL config's media token ids (transformers 5 Glm5NextConfig), placed inside the replica's small vocabulary
+_GLM5_NEXT_MEDIA_TOKENS = ("image_token_id", "video_token_id", "image_start_token_id", "image_end_token_id",
+                           "video_start_token_id", "video_end_token_id")
 
 _N_ROUTED = ("deepseek_v3", "deepseek_v32", "kimi_k2", "glm4_moe", "glm_moe_dsa", "kimi_k25")
 
@@ -115,6 +122,15 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
     """config.json and, for ModelOpt, hf_quant_config.json of a family checkpoint."""
     spec = FAMILY_SPECS[family]
     config = nemotron_config(d, latent=spec.latent_moe) if spec.family == "nemotron-h" else _arch_config(spec, d)
+    if spec.attention == "kda-mla":  # GLM-5.3-Flash (synth/glm5next.py): flat for the text model, nested for the VL
+        text = glm5next_text_config(d, spec.dense_layers)
+        config = {"architectures": list(family_named(family).architectures), "model_type": spec.model_type}
+        if spec.nested:
+            config |= {"text_config": {**text, "model_type": "glm5_next_text"}, "vision_config": glm5next_vision_config(d),
+                       "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+                       **{k: d.vocab - 2 - i for i, k in enumerate(_GLM5_NEXT_MEDIA_TOKENS)}}
+        else:
+            config |= text
     if family == "gemma4-moe":
         config = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4", "torch_dtype": "bfloat16",
                   "text_config": gemma4_text_config(d), "tie_word_embeddings": True,
@@ -141,6 +157,8 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
         qc["ignore"] += ["re:.*shared_expert_gate$"] if spec.shared_gate else []
         qc["ignore"] += ["re:.*linear_attn.*"] if spec.linear else []
         qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
+        # DeepSeek's BF16 MTP layer num_hidden_layers (GLM-5.3-Flash's compressed-tensors release; synth/glm5next.py)
+        qc["ignore"] += [f"re:^{re.escape(spec.prefix)}\\.{d.layers}\\..*"] if spec.mtp == "layer" else []
         qc["ignore"] += ["re:.*visual.*"] if spec.nested else []  # the vision tower (llm-compressor PR #2740)
         qc["ignore"] += ["re:.*router.*", "re:.*vision_tower.*"] if family == "gemma4-moe" else []
     else:

@@ -13,6 +13,7 @@ from ..formats.nvfp4 import global_to_ct, nvfp4_global_for, quantize_nvfp4
 from .experts import Tweaks, encode_layer_experts
 from .families import FAMILY_SPECS, FamilySpec
 from .gemma4 import gemma4_tensors
+from .glm5next import glm5next_layer, kpool_indexer
 from .hybrid import LINEAR, gated_attention, gdn_layer, layer_types
 from .layouts import Dims
 from .mla import mla_dims, mla_tensors
@@ -81,7 +82,9 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
     p, h, hd = f"{spec.prefix}.{layer}", d.hidden, d.heads * d.head_dim
     out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
     attn = _attn_kind(spec, fmt)
-    if spec.attention.startswith("mla"):
+    if spec.attention == "kda-mla":  # GLM-5.3-Flash: KDA or MLA + kpool indexer, and mHC (synth/glm5next.py)
+        glm5next_layer(out, seed, p, layer, d, dtype)
+    elif spec.attention.startswith("mla"):
         mla_tensors(out, seed, p, h, d.heads, d.q_lora_rank, dtype, indexer=spec.attention == "mla-indexer",
                     dims=mla_dims(spec.config))
     elif spec.linear is not None:  # hybrid: Gated-DeltaNet or gated full attention (synth/hybrid.py)
@@ -111,7 +114,7 @@ def _moe(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims, 
         return
     moe = f"{p}.{spec.moe}"
     out[f"{moe}.{spec.router}.weight"] = dense(seed, f"{moe}.{spec.router}", (d.experts, h), dtype=dtype)
-    if spec.family in ("deepseek-v3", "deepseek-v32", "glm4-moe", "glm5-moe", "kimi-k25"):
+    if spec.family in ("deepseek-v3", "deepseek-v32", "glm4-moe", "glm5-moe", "kimi-k25", "glm5-next", "glm5-next-vl"):
         out[f"{moe}.gate.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
     elif spec.config.get("use_routing_bias"):  # MiniMax-M2
         out[f"{moe}.e_score_correction_bias"] = torch.zeros(d.experts, dtype=torch.float32)
@@ -184,6 +187,9 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
     elif spec.mtp == "unquantised":  # Qwen3.5 / Qwen3-Next: a BF16 MTP block under mtp.*, experts included
         qwen_mtp_block(out, seed, d, _mlp, _linear, dtype)
     elif spec.mtp == "layer":  # DeepSeek: layer num_hidden_layers in the index, BF16, excluded (synth/mtp.py)
-        deepseek_mtp_layer(out, seed, spec.prefix, d, _mlp, dtype, indexer=spec.attention == "mla-indexer",
+        deepseek_mtp_layer(out, seed, spec.prefix, d, _mlp, dtype, indexer=spec.attention != "mla",
                            dims=mla_dims(spec.config))
+        if spec.attention == "kda-mla":  # GLM-5.3-Flash's MTP layer: MLA with the kpool indexer, the target's head
+            kpool_indexer(out, seed, f"{spec.prefix}.{d.layers}.self_attn", d.hidden, dtype)
+            del out[f"{spec.prefix}.{d.layers}.shared_head.head.weight"]
     return out, outside

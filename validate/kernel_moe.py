@@ -18,7 +18,8 @@ from ..formats.constants import E2M1_VALUES, MXFP4_GROUP, NVFP4_GROUP
 from ..formats.e2m1 import unpack_nibbles
 from ..formats.e8m0 import e8m0_to_float
 
-__all__ = ["Stack", "moe_align", "run_stack", "run_layer", "reference_layer", "relu2", "dequant", "repack_source"]
+__all__ = ["Stack", "moe_align", "run_stack", "run_layer", "reference_layer", "relu2", "swiglu_limited", "dequant",
+           "repack_source"]
 
 
 @dataclass
@@ -90,17 +91,28 @@ def relu2(y: torch.Tensor) -> torch.Tensor:
     return torch.square(torch.relu(y))
 
 
-def run_layer(provider, w13: Stack, w2: Stack, x: torch.Tensor) -> torch.Tensor:
-    """A non-gated MoE layer as the engines run it: x [M, H] -> w13 GEMM (N = I) -> relu2 in the activation
-    dtype -> w2 GEMM on every (token, expert) row: [M, E, H] fp32."""
-    y1 = run_stack(provider, w13, x).to(x.dtype)
+def swiglu_limited(limit: float):
+    """The engines' clamped SwiGLU on the first GEMM's output [..., 2I] (gate rows, then up rows), in its dtype:
+    gate clamped to at most `limit`, up to [-limit, limit], then silu(gate) * up (vLLM 0.34 SiluAndMulWithClamp,
+    the `swiglu_limit` of FusedMoEFactory; SGLang 0.5.23 glm5_next.py swiglu_clamped)."""
+    def act(y: torch.Tensor) -> torch.Tensor:
+        gate, up = y.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+    return act
+
+
+def run_layer(provider, w13: Stack, w2: Stack, x: torch.Tensor, activation=relu2) -> torch.Tensor:
+    """An MoE layer as the engines run it: x [M, H] -> w13 GEMM -> `activation` in the activation dtype (relu2 of a
+    non-gated layer, N = I; swiglu_limited of a gated one, N = 2I) -> w2 GEMM on every (token, expert) row:
+    [M, E, H] fp32."""
+    y1 = activation(run_stack(provider, w13, x).to(x.dtype))
     m, e, i = y1.shape
-    return run_stack(provider, w2, relu2(y1).reshape(m * e, i), per_expert_rows=True)
+    return run_stack(provider, w2, y1.reshape(m * e, i), per_expert_rows=True)
 
 
-def reference_layer(w13: Stack, w2: Stack, x: torch.Tensor) -> torch.Tensor:
+def reference_layer(w13: Stack, w2: Stack, x: torch.Tensor, activation=relu2) -> torch.Tensor:
     """The fp32 reference of run_layer."""
-    return torch.einsum("mei,ehi->meh", relu2(reference_product(w13, x)), w2.reference)
+    return torch.einsum("mei,ehi->meh", activation(reference_product(w13, x)), w2.reference)
 
 
 def rel_errors(y: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

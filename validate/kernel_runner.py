@@ -4,7 +4,8 @@ Per layer, the chosen experts are stacked as the engine stacks them (w13 = gate 
 with the gate's global, or for non-gated experts, Nemotron-H's, the up projection alone: the engines'
 one-shard w13 with N = I; w2), in chunks so that GPU memory stays bounded, and run through the
 provider's MoE GEMM with random activations in the activation dtype. A non-gated layer also runs
-whole as the engines run it: w13, ReLU-squared in the activation dtype, w2 on every (token, expert) row. The fp32 reference is
+whole as the engines run it: w13, ReLU-squared in the activation dtype, w2 on every (token, expert) row; so does a
+gated layer whose engines clamp its SwiGLU (GLM-5.3-Flash's `swiglu_limit`), with that activation. The fp32 reference is
 dequant(SRC) with --against (or when validating an unconverted source), else the project's own
 decode of the Marlin bytes (formats/ inverses). Where source bytes are at hand the engine's repack
 kernel runs on them too and must give the converted words. An unconverted source is prepared in
@@ -25,6 +26,7 @@ from ..core.checkpoint.reader import TensorReader, load_projection, open_checkpo
 from ..core.checkpoint.source_location import resolve_source
 from ..core.checkpoint.tensor_model import Quant, Role, gated_experts
 from ..core.errors import DsvError
+from ..core.sources.structure import swiglu_limit
 from ..core.targets.engines import engine_facts
 from ..core.targets.rescale import stack_key
 from ..formats.marlin.scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
@@ -45,9 +47,11 @@ from .kernel_moe import (
     reference_layer,
     reference_product,
     rel_errors,
+    relu2,
     repack_source,
     run_layer,
     run_stack,
+    swiglu_limited,
 )
 from .kernel_provider import KernelBuildError, select_provider
 from .kernel_shapes import kernel_layouts
@@ -56,6 +60,7 @@ from .runner import rescale_factors, resolve_options
 __all__ = ["KernelOptions", "run_kernel_checks"]
 
 _LAYER = "w13+relu2+w2"  # a non-gated layer run whole (KernelCase.stack)
+_SWIGLU_LAYER = "w13+swiglu_limit+w2"  # a gated layer whose engines clamp its SwiGLU (swiglu_limit), run whole
 
 
 def _stacks(experts) -> tuple[tuple[str, tuple[Role, ...]], ...]:
@@ -197,6 +202,7 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
     report.notes.append(f"kernel: {provider.name} on {torch.cuda.get_device_name(dev)}")
     report.notes += _layout_notes(ckpt, opts, layouts, ref_ckpt is not None)
     refs = {p.key: p for p in ref_ckpt.projections} if ref_ckpt is not None else {}
+    limit = swiglu_limit(ckpt.config)  # the clamped SwiGLU the engines apply (GLM-5.3-Flash), else None
     groups = defaultdict(lambda: defaultdict(dict))
     for p in ckpt.projections:
         groups[p.layer][p.expert][p.role] = p
@@ -210,7 +216,9 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
             chosen = _chosen(experts, kopts.experts, opts.seed, layer)
             stacks = _stacks(experts)
             non_gated = stacks[0][1] == (Role.GATE,)
-            for stack, roles in (*stacks, *(((_LAYER, (Role.GATE, Role.DOWN)),) if non_gated else ())):
+            whole = (((_LAYER, (Role.GATE, Role.DOWN)),) if non_gated else
+                     ((_SWIGLU_LAYER, (Role.GATE, Role.UP, Role.DOWN)),) if limit is not None else ())
+            for stack, roles in (*stacks, *whole):
                 members = [e for e in chosen if all(r in experts[e] for r in roles)]
                 if not members:
                     continue
@@ -220,9 +228,10 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                 case = KernelCase(layer, stack, opts.act_dtype, provider.name, kind)
                 t0 = time.monotonic()
                 try:
-                    if stack == _LAYER:
+                    if stack in (_LAYER, _SWIGLU_LAYER):
                         case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.act_dtype]
-                        _run_layer(layer_prep, experts, members, case, opts, kopts, dev)
+                        _run_layer(layer_prep, experts, members, case, opts, kopts, dev, roles,
+                                   limit if stack == _SWIGLU_LAYER else None)
                     else:
                         _run_stack(layer_prep, experts, members, roles, case, opts, kopts, dev)
                 except KernelBuildError as e:  # nothing can run: one finding, the rest not run
@@ -299,27 +308,39 @@ def _run_stack(prep, experts, members, roles, case, opts, kopts, dev):
         del stack, y, ref
 
 
-def _run_layer(prep, experts, members, case, opts, kopts, dev):
-    """A non-gated layer whole (kernel_moe.run_layer): per chunk, the w13 (up) and w2 (down) stacks of the same
-    experts, one input. The reference takes each projection's global as the engine keeps it (vLLM: exact;
-    SGLang: the activation dtype's), so this case sees the kernels' path through the activation, not the global
-    rounding that the two stacks' own cases report."""
+def _stack_of(prep, experts, part, roles, dev) -> Stack:
+    """The engine's stack of `roles` for the experts `part` (w13 = gate | up under the gate's global), its reference
+    scaled by the global the engine keeps (vLLM: exact; SGLang: the activation dtype's)."""
+    per_expert = [[prep.prepare(experts[e][r], experts[e][roles[0]]) for r in roles] for e in part]
+    kept = torch.tensor([1.0 if ps[0].engine_global is None else ps[0].engine_global for ps in per_expert], device=dev)
+    return Stack(torch.stack([torch.cat([p.q for p in ps], dim=-1) for ps in per_expert]),
+                 torch.stack([torch.cat([p.s.view(torch.uint8) for p in ps], dim=-1).view(ps[0].s.dtype)
+                              for ps in per_expert]),
+                 torch.stack([ps[0].g for ps in per_expert]).to(dev) if per_expert[0][0].g is not None else None,
+                 torch.stack([torch.cat([p.ref for p in ps], dim=0) for ps in per_expert]) * kept[:, None, None])
+
+
+def _run_layer(prep, experts, members, case, opts, kopts, dev, roles, limit):
+    """A layer whole (kernel_moe.run_layer): per chunk, the w13 and w2 stacks of the same experts, one input, the
+    engines' activation between them: relu2 after a non-gated w13 (`roles` gate, down), or the SwiGLU clamped at
+    `limit` after a gated one (gate, up, down; the input scaled so that about half of the first GEMM's outputs pass
+    the clamp). The references take each projection's global as the engine keeps it, so this case sees the kernels'
+    path through the activation, not the global rounding that the two stacks' own cases report."""
     gen = torch.Generator(device=dev).manual_seed(opts.seed + 1)
     act = getattr(torch, opts.act_dtype)
+    activation = relu2 if limit is None else swiglu_limited(limit)
     x = None
     for i in range(0, len(members), kopts.chunk):
         part = members[i:i + kopts.chunk]
-        stacks = []
-        for role in (Role.GATE, Role.DOWN):
-            pieces = [prep.prepare(experts[e][role], experts[e][role]) for e in part]
-            kept = torch.tensor([1.0 if p.engine_global is None else p.engine_global for p in pieces], device=dev)
-            stacks.append(Stack(torch.stack([p.q for p in pieces]), torch.stack([p.s for p in pieces]),
-                                torch.stack([p.g for p in pieces]).to(dev) if pieces[0].g is not None else None,
-                                torch.stack([p.ref for p in pieces]) * kept[:, None, None]))
+        w13, w2 = _stack_of(prep, experts, part, roles[:-1], dev), _stack_of(prep, experts, part, roles[-1:], dev)
         for e in part:
             case.names[e] = (experts[e][Role.GATE].weight.name, experts[e][Role.GATE].weight.file)
         if x is None:
-            x = torch.randn(kopts.rows, stacks[0].reference.shape[-1], generator=gen, device=dev).to(act)
-        y = run_layer(prep.provider, stacks[0], stacks[1], x)
-        case.rel.update({e: float(r) for e, r in zip(part, rel_errors(y, reference_layer(*stacks, x)).tolist())})
-        del stacks, y
+            x = torch.randn(kopts.rows, w13.reference.shape[-1], generator=gen, device=dev)
+            if limit is not None:  # reach the clamp: the median |output| of the first GEMM at the limit
+                x = x * (limit / reference_product(w13, x).abs().median().clamp_min(1e-30))
+            x = x.to(act)
+        y = run_layer(prep.provider, w13, w2, x, activation)
+        case.rel.update({e: float(r) for e, r in
+                         zip(part, rel_errors(y, reference_layer(w13, w2, x, activation)).tolist())})
+        del w13, w2, y

@@ -25,6 +25,9 @@ class Family:
     output_scheme: str    # the scheme the converted checkpoint keeps
     examples: str = ""
     outside_index: Mapping[str, str] = field(default_factory=dict)  # file the index does not list -> what it is
+    # the experts' activation where the engines clamp it: "swiglu-limit" = SwiGLU with the gate clamped to at most
+    # config `swiglu_limit` and the up projection to +-limit (structure.py swiglu_limit; validate --kernel's layer case)
+    activation: str = "swiglu"
 
     @property
     def source_scheme(self) -> Scheme:
@@ -65,14 +68,16 @@ FAMILIES: tuple[Family, ...] = (
     # kimi_k25.py strips `language_model.` and loads the rest with DeepseekV3ForCausalLM's loader)
     Family("kimi-k25", ("KimiK25ForConditionalGeneration",), "hf-language-model", "hf-language-model",
            examples="Kimi-K2.5 / K2.6 NVFP4 (ModelOpt, moonshotai's language_model.model.* names)"),
-    # Recognised, not yet proven (no serving test loads them: core/targets/served.py has no rows, so the gate refuses them
-    # with that reason). GLM-5.3-Flash: HF expert names, text `model.layers`, multimodal `model.language_model.layers`
+    # GLM-5.3-Flash (served: core/targets/served.py; replica synth/glm5next.py): HF expert names, text `model.layers`, multimodal `model.language_model.layers`
     # (vLLM 0.34 models/glm5next common/model.py: fused_moe_make_expert_params_mapping gate_proj / up_proj /
     # down_proj, the multimodal mapper `model.language_model.` -> `language_model.model.`; SGLang 0.5.23 glm5_next.py
     # `model.language_model.` -> `model.`); hybrid KDA linear attention + MLA + sparse indexer + mHC, swiglu_limit.
-    Family("glm5-next", ("Glm5NextForCausalLM",), "hf-mlp", "hf-mlp", examples="GLM-5.3-Flash NVFP4 (text)"),
+    # Its experts' SwiGLU is clamped at `swiglu_limit` (vLLM 0.34 Glm5NextMoE FusedMoEFactory(swiglu_limit=...),
+    # SiluAndMulWithClamp; SGLang 0.5.23 glm5_next.py swiglu_clamped: gate <= limit, |up| <= limit).
+    Family("glm5-next", ("Glm5NextForCausalLM",), "hf-mlp", "hf-mlp", examples="GLM-5.3-Flash NVFP4 (text)",
+           activation="swiglu-limit"),
     Family("glm5-next-vl", ("Glm5NextForConditionalGeneration",), "hf-language-model", "hf-language-model",
-           examples="GLM-5.3-Flash NVFP4 (multimodal)"),
+           examples="GLM-5.3-Flash NVFP4 (multimodal)", activation="swiglu-limit"),
     # Qwen3.8-Flash-Next: Qwen3-Next's sparse MoE block (HF expert names) under `model.language_model.layers` (vLLM
     # 0.34 models/qwen4_exp nvidia/model.py Qwen4ExpSparseMoeBlock(Qwen3NextSparseMoeBlock), mapper
     # `model.language_model.` -> `model.`; SGLang 0.5.23 qwen4_exp.py load_weights `model.language_model.` ->

@@ -20,7 +20,7 @@ from .families import family_of
 from .naming import parse_expert_name, scheme_roles
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
-           "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts", "model_dims",
+           "swiglu_limit", "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts", "model_dims",
            "unreadable_tensors"]
 
 
@@ -67,6 +67,20 @@ def model_dims(config: dict) -> dict:
     return {"hidden": get(*EXPERT_WIDTH_KEYS), "intermediate": get("moe_intermediate_size", "intermediate_size"),
             "experts": get("n_routed_experts", "num_local_experts", "num_experts"),
             "layers": get("num_hidden_layers"), "draft_experts": get(_DRAFT_EXPERTS)}
+
+
+def swiglu_limit(config: dict) -> float | None:
+    """The clamp of the experts' SwiGLU for a family whose engines clamp it (core/sources/families.py `activation`
+    "swiglu-limit"): config `swiglu_limit` (a nested `text_config` wins); None where the family's activation is not
+    the clamped SwiGLU (gpt-oss's own swiglu_limit belongs to another activation) or the config has no limit."""
+    family = family_of(config)
+    if family is None or family.activation != "swiglu-limit":
+        return None
+    for c in (config.get("text_config") or {}, config):
+        v = c.get("swiglu_limit") if isinstance(c, dict) else None
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return float(v)
+    return None
 
 
 # DeepSeek-V4.1's DSpark draft stages size their MoE with this field, not n_routed_experts (vLLM 0.34

@@ -13,6 +13,8 @@ Where each rule lives in the engines (vLLM 0.34.0, SGLang 0.5.23; the same rules
   linear attention  Qwen3-Next / Qwen3.5 gated delta-net: the key and value heads are split over TP (vLLM
                     qwen_gdn_linear_attn.py `divide(self.num_v_heads, self.tp_size)`, column-parallel key
                     heads; SGLang qwen3_next.py `num_k_heads // attn_tp_size`)
+  KDA heads         GLM-5.3-Flash's KDA linear attention: `assert self.num_heads % self.tp_size == 0` (vLLM
+                    models/glm5next/common/kda.py; SGLang glm5_next.py `assert self.num_heads % head_shard_size == 0`)
   Mamba-2 heads     Nemotron-H: `assert num_heads % self.tp_size == 0` (vLLM mamba_mixer2.py, SGLang
                     layers/attention/mamba/mamba.py)
   Mamba-2 groups    `assert (n_groups % self.tp_size) == 0 or n_groups == 1` (the same two files); SGLang's
@@ -69,6 +71,7 @@ SPLIT_RULES = (
     SplitRule("KV heads", ("num_key_value_heads",), "either", unless="kv_lora_rank"),
     SplitRule("linear-attention key heads", ("linear_num_key_heads",), "divides"),
     SplitRule("linear-attention value heads", ("linear_num_value_heads",), "divides"),
+    SplitRule("KDA heads", ("linear_num_heads",), "divides"),
     SplitRule("Mamba-2 heads", ("mamba_num_heads",), "divides"),
     SplitRule("Mamba-2 groups", (), "divides_or_one", default=8, engine_key="mamba_groups_key"),
 )

@@ -174,6 +174,7 @@ class Refused:
     proof: str
 
 
+_GLM5_NEXT = {"nvfp4-modelopt-hf": "modelopt_fp4", "nvfp4-ct": "compressed-tensors"}  # its releases' formats
 # (family, format, release) the engine refuses, e.g. SGLang's quantised-Mixtral model (fam-mla's row)
 REFUSED: tuple[Refused, ...] = (
     Refused("mixtral", "nvfp4-modelopt-hf", "sglang 0.5.23",
@@ -186,6 +187,10 @@ REFUSED: tuple[Refused, ...] = (
             "SGLang cannot load the ModelOpt source itself: mllama4.py _handle_expert_scale_params takes a stacked "
             "`experts.gate_up_proj_weight_scale` for a single scale for all experts (RuntimeError: expand)",
             "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_modelopt_llama4_source_itself"),
+    *(Refused("glm5-next", fmt, "sglang 0.5.23", "SGLang 0.5.23 registers no Glm5NextForCausalLM (glm5_next.py's "
+              "EntryClass is [Glm5NextForConditionalGeneration] alone) and its Transformers fallback has none either: "
+              "\"Cannot find model module. 'Glm5NextForCausalLM' is not a registered model in the Transformers library\"",
+              "serving_tests/test_engine_refusals.py::test_sglang_has_no_glm5_next_text_model") for fmt in _GLM5_NEXT),
     # Qwen3.8-Flash-Next's text class: SGLang registers the multimodal one alone (its NVFP4 n-gram tables, which SGLang
     # cannot load either, are core/targets/engine_config.py's: a fact of the checkpoint's tensors, not of its family)
     Refused("qwen4-exp-text", "nvfp4-modelopt-hf", "sglang 0.5.23",
@@ -235,6 +240,8 @@ _HYBRID = (
 _NEW_FAMILIES = (
     ("glm5-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),  # GLM-5.x: V3.2's DSA model in vLLM, DeepseekV2 in SGLang
     ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
+    # GLM-5.3-Flash (KDA + MLA, kpool indexer, mHC): both classes on vLLM 0.33 / 0.34, the VL one on SGLang (REFUSED)
+    *((family, fmt, method) for family in ("glm5-next", "glm5-next-vl") for fmt, method in _GLM5_NEXT.items()),
 )
 
 

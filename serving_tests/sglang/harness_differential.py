@@ -19,6 +19,8 @@ CPU substitutions, beyond those of test_differential.py's header (each one engin
   requantises a fused layer's shards with it: Qwen3.5's ModelOpt FP8 `in_proj_qkvz`, `qkv_proj`) -> SGLang's
   own torch fallback for it (`_native_static_quant_fp8`); the same FP8 method in both models;
 - DeepSeek-V4: the mHC kernels' JIT warm-up after loading -> nothing (serving_tests/sglang/dsv4_cpu.py);
+- GLM-5.3-Flash: SGLang fuses the KDA projections for the ModelOpt source but not for the plugin's config (its own
+  rule): the engine's fused KDA tensors are compared split into the plugin's modules (harness_kda_split.py);
 - SGLang's dense NVFP4 layers processed for `--fp4-gemm-backend marlin` (its sm_120 default,
   flashinfer_cutlass, moves tensors to CUDA while processing); the same method in both models.
 """
@@ -34,6 +36,7 @@ from common import checkpoint_tensors
 from differential_state import model_state, run_diff_cases, state_diff, zero_fill
 from dsv4_cpu import use_cpu_stand_ins
 from harness_gpt_oss import _register_mxfp4_as_on_cuda
+from harness_kda_split import kda_fused_as_unfused
 from harness_sglang import sglang_cpu
 from mla_cpu import use_cpu_rope_device
 
@@ -81,7 +84,7 @@ def _diff(*, source: str, converted: str, dtype: str, fmt: str, text_only: bool 
     use_capability_of(fmt)
     engine = model_state(_model(source, dtype))
     plugin = model_state(_model(converted, dtype))
-    return state_diff(engine, plugin)
+    return state_diff(kda_fused_as_unfused(engine, plugin), plugin)  # GLM-5.3-Flash: harness_kda_split.py
 
 
 def _native_static_fp8_quant(input, scale=None, num_token_padding=None, use_per_token_if_dynamic=False):

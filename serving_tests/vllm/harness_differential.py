@@ -24,6 +24,7 @@ from common import checkpoint_tensors
 from differential_state import model_state, run_diff_cases, state_diff, zero_fill
 from dsv4_cpu import as_sm120, cuda_model_class, use_cpu_stand_ins
 from dsv41_cpu import as_sm120_device, engram_config, use_cuda_quant_config, use_mxfp8_emulation
+from glm5next_cpu import cache_config
 from harness_gpt_oss_rows import engine_rows_as_plugin
 from harness_models import _marlin_runs_here
 from mla_cpu import use_cpu_reference_kernels
@@ -37,7 +38,8 @@ def _model(path: str, dtype: str, text_only: bool = False):
     model_config = ModelConfig(model=path, dtype=dtype, skip_tokenizer_init=True, enforce_eager=True,
                                language_model_only=text_only)
     vllm_config = VllmConfig(model_config=model_config, kernel_config=KernelConfig(moe_backend="marlin"),
-                             engram_config=engram_config(model_config))  # DeepSeek-V4.1: dsv41_cpu.py
+                             engram_config=engram_config(model_config),  # DeepSeek-V4.1: dsv41_cpu.py
+                             **({"cache_config": c} if (c := cache_config(model_config)) else {}))  # glm5next_cpu.py
     model_class = cuda_model_class(model_config.hf_config)  # DeepSeek-V4 / V4.1, DSA: serving_tests/vllm/dsv4_cpu.py
     return _load(path, vllm_config, model_config, model_class)
 

@@ -37,7 +37,8 @@ def _draft(path: str, dtype: str):
     try:
         vllm_config = VllmConfig(model_config=target, parallel_config=parallel, speculative_config=spec,
                                  kernel_config=KernelConfig(moe_backend="marlin"),
-                                 engram_config=harness_differential.engram_config(target))
+                                 engram_config=harness_differential.engram_config(target),
+                                 **({"cache_config": c} if (c := harness_differential.cache_config(target)) else {}))
     finally:
         if saved is None:
             os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)

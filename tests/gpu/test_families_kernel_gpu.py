@@ -10,6 +10,7 @@ converted by the real CLI; `--allow-unservable` only where the converter's gate 
 Qwen3.8-Flash-Next (qwen4-exp: FP8 or NVFP4 PLE n-gram tables beside the experts) runs its routed experts alone.
 Nemotron-H (non-gated relu2 experts, served) runs w13 as the up projection alone (N = I), w2, and each layer
 whole: w13, ReLU-squared in bf16, w2 on every (token, expert) row, as the engines' fused_marlin_moe chains them.
+GLM-5.3-Flash (gated, its SwiGLU clamped at `swiglu_limit`) runs each layer whole with that clamped SwiGLU too.
 The CLI runs are started in parallel (threads around subprocesses): the tests then read the reports.
 """
 
@@ -108,6 +109,25 @@ def test_deepseek_v41_trunk_and_dspark_stages_run_through_the_engines_kernels(re
     # synth's default 8 experts a trunk layer: dspark_n_routed_experts 4 (synth/dsv41.py draft_experts)
     assert all(ns == {4} for layer, ns in experts.items() if layer.startswith("mtp")) and min(trunk) > 4, experts
     assert status(data, "kernel.gemm") == "pass" and status(data, "kernel.repack") == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("family,fmt", [("glm5-next", "nvfp4-modelopt-hf"), ("glm5-next", "nvfp4-ct"),
+                                        ("glm5-next-vl", "nvfp4-modelopt-hf"), ("glm5-next-vl", "nvfp4-ct")])
+def test_glm5_next_layers_run_with_the_engines_clamped_swiglu(reports, family, fmt, target):
+    """GLM-5.3-Flash (served, no --allow-unservable): each MoE layer ran w13 (gate | up), w2, and the whole layer with
+    the engines' SwiGLU clamped at the config's swiglu_limit (validate/kernel_moe.py swiglu_limited; the input scaled
+    so that the clamp is reached), each within its limit. The MTP layer's BF16 experts are copied, not run."""
+    unservable, data = reports[(family, fmt, target)]
+    rows = {(r["layer"], r["projection"]): r for r in data["kernel"]}
+    record(suite="families-glm5-next", kernels=KERNELS, family=family, format=fmt, target=target,
+           rows=[[k[0], k[1], r["experts"], r["max_rel_error"], r["limit"]] for k, r in sorted(rows.items())])
+    assert not unservable
+    layers = {layer for layer, _ in rows}
+    assert layers and set(rows) == {(layer, p) for layer in layers for p in ("w13", "w2", "w13+swiglu_limit+w2")}, rows
+    assert all(r["max_rel_error"] <= r["limit"] for r in rows.values()), rows
+    assert status(data, "kernel.gemm") == "pass"
 
 
 @pytest.mark.slow

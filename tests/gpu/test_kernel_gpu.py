@@ -57,8 +57,11 @@ def _convert(src: Path, fmt: str, target: str, act: str, out: Path) -> Path:
 @pytest.mark.parametrize("fmt,target,act", CASES)
 def test_kernel_passes_on_converted_output(sources, module_path, tmp_path, fmt, target, act):
     out = _convert(sources[fmt], fmt, target, act, tmp_path / "out")
-    decoded = _kernel(out, module_path, check_rc=0)
-    against = _kernel(out, module_path, "--against", sources[fmt], check_rc=0)
+    decoded = _kernel(out, module_path)
+    against = _kernel(out, module_path, "--against", sources[fmt])
+    for data in (decoded, against):  # the kernel's question only: a format no plugin is proven to serve yet (the
+        # synth family's row, e.g. DeepSeek-V3 in compressed-tensors) is marlin.serving_methods' error, not the kernel's
+        assert _errors(data) <= {"marlin.serving_methods"}, _errors(data)
     source = _kernel(sources[fmt], module_path, "--target", target, "--act-dtype", act, check_rc=0)
     for name, data in (("decoded", decoded), ("against", against), ("source", source)):
         assert data["kernel"], name
@@ -68,6 +71,10 @@ def test_kernel_passes_on_converted_output(sources, module_path, tmp_path, fmt, 
         _record(case=f"{fmt}/{target}/{act}", reference=name, max_rel_error=worst,
                 stacks=len(data["kernel"]), repack=_status(data, "kernel.repack"))
     assert _status(against, "kernel.repack") == "pass" and _status(source, "kernel.repack") == "pass"
+
+
+def _errors(data) -> set[str]:
+    return {f["check"] for f in data["findings"] if f["severity"] == "error"}
 
 
 # ------------------------------------------------------------------------------- negative controls

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from dsv4_convert.core.checkpoint.tensor_model import Role
-from dsv4_convert.validate.kernel_moe import Stack, reference_layer, relu2, run_layer
+from dsv4_convert.validate.kernel_moe import Stack, reference_layer, relu2, run_layer, swiglu_limited
 from dsv4_convert.validate.kernel_runner import _stacks
 
 
@@ -70,3 +70,47 @@ def test_a_non_gated_layer_stacks_w13_from_the_up_projection_alone():
     non_gated = {0: {Role.GATE: 1, Role.DOWN: 3}}  # Nemotron-H: up_proj has the gate's role (vLLM's w1)
     assert _stacks(gated) == (("w13", (Role.GATE, Role.UP)), ("w2", (Role.DOWN,)))
     assert _stacks(non_gated) == (("w13", (Role.GATE,)), ("w2", (Role.DOWN,)))
+
+
+def test_a_gated_layer_with_a_swiglu_limit_chains_the_clamped_swiglu(monkeypatch):
+    """GLM-5.3-Flash: w13 = gate | up (N = 2I), the engines' SwiGLU clamped at swiglu_limit, then w2; the input
+    is scaled so that the clamp bites (the runner does the same), and each expert's row is its own clamped MLP."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type("P", (), {"multi_processor_count": 4}))
+    g = torch.Generator().manual_seed(1)
+    experts, hidden, inter, rows, limit = 3, 64, 32, 5, 0.5
+    provider = _RoutingGemm()
+    w13 = provider.stack(torch.randn(experts, 2 * inter, hidden, generator=g) / 8)
+    w2 = provider.stack(torch.randn(experts, hidden, inter, generator=g) / 8)
+    x = torch.randn(rows, hidden, generator=g)
+    act = swiglu_limited(limit)
+    y = run_layer(provider, w13, w2, x, act)
+    assert y.shape == (rows, experts, hidden)
+    assert torch.allclose(y, reference_layer(w13, w2, x, act), rtol=1e-5, atol=1e-5)
+    for e in range(experts):
+        h = x @ w13.reference[e].t()
+        gate, up = h[:, :inter], h[:, inter:]
+        assert (gate > limit).any() and (up.abs() > limit).any()  # the clamp is reached on both halves
+        mlp = torch.nn.functional.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
+        assert torch.allclose(y[:, e], mlp @ w2.reference[e].t(), rtol=1e-5, atol=1e-5)
+    # without the clamp the layer differs: the activation is not a no-op here
+    assert not torch.allclose(y, reference_layer(w13, w2, x, swiglu_limited(1e9)), rtol=1e-3, atol=1e-3)
+
+
+def test_swiglu_limited_clamps_the_gate_above_and_the_up_projection_both_ways():
+    y = torch.tensor([[-20.0, 3.0, 20.0, 20.0, -20.0, 2.0]])  # gate [-20, 3, 20] | up [20, -20, 2]
+    out = swiglu_limited(10.0)(y)
+    silu = torch.nn.functional.silu
+    expected = torch.stack([silu(torch.tensor(-20.0)) * 10.0, silu(torch.tensor(3.0)) * -10.0,
+                            silu(torch.tensor(10.0)) * 2.0])
+    assert torch.allclose(out[0], expected)
+
+
+def test_the_swiglu_limit_is_read_for_glm5_next_only():
+    from dsv4_convert.core.sources.structure import swiglu_limit
+
+    glm = {"architectures": ["Glm5NextForConditionalGeneration"], "text_config": {"swiglu_limit": 10.0}}
+    assert swiglu_limit(glm) == 10.0
+    assert swiglu_limit({"architectures": ["Glm5NextForCausalLM"], "swiglu_limit": 7}) == 7.0
+    # gpt-oss's swiglu_limit belongs to its own activation (alpha 1.702, up + 1): not this clamp
+    assert swiglu_limit({"architectures": ["GptOssForCausalLM"], "swiglu_limit": 7.0}) is None
+    assert swiglu_limit({"architectures": ["Glm5NextForCausalLM"]}) is None

@@ -30,8 +30,8 @@ __all__ = ["KERNEL_LAYER_REL_ERROR_MAX", "KERNEL_REL_ERROR_MAX", "KernelCase", "
            "kernel_gemm", "kernel_repack"]
 
 KERNEL_REL_ERROR_MAX = {"bfloat16": 6e-3, "float16": 2e-3}
-# a non-gated layer run whole (w13, ReLU-squared, w2): squaring doubles the first GEMM's relative error and
-# the activation is rounded to the activation dtype once more, so about 2.5x one GEMM's limit; broken bytes
+# a layer run whole (w13, ReLU-squared or the clamped SwiGLU's product of two outputs, w2): squaring doubles the
+# first GEMM's relative error and the activation is rounded to the activation dtype once more, so about 2.5x one GEMM's limit; broken bytes
 # still give 0.1 and more (not measured on a GPU yet: docs/VALIDATE.md)
 KERNEL_LAYER_REL_ERROR_MAX = {"bfloat16": 1.5e-2, "float16": 5e-3}
 
