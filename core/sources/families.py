@@ -83,7 +83,7 @@ FAMILIES: tuple[Family, ...] = (
     # `model.language_model.` -> `model.`; SGLang 0.5.23 qwen4_exp.py load_weights `model.language_model.` ->
     # `model.`, FusedMoE.make_expert_params_mapping gate_proj / down_proj / up_proj); its per-layer embedding (PLE)
     # tables are no experts (core/sources/side_tables.py). Two rows: SGLang 0.5.23 registers the multimodal class
-    # alone (qwen4_exp.py EntryClass = [Qwen4ExpForConditionalGeneration]), vLLM 0.34 both
+    # alone (qwen4_exp.py EntryClass = [Qwen4ExpForConditionalGeneration]), vLLM 0.33 and 0.34 both
     Family("qwen4-exp", ("Qwen4ExpForConditionalGeneration",), "hf-language-model", "hf-language-model",
            examples="nvidia's Qwen3.8-Flash-Next NVFP4 (MIXED_PRECISION), ModelOpt NVFP4 releases"),
     Family("qwen4-exp-text", ("Qwen4ExpForCausalLM",), "hf-language-model", "hf-language-model",
