@@ -18,10 +18,10 @@ from ..core.checkpoint.tensor_model import (
 )
 from ..core.errors import ContentError
 from ..core.files import CONFIG, HF_QUANT_CONFIG, shard_name
-from ..core.sources.source_formats import SourceFormat
+from ..core.sources.source_formats import SourceFormat, engine_padding
 from ..core.sources.structure import RULES as STRUCTURE_RULES
 from ..core.sources.structure import layer_experts
-from ..core.targets.engines import MXFP4_NEEDS_BF16, engine_facts, mxfp4_dtype_problem
+from ..core.targets.engines import MXFP4_NEEDS_BF16, mxfp4_dtype_problem
 from ..core.targets.served import refusal, source_block
 from ..core.targets.target import MarlinTarget
 from ..core.version import __version__
@@ -151,7 +151,7 @@ _PAD_HINT = ("convert for one split with --tp N [--ep M] (written padded per ran
 def _verdicts(ckpt: Checkpoint, engine: str, tp: int, ep: int, shapes: dict | None = None) -> dict[str, RankTiles]:
     """container -> the tile rule's verdict at TP `tp` / EP `ep`; `shapes`: moe_layers of the checkpoint,
     when the caller has them (one pass over the projections, not one per split)."""
-    return {c: moe_rank_tiles(m.quant.value, engine_facts(engine).padding, hidden=m.hidden, intermediate=m.intermediate, tp=tp, ep=ep,
+    return {c: moe_rank_tiles(m.quant.value, engine_padding(engine, ckpt.format.value), hidden=m.hidden, intermediate=m.intermediate, tp=tp, ep=ep,
                               experts=layer_experts(ckpt.config, m.layer)[0] or m.experts, gated=m.gated)
             for c, m in (shapes if shapes is not None else moe_layers(ckpt.projections)).items()}
 

@@ -12,6 +12,8 @@ Padding (per rank, zeros at the end of each dimension; w13's gate and up halves 
 live in core/targets/engines.py, which hands them in as an `EnginePadding`):
   vLLM NVFP4 MoE (>= 0.24)      I -> multiple of 64 if H % 128 == 0, else of 128; H kept
   vLLM MXFP4 (Mxfp4MoEMethod)   I -> multiple of 128, H -> multiple of 256 (torch.zeros)
+  vLLM compressed-tensors MXFP4 never pads (CompressedTensorsW4A4Mxfp4MoEMethod): the rule of the MoE method the
+                                engine builds for the SOURCE applies (core/sources/source_formats.py `engine_padding`)
   SGLang MXFP4 (DSv4 Marlin)    I -> 128, H -> 256 too, but torch.empty: dsv4-convert writes zeros
   SGLang NVFP4 gated MoE        never pads: a shape that breaks the kernel rule cannot be served
   SGLang NVFP4 non-gated MoE    I -> 128 inside its Marlin preparation (`if not is_gated`); the plugin creates

@@ -16,12 +16,12 @@ from ..core.checkpoint.tensor_model import Checkpoint, gated_experts
 from ..core.record.converted_config import record_or_none
 from ..core.sources.mtp import draft_bytes
 from ..core.sources.side_tables import engram_table_bytes, vision_bytes
+from ..core.sources.source_formats import engine_padding
 from ..core.sources.structure import model_dims
 from ..core.targets.engines import (
     DEFAULT_ENGINE,
     ENGINES,
     QUANT_METHOD,
-    engine_facts,
     launch_command,
     registration_log_line,
 )
@@ -77,6 +77,7 @@ class ModelShape:
     split_dims: dict = field(default_factory=dict)
     engram_bytes: int = 0  # DeepSeek-V4.1's Engram tables (core/sources/side_tables.py), part of other_bytes
     vision_bytes: int = 0  # its vision tower, part of other_bytes: whole on every GPU
+    source_format: str | None = None  # the experts' source format (a conversion's recorded one): its engine padding
 
 
 def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
@@ -114,7 +115,7 @@ def shape_from_checkpoint(ckpt: Checkpoint) -> ModelShape:
                       roles=len({p.role for p in ckpt.projections}) or 3,
                       gated=gated_experts(p.role for p in ckpt.projections) or not ckpt.projections,
                       split_dims={e: split_dims(ckpt.config, e) for e in ENGINES},
-                      engram_bytes=engram_table_bytes(ckpt.tensors), vision_bytes=vision_bytes(ckpt.tensors),
+                      engram_bytes=engram_table_bytes(ckpt.tensors), vision_bytes=vision_bytes(ckpt.tensors), source_format=record.source_format if record else ckpt.format.value,
                       not_served={e: verdict(ckpt.config, ckpt.hf_quant_config, ckpt.format.value, e, ckpt.tensors)
                                   for e in ENGINES})
 
@@ -238,7 +239,7 @@ def _make_plan(shape: ModelShape, *, gpus: int, gpu_mem_gib: float, arch: str, e
     candidates = []
     for tp in (t for t in (1, 2, 4, 8, 16) if t <= gpus):
         for ep in sorted({1, tp}):
-            tiles = moe_rank_tiles(shape.quant, engine_facts(engine).padding, hidden=shape.hidden, intermediate=shape.intermediate,
+            tiles = moe_rank_tiles(shape.quant, engine_padding(engine, shape.source_format), hidden=shape.hidden, intermediate=shape.intermediate,
                                    tp=tp, ep=ep, experts=shape.experts, gated=shape.gated)
             # a source the engine pads holds padded experts per rank; a converted checkpoint's bytes are final
             grow = 1.0 if shape.converted else padding_factor(tiles)

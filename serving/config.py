@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from ..core.record.converted_config import ConvertedConfigError, ConvertedQuantConfig, serving_block
+from ..core.sources.source_formats import engine_padding
 from ..core.targets.engines import (
     ENGINES,
     LAYOUTS,
@@ -128,14 +129,16 @@ def working_tp_sizes(fmt: str, engine: str, *, intermediate: int, hidden: int, l
 
 
 def check_rank_shape(fmt: str, engine: str, *, intermediate: int, hidden: int, tp_size: int,
-                     ep_size: int = 1, gated: bool = True) -> None:
+                     ep_size: int = 1, gated: bool = True, source_format: str | None = None) -> None:
     """Refuse a split whose per-rank shapes the engine would pad (slicing packed tiles is then wrong).
-    `tp_size` is the engine's MoE TP (TP / EP) and `intermediate` the layer's full I."""
-    v = moe_rank_tiles(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=intermediate, tp=tp_size * ep_size,
+    `tp_size` is the engine's MoE TP (TP / EP) and `intermediate` the layer's full I; `source_format`: the
+    converted source's, whose engine method's padding applies (core/sources/source_formats.py engine_padding)."""
+    padding = engine_padding(engine, source_format)
+    v = moe_rank_tiles(fmt, padding, hidden=hidden, intermediate=intermediate, tp=tp_size * ep_size,
                        ep=ep_size, gated=gated)
     if v.ok:
         return
-    ok = working_layouts(fmt, engine_facts(engine).padding, hidden=hidden, intermediate=intermediate, gated=gated)
+    ok = working_layouts(fmt, padding, hidden=hidden, intermediate=intermediate, gated=gated)
     raise PluginConfigError(
         f"{fmt} experts cannot be loaded pre-packed at {v.layout()}: {v.reason}; the packed tiles would no "
         f"longer line up. Layouts that work for this model: "
@@ -176,9 +179,10 @@ def rank_param_sizes(spec: ConvertedQuantConfig, container: str, engine: str, *,
     rec = spec.tp_layout.containers.get(container) if spec.padded else None
     if rec is None or rec.status == OK:
         check_rank_shape(fmt, engine, intermediate=i_shard * moe_tp, hidden=hidden, tp_size=moe_tp, ep_size=ep,
-                         gated=gated)
+                         gated=gated, source_format=spec.source_format)
         return hidden, i_shard
-    v = moe_rank_tiles(fmt, engine_facts(engine).padding, hidden=rec.hidden, intermediate=rec.intermediate, tp=moe_tp * ep,
+    v = moe_rank_tiles(fmt, engine_padding(engine, spec.source_format), hidden=rec.hidden,
+                       intermediate=rec.intermediate, tp=moe_tp * ep,
                        ep=ep, gated=gated)
     got = (rec.hidden, rec.i_shard, rec.h_pad, rec.i_pad)
     if (hidden, i_shard) != got[:2] or (v.status, v.hidden, v.i_shard, v.h_pad, v.i_pad) != (PAD, *got):

@@ -23,7 +23,7 @@ from vllm.model_executor.layers.quantization.utils.layer_utils import replace_pa
 from vllm.model_executor.utils import set_weight_attrs
 
 from ..core.checkpoint.tensor_io import act_torch_dtype
-from ..core.sources.source_formats import reciprocal_global
+from ..core.sources.source_formats import FORMATS, reciprocal_global
 from ..core.targets.engines import ENGINES, QUANT_METHOD, release_for
 from ..formats.marlin.scales import (
     nvfp4_global_to_marlin,
@@ -88,6 +88,21 @@ def _check_w4a8(spec) -> None:
         )
 
 
+def _compressed_tensors(source_format: str | None) -> bool:
+    """vLLM builds its compressed-tensors MoE method for a compressed-tensors source (core/sources/source_formats.py
+    rows with a `ct_format`)."""
+    row = FORMATS.get(source_format) if isinstance(source_format, str) else None
+    return bool(row and row.ct_format)
+
+
+def _ct_mxfp4_method():
+    """vLLM's MoE method for a compressed-tensors MXFP4 source (imported on use, as vLLM itself imports it)."""
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_w4a4_mxfp4 as ct,
+    )
+    return ct.CompressedTensorsW4A4Mxfp4MoEMethod
+
+
 class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
     """MXFP4 experts already in Marlin order (what vLLM's prepare_moe_mxfp4_layer_for_marlin makes)."""
 
@@ -103,10 +118,15 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
 
     def maybe_roundup_sizes(self, hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config):
         self.unpadded_sizes = (hidden_size, intermediate_size_per_partition)
-        # vLLM rounds MXFP4 Marlin sizes up here (I -> 128, H -> 256) and passes the result to
-        # create_weights; the unpadded sizes are only seen here, so the layout is checked here.
-        engine = super().maybe_roundup_sizes(hidden_size, intermediate_size_per_partition, act_dtype,
-                                             moe_parallel_config)
+        # vLLM rounds MXFP4 Marlin sizes up here and passes the result to create_weights; the unpadded sizes are only
+        # seen here, so the layout is checked here, against the sizes vLLM's own method for the SOURCE gives
+        # (core/targets/engines.py ct_padding): Mxfp4MoEMethod's I -> 128, H -> 256, but a compressed-tensors source
+        # gets CompressedTensorsW4A4Mxfp4MoEMethod, which inherits FusedMoEMethodBase's (no MXFP4 padding)
+        sizes = (hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config)
+        if _compressed_tensors(self.spec.source_format):
+            engine = _ct_mxfp4_method().maybe_roundup_sizes(self, *sizes)
+        else:
+            engine = super().maybe_roundup_sizes(*sizes)
         ours = _rank_sizes(self.spec, self.container, moe_parallel_config, hidden_size,
                            intermediate_size_per_partition)
         if tuple(engine) != ours:
@@ -144,6 +164,9 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
             replace_parameter(layer, "w13_weight", w4a8_w13_final(layer.w13_weight.data))
         for name in ("w13_weight_scale", "w2_weight_scale"):
             replace_parameter(layer, name, getattr(layer, name).data.view(torch.float8_e8m0fnu))
+        if _compressed_tensors(self.spec.source_format) and release_for("vllm", vllm.__version__).keeps_moe_input_scales:
+            for stack in ("w13", "w2"):  # vLLM's CT MXFP4 method keeps the checkpoint name too (move_parameter)
+                layer.register_parameter(f"{stack}_weight_packed", getattr(layer, f"{stack}_weight"))
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors
 
 

@@ -38,8 +38,8 @@ class Case:
 
     @property
     def id(self) -> str:
-        tag = self.producer.replace(f"-{self.family}-", "-") if self.producer else self.edit
-        return f"{self.family}-{self.fmt}" + (f"-{tag}" if tag else "")
+        tags = (self.producer.replace(f"-{self.family}-", "-") if self.producer else None, self.edit)
+        return "-".join((self.family, self.fmt, *(t for t in tags if t)))
 
 
 def _per_layer_attention_excludes(src: Path) -> None:
@@ -169,7 +169,42 @@ def _nvidia_kimi_k25_names(src: Path) -> None:
     (src / "hf_quant_config.json").write_text(json.dumps(hfq, indent=2))
 
 
-EDITS = {"2507": _per_layer_attention_excludes, "kv-heads": _kv_heads, "fused-globals": _fused_globals,
+def _release_keys(src: Path) -> None:
+    """The producers' DeepSeek-V3 exports, saved through transformers 5, lack config.json keys both engines read to
+    build the model (core/targets/engine_config.py; serving_tests/test_engine_refusals.py shows both engines fail on
+    the source as written): this is validate's fix (`source.engine_config`), the keys with the values DeepSeek-V3's own
+    config.json carries. The tensors are the producer's, unchanged."""
+    from dsv4_convert.core.targets.engine_config import missing_engine_keys
+
+    config = json.loads((src / "config.json").read_text())
+    keys = missing_engine_keys(config)
+    assert keys, "the export carries the keys now: drop this edit"
+    (src / "config.json").write_text(json.dumps({**config, **keys}, indent=2))
+
+
+def _pruned(src: Path) -> None:
+    """Per-layer expert pruning as vLLM 0.33 / 0.34 reads it (fused_moe/expert_substitution.py): layer 0's last expert
+    is replaced by a constant (`approximate_experts` {"0": [E-1]}, its `approx_value` [hidden] in the model's dtype) and
+    its weights leave the checkpoint; layer 1 keeps every expert, so the layers' expert counts differ."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((src / "config.json").read_text())
+    last = config["num_experts"] - 1
+    prefix = f"model.layers.0.mlp.experts.{last}."
+    index_path = src / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    shard = next(src / f for n, f in index["weight_map"].items() if n.startswith(prefix))
+    tensors = {n: t for n, t in load_file(shard).items() if not n.startswith(prefix)}
+    tensors[f"{prefix}approx_value"] = torch.full((config["hidden_size"],), 0.01, dtype=torch.bfloat16)
+    save_file(tensors, shard, metadata={"format": "pt"})
+    index["weight_map"] = {n: f for n, f in index["weight_map"].items() if not n.startswith(prefix)}
+    index["weight_map"][f"{prefix}approx_value"] = shard.name
+    index_path.write_text(json.dumps(index, indent=2))
+    (src / "config.json").write_text(json.dumps({**config, "approximate_experts": {"0": [last]}}, indent=2))
+
+
+EDITS = {"2507": _per_layer_attention_excludes, "release-keys": _release_keys, "pruned": _pruned, "kv-heads": _kv_heads, "fused-globals": _fused_globals,
          "nvidia-names": _nvidia_kimi_k25_names, "mixed-precision": _mixed_precision}
 # edits that are synth's own size arguments (the source is written with them; no rewrite after)
 SYNTH_ARGS = {
@@ -241,9 +276,14 @@ CASES = (
     Case("qwen3-moe", "nvfp4-modelopt-hf", producer="modelopt-qwen3-moe-w4a16-nvfp4"),  # W4A16_NVFP4
     Case("qwen3-moe", "nvfp4-modelopt-hf", producer="modelopt-qwen3-moe-nvfp4-mlp-only"),
     Case("qwen3-moe", "nvfp4-ct", producer="llmc-qwen3-moe-nvfp4a16"),
-    # SGLang 0.5.23's Mixtral takes head_dim = hidden_size / heads (mixtral.py), not the fixture's head_dim 32:
-    # it cannot load this tiny export (a real Mixtral's head_dim is that quotient), so it proves vLLM only
+    # SGLang builds any Mixtral conversion as QuantMixtralForCausalLM (core/targets/served.py REFUSED): vLLM only
     Case("mixtral", "nvfp4-ct", producer="llmc-mixtral-nvfp4a16", engines=("vllm",)),
+    # llm-compressor's DeepSeek-V3 NVFP4A16 with the config keys its export lacks (validate's fix, `release-keys`); SGLang
+    # cannot load it even then (serving_tests/test_engine_refusals.py)
+    Case("deepseek-v3", "nvfp4-ct", edit="release-keys", producer="llmc-deepseek-v3-nvfp4a16", engines=("vllm",)),
+    # llm-compressor's MXFP4A16: vLLM's CT MXFP4 MoE method (unpadded); SGLang cannot load it (test_engine_refusals.py)
+    Case("qwen3-moe", "mxfp4-ct", producer="llmc-qwen3-moe-mxfp4a16", engines=("vllm",)),
+    Case("mixtral", "mxfp4-ct", producer="llmc-mixtral-mxfp4a16", engines=("vllm",)),
 )
 
 
@@ -256,12 +296,14 @@ def _run(*args) -> None:
 def make_source(tmp, case: Case) -> Path:
     """The case's source replica (synth, then its edit), written once per session in `tmp`."""
     src = Path(tmp, f"src-{case.id}")
-    if case.producer and not src.exists():
+    if src.exists():
+        return src
+    if case.producer:
         shutil.copytree(PRODUCERS / case.producer, src)
-    elif not src.exists():
+    else:
         _run("synth", src, "--family", case.family, "--format", case.fmt, *SYNTH_ARGS.get(case.edit, ()), "-q")
-        if case.edit in EDITS:
-            EDITS[case.edit](src)
+    if case.edit in EDITS:
+        EDITS[case.edit](src)
     return src
 
 

@@ -33,7 +33,10 @@ equivalent; nothing else is changed):
   GEMM and CPU_MLA backend instead of AMX kernels whose ops the wheel lacks on CPU) and V3.2's sparse-MLA
   kernel lookup -> the dense CPU_MLA backend ("Sparse Attention is not supported on CPU."); SGLang: the rotary
   embedding's accelerator lookup -> "cpu" (YaRN's cos/sin cache). serving_tests/{vllm,sglang}/mla_cpu.py; the
-  same stand-in in both models, never a compared tensor.
+  same stand-in in both models, never a compared tensor. vLLM, a quantised `kv_b_proj` (llm-compressor's
+  DeepSeek-V3): the CUDA op `marlin_gemm`, which MLA's weight processing runs on an identity matrix to dequantise it,
+  -> the project's emulation of that product (validate/emulate.py); the same engine method and bytes in both
+  models, so W_UK / W_UV are compared as the engine processes them.
 - vLLM: the torchvision stand-in (serving_tests/stubs) also on the spawned ranks' PYTHONPATH: vLLM inspects a
   multimodal wrapper's class (Qwen3.5, Llama-4, Gemma-4) in a subprocess that imports transformers' image
   processors; no multimodal code runs. Those wrappers are built text-only (`text_only` cases: vLLM's own

@@ -67,13 +67,19 @@ _PRODUCER_CASES = {
 @pytest.fixture(scope="module")
 def engine_loads(tmp_path_factory):
     """Each source loaded alone by the engine (its own construction and loader), all in one spawned rank: the
-    producers' outputs and, on SGLang, the ModelOpt Llama-4 replica."""
+    producers' outputs, a replica pruned per layer (differential.py `pruned`) and, on SGLang, the ModelOpt Llama-4
+    replica and llm-compressor's DeepSeek-V3 with the keys its export lacks (`release-keys`)."""
     tmp = tmp_path_factory.mktemp("refusals")
     cases = {name: {"source": str(PRODUCERS / name), "dtype": "bfloat16", "fmt": fmt}
              for name, fmt in _PRODUCER_CASES.items()}
+    pruned = make_source(tmp, Case("qwen3-moe", "nvfp4-ct", edit="pruned"))
+    cases["pruned"] = {"source": str(pruned), "dtype": "bfloat16", "fmt": "nvfp4-ct"}
     if ENGINE == "sglang":
         src = make_source(tmp, Case("llama4", "nvfp4-modelopt-hf"))
         cases["llama4"] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf"}
+        keys = Case("deepseek-v3", "nvfp4-ct", edit="release-keys", producer="llmc-deepseek-v3-nvfp4a16")
+        cases["llmc-deepseek-v3-with-keys"] = {"source": str(make_source(tmp, keys)), "dtype": "bfloat16",
+                                               "fmt": "nvfp4-ct"}
     for family in _QWEN4_EXP_SOURCES.get((ENGINE, VERSION), ()):  # Qwen3.8-Flash-Next's refusals (below)
         src = make_source(tmp, Case(family, "nvfp4-modelopt-hf"))
         cases[family] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf", "text_only": True}
@@ -110,7 +116,7 @@ def test_neither_engine_loads_the_modelopt_mxfp4_source_itself(engine_loads, nam
                                      "found 'mxfp4'"), r
 
 
-@pytest.mark.skipif(ENGINE != "sglang", reason="vLLM loads it (its CT MXFP4 MoE method; the plugin is not proven)")
+@pytest.mark.skipif(ENGINE != "sglang", reason="vLLM loads it: served (serving_tests/differential.py, its CT MXFP4 MoE method)")
 @pytest.mark.parametrize("name", ["llmc-qwen3-moe-mxfp4a16", "llmc-mixtral-mxfp4a16"])
 def test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself(engine_loads, name):
     """llm-compressor 0.14's MXFP4A16 scheme quantises every Linear (attention too): SGLang 0.5.23's compressed-tensors
@@ -118,6 +124,37 @@ def test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself(engine
     r = _refused(engine_loads, name)
     assert r["error"] == "NotImplementedError: No compressed-tensors compatible scheme was found.", r
     assert "get_linear_scheme" in r["traceback"] and "_get_scheme_from_parts" in r["traceback"], r["traceback"]
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="vLLM loads it with the keys: served (serving_tests/differential.py)")
+def test_sglang_cannot_load_the_llm_compressor_deepseek_v3_even_with_its_keys(engine_loads):
+    """llm-compressor 0.14's DeepSeek-V3 NVFP4A16 with the keys validate asks for (the differential case's `release-keys`
+    edit): SGLang 0.5.23's DeepSeek loader fuses q_a_proj and kv_a_proj_with_mqa by concatenating each tensor of the
+    pair (deepseek_weight_loader.py do_load_weights), the two [1] weight_global_scale too, which the fused layer's
+    [1] parameter refuses (linear.py weight_loader)."""
+    r = _refused(engine_loads, "llmc-deepseek-v3-with-keys")
+    assert r["error"].startswith("AssertionError: param.shape=torch.Size([1])") and \
+        "loaded_weight.shape=torch.Size([2])" in r["error"], r
+    assert "do_load_weights" in r["traceback"] and "linear.py" in r["traceback"], r["traceback"]
+
+
+def test_no_engine_serves_fp4_experts_pruned_per_layer(engine_loads):
+    """A Qwen3-MoE compressed-tensors NVFP4 replica whose layer 0 lost an expert to per-layer pruning (differential.py's
+    `pruned` edit: `approximate_experts`). vLLM builds SubstitutedRoutedExperts and refuses quantised experts; SGLang
+    names neither field anywhere, so it builds every expert and its loader skips what it has no parameter for: the
+    load 'succeeds' with an expert that has no weights (core/targets/engine_config.py _PRUNED quotes both)."""
+    if ENGINE == "vllm":
+        r = _refused(engine_loads, "pruned")
+        assert "expert substitution does not support: quantized MoE weights" in r["error"], r
+        return
+    import sglang
+
+    r = engine_loads["pruned"]
+    assert r.get("loaded"), r  # nothing refused it: the pruned expert is silently empty
+    root = Path(sglang.__file__).parent
+    readers = [p for p in root.rglob("*.py") if "approximate_experts" in p.read_text(errors="ignore")
+               or "expert_substitution" in p.read_text(errors="ignore")]
+    assert not readers, f"SGLang now reads per-layer pruning ({readers}): revisit engine_config.py _PRUNED"
 
 
 @pytest.mark.parametrize("name", ["modelopt-deepseek-v3-nvfp4", "llmc-deepseek-v3-nvfp4a16"])

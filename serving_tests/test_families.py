@@ -207,20 +207,25 @@ for path in sys.argv[1:]:
 
 
 @pytest.mark.skipif(ENGINE != "sglang", reason="only SGLang refuses a family (families.py ENGINE_REFUSES)")
-def test_sglang_refuses_mixtral_with_its_own_reason(tmp_path):
+@pytest.mark.parametrize("fmt", ["nvfp4-modelopt-hf", "nvfp4-ct"])
+def test_sglang_refuses_mixtral_with_its_own_reason(tmp_path, fmt):
     """SGLang 0.5.23 turns a quantised MixtralForCausalLM into QuantMixtralForCausalLM (per-expert linear layers,
-    no fused MoE) for the conversion and for the ModelOpt source alike: no layer for the plugin's Marlin MoE."""
+    no fused MoE) for any conversion, and for the ModelOpt source too: no layer for the plugin's Marlin MoE. A
+    compressed-tensors source keeps SGLang's fused MixtralForCausalLM (its own list of exceptions), its conversion
+    does not."""
     import subprocess
 
     assert ("sglang", "mixtral") in ENGINE_REFUSES
-    src, conv = make_family(tmp_path, "mixtral", "nvfp4-modelopt-hf", ENGINE)
+    src, conv = make_family(tmp_path, "mixtral", fmt, ENGINE)
     stubs = str(Path(__file__).parent / "stubs")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([stubs, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", _SGLANG_ARCH, str(conv), str(src)], capture_output=True, text=True,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.split("\n")
-    assert "marlin_fp4 QuantMixtralForCausalLM" in lines and "modelopt_fp4 QuantMixtralForCausalLM" in lines, lines
+    source = {"nvfp4-modelopt-hf": "modelopt_fp4 QuantMixtralForCausalLM",
+              "nvfp4-ct": "compressed-tensors MixtralForCausalLM"}[fmt]
+    assert "marlin_fp4 QuantMixtralForCausalLM" in lines and source in lines, lines
 
 
 @pytest.mark.parametrize("which", ["converted", "stale"])

@@ -214,7 +214,7 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                config={"scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True,
                        "qk_norm_type": "per_layer", "rotary_dim": 32, "rope_theta": 5000000, "rms_norm_eps": 1e-6,
                        **MINIMAX_MTP_CONFIG}),  # declared, no weights shipped (synth/mtp.py)
-    FamilySpec("mixtral", ("nvfp4-modelopt-hf",), "mixtral", "block_sparse_moe"),
+    FamilySpec("mixtral", ("nvfp4-modelopt-hf", "nvfp4-ct"), "mixtral", "block_sparse_moe"),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
                router="router", lm_head="language_model.lm_head.weight", stacked=True,
                moe_every=2, config={"interleave_moe_layer_step": 2}),

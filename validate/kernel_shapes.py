@@ -19,8 +19,8 @@ from ..core.checkpoint.reader import open_checkpoint
 from ..core.checkpoint.source_location import resolve_source
 from ..core.checkpoint.tensor_model import Quant, Role, moe_layers
 from ..core.errors import ContentError, DsvError
+from ..core.sources.source_formats import engine_padding
 from ..core.sources.structure import padded_containers
-from ..core.targets.engines import engine_facts
 from ..formats.tiles import IMPOSSIBLE, PAD, RankTiles, kernel_tile_ok, moe_rank_tiles
 from .runner import resolve_options
 
@@ -44,7 +44,7 @@ def kernel_layouts(ckpt, opts, ref_ckpt=None) -> dict[str, RankTiles | None]:
             _refuse_off_tile(ckpt, name, m)
             out[name] = padded.get(name)
             continue
-        v = moe_rank_tiles(m.quant.value, engine_facts(opts.engine).padding, hidden=m.hidden, intermediate=m.intermediate,
+        v = moe_rank_tiles(m.quant.value, engine_padding(opts.engine, ckpt.format.value), hidden=m.hidden, intermediate=m.intermediate,
                            tp=opts.tp, ep=opts.ep, experts=m.experts, gated=m.gated)
         if v.status == IMPOSSIBLE:
             raise ContentError(f"{name} ({m.quant.value}, H={m.hidden}, I={m.intermediate}) cannot run through "

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from ...formats.tiles import GROUP_SIZE, PAD, RankTiles, moe_rank_tiles
 from ..errors import ContentError
 from ..files import CONFIG
-from ..sources.source_formats import FORMATS
-from ..targets.engines import FORMAT_VERSION, LAYOUTS, QUANT_METHOD, engine_facts
+from ..sources.source_formats import FORMATS, engine_padding
+from ..targets.engines import FORMAT_VERSION, LAYOUTS, QUANT_METHOD
 from ..version import __version__
 from .converted_rules import LAYOUT_KEYS, NOT_OURS, PRODUCER, Problem, block_problems
 
@@ -69,12 +69,13 @@ class TpLayout:
     def padded(self) -> bool:
         return any(c.status == PAD for c in self.containers.values())
 
-    def padded_tiles(self, experts: dict[str, str], engine: str) -> dict[str, RankTiles]:
-        """container -> RankTiles of the padded containers, each recomputed with the one tile rule."""
+    def padded_tiles(self, experts: dict[str, str], engine: str, source_format: str | None = None) -> dict[str, RankTiles]:
+        """container -> RankTiles of the padded containers, each recomputed with the one tile rule (the engine's
+        rule for experts read from `source_format`)."""
         out = {}
         for name, c in self.containers.items():
             if c.status == PAD:
-                out[name] = moe_rank_tiles(experts[name], engine_facts(engine).padding, hidden=c.hidden, intermediate=c.intermediate,
+                out[name] = moe_rank_tiles(experts[name], engine_padding(engine, source_format), hidden=c.hidden, intermediate=c.intermediate,
                                            tp=self.tp, ep=self.ep, gated=c.gated)
         return out
 
@@ -139,7 +140,7 @@ class ConvertedQuantConfig:
     def split(self) -> tuple[int, int, dict[str, RankTiles]] | None:
         """(tp, ep, container -> RankTiles of the padded containers) of a --tp/--ep output, else None."""
         tl = self.tp_layout
-        return None if tl is None else (tl.tp, tl.ep, tl.padded_tiles(self.experts, self.target_engine))
+        return None if tl is None else (tl.tp, tl.ep, tl.padded_tiles(self.experts, self.target_engine, self.source_format))
 
     def as_dict(self) -> dict:
         """The JSON object, in the order the writer has always used (docs/FORMAT.md)."""

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass
 
 from ...formats.tiles import GROUP_SIZE, OK, PAD, moe_rank_tiles
-from ..targets.engines import ACT_DTYPES, ENGINES, LAYOUTS, QUANT_METHOD, READABLE_FORMAT_VERSIONS, engine_facts
+from ..sources.source_formats import engine_padding
+from ..targets.engines import ACT_DTYPES, ENGINES, LAYOUTS, QUANT_METHOD, READABLE_FORMAT_VERSIONS
 
 __all__ = ["BAD_VALUE", "EXPERTS_MAP", "FORMATS", "LAYOUT", "LAYOUT_KEYS", "NOT_OURS", "PRODUCER", "RESCALE", "TP_LAYOUT",
            "Problem", "block_problems", "model_config_problems"]
@@ -131,7 +132,8 @@ def block_problems(cfg: dict) -> list[Problem]:
     if isinstance(orig, dict) and not isinstance(orig.get("quant_method"), str):
         bad(BAD_VALUE, "original_quantization_config must be the source's block (with its quant_method) or null")
     if cfg.get("tp_layout") is not None:
-        out += _tp_layout_problems(cfg["tp_layout"], experts, LAYOUTS[layout].name if layout in LAYOUTS else None)
+        out += _tp_layout_problems(cfg["tp_layout"], experts, LAYOUTS[layout].name if layout in LAYOUTS else None,
+                                   cfg.get("source_format"))
     return out
 
 
@@ -160,7 +162,7 @@ def _rescale_problem(value, fmt: str | None, layout, act_dtype) -> str | None:
     return f"expected {want} ({why}); re-convert, or restore the config.json the conversion wrote"
 
 
-def _tp_layout_problems(tl, experts: dict, engine: str | None) -> list[Problem]:
+def _tp_layout_problems(tl, experts: dict, engine: str | None, source_format=None) -> list[Problem]:
     if not isinstance(tl, dict):
         return [Problem(TP_LAYOUT, "tp_layout must be an object {tp, ep, containers}")]
     out = [Problem(TP_LAYOUT, f"tp_layout.{k} must be a positive integer, got {tl.get(k)!r}")
@@ -176,7 +178,7 @@ def _tp_layout_problems(tl, experts: dict, engine: str | None) -> list[Problem]:
             out.append(Problem(TP_LAYOUT, f"tp_layout.containers[{name!r}] needs status ok|pad, positive "
                                f"integer {', '.join(LAYOUT_KEYS)} and gated true|false when present"))
         elif not out and engine is not None and experts[name] in FORMATS:
-            v = moe_rank_tiles(experts[name], engine_facts(engine).padding, hidden=c["hidden"], intermediate=c["intermediate"],
+            v = moe_rank_tiles(experts[name], engine_padding(engine, source_format), hidden=c["hidden"], intermediate=c["intermediate"],
                                tp=tl["tp"], ep=tl["ep"], gated=c.get("gated", True))
             got = (c["status"], c["i_shard"], c["i_pad"], c["h_pad"])
             if got != (v.status, v.i_shard, v.i_pad, v.h_pad):

@@ -11,11 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ...formats.tiles import EnginePadding
 from ..checkpoint.tensor_model import Quant
+from ..targets.engines import engine_facts
 from . import detectors
 
 __all__ = ["FORMATS", "MULTIPLIER", "RECIPROCAL", "GlobalRule", "SourceFormat", "SynthSpec", "Suffixes",
-           "global_rule_of", "reciprocal_global", "source_format", "synth_formats",
+           "engine_padding", "global_rule_of", "reciprocal_global", "source_format", "synth_formats",
            "tensor_suffixes"]
 
 
@@ -185,6 +187,14 @@ def reciprocal_global(name: str) -> bool:
     compressed-tensors method does."""
     row = FORMATS.get(name)
     return bool(row and row.global_rule and row.global_rule.reciprocal)
+
+
+def engine_padding(engine: str, name: str | None) -> EnginePadding:
+    """How `engine` pads the experts of a source in the format named `name` (a converted record's source_format;
+    None: the engine's native rule): the rule of the MoE method it builds for that source (core/targets/engines.py
+    EngineFacts.padding_for: a compressed-tensors source gets its compressed-tensors method)."""
+    row = FORMATS.get(name) if isinstance(name, str) else None
+    return engine_facts(engine).padding_for(row.ct_format if row else None)
 
 
 def synth_formats() -> tuple[str, ...]:

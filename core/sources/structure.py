@@ -20,8 +20,8 @@ from .families import family_of
 from .naming import parse_expert_name, scheme_roles
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
-           "swiglu_limit", "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts", "model_dims",
-           "unreadable_tensors"]
+           "swiglu_limit", "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts",
+           "model_dims", "substituted_experts", "unreadable_tensors"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +98,31 @@ def layer_experts(config: dict, layer: str) -> tuple[int | None, str]:
     if draft and dims["draft_experts"]:
         return dims["draft_experts"], _DRAFT_EXPERTS
     return dims["experts"], "n_routed_experts"
+
+
+# Per-layer expert pruning (MoNE: llm-compressor PR #2906's saved checkpoints): a layer's pruned experts are
+# listed by decoder layer and stored as no weights; the retained ones keep their logical ids. vLLM 0.33 / 0.34
+# fused_moe/expert_substitution.py get_expert_substitution_spec reads `approximate_experts` ({layer: [ids]}, config or
+# text config) or `compression_config.transform_config.expert_substitution` (version 1: `targets`, one decoder-layer
+# path each, whose `replacements` are keyed by expert id); no other producer's per-layer form was found public.
+_SUBSTITUTED = ("approximate_experts", "compression_config.transform_config.expert_substitution")
+
+
+def substituted_experts(config: dict, layer: str) -> tuple[frozenset[int], str | None]:
+    """(the experts of `layer` that a per-layer pruning replaced, which therefore have no weights; the config field
+    that says so), as vLLM reads them; (empty, None) for a layer, or a config, without any."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    listed = text.get(_SUBSTITUTED[0], config.get(_SUBSTITUTED[0]))
+    if isinstance(listed, dict):
+        ids = listed.get(layer)
+        return (frozenset(int(i) for i in ids), _SUBSTITUTED[0]) if isinstance(ids, list) and ids else (frozenset(), None)
+    declared = ((config.get("compression_config") or {}).get("transform_config") or {}).get("expert_substitution")
+    targets = declared.get("targets") if isinstance(declared, dict) else None
+    for path, target in (targets.items() if isinstance(targets, dict) else ()):
+        indices = [part for part in str(path).split(".") if part.isdigit()]  # the decoder layer: its one index
+        if indices == [layer] and isinstance(target, dict) and isinstance(target.get("replacements"), dict):
+            return frozenset(int(i) for i in target["replacements"]), _SUBSTITUTED[1]
+    return frozenset(), None
 
 
 def _implied(p: Projection) -> tuple[int, int]:
@@ -188,11 +213,13 @@ def experts_incomplete(ckpt: Checkpoint) -> Iterator[Violation]:
         layer = _layer(ckpt, container)
         want, field_name = layer_experts(ckpt.config, layer)
         count = want or max(experts) + 1
-        expected = set(range(count)) if count <= _MAX_LISTED else set(experts)
+        pruned, pruned_by = substituted_experts(ckpt.config, layer)  # per-layer pruning: no weights, by design
+        expected = (set(range(count)) if count <= _MAX_LISTED else set(experts)) - pruned
         missing = sorted(expected - set(experts))
         if missing:
+            also = f", {len(pruned)} pruned by {pruned_by}" if pruned else ""
             yield Violation(container, f"{container} has {len(set(experts) & expected)} of {len(expected)} experts "
-                            f"({field_name}={want}); missing experts {_ranges(missing)}.", count=len(missing),
+                            f"({field_name}={want}{also}); missing experts {_ranges(missing)}.", count=len(missing),
                             file=ckpt.index_file, layer=layer, expert=missing[0])
         roles = _roles(ckpt, container)
         for e in sorted(e for e, have in experts.items() if have != roles):

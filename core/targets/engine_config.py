@@ -15,6 +15,8 @@ A source the engine cannot LOAD whatever its config says, for a tensor it holds:
   (_ple_table_is_fp8) and copies every `ngram_embedding.shard_<i>.weight` into it (load_qwen4_exp_ple_shard): NVFP4
   tables (packed E2M1 rows, a per-shard `weight_scale`: core/sources/side_tables.py) fail there (RuntimeError, the
   packed rows half as wide). vLLM 0.33 / 0.34 load them (common/ngram_embedding.py Qwen4ExpPLENvFp4EmbeddingMethod).
+And config.json keys that make a model no release serves with FP4 experts: per-layer expert pruning
+(`approximate_experts`, `compression_config.transform_config.expert_substitution`; _PRUNED quotes both engines).
 Pure: no engine import.
 """
 
@@ -76,12 +78,37 @@ def _tensor_refusal(engine: str, names: tuple[str, ...]) -> tuple[str, str] | No
     return None
 
 
+# Per-layer expert pruning (core/sources/structure.py substituted_experts), which no release serves for FP4 experts;
+# serving_tests/test_engine_refusals.py shows both on a pruned replica
+_PRUNED = {
+    **{key: "vLLM builds SubstitutedRoutedExperts for a pruned layer, which refuses quantised experts "
+            "(fused_moe/expert_substitution.py: \"expert substitution does not support: quantized MoE weights\")"
+       for key in ("vllm 0.33", "vllm 0.34")},
+    "sglang 0.5.23": "SGLang reads neither field (no code of it names them): it allocates every expert, leaves the "
+                     "pruned ones without weights and drops their `approx_value` constants (its loaders skip a name "
+                     "they have no parameter for), so tokens routed to them get an empty expert",
+}
+
+
+def _pruned_layers(config: Mapping) -> list[tuple[str, str]]:
+    """(layer, the config field) of each layer whose experts a per-layer pruning replaced."""
+    from ..sources.structure import model_dims, substituted_experts  # structure's rules import this module's family
+
+    layers = model_dims(dict(config))["layers"] or 0
+    return [(str(i), by) for i in range(layers) for ids, by in [substituted_experts(dict(config), str(i))] if ids]
+
+
 def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str] = ()) -> str | None:
     """Why `engine` (a name or a release key) cannot build or load this source's model from its config.json or its
     tensors, or None. `tensor_names`: the checkpoint's tensors (vLLM fails only where the correction bias is stored)."""
     names = tuple(tensor_names)
     if said := _tensor_refusal(engine, names):
         return said[0]
+    if pruned := _pruned_layers(config):
+        why = next((w for key, w in _PRUNED.items() if engine in (key, key.split(" ", 1)[0])), None)
+        if why:
+            return (f"{pruned[0][1]} prunes experts per layer ({len(pruned)} layer(s), first {pruned[0][0]}), and "
+                    f"{why}")
     missing = missing_engine_keys(config)
     if not missing:
         return None
@@ -95,9 +122,13 @@ def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str
 
 def fix_hint(config: Mapping, engine: str = "", tensor_names: Iterable[str] = ()) -> str:
     """What to do: for a tensor `engine` cannot load, the way round it; else what to add to config.json, the keys and
-    the values the release's own config.json carries."""
+    the values the release's own config.json carries (a model pruned per layer: what to serve instead)."""
     if said := _tensor_refusal(engine, tuple(tensor_names)):
         return said[1]
+    if _pruned_layers(config):
+        return ("no engine release serves FP4 experts pruned per layer: quantise the unpruned model, or serve a "
+                "pruning that keeps the same expert count in every layer (llm-compressor's REAP writes it as "
+                "`num_experts`)")
     keys = ", ".join(f'"{k}": {v!r}' for k, v in missing_engine_keys(config).items()).replace("'", '"')
     return (f"add {keys} to config.json (the values DeepSeek-V3's own config.json carries; check your model's "
             "release), then validate again")

@@ -60,8 +60,8 @@ class Release:
     below: tuple[int, ...]  # first version past the range (not covered)
     verified: str  # the version the plugin and the layout were verified on
     w4a8: bool  # can serve a W4A8 (fp8 activations) Marlin checkpoint
-    # after processing an NVFP4 MoE layer, the engine's own method keeps ModelOpt's fp32 input scales and
-    # compressed-tensors' `w13/w2_weight_packed` (a second name of `w13/w2_weight`); False: input scales None
+    # after processing an NVFP4 MoE layer, the engine's own method keeps ModelOpt's fp32 input scales and (NVFP4 and
+    # MXFP4) compressed-tensors' `w13/w2_weight_packed` (a second name of `w13/w2_weight`); False: input scales None
     keeps_moe_input_scales: bool
     kernels: KernelOps  # its Marlin MoE GEMM and repack
 
@@ -112,6 +112,16 @@ class EngineFacts:
     # `n_groups`; SGLang 0.5.23's NemotronHConfig reads `mamba_n_groups` (default 8, which the release matches)
     mamba_groups_key: str = "n_groups"
     engram: EngramHost | None = None  # DeepSeek-V4.1's Engram tables: where they live and how to move them
+    # compressed-tensors `format` (a source row's `ct_format`) -> the padding of the MoE method the engine builds
+    # for such a source where it differs from `padding` (whose MXFP4 rule is the engine's native MXFP4 method's)
+    ct_padding: tuple[tuple[str, EnginePadding], ...] = ()
+
+    def padding_for(self, ct_format: str | None) -> EnginePadding:
+        """The padding of the MoE method the engine builds for a source of compressed-tensors `format` `ct_format`
+        (None: not compressed-tensors, the native rule); core/sources/source_formats.py engine_padding reads a
+        source format's. The plugin takes those sizes for its conversion, so the differential proof compares like
+        with like."""
+        return dict(self.ct_padding).get(ct_format, self.padding)
 
     @property
     def fp32_global(self) -> bool:
@@ -150,6 +160,12 @@ class EngineFacts:
 
 _VLLM_PAD = EnginePadding("vllm", {"nvfp4": PadRule(64, 1, "zeros", i_multiple_h_unaligned=128),
                                    "mxfp4": PadRule(128, 256, "zeros")})
+# The MXFP4 rule above is vLLM's Mxfp4MoEMethod's (quant_method mxfp4 / DeepSeek-V4; fused_moe/oracle/mxfp4.py
+# mxfp4_round_up_hidden_size_and_intermediate_size, Marlin: I -> 128, H -> 256). A compressed-tensors MXFP4 source
+# gets CompressedTensorsW4A4Mxfp4MoEMethod instead (0.33.0 / 0.34.0 compressed_tensors_moe_w4a4_mxfp4.py), which
+# has no maybe_roundup_sizes (FusedMoEMethodBase's keeps I; H only for DeepEP-style all2all) and creates
+# `w13_weight_packed` [E, 2 I, H/2] at the layer's own sizes: it never pads, the kernel's tile rule alone decides.
+_VLLM_CT_PAD = EnginePadding("vllm", {**_VLLM_PAD.rules, "mxfp4": None}, _VLLM_PAD.non_gated)
 # NVFP4 non-gated experts (Nemotron-H, w13 = up alone): SGLang 0.5.23 prepare_moe_nvfp4_layer_for_marlin pads
 # each rank's I with zeros to a multiple of 128 (`if not layer.moe_runner_config.is_gated`), gated ones never; the
 # plugin creates that buffer and SGLang's loader zero-fills its tail (serving/sglang_methods.py). vLLM pads both
@@ -167,7 +183,7 @@ ENGINES = {
         ep_flag="--enable-expert-parallel",  # EP then spans the TP ranks
         sm120_moe_default="vLLM usually auto-selects Marlin on sm_120, but an SM100 path can still be picked "
                           "for NVFP4",
-        packages=(Package("vllm", "vllm"),),
+        packages=(Package("vllm", "vllm"),), ct_padding=(("mxfp4-pack-quantized", _VLLM_CT_PAD),),
         probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm,
         # vLLM 0.34 config/engram.py EngramConfig.cpu_offload = True ("Store embedding weights in pinned CPU memory
         # for UVA lookup"), set with --engram-config (engine/arg_utils.py); 0.33.0 the same

@@ -25,6 +25,7 @@ from ..sources.families import FAMILIES, Family, family_of
 from .engine_config import source_load_refusal
 from .engines import RELEASES, EngineError, engine_inner_method, release_for
 from .inner_methods import stale_block
+from .refusals import Refused, producer_refusals
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
            "refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
@@ -157,32 +158,27 @@ def _rows(key: str) -> tuple[Served, ...]:
         *((Served("mixtral", "nvfp4-modelopt-hf", key, frozenset({"modelopt_fp4"}),
                   (_differential("mixtral", "nvfp4-modelopt-hf"), *_whole_model("mixtral", "nvfp4-modelopt-hf"))),)
           if not _refused("mixtral", "nvfp4-modelopt-hf", key) else ()),
-        # llm-compressor 0.14's NVFP4A16 Mixtral; on SGLang unproven (serving_tests/differential.py says why)
-        *((Served("mixtral", "nvfp4-ct", key, frozenset({"compressed-tensors"}),
-                  (_differential("mixtral", "nvfp4-ct-llmc-nvfp4a16"),)),) if key in ("vllm 0.33", "vllm 0.34") else ()),
+        # llm-compressor 0.14's NVFP4A16 Mixtral, and its DeepSeek-V3 with the config keys the export lacks (validate's
+        # fix; as written, engine_config.py refuses it)
+        *(Served(f, "nvfp4-ct", key, frozenset({"compressed-tensors"}), (_differential(f, f"nvfp4-ct-llmc-nvfp4a16{e}"),))
+          for f, e in (("mixtral", ""), ("deepseek-v3", "-release-keys")) if not _refused(f, "nvfp4-ct", key)),
+        # llm-compressor 0.14's MXFP4A16 on vLLM (its CT MXFP4 MoE method never pads: engines.py _VLLM_CT_PAD)
+        *(Served(f, "mxfp4-ct", key, frozenset({"compressed-tensors"}), (_differential(f, "mxfp4-ct-llmc-mxfp4a16"),))
+          for f in ("qwen3-moe", "mixtral") if not _refused(f, "mxfp4-ct", key)),
     )
 
 
-@dataclass(frozen=True)
-class Refused:
-    """A family x source format that an engine release itself cannot serve through the plugin, with the engine's
-    own reason (quoted from its code) and the serving_tests node id that shows it: the gate and the matrix say why."""
-    family: str
-    source_format: str
-    engine: str           # release key
-    reason: str
-    proof: str
-
-
-_GLM5_NEXT = {"nvfp4-modelopt-hf": "modelopt_fp4", "nvfp4-ct": "compressed-tensors"}  # its releases' formats
+_GLM5_NEXT = (("nvfp4-modelopt-hf", "modelopt_fp4"), ("nvfp4-ct", "compressed-tensors"))  # its releases' formats
 # (family, format, release) the engine refuses, e.g. SGLang's quantised-Mixtral model (fam-mla's row)
 REFUSED: tuple[Refused, ...] = (
-    Refused("mixtral", "nvfp4-modelopt-hf", "sglang 0.5.23",
-            "SGLang builds a quantised Mixtral as QuantMixtralForCausalLM for any quantization but fp8, "
-            "compressed-tensors, gptq_marlin, awq_marlin and quark_int4fp8_moe (model_loader/utils.py "
-            "get_model_architecture: 'Special handling for quantized Mixtral. FIXME(woosuk): This is a temporary "
-            "hack.'), with every expert its own linear layer: no fused MoE layer for the plugin's Marlin method",
-            "serving_tests/test_families.py::test_sglang_refuses_mixtral_with_its_own_reason"),
+    *(Refused("mixtral", fmt, "sglang 0.5.23",
+              "SGLang builds a quantised Mixtral as QuantMixtralForCausalLM for any quantization but fp8, "
+              "compressed-tensors, gptq_marlin, awq_marlin and quark_int4fp8_moe (model_loader/utils.py "
+              "get_model_architecture: 'Special handling for quantized Mixtral. FIXME(woosuk): This is a temporary "
+              f"hack.'), with every expert its own linear layer: no fused MoE layer for the plugin's Marlin method{more}",
+              f"serving_tests/test_families.py::test_sglang_refuses_mixtral_with_its_own_reason[{fmt}]")
+      for fmt, more in (("nvfp4-modelopt-hf", ""), ("nvfp4-ct", " (the compressed-tensors source gets "
+                                                     "MixtralForCausalLM; its conversion, marlin_fp4, does not)"))),
     Refused("llama4", "nvfp4-modelopt-hf", "sglang 0.5.23",
             "SGLang cannot load the ModelOpt source itself: mllama4.py _handle_expert_scale_params takes a stacked "
             "`experts.gate_up_proj_weight_scale` for a single scale for all experts (RuntimeError: expand)",
@@ -190,7 +186,7 @@ REFUSED: tuple[Refused, ...] = (
     *(Refused("glm5-next", fmt, "sglang 0.5.23", "SGLang 0.5.23 registers no Glm5NextForCausalLM (glm5_next.py's "
               "EntryClass is [Glm5NextForConditionalGeneration] alone) and its Transformers fallback has none either: "
               "\"Cannot find model module. 'Glm5NextForCausalLM' is not a registered model in the Transformers library\"",
-              "serving_tests/test_engine_refusals.py::test_sglang_has_no_glm5_next_text_model") for fmt in _GLM5_NEXT),
+              "serving_tests/test_engine_refusals.py::test_sglang_has_no_glm5_next_text_model") for fmt, _ in _GLM5_NEXT),
     # Qwen3.8-Flash-Next's text class: SGLang registers the multimodal one alone (its NVFP4 n-gram tables, which SGLang
     # cannot load either, are core/targets/engine_config.py's: a fact of the checkpoint's tensors, not of its family)
     Refused("qwen4-exp-text", "nvfp4-modelopt-hf", "sglang 0.5.23",
@@ -198,27 +194,8 @@ REFUSED: tuple[Refused, ...] = (
             "[Qwen4ExpForConditionalGeneration] alone ('Qwen4ExpForCausalLM has no SGlang implementation and the "
             "Transformers implementation is not compatible with SGLang.')",
             "serving_tests/test_engine_refusals.py::test_sglang_has_no_qwen4_exp_text_model"),
-    # the real producers' outputs (tests/fixtures/producers) no engine loads, as the producer wrote them
-    *(Refused(family, "mxfp4-modelopt-hf", key, (
-        "SGLang cannot load ModelOpt's MXFP4 export itself: `_parse_modelopt_quant_config` maps no quant_algo "
-        "'mxfp4' (0.47), so `quant_method: modelopt` builds ModelOptFp8Config, which refuses it (\"ModelOptFp8Config "
-        "only supports regular FP8 quantization, but found 'mxfp4'\"); 'W4A16_MXFP4' (0.48) gets ModelOptFp4Config, "
-        "which refuses it too (\"ModelOpt currently only supports: FP8, NVFP4, NVFP4_AWQ, W4A16_NVFP4 quantizations "
-        "in sglang\")" if key == "sglang 0.5.23" else
-        "vLLM cannot load ModelOpt's MXFP4 export itself: its ModelOpt override takes an algo holding 'FP4' for "
-        "modelopt_fp4, whose config refuses 'MXFP4' (modelopt.py: \"ModelOpt currently only supports: ['FP8', "
-        "'FP8_PER_CHANNEL_PER_TOKEN', 'FP8_PB_WO', 'NVFP4', 'W4A16_NVFP4', 'MXFP8', 'MIXED_PRECISION'] "
-        "quantizations in vLLM\")"),
-        "serving_tests/test_engine_refusals.py::test_neither_engine_loads_the_modelopt_mxfp4_source_itself")
-      for family in ("qwen3-moe", "deepseek-v3") for key in ENGINE_VERSIONS),
-    *(Refused(family, "mxfp4-ct", "sglang 0.5.23",
-              "SGLang cannot load llm-compressor's MXFP4A16 export itself (every Linear quantised, attention too): "
-              "its compressed-tensors lookup has no MXFP4 weight-only linear scheme (compressed_tensors.py "
-              "_get_scheme_from_parts: \"No compressed-tensors compatible scheme was found.\")",
-              "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_compressed_tensors_mxfp4a16_source_itself")
-      for family in ("qwen3-moe", "mixtral")),
+    *producer_refusals(ENGINE_VERSIONS),  # the real producers' outputs (core/targets/refusals.py)
 )
-
 
 
 # fam-hybrid: (family, source format, the engines' method for the non-expert layers, the engine releases whose
@@ -241,7 +218,7 @@ _NEW_FAMILIES = (
     ("glm5-moe", "nvfp4-modelopt-hf", "modelopt_fp4"),  # GLM-5.x: V3.2's DSA model in vLLM, DeepseekV2 in SGLang
     ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
     # GLM-5.3-Flash (KDA + MLA, kpool indexer, mHC): both classes on vLLM 0.33 / 0.34, the VL one on SGLang (REFUSED)
-    *((family, fmt, method) for family in ("glm5-next", "glm5-next-vl") for fmt, method in _GLM5_NEXT.items()),
+    *((family, fmt, method) for family in ("glm5-next", "glm5-next-vl") for fmt, method in _GLM5_NEXT),
 )
 
 

@@ -78,3 +78,18 @@ def test_producer_output_end_to_end(tmp_path, name):
             back = tmp_path / "back"
             run_cli("marlin-to-source", out, back, "-q")
             assert restored_tree(back) == tree_hashes(src)
+
+
+@pytest.mark.parametrize("name", ["llmc-qwen3-moe-mxfp4a16", "llmc-mixtral-mxfp4a16"])
+def test_vllm_serves_compressed_tensors_mxfp4_unpadded(tmp_path, name):
+    """vLLM builds its compressed-tensors MXFP4 MoE method for llm-compressor's MXFP4A16, which never pads
+    (core/targets/engines.py _VLLM_CT_PAD): at H = 128, where Mxfp4MoEMethod would pad H to 256, `plan` finds TP 1
+    unpadded and the converter writes the layout-agnostic output without --tp (SGLang, which pads MXFP4, cannot)."""
+    src = FIXTURES / name
+    plan = json.loads(run_cli("plan", src, "--gpus", 1, "--gpu-mem-gib", 96, "--target", "vllm", "--json").stdout)
+    assert plan["candidates"][0]["tiles"] == "ok" and plan["command"], plan["candidates"]
+    run_cli("mxfp4-to-marlin", src, tmp_path / "out", "--target", "vllm", "-q")
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    assert qc.get("tp_layout") is None and {"tp": 1, "ep": 1} in qc["layouts"], qc.get("layouts")
+    refused = _cli("plan", src, "--gpus", 1, "--gpu-mem-gib", 96, "--target", "sglang", "--json", flag=False)
+    assert refused.returncode != 0 and json.loads(refused.stdout)["command"] is None

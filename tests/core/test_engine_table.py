@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.core.errors import UsageError
+from dsv4_convert.core.sources.source_formats import engine_padding
 from dsv4_convert.core.targets.engines import (
     ENGINES,
     LAYOUTS,
@@ -36,7 +37,7 @@ from dsv4_convert.core.targets.engines import (
 )
 from dsv4_convert.core.targets.kernel_table import GEMM_ARGS_034, REPACK_ARGS_034
 from dsv4_convert.core.targets.target import MarlinTarget
-from dsv4_convert.formats.tiles import PAD, EnginePadding, PadRule, moe_rank_tiles
+from dsv4_convert.formats.tiles import IMPOSSIBLE, PAD, EnginePadding, PadRule, moe_rank_tiles
 from dsv4_convert.serving.config import PluginConfigError, check_layout, check_rank_shape, parse_quant_config
 from dsv4_convert.serving.probe import probe
 from dsv4_convert.validate.kernel_provider import providers, select_provider
@@ -123,6 +124,23 @@ def test_a_new_engine_alone_reaches_every_consumer(toy, tmp_path):
     assert "toy_kernel" in providers()
     with pytest.raises(UsageError, match="toy_kernel is installed but its Marlin MoE op"):
         select_provider("toy_kernel", "toy-L1")
+
+
+def test_vllm_pads_mxfp4_experts_as_the_method_it_builds_for_the_source():
+    """vLLM's Mxfp4MoEMethod (gpt-oss, DeepSeek-V4) rounds I -> 128 and H -> 256; the compressed-tensors MXFP4 method
+    it builds for an llm-compressor source never pads (core/targets/engines.py _VLLM_CT_PAD), so its conversion is
+    layout-agnostic at H 128 and the plugin takes those sizes; SGLang has one MXFP4 rule."""
+    native = moe_rank_tiles("mxfp4", engine_padding("vllm", "mxfp4-dsv4"), hidden=128, intermediate=128)
+    assert native.status == PAD and native.h_pad == 256
+    assert moe_rank_tiles("mxfp4", engine_padding("vllm", "mxfp4-ct"), hidden=128, intermediate=128).ok
+    # no padding: the kernel's tile rule alone decides (w2 K = I_shard 96 fits neither tile), where Mxfp4MoEMethod pads
+    assert moe_rank_tiles("mxfp4", engine_padding("vllm", "mxfp4-ct"), hidden=128, intermediate=96).status == IMPOSSIBLE
+    assert moe_rank_tiles("mxfp4", engine_padding("vllm", None), hidden=128, intermediate=96).status == PAD
+    assert engine_padding("sglang", "mxfp4-ct") is engine_facts("sglang").padding
+    assert engine_padding("vllm", "nvfp4-ct") is engine_padding("vllm", "mxfp4-gptoss") is engine_facts("vllm").padding
+    check_rank_shape("mxfp4", "vllm", intermediate=128, hidden=128, tp_size=1, source_format="mxfp4-ct")
+    with pytest.raises(PluginConfigError, match="H 128 -> 256"):
+        check_rank_shape("mxfp4", "vllm", intermediate=128, hidden=128, tp_size=1, source_format="mxfp4-gptoss")
 
 
 @pytest.mark.parametrize("consumer", [

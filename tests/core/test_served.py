@@ -73,10 +73,10 @@ def _differential_cases() -> list[dict]:
 
 
 def _differential_ids() -> set[str]:
-    """As differential.Case.id: a producer's fixture name without its family, else the edit."""
-    def tag(c):
-        return c["producer"].replace(f"-{c['family']}-", "-") if c.get("producer") else c["edit"]
-    return {f"{c['family']}-{c['fmt']}" + (f"-{tag(c)}" if tag(c) else "") + f"-{d}"
+    """As differential.Case.id: a producer's fixture name without its family, then the edit."""
+    def tags(c):
+        return (c["producer"].replace(f"-{c['family']}-", "-") if c.get("producer") else None, c.get("edit"))
+    return {"-".join((c["family"], c["fmt"], *(t for t in tags(c) if t), d))
             for c in _differential_cases() for d in c["dtypes"]}
 
 
@@ -101,7 +101,7 @@ def test_every_refusal_names_a_test_node_that_exists():
 
     for r in REFUSED:
         file, sep, name = r.proof.partition("::")
-        assert sep and (ROOT / file).is_file() and name in _functions(_module(ROOT / file)), r
+        assert sep and (ROOT / file).is_file() and name.partition("[")[0] in _functions(_module(ROOT / file)), r
 
 
 def test_every_proof_case_has_its_entry_on_every_release():

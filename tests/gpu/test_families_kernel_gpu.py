@@ -24,9 +24,28 @@ import pytest
 from dsv4_convert.synth import SYNTH_FAMILIES
 from tests.helpers.kernel_cli import KERNELS, PROVIDER, TARGETS, kernel, needs_kernels, record, run_cli, status
 
-# one xdist worker for the module: its fixture converts and validates every family (8 CLI processes at a time);
-# spread over 14 workers, each built the whole fixture, 112 CLI processes at once (load 350-400, issue 36)
-pytestmark = [needs_kernels, pytest.mark.xdist_group("families")]
+pytestmark = needs_kernels
+
+# The module's cases run in groups of about a quarter each (target x half of the families), one xdist worker a
+# group (run.sh: --dist loadgroup): a group's first test converts and validates the whole group, 8 CLI processes
+# at a time. One group for all (one worker) took over 220 s on the 16-core box; a fixture built by each of 14
+# workers started 112 CLI processes at once (load 350-400, issue 36).
+_HALF = {family: i % 2 for i, family in enumerate(SYNTH_FAMILIES)}
+
+
+def _group(family: str, target: str) -> str:
+    return f"families-{target}-{_HALF[family]}"
+
+
+def params(*cases: tuple) -> list:
+    """pytest params of (family, ..., target) tuples, each marked with its group."""
+    return [pytest.param(*c, marks=pytest.mark.xdist_group(_group(c[0], c[-1]))) for c in cases]
+
+
+def on_targets(*cases) -> list:
+    """params of each case (a family name, or a tuple starting with one) on every target under test."""
+    return params(*((*((c,) if isinstance(c, str) else c), t) for c in cases for t in TARGETS))
+
 
 CASES = [(family, fmt, target) for family, formats in SYNTH_FAMILIES.items() for fmt in formats
          for target in TARGETS]
@@ -45,20 +64,32 @@ def _convert(root: Path, family: str, fmt: str, target: str) -> tuple[Path, Path
     return src, out, unservable
 
 
+class _Reports(dict):
+    """(family, format, target) -> (unservable, validate --kernel report), built a group at a time on first use."""
+
+    def __init__(self, root: Path):
+        super().__init__()
+        self.root = root
+
+    def __missing__(self, case):
+        group = [c for c in CASES if _group(c[0], c[2]) == _group(case[0], case[2])]
+        root = self.root / _group(case[0], case[2])
+        with ThreadPoolExecutor(8) as pool:  # one synth per (family, format) first: conversions never race for a source
+            list(pool.map(lambda ff: run_cli("synth", root / f"src-{ff[0]}-{ff[1]}", "--family", ff[0], "--format",
+                                             ff[1], "-q"), {(f, x) for f, x, _ in group}))
+            converted = dict(zip(group, pool.map(lambda c: _convert(root, *c), group)))
+            runs = pool.map(lambda c: kernel(converted[c][1], PROVIDER, "--against", converted[c][0]), group)
+            self.update({c: (converted[c][2], data) for c, data in zip(group, runs)})
+        return self[case]
+
+
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
-    root = tmp_path_factory.mktemp("families")
-    # one synth per (family, format) first, so that the conversions never race for a source
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda ff: run_cli("synth", root / f"src-{ff[0]}-{ff[1]}", "--family", ff[0], "--format",
-                                         ff[1], "-q"), {(f, x) for f, x, _ in CASES}))
-        converted = dict(zip(CASES, pool.map(lambda c: _convert(root, *c), CASES)))
-        runs = pool.map(lambda c: kernel(converted[c][1], PROVIDER, "--against", converted[c][0]), CASES)
-        return {c: (converted[c][2], data) for c, data in zip(CASES, runs)}
+    return _Reports(tmp_path_factory.mktemp("families"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,fmt,target", CASES)
+@pytest.mark.parametrize("family,fmt,target", params(*CASES))
 def test_every_family_passes_the_engines_kernel(reports, family, fmt, target):
     unservable, data = reports[(family, fmt, target)]
     gemm, repack = status(data, "kernel.gemm"), status(data, "kernel.repack")
@@ -74,8 +105,7 @@ def test_every_family_passes_the_engines_kernel(reports, family, fmt, target):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("replica", ("nemotron-h", "nemotron-3-super"))  # Nano; Super / Ultra (latent-width experts)
+@pytest.mark.parametrize("replica,target", on_targets("nemotron-h", "nemotron-3-super"))  # Nano; Super / Ultra (latent)
 def test_nemotron_h_non_gated_layers_run_through_the_engines_kernels(reports, replica, target):
     """Served (no --allow-unservable), and every MoE layer ran three cases: the one-shard w13, w2, and the whole
     layer with the engines' relu2 activation, each within its limit (kernel.gemm passes)."""
@@ -91,12 +121,12 @@ def test_nemotron_h_non_gated_layers_run_through_the_engines_kernels(reports, re
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", TARGETS)
-def test_deepseek_v41_trunk_and_dspark_stages_run_through_the_engines_kernels(reports, target):
+@pytest.mark.parametrize("family,target", on_targets("deepseek-v41"))
+def test_deepseek_v41_trunk_and_dspark_stages_run_through_the_engines_kernels(reports, family, target):
     """Served (no --allow-unservable); the trunk's layers and the three DSpark stages, each stage with its own
     expert count (`dspark_n_routed_experts`, fewer than the trunk's: synth/dsv41.py), ran w13 and w2 through the
     kernel with DeepSeek's SwiGLU limits and passed."""
-    unservable, data = reports[("deepseek-v41", "mxfp4-dsv4", target)]
+    unservable, data = reports[(family, "mxfp4-dsv4", target)]
     rows = {(r["layer"], r["projection"]): r for r in data["kernel"]}
     experts = {}
     for (layer, _), r in rows.items():
@@ -112,9 +142,8 @@ def test_deepseek_v41_trunk_and_dspark_stages_run_through_the_engines_kernels(re
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("family,fmt", [("glm5-next", "nvfp4-modelopt-hf"), ("glm5-next", "nvfp4-ct"),
-                                        ("glm5-next-vl", "nvfp4-modelopt-hf"), ("glm5-next-vl", "nvfp4-ct")])
+@pytest.mark.parametrize("family,fmt,target", on_targets(("glm5-next", "nvfp4-modelopt-hf"), ("glm5-next", "nvfp4-ct"),
+                                                         ("glm5-next-vl", "nvfp4-modelopt-hf"), ("glm5-next-vl", "nvfp4-ct")))
 def test_glm5_next_layers_run_with_the_engines_clamped_swiglu(reports, family, fmt, target):
     """GLM-5.3-Flash (served, no --allow-unservable): each MoE layer ran w13 (gate | up), w2, and the whole layer with
     the engines' SwiGLU clamped at the config's swiglu_limit (validate/kernel_moe.py swiglu_limited; the input scaled

@@ -125,7 +125,7 @@ def w4a8_releases(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
 
 @check(id="source.engine_config", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
        hint="add the missing keys to config.json with the values of the model's release (the finding names them), "
-            "then validate again")
+            "then validate again; a model pruned per layer: the finding says what to serve instead")
 def engine_config_keys(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """An engine that cannot build the source's model from its config.json serves neither the source nor any conversion of it (which keeps that config): some producers' exports lack keys the engines read (core/targets/engine_config.py)."""
     names = c.checkpoint.tensors if c.checkpoint is not None else ()

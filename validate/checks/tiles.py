@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from ...core.checkpoint.tensor_model import moe_layers
-from ...core.record.converted_config import read_tp_layout
+from ...core.record.converted_config import read_tp_layout, record_or_none
+from ...core.sources.source_formats import engine_padding
 from ...core.sources.structure import layer_experts
-from ...core.targets.engines import engine_facts
 from ...formats.tiles import moe_rank_tiles
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
@@ -46,6 +46,8 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
                               f"takes the recorded layout), or convert the source again with --tp {opts.tp} "
                               f"--ep {opts.ep}.")
                 return
+    record = record_or_none(c.config) if marlin else None  # the padding of the engine's method for the source
+    padding = engine_padding(opts.engine, record.source_format if record else c.checkpoint.format.value)
     seen = {}
     for name, info in containers(c).items():
         if info["hidden"] is None or name in padded:  # padded: written for exactly this split (tp_layout)
@@ -56,7 +58,7 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
             seen[key].append(info["layer"])
             continue
         seen[key] = [info["layer"]]
-        v = moe_rank_tiles(info["quant"], engine_facts(opts.engine).padding, hidden=info["hidden"], intermediate=info["intermediate"],
+        v = moe_rank_tiles(info["quant"], padding, hidden=info["hidden"], intermediate=info["intermediate"],
                            tp=opts.tp, ep=opts.ep, experts=experts, gated=info["gated"])
         if v.ok:
             continue
