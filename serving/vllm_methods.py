@@ -88,11 +88,12 @@ def _check_w4a8(spec) -> None:
         )
 
 
-def _compressed_tensors(source_format: str | None) -> bool:
+def _compressed_tensors(spec) -> bool:
     """vLLM builds its compressed-tensors MoE method for a compressed-tensors source (core/sources/source_formats.py
-    rows with a `ct_format`)."""
-    row = FORMATS.get(source_format) if isinstance(source_format, str) else None
-    return bool(row and row.ct_format)
+    rows with a `ct_format`), unless the model's architecture hook swaps the block for its native method (Kimi-K3's
+    MXFP4: core/targets/engines.py native_ct)."""
+    row = FORMATS.get(spec.source_format) if isinstance(spec.source_format, str) else None
+    return ENGINES["vllm"].builds_ct_method(row.ct_format if row else None, spec.source_model_type)
 
 
 def _ct_mxfp4_method():
@@ -123,7 +124,7 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
         # (core/targets/engines.py ct_padding): Mxfp4MoEMethod's I -> 128, H -> 256, but a compressed-tensors source
         # gets CompressedTensorsW4A4Mxfp4MoEMethod, which inherits FusedMoEMethodBase's (no MXFP4 padding)
         sizes = (hidden_size, intermediate_size_per_partition, act_dtype, moe_parallel_config)
-        if _compressed_tensors(self.spec.source_format):
+        if _compressed_tensors(self.spec):
             engine = _ct_mxfp4_method().maybe_roundup_sizes(self, *sizes)
         else:
             engine = super().maybe_roundup_sizes(*sizes)
@@ -164,7 +165,7 @@ class PrepackedMxfp4MarlinMoE(Mxfp4MoEMethod):
             replace_parameter(layer, "w13_weight", w4a8_w13_final(layer.w13_weight.data))
         for name in ("w13_weight_scale", "w2_weight_scale"):
             replace_parameter(layer, name, getattr(layer, name).data.view(torch.float8_e8m0fnu))
-        if _compressed_tensors(self.spec.source_format) and release_for("vllm", vllm.__version__).keeps_moe_input_scales:
+        if _compressed_tensors(self.spec) and release_for("vllm", vllm.__version__).keeps_moe_input_scales:
             for stack in ("w13", "w2"):  # vLLM's CT MXFP4 method keeps the checkpoint name too (move_parameter)
                 layer.register_parameter(f"{stack}_weight_packed", getattr(layer, f"{stack}_weight"))
         self._build_moe_kernel(layer)  # no repack: build vLLM's Marlin kernel on the loaded tensors

@@ -169,6 +169,16 @@ def _nvidia_kimi_k25_names(src: Path) -> None:
     (src / "hf_quant_config.json").write_text(json.dumps(hfq, indent=2))
 
 
+def _kimi_k31(src: Path) -> None:
+    """Kimi-K3.1's config.json names: `architectures [KimiK31ForConditionalGeneration]`, model_type `kimi_k31` (vLLM 0.34
+    registry.py and transformers_utils/config.py map both to Kimi-K3's class and config). Only the names change: the
+    replica has no DSA indexer, so it stands for K3.1 only where an engine refuses the architecture itself."""
+    config = json.loads((src / "config.json").read_text())
+    assert config["architectures"] == ["KimiK3ForConditionalGeneration"], config["architectures"]
+    config["architectures"], config["model_type"] = ["KimiK31ForConditionalGeneration"], "kimi_k31"
+    (src / "config.json").write_text(json.dumps(config, indent=2))
+
+
 def _release_keys(src: Path) -> None:
     """The producers' DeepSeek-V3 exports, saved through transformers 5, lack config.json keys both engines read to
     build the model (core/targets/engine_config.py; serving_tests/test_engine_refusals.py shows both engines fail on
@@ -204,7 +214,7 @@ def _pruned(src: Path) -> None:
     (src / "config.json").write_text(json.dumps({**config, "approximate_experts": {"0": [last]}}, indent=2))
 
 
-EDITS = {"2507": _per_layer_attention_excludes, "release-keys": _release_keys, "pruned": _pruned, "kv-heads": _kv_heads, "fused-globals": _fused_globals,
+EDITS = {"2507": _per_layer_attention_excludes, "release-keys": _release_keys, "pruned": _pruned, "k31": _kimi_k31, "kv-heads": _kv_heads, "fused-globals": _fused_globals,
          "nvidia-names": _nvidia_kimi_k25_names, "mixed-precision": _mixed_precision}
 # edits that are synth's own size arguments (the source is written with them; no rewrite after)
 SYNTH_ARGS = {
@@ -213,6 +223,9 @@ SYNTH_ARGS = {
     # I = 96: w13 N = 96 breaks the Marlin tile rule unpadded; both engines pad it to 128 (SGLang's non-gated rule,
     # vLLM's one NVFP4 rule), so the conversion is written padded for TP 1 (CONVERT_ARGS)
     "i96": ("--intermediate", "96"),
+    # H = 512: Kimi-K3's experts run at the latent width H / 2 = 256, which vLLM's MXFP4 MoE takes unpadded (it rounds
+    # H up to a multiple of 256; the release's latent is 3584 = 14 x 256)
+    "h512": ("--hidden", "512"),
 }
 # edits whose conversion is for one split (`--tp/--ep`: the padded per-rank layout)
 CONVERT_ARGS = {"i96": ("--tp", "1")}
@@ -264,6 +277,9 @@ CASES = (
     Case("nemotron-h", "nvfp4-modelopt-hf", edit="i96"),  # issue 37 item 7: the non-gated tile rule, padded
     Case("nemotron-3-super", "nvfp4-modelopt-hf"),  # LatentMoE: routed experts at moe_latent_size
     Case("gemma4-moe", "nvfp4-ct", text_only=True),  # mtp: RedHatAI/gemma-4-26B-A4B-it-NVFP4 (synth/families.py)
+    # Kimi-K3: KDA + NoPE MLA, latent MoE (routed_expert_hidden_size), SiTU; no vision tensors in the replica
+    Case("kimi-k3", "mxfp4-ct", edit="h512", text_only=True, engines=("vllm",)),
+    Case("kimi-k3", "nvfp4-ct", edit="h512", text_only=True, engines=("vllm",)),
     # Qwen3.8-Flash-Next (synth/qwen4_exp.py): nvidia's MIXED_PRECISION with FP8 n-gram tables, its text architecture
     # (vLLM only: SGLang 0.5.23 registers Qwen4ExpForConditionalGeneration alone), the plain ModelOpt NVFP4 form, and
     # NVFP4 n-gram tables (vLLM only: SGLang cannot load them, core/targets/engine_config.py)
@@ -307,16 +323,17 @@ def make_source(tmp, case: Case) -> Path:
     return src
 
 
-def make_case(tmp, case: Case, engine: str, dtype: str) -> tuple[Path, Path]:
+def make_case(tmp, case: Case, engine: str, dtype: str, *, allow_unservable: bool = False) -> tuple[Path, Path]:
     """(the source the engine loads, its conversion for `engine` at `dtype`), each written once per session in
     `tmp` (the session's `case_dir`, serving_tests/conftest.py: the differential and draft tests share them). The
-    engine loads the source itself, or its REFERENCES form where the release as shipped does not load correctly."""
+    engine loads the source itself, or its REFERENCES form where the release as shipped does not load correctly.
+    `allow_unservable`: a refusal's test converts what the gate refuses, to show the engine's own reason."""
     src = make_source(tmp, case)
     out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
     if not out.exists():
         command = "mxfp4-to-marlin" if case.fmt.startswith("mxfp4") else "nvfp4-to-marlin"
         _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q",
-             *CONVERT_ARGS.get(case.edit, ()))
+             *CONVERT_ARGS.get(case.edit, ()), *(("--allow-unservable",) if allow_unservable else ()))
     if case.family in REFERENCES:
         ref = Path(tmp, f"ref-{case.id}")
         if not ref.exists():

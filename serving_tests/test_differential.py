@@ -70,6 +70,9 @@ equivalent; nothing else is changed):
   (serving_tests/vllm/qwen4_exp_cpu.py; the implementation object owns no parameter), and the QSA indexer's per-token
   top-k scratch buffer (torch.empty, non-persistent, written by a forward pass) compared by dtype and shape only
   (serving_tests/differential_state.py SCRATCH); the same in both models.
+- Kimi-K3 (vLLM; serving_tests/vllm/kimi_k3_cpu.py, each with its reason): vLLM's own GEMM + all-reduce switch off
+  (`VLLM_KIMI_K3_GEMM_AR=0`: its cute_dsl kernels), prefix caching off (as GLM-5.3-Flash below: a hybrid MLA model),
+  the CUDA stream placeholders of DeepSeek-V4's stand-in.
 - GLM-5.3-Flash (vLLM): built with vLLM's own `--no-enable-prefix-caching` (serving_tests/vllm/glm5next_cpu.py: the
   hybrid hook sets `mamba_block_size` for prefix caching, which the CPU platform then turns off for an MLA model, and
   VllmConfig refuses the pair); SGLang: the engine's fused KDA projections (it fuses them for the ModelOpt source's
@@ -134,6 +137,9 @@ UNINITIALISED = {
 # storage the conversion's `ple_embedding_dtype` names), hyper-connections and routed experts
 _QWEN4_EXP = ("ple_embedding.ngram_embedding.weight", "hyper_connection", "experts.w13_weight")
 MUST_COMPARE = {"deepseek-v41": ("engram.embed", "vision.", "aligner.", "experts.w13_weight"),
+                # Kimi-K3: the routed experts (latent width), the latent projections, KDA's and MLA's attention
+                "kimi-k3": ("experts.w13_weight", "experts.w2_weight_scale", "routed_expert_up_proj", "A_log",
+                            "kv_b_proj"),
                 # GLM-5.3-Flash: the KDA layer (its short convolutions, A_log), mHC, the kpool indexer, the experts
                 **{f: ("conv1d", "A_log", "hc_attn_fn", "index_kpool_compress_gate", "experts.w13_weight")
                    for f in ("glm5-next", "glm5-next-vl")},

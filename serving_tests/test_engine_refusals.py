@@ -26,6 +26,8 @@ from common import installed_engine, spawn_ranks
 from differential import PRODUCERS, Case, make_source
 
 ENGINE = installed_engine()
+# Kimi-K3.1's architecture: vLLM 0.34.0 has it, vLLM 0.33.0 and SGLang 0.5.23 do not (core/targets/engine_config.py)
+NO_KIMI_K31 = ENGINE == "sglang" or (ENGINE == "vllm" and __import__("vllm").__version__.startswith("0.33."))
 if ENGINE is None:
     pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
 VERSION = importlib.metadata.version(ENGINE)
@@ -83,6 +85,9 @@ def engine_loads(tmp_path_factory):
     for family in _QWEN4_EXP_SOURCES.get((ENGINE, VERSION), ()):  # Qwen3.8-Flash-Next's refusals (below)
         src = make_source(tmp, Case(family, "nvfp4-modelopt-hf"))
         cases[family] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf", "text_only": True}
+    if NO_KIMI_K31:
+        src = make_source(tmp, Case("kimi-k3", "mxfp4-ct", edit="k31"))
+        cases["kimi-k31"] = {"source": str(src), "dtype": "bfloat16", "fmt": "mxfp4-ct"}
     for family, fmt in _NO_ARCHITECTURE.items():
         cases[family] = {"source": str(make_source(tmp, Case(family, fmt))), "dtype": "bfloat16", "fmt": fmt}
     (result,) = spawn_ranks("harness_refusal:run", {"cases": cases}, tmp, world=1)
@@ -187,6 +192,66 @@ def test_sglang_cannot_load_qwen4_exp_nvfp4_ple_tables(engine_loads):
     assert r["error"] == ("RuntimeError: The size of tensor a (16) must match the size of tensor b (8) at "
                           "non-singleton dimension 1"), r  # the replica's 16 columns, packed into 8 bytes
     assert "load_qwen4_exp_ple_shard" in r["traceback"] and "copy_ple_rows_to_tp_embedding" in r["traceback"], r
+
+
+@pytest.mark.skipif(not NO_KIMI_K31, reason="vLLM 0.34 builds Kimi-K3.1 (test_differential.py proves Kimi-K3)")
+def test_engine_has_no_kimi_k31_architecture(engine_loads):
+    """vLLM 0.33.0: its config lookup has no model_type kimi_k31 (nor its registry KimiK31ForConditionalGeneration), so
+    ModelConfig refuses the checkpoint before any model is built. SGLang 0.5.23: neither its config registry nor its
+    model classes know kimi_k31 / KimiK31ForConditionalGeneration. core/targets/engine_config.py quotes both."""
+    from importlib import import_module
+
+    r = _refused(engine_loads, "kimi-k31")
+    if ENGINE == "vllm":
+        registry = import_module("vllm.model_executor.models.registry")
+        assert "KimiK31ForConditionalGeneration" not in registry._VLLM_MODELS, "vLLM 0.33 has Kimi-K3.1 now"
+        assert "model type `kimi_k31` but Transformers does not recognize this architecture" in r["error"], r
+    else:
+        assert "kimi_k31" in r["error"] or "KimiK31ForConditionalGeneration" in r["error"], r
+
+
+@pytest.fixture(scope="module")
+def kimi_k3_on_sglang(tmp_path_factory, case_dir):
+    """The Kimi-K3 replicas on SGLang 0.5.23 (harness_kimi_k3.py): the NVFP4 source loaded by SGLang's own loader, and
+    the MXFP4 conversion built (its routed experts' method); one spawned rank."""
+    from differential import make_case
+
+    tmp = tmp_path_factory.mktemp("kimi-k3")
+    nvfp4 = make_source(case_dir, Case("kimi-k3", "nvfp4-ct", edit="h512"))
+    mxfp4_src, mxfp4_conv = make_case(case_dir, Case("kimi-k3", "mxfp4-ct", edit="h512"), ENGINE, "bfloat16",
+                                      allow_unservable=True)
+    cases = {"nvfp4-source": {"source": str(nvfp4), "converted": None, "dtype": "bfloat16", "fmt": "nvfp4-ct"},
+             "mxfp4-conversion": {"source": str(mxfp4_src), "converted": str(mxfp4_conv), "dtype": "bfloat16",
+                                  "fmt": "mxfp4-ct"}}
+    (result,) = spawn_ranks("harness_kimi_k3:run", {"cases": cases}, tmp, world=1)
+    return result
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x kimi-k3 nvfp4-ct")
+def test_sglang_cannot_load_the_compressed_tensors_nvfp4_kimi_k3_source_itself(kimi_k3_on_sglang):
+    """SGLang 0.5.23 models/kimi_k3.py load_weights renames every checkpoint `weight_packed` to `weight` ("compressed-
+    tensors MXFP4 stores as weight_packed; Mxfp4MoEMethod uses weight"), but its compressed-tensors NVFP4 MoE scheme
+    names the experts' parameters `w13_weight_packed` / `w2_weight_packed`, and the loader skips an expert name that is
+    not a parameter ("Skip experts of layers outside a truncated config"): the experts' FP4 weights are never loaded,
+    silently (their block scales are)."""
+    r = kimi_k3_on_sglang["nvfp4-source"]
+    assert "error" not in r, r.get("traceback", r)
+    packed = {n: v for n, v in r["nonzero"].items() if n.endswith(("w13_weight_packed", "w2_weight_packed"))}
+    scales = {n: v for n, v in r["nonzero"].items() if n.endswith(("w13_weight_scale", "w2_weight_scale"))}
+    assert packed and set(packed.values()) == {0}, f"SGLang loads the NVFP4 experts now ({packed}): refusal stale"
+    assert scales and all(scales.values()), scales  # the walk: the same load does write the scales
+
+
+@pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x kimi-k3 mxfp4-ct")
+def test_sglang_kimi_k3_bypasses_the_plugins_moe_method_for_mxfp4(kimi_k3_on_sglang):
+    """SGLang 0.5.23 models/kimi_k3.py KimiK3MoE: "For MXFP4 compressed-tensors on non-NPU, replace quant_config with
+    Mxfp4Config", whenever `"mxfp4" in quant_config.quant_format`; the plugin's config answers the inner compressed-
+    tensors config's fields (serving/plugin_config.py), so the routed experts get SGLang's own Mxfp4MoEMethod and never
+    the plugin's: the Marlin-packed experts cannot be loaded into it."""
+    r = kimi_k3_on_sglang["mxfp4-conversion"]
+    assert "error" not in r, r.get("traceback", r)
+    assert r["config"] == "SglangMarlinFp4Config", r  # the plugin's config was built for the model...
+    assert r["methods"] and set(r["methods"].values()) == {"Mxfp4MoEMethod"}, r  # ...and bypassed for the experts
 
 
 @pytest.mark.skipif(ENGINE != "sglang", reason="core/targets/served.py REFUSED: SGLang 0.5.23 x glm5-next")

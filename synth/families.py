@@ -77,6 +77,7 @@ The facts per family, and where they come from:
   class), qwen4-exp-nvfp4 / qwen4-exp-ple-nvfp4 (plain ModelOpt NVFP4; NVFP4 n-gram tables): synth/qwen4_exp.py.
 MTP / draft layers (DeepSeek `model.layers.<N>`, MiniMax-M2 declared only, Qwen `mtp.*`): synth/mtp.py.
 DeepSeek-V4.1 (Engram, vision tower, DSpark stages; V4's native names, no FamilySpec): synth/dsv41.py.
+Kimi-K3 (KDA + NoPE MLA, latent MoE, SiTU; compressed-tensors MXFP4 / NVFP4 experts): synth/kimi_k3.py.
 Sizes, values and the tokenizer are synthetic; the generator never copies real weights.
 """
 
@@ -215,6 +216,10 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                        "qk_norm_type": "per_layer", "rotary_dim": 32, "rope_theta": 5000000, "rms_norm_eps": 1e-6,
                        **MINIMAX_MTP_CONFIG}),  # declared, no weights shipped (synth/mtp.py)
     FamilySpec("mixtral", ("nvfp4-modelopt-hf", "nvfp4-ct"), "mixtral", "block_sparse_moe"),
+    # Kimi-K3 (synth/kimi_k3.py): KDA + NoPE MLA, latent MoE with SiTU experts, compressed-tensors on the experts only
+    FamilySpec("kimi-k3", ("mxfp4-ct", "nvfp4-ct"), "kimi_k3", "block_sparse_moe", shared="shared_experts",
+               dense_layers=1, nested=True, layer_prefix="language_model.layers", lm_head="language_model.lm_head.weight",
+               latent_moe=True),
     FamilySpec("llama4", ("nvfp4-modelopt-hf",), "llama4", "feed_forward", shared="shared_expert", nested=True,
                router="router", lm_head="language_model.lm_head.weight", stacked=True,
                moe_every=2, config={"interleave_moe_layer_step": 2}),

@@ -13,6 +13,7 @@ from .families import FAMILY_SPECS, FamilySpec
 from .gemma4 import gemma4_text_config
 from .glm5next import glm5next_text_config, glm5next_vision_config
 from .hybrid import LINEAR, layer_types, linear_config
+from .kimi_k3 import kimi_k3_config, kimi_k3_ignore
 from .layouts import Dims
 from .mla import mla_config
 from .nemotron import nemotron_config
@@ -146,11 +147,15 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
                                    "init_pos_emb_time": 4, "pos_emb_type": "divided_fixed",
                                    "video_attn_type": "spatial_temporal", "merge_type": "sd2_tpool",
                                    "merge_kernel_size": [2, 2], "text_hidden_size": d.hidden}
+    if family == "kimi-k3":
+        config = kimi_k3_config(d)
     files = {CONFIG: config}
     row = source_format(fmt)
     if row.synth.config == "ct":
         config["quantization_config"] = qc = _ct_config(row.trunk.value)
-        if spec.mixed:  # llm-compressor's Qwen3.5 recipe quantises self_attn and the shared expert
+        if family == "kimi-k3":  # the routed experts alone (synth/kimi_k3.py)
+            qc["ignore"] = kimi_k3_ignore()
+        elif spec.mixed:  # llm-compressor's Qwen3.5 recipe quantises self_attn and the shared expert
             qc["ignore"] = [i for i in qc["ignore"] if "self_attn" not in i and "shared_experts" not in i]
         elif spec.shared:
             qc["ignore"] += [f"re:.*{spec.shared}\\..*"]
@@ -159,7 +164,7 @@ def family_config_files(family: str, fmt: str, d: Dims) -> dict[str, dict]:
         qc["ignore"] += ["re:^mtp\\..*"] if spec.mtp == "unquantised" else []
         # DeepSeek's BF16 MTP layer num_hidden_layers (GLM-5.3-Flash's compressed-tensors release; synth/glm5next.py)
         qc["ignore"] += [f"re:^{re.escape(spec.prefix)}\\.{d.layers}\\..*"] if spec.mtp == "layer" else []
-        qc["ignore"] += ["re:.*visual.*"] if spec.nested else []  # the vision tower (llm-compressor PR #2740)
+        qc["ignore"] += ["re:.*visual.*"] if spec.nested and family != "kimi-k3" else []  # the vision tower (llm-compressor PR #2740)
         qc["ignore"] += ["re:.*router.*", "re:.*vision_tower.*"] if family == "gemma4-moe" else []
     else:
         qc, hfq = _modelopt(spec, d)

@@ -15,6 +15,7 @@ from .families import FAMILY_SPECS, FamilySpec
 from .gemma4 import gemma4_tensors
 from .glm5next import glm5next_layer, kpool_indexer
 from .hybrid import LINEAR, gated_attention, gdn_layer, layer_types
+from .kimi_k3 import kimi_k3_tensors
 from .layouts import Dims
 from .mla import mla_dims, mla_tensors
 from .mtp import deepseek_mtp_layer, qwen_mtp_block
@@ -158,6 +159,8 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
     spec = FAMILY_SPECS[family]
     if spec.family == "nemotron-h":
         return nemotron_tensors(fmt, seed, d, _linear, dtype, latent=spec.latent_moe), {}
+    if family == "kimi-k3":
+        return kimi_k3_tensors(fmt, seed, d, dtype), {}
     if family == "gemma4-moe":
         return gemma4_tensors(fmt, seed, d, _linear, family_named(family).source_scheme, dtype), {}
     root = spec.prefix.rsplit(".layers", 1)[0]

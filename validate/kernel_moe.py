@@ -18,7 +18,7 @@ from ..formats.constants import E2M1_VALUES, MXFP4_GROUP, NVFP4_GROUP
 from ..formats.e2m1 import unpack_nibbles
 from ..formats.e8m0 import e8m0_to_float
 
-__all__ = ["Stack", "moe_align", "run_stack", "run_layer", "reference_layer", "relu2", "swiglu_limited", "dequant",
+__all__ = ["Stack", "moe_align", "run_stack", "run_layer", "reference_layer", "relu2", "situ", "swiglu_limited", "dequant",
            "repack_source"]
 
 
@@ -98,6 +98,18 @@ def swiglu_limited(limit: float):
     def act(y: torch.Tensor) -> torch.Tensor:
         gate, up = y.chunk(2, dim=-1)
         return torch.nn.functional.silu(gate.clamp(max=limit)) * up.clamp(min=-limit, max=limit)
+    return act
+
+
+def situ(beta: float, linear_beta: float | None):
+    """Kimi's SiTU on the first GEMM's output [..., 2I] (gate rows, then up rows), computed in fp32 and returned in its
+    dtype: beta * tanh(gate / beta) * sigmoid(gate) * up, the up projection soft-clipped to linear_beta * tanh(up /
+    linear_beta) when set (vLLM 0.34 SituAndMul.forward_native, the `situ_and_mul` of its fused MoE; SGLang 0.5.23
+    passes the same betas as gemm1_alpha / gemm1_clamp_limit)."""
+    def act(y: torch.Tensor) -> torch.Tensor:
+        gate, up = (h.float() for h in y.chunk(2, dim=-1))
+        up = up if linear_beta is None else linear_beta * torch.tanh(up / linear_beta)
+        return (beta * torch.tanh(gate / beta) * torch.sigmoid(gate) * up).to(y.dtype)
     return act
 
 

@@ -5,7 +5,7 @@ with the gate's global, or for non-gated experts, Nemotron-H's, the up projectio
 one-shard w13 with N = I; w2), in chunks so that GPU memory stays bounded, and run through the
 provider's MoE GEMM with random activations in the activation dtype. A non-gated layer also runs
 whole as the engines run it: w13, ReLU-squared in the activation dtype, w2 on every (token, expert) row; so does a
-gated layer whose engines clamp its SwiGLU (GLM-5.3-Flash's `swiglu_limit`), with that activation. The fp32 reference is
+gated layer whose engines clamp its SwiGLU (GLM-5.3-Flash's `swiglu_limit`) or apply SiTU (Kimi-K3), with that activation. The fp32 reference is
 dequant(SRC) with --against (or when validating an unconverted source), else the project's own
 decode of the Marlin bytes (formats/ inverses). Where source bytes are at hand the engine's repack
 kernel runs on them too and must give the converted words. An unconverted source is prepared in
@@ -26,7 +26,7 @@ from ..core.checkpoint.reader import TensorReader, load_projection, open_checkpo
 from ..core.checkpoint.source_location import resolve_source
 from ..core.checkpoint.tensor_model import Quant, Role, gated_experts
 from ..core.errors import DsvError
-from ..core.sources.structure import swiglu_limit
+from ..core.sources.structure import situ_betas, swiglu_limit
 from ..core.targets.engines import engine_facts
 from ..core.targets.rescale import stack_key
 from ..formats.marlin.scales import marlin_to_nvfp4_global, nvfp4_global_to_marlin, s0e5m3_to_nvfp4_scales
@@ -51,6 +51,7 @@ from .kernel_moe import (
     repack_source,
     run_layer,
     run_stack,
+    situ,
     swiglu_limited,
 )
 from .kernel_provider import KernelBuildError, select_provider
@@ -61,6 +62,7 @@ __all__ = ["KernelOptions", "run_kernel_checks"]
 
 _LAYER = "w13+relu2+w2"  # a non-gated layer run whole (KernelCase.stack)
 _SWIGLU_LAYER = "w13+swiglu_limit+w2"  # a gated layer whose engines clamp its SwiGLU (swiglu_limit), run whole
+_SITU_LAYER = "w13+situ+w2"  # a gated layer whose engines apply Kimi's SiTU (situ_betas), run whole
 
 
 def _stacks(experts) -> tuple[tuple[str, tuple[Role, ...]], ...]:
@@ -203,6 +205,7 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
     report.notes += _layout_notes(ckpt, opts, layouts, ref_ckpt is not None)
     refs = {p.key: p for p in ref_ckpt.projections} if ref_ckpt is not None else {}
     limit = swiglu_limit(ckpt.config)  # the clamped SwiGLU the engines apply (GLM-5.3-Flash), else None
+    betas = situ_betas(ckpt.config)  # Kimi-K3's SiTU, else None
     groups = defaultdict(lambda: defaultdict(dict))
     for p in ckpt.projections:
         groups[p.layer][p.expert][p.role] = p
@@ -216,8 +219,9 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
             chosen = _chosen(experts, kopts.experts, opts.seed, layer)
             stacks = _stacks(experts)
             non_gated = stacks[0][1] == (Role.GATE,)
-            whole = (((_LAYER, (Role.GATE, Role.DOWN)),) if non_gated else
-                     ((_SWIGLU_LAYER, (Role.GATE, Role.UP, Role.DOWN)),) if limit is not None else ())
+            gated = (Role.GATE, Role.UP, Role.DOWN)
+            whole = (((_LAYER, (Role.GATE, Role.DOWN)),) if non_gated else ((_SWIGLU_LAYER, gated),) if limit is not None
+                     else ((_SITU_LAYER, gated),) if betas is not None else ())
             for stack, roles in (*stacks, *whole):
                 members = [e for e in chosen if all(r in experts[e] for r in roles)]
                 if not members:
@@ -228,10 +232,11 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                 case = KernelCase(layer, stack, opts.act_dtype, provider.name, kind)
                 t0 = time.monotonic()
                 try:
-                    if stack in (_LAYER, _SWIGLU_LAYER):
+                    if stack in (_LAYER, _SWIGLU_LAYER, _SITU_LAYER):
                         case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.act_dtype]
-                        _run_layer(layer_prep, experts, members, case, opts, kopts, dev, roles,
-                                   limit if stack == _SWIGLU_LAYER else None)
+                        act, reach = {_LAYER: (relu2, None), _SWIGLU_LAYER: (limit and swiglu_limited(limit), limit),
+                                      _SITU_LAYER: (betas and situ(*betas), betas and betas[0])}[stack]
+                        _run_layer(layer_prep, experts, members, case, opts, kopts, dev, roles, act, reach)
                     else:
                         _run_stack(layer_prep, experts, members, roles, case, opts, kopts, dev)
                 except KernelBuildError as e:  # nothing can run: one finding, the rest not run
@@ -320,15 +325,14 @@ def _stack_of(prep, experts, part, roles, dev) -> Stack:
                  torch.stack([torch.cat([p.ref for p in ps], dim=0) for ps in per_expert]) * kept[:, None, None])
 
 
-def _run_layer(prep, experts, members, case, opts, kopts, dev, roles, limit):
+def _run_layer(prep, experts, members, case, opts, kopts, dev, roles, activation, reach):
     """A layer whole (kernel_moe.run_layer): per chunk, the w13 and w2 stacks of the same experts, one input, the
-    engines' activation between them: relu2 after a non-gated w13 (`roles` gate, down), or the SwiGLU clamped at
-    `limit` after a gated one (gate, up, down; the input scaled so that about half of the first GEMM's outputs pass
-    the clamp). The references take each projection's global as the engine keeps it, so this case sees the kernels'
+    engines' `activation` between them: relu2 after a non-gated w13 (`roles` gate, down), the clamped SwiGLU or SiTU
+    after a gated one (gate, up, down; the input scaled so that the median |output| of the first GEMM is `reach`, the
+    clamp or SiTU's beta, where the activation bends). The references take each projection's global as the engine keeps it, so this case sees the kernels'
     path through the activation, not the global rounding that the two stacks' own cases report."""
     gen = torch.Generator(device=dev).manual_seed(opts.seed + 1)
     act = getattr(torch, opts.act_dtype)
-    activation = relu2 if limit is None else swiglu_limited(limit)
     x = None
     for i in range(0, len(members), kopts.chunk):
         part = members[i:i + kopts.chunk]
@@ -337,8 +341,8 @@ def _run_layer(prep, experts, members, case, opts, kopts, dev, roles, limit):
             case.names[e] = (experts[e][Role.GATE].weight.name, experts[e][Role.GATE].weight.file)
         if x is None:
             x = torch.randn(kopts.rows, w13.reference.shape[-1], generator=gen, device=dev)
-            if limit is not None:  # reach the clamp: the median |output| of the first GEMM at the limit
-                x = x * (limit / reference_product(w13, x).abs().median().clamp_min(1e-30))
+            if reach is not None:  # reach the clamp (or SiTU's bend): the median |output| of the first GEMM there
+                x = x * (reach / reference_product(w13, x).abs().median().clamp_min(1e-30))
             x = x.to(act)
         y = run_layer(prep.provider, w13, w2, x, activation)
         case.rel.update({e: float(r) for e, r in

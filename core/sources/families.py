@@ -26,7 +26,8 @@ class Family:
     examples: str = ""
     outside_index: Mapping[str, str] = field(default_factory=dict)  # file the index does not list -> what it is
     # the experts' activation where the engines clamp it: "swiglu-limit" = SwiGLU with the gate clamped to at most
-    # config `swiglu_limit` and the up projection to +-limit (structure.py swiglu_limit; validate --kernel's layer case)
+    # config `swiglu_limit` and the up projection to +-limit (structure.py swiglu_limit; validate --kernel's layer case);
+    # "situ" = Kimi's SiTU with config `activation_situ_beta` / `activation_situ_linear_beta` (structure.py situ_betas)
     activation: str = "swiglu"
 
     @property
@@ -97,7 +98,7 @@ FAMILIES: tuple[Family, ...] = (
     # Kimi-K3: `language_model.layers.L.block_sparse_moe.experts.E.w{1,3,2}.weight_packed` (compressed-tensors MXFP4 /
     # NVFP4), latent MoE at `routed_expert_hidden_size` (core/sources/structure.py model_dims), SiTU activation
     Family("kimi-k3", ("KimiK3ForConditionalGeneration", "KimiK31ForConditionalGeneration"), "block-sparse-moe-lm",
-           "block-sparse-moe-lm", examples="Kimi-K3 (compressed-tensors MXFP4 / NVFP4)"),
+           "block-sparse-moe-lm", examples="Kimi-K3 (compressed-tensors MXFP4 / NVFP4)", activation="situ"),
     Family("qwen3.5-moe", ("Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"), "hf-language-model",
            "hf-language-model", examples="nvidia/Qwen3.6-35B-A3B-NVFP4, RedHatAI Qwen3.5 NVFP4"),
     # Qwen3-Next / Qwen3-Coder-Next: HF per-expert names under model.layers, shared expert, BF16 mtp.* (vLLM 0.33

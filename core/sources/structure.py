@@ -20,7 +20,7 @@ from .families import family_of
 from .naming import parse_expert_name, scheme_roles
 
 __all__ = ["RULES", "Rule", "Violation", "empty_projections", "expert_dims", "experts_beyond_config", "padded_containers",
-           "swiglu_limit", "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts",
+           "situ_betas", "swiglu_limit", "experts_incomplete", "foreign_experts", "head_missing", "input_scales_partial", "layer_experts",
            "model_dims", "substituted_experts", "unreadable_tensors"]
 
 
@@ -81,6 +81,18 @@ def swiglu_limit(config: dict) -> float | None:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
             return float(v)
     return None
+
+
+def situ_betas(config: dict) -> tuple[float, float | None] | None:
+    """(beta, linear_beta or None) of the experts' SiTU for a family whose engines apply it (families.py `activation`
+    "situ": Kimi-K3): `activation_situ_beta` (1.0 when unset) and `activation_situ_linear_beta`, as vLLM 0.34's KimiMoE
+    hands them to its FusedMoE (a nested `text_config` wins); None for any other family."""
+    family = family_of(config)
+    if family is None or family.activation != "situ":
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    beta, linear = text.get("activation_situ_beta"), text.get("activation_situ_linear_beta")
+    return float(beta or 1.0), (float(linear) if linear else None)
 
 
 # DeepSeek-V4.1's DSpark draft stages size their MoE with this field, not n_routed_experts (vLLM 0.34

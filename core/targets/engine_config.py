@@ -26,6 +26,7 @@ import re
 from collections.abc import Iterable, Mapping
 
 from ..sources.families import family_of
+from .engines import RELEASES
 
 __all__ = ["ENGINE_CONFIG_KEYS", "fix_hint", "missing_engine_keys", "source_load_refusal"]
 
@@ -78,6 +79,26 @@ def _tensor_refusal(engine: str, names: tuple[str, ...]) -> tuple[str, str] | No
     return None
 
 
+# release key -> architectures of a served family that release's model registry does not have, with its own failure:
+# Kimi-K3.1 (`KimiK31ForConditionalGeneration`, model_type kimi_k31) is new in vLLM 0.34.0 (model_executor/models/
+# registry.py maps it to vllm.models.kimi_k3, transformers_utils/config.py kimi_k31 -> KimiK3Config); vLLM 0.33.0 and
+# SGLang 0.5.23 know KimiK3ForConditionalGeneration only (serving_tests/test_engine_refusals.py shows each fail)
+_NO_ARCHITECTURE = {
+    "vllm 0.33": {"KimiK31ForConditionalGeneration": (
+        "vLLM 0.33.0's registry has no KimiK31ForConditionalGeneration and its config lookup no model_type kimi_k31 "
+        "(ModelConfig: \"The checkpoint you are trying to load has model type `kimi_k31` but Transformers does not "
+        "recognize this architecture\")")},
+    "sglang 0.5.23": {"KimiK31ForConditionalGeneration": (
+        "SGLang 0.5.23 has no model class KimiK31ForConditionalGeneration (its models/kimi_k3.py EntryClass is "
+        "KimiK3ForConditionalGeneration, KimiK3LinearForCausalLM) and no config for model_type kimi_k31")},
+}
+
+
+def _no_architecture(config: Mapping, engine: str) -> str | None:
+    archs = config.get("architectures") if isinstance(config.get("architectures"), list) else []
+    return next((why for arch in archs for why in (_NO_ARCHITECTURE.get(engine, {}).get(arch),) if why), None)
+
+
 # Per-layer expert pruning (core/sources/structure.py substituted_experts), which no release serves for FP4 experts;
 # serving_tests/test_engine_refusals.py shows both on a pruned replica
 _PRUNED = {
@@ -100,10 +121,15 @@ def _pruned_layers(config: Mapping) -> list[tuple[str, str]]:
 
 def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str] = ()) -> str | None:
     """Why `engine` (a name or a release key) cannot build or load this source's model from its config.json or its
-    tensors, or None. `tensor_names`: the checkpoint's tensors (vLLM fails only where the correction bias is stored)."""
+    tensors, or None. `tensor_names`: the checkpoint's tensors (vLLM fails only where the correction bias is stored). An
+    architecture one release lacks is refused for that release key only (another release of the engine has it)."""
     names = tuple(tensor_names)
     if said := _tensor_refusal(engine, names):
         return said[0]
+    releases = [key for key in RELEASES if key.split(" ", 1)[0] == engine] or [engine]  # a name: all its releases
+    reasons = [_no_architecture(config, key) for key in releases]
+    if all(reasons):
+        return reasons[0]
     if pruned := _pruned_layers(config):
         why = next((w for key, w in _PRUNED.items() if engine in (key, key.split(" ", 1)[0])), None)
         if why:

@@ -115,6 +115,15 @@ class EngineFacts:
     # compressed-tensors `format` (a source row's `ct_format`) -> the padding of the MoE method the engine builds
     # for such a source where it differs from `padding` (whose MXFP4 rule is the engine's native MXFP4 method's)
     ct_padding: tuple[tuple[str, EnginePadding], ...] = ()
+    # compressed-tensors `format` -> model types whose architecture hook swaps such a block for the engine's native
+    # method before it resolves the quantisation (vLLM 0.33 / 0.34 models/config.py KimiK3ForConditionalGenerationConfig:
+    # `mxfp4-pack-quantized` -> quant_method mxfp4, Mxfp4MoEMethod): those sources get `padding`, not ct_padding
+    native_ct: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def builds_ct_method(self, ct_format: str | None, model_type: str | None = None) -> bool:
+        """Whether the engine builds its compressed-tensors MoE method for a source of compressed-tensors `ct_format`
+        (None: not compressed-tensors) and `model_type`."""
+        return ct_format is not None and model_type not in dict(self.native_ct).get(ct_format, ())
 
     def padding_for(self, ct_format: str | None) -> EnginePadding:
         """The padding of the MoE method the engine builds for a source of compressed-tensors `format` `ct_format`
@@ -184,6 +193,7 @@ ENGINES = {
         sm120_moe_default="vLLM usually auto-selects Marlin on sm_120, but an SM100 path can still be picked "
                           "for NVFP4",
         packages=(Package("vllm", "vllm"),), ct_padding=(("mxfp4-pack-quantized", _VLLM_CT_PAD),),
+        native_ct=(("mxfp4-pack-quantized", ("kimi_k3", "kimi_k31")),),
         probe="dsv4_convert.serving.probe:vllm_quant_config", inner_method=resolve_vllm,
         # vLLM 0.34 config/engram.py EngramConfig.cpu_offload = True ("Store embedding weights in pinned CPU memory
         # for UVA lookup"), set with --engram-config (engine/arg_utils.py); 0.33.0 the same

@@ -195,6 +195,15 @@ REFUSED: tuple[Refused, ...] = (
             "Transformers implementation is not compatible with SGLang.')",
             "serving_tests/test_engine_refusals.py::test_sglang_has_no_qwen4_exp_text_model"),
     *producer_refusals(ENGINE_VERSIONS),  # the real producers' outputs (core/targets/refusals.py)
+    # Kimi-K3 on SGLang 0.5.23 (models/kimi_k3.py), each shown by serving_tests/test_engine_refusals.py
+    Refused("kimi-k3", "nvfp4-ct", "sglang 0.5.23", "SGLang cannot load the compressed-tensors NVFP4 source itself: "
+            "Kimi-K3's load_weights renames every `weight_packed` to `weight` (for Mxfp4MoEMethod), its NVFP4 MoE names "
+            "them `w13_weight_packed`, and the loader skips the unknown name: the experts' weights never load",
+            "serving_tests/test_engine_refusals.py::test_sglang_cannot_load_the_compressed_tensors_nvfp4_kimi_k3_source_itself"),
+    Refused("kimi-k3", "mxfp4-ct", "sglang 0.5.23", "SGLang's KimiK3MoE bypasses the plugin's MoE method: \"For MXFP4 "
+            "compressed-tensors on non-NPU, replace quant_config with Mxfp4Config\" (any config whose quant_format holds "
+            "'mxfp4'): the experts get SGLang's Mxfp4MoEMethod, which cannot hold Marlin-packed experts",
+            "serving_tests/test_engine_refusals.py::test_sglang_kimi_k3_bypasses_the_plugins_moe_method_for_mxfp4"),
 )
 
 
@@ -219,7 +228,13 @@ _NEW_FAMILIES = (
     ("kimi-k25", "nvfp4-modelopt-hf", "modelopt_fp4"),  # Kimi-K2.5 / K2.6: Kimi-K2's text model, served text-only
     # GLM-5.3-Flash (KDA + MLA, kpool indexer, mHC): both classes on vLLM 0.33 / 0.34, the VL one on SGLang (REFUSED)
     *((family, fmt, method) for family in ("glm5-next", "glm5-next-vl") for fmt, method in _GLM5_NEXT),
+    # Kimi-K3 (KDA + MLA, latent MoE, SiTU; text-only). For the MXFP4 source vLLM's architecture hook swaps the block for
+    # `mxfp4` (models/config.py KimiK3ForConditionalGenerationConfig: Mxfp4MoEMethod for its experts); the plugin's
+    # non-expert layers get compressed-tensors (vLLM's walk on the recorded block), every one BF16 either way: the
+    # proof compares them. SGLang 0.5.23 refuses both (REFUSED); K3.1's architecture: core/targets/engine_config.py
+    *(("kimi-k3", fmt, "compressed-tensors") for fmt in ("mxfp4-ct", "nvfp4-ct")),
 )
+_FIRST_CASE = {("kimi-k3", "mxfp4-ct"): "h512", ("kimi-k3", "nvfp4-ct"): "h512"}  # a family's first case, when edited
 
 
 # further differential cases of a family (serving_tests/differential.py), named in its row after the first
@@ -234,7 +249,7 @@ _REPLICA_PROOFS = {("nemotron-h", "nvfp4-modelopt-hf"): ("nemotron-3-super",)}  
 
 def _hybrid_rows(key: str) -> tuple[Served, ...]:
     return tuple(Served(family, fmt, key, frozenset({method}),
-                        (_differential(family, fmt),
+                        (_differential(family, "-".join(filter(None, (fmt, _FIRST_CASE.get((family, fmt)))))),
                          *(_differential(family, f"{fmt}-{edit}") for edit in _MORE_PROOFS.get((family, fmt), ())),
                          *(_differential(replica, fmt) for replica in _REPLICA_PROOFS.get((family, fmt), ()))))
                  for family, fmt, method in (*_HYBRID, *_NEW_FAMILIES) if not _refused(family, fmt, key))

@@ -38,6 +38,7 @@ from dsv4_cpu import use_cpu_stand_ins
 from harness_gpt_oss import _register_mxfp4_as_on_cuda
 from harness_kda_split import kda_fused_as_unfused
 from harness_sglang import sglang_cpu
+from kimi_k3_cpu import use_cpu_kimi_k3
 from mla_cpu import use_cpu_rope_device
 
 
@@ -110,6 +111,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     rope._is_cpu = True
     use_cpu_rope_device()  # MLA families: serving_tests/sglang/mla_cpu.py
     use_cpu_stand_ins()  # DeepSeek-V4: serving_tests/sglang/dsv4_cpu.py
+    use_cpu_kimi_k3()  # Kimi-K3's CUDA streams: serving_tests/sglang/kimi_k3_cpu.py
     from sglang.srt.layers.quantization import modelopt_quant
     from sglang.srt.layers.quantization import utils as quant_utils
 

@@ -27,6 +27,7 @@ from dsv41_cpu import as_sm120_device, engram_config, use_cuda_quant_config, use
 from glm5next_cpu import cache_config
 from harness_gpt_oss_rows import engine_rows_as_plugin
 from harness_models import _marlin_runs_here
+from kimi_k3_cpu import use_cpu_kimi_k3
 from mla_cpu import use_cpu_reference_kernels
 from nemotron_cpu import use_cpu_nemotron_h
 from qwen4_exp_cpu import use_cpu_qwen4_exp
@@ -109,6 +110,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     use_cpu_stand_ins()  # DeepSeek-V4's CUDA model: serving_tests/vllm/dsv4_cpu.py
     use_cuda_quant_config()  # DeepSeek-V4.1's quantisation config class: serving_tests/vllm/dsv41_cpu.py
     use_mxfp8_emulation()  # DeepSeek-V4.1's MXFP8 dense linears: serving_tests/vllm/dsv41_cpu.py
+    use_cpu_kimi_k3()  # Kimi-K3's GEMM + all-reduce switch: serving_tests/vllm/kimi_k3_cpu.py
     ops.gptq_marlin_repack = _reference_repack
     ops.scaled_fp8_quant = _native_static_fp8_quant  # its CUDA op static_scaled_fp8_quant (FP8 layers, both models)
     # the CPU platform packs unquantised weights for its own GEMM (a CUDA GPU keeps them as loaded)

@@ -23,8 +23,6 @@ RECOGNISED = [
      "minimax-m3", "2", 5, Role.UP),
     ("MiniMaxM3SparseForConditionalGeneration", "minimax_m3_vl",
      "language_model.model.layers.2.block_sparse_moe.experts.5.w1.weight_packed", "minimax-m3-vl", "2", 5, Role.GATE),
-    ("KimiK3ForConditionalGeneration", "kimi_k3", "language_model.layers.4.block_sparse_moe.experts.9.w2.weight_packed",
-     "kimi-k3", "4", 9, Role.DOWN),
 ]
 
 

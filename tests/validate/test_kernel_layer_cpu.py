@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from dsv4_convert.core.checkpoint.tensor_model import Role
-from dsv4_convert.validate.kernel_moe import Stack, reference_layer, relu2, run_layer, swiglu_limited
+from dsv4_convert.validate.kernel_moe import Stack, reference_layer, relu2, run_layer, situ, swiglu_limited
 from dsv4_convert.validate.kernel_runner import _stacks
 
 
@@ -114,3 +114,46 @@ def test_the_swiglu_limit_is_read_for_glm5_next_only():
     # gpt-oss's swiglu_limit belongs to its own activation (alpha 1.702, up + 1): not this clamp
     assert swiglu_limit({"architectures": ["GptOssForCausalLM"], "swiglu_limit": 7.0}) is None
     assert swiglu_limit({"architectures": ["Glm5NextForCausalLM"]}) is None
+
+
+def test_situ_is_vllms_situ_and_mul():
+    """vLLM 0.34 SituAndMul.forward_native, written out: beta * tanh(gate / beta) * sigmoid(gate) * linear_beta *
+    tanh(up / linear_beta), in fp32, returned in the input's dtype; without linear_beta the up projection passes."""
+    gate, up = torch.tensor([-6.0, 0.5, 9.0]), torch.tensor([30.0, -2.0, 100.0])
+    y = torch.cat([gate, up])[None]
+    want = 4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate) * (25.0 * torch.tanh(up / 25.0))
+    assert torch.allclose(situ(4.0, 25.0)(y)[0], want)
+    assert torch.allclose(situ(4.0, None)(y)[0], 4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate) * up)
+    assert situ(4.0, 25.0)(y.to(torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_a_gated_layer_with_situ_chains_it(monkeypatch):
+    """Kimi-K3: w13 = gate | up (N = 2I), SiTU, then w2; each expert's row is its own SiTU MLP, and the activation
+    bends there (a plain SwiGLU gives another layer)."""
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type("P", (), {"multi_processor_count": 4}))
+    g = torch.Generator().manual_seed(2)
+    experts, hidden, inter, rows = 3, 64, 32, 5
+    provider = _RoutingGemm()
+    w13 = provider.stack(torch.randn(experts, 2 * inter, hidden, generator=g))
+    w2 = provider.stack(torch.randn(experts, hidden, inter, generator=g) / 8)
+    x = torch.randn(rows, hidden, generator=g)
+    act = situ(4.0, 25.0)
+    y = run_layer(provider, w13, w2, x, act)
+    assert torch.allclose(y, reference_layer(w13, w2, x, act), rtol=1e-5, atol=1e-5)
+    for e in range(experts):
+        h = x @ w13.reference[e].t()
+        gate, up = h[:, :inter], h[:, inter:]
+        mlp = 4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate) * 25.0 * torch.tanh(up / 25.0)
+        assert torch.allclose(y[:, e], mlp @ w2.reference[e].t(), rtol=1e-4, atol=1e-4)
+    silu = lambda t: torch.nn.functional.silu(t.chunk(2, -1)[0]) * t.chunk(2, -1)[1]  # noqa: E731
+    assert not torch.allclose(y, reference_layer(w13, w2, x, silu), rtol=1e-3, atol=1e-3)
+
+
+def test_the_situ_betas_are_read_for_kimi_k3_only():
+    from dsv4_convert.core.sources.structure import situ_betas
+
+    k3 = {"architectures": ["KimiK3ForConditionalGeneration"],
+          "text_config": {"activation_situ_beta": 4.0, "activation_situ_linear_beta": 25.0}}
+    assert situ_betas(k3) == (4.0, 25.0)
+    assert situ_betas({"architectures": ["KimiK31ForConditionalGeneration"], "text_config": {}}) == (1.0, None)
+    assert situ_betas({"architectures": ["Glm5NextForCausalLM"], "activation_situ_beta": 4.0}) is None
