@@ -21,14 +21,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..sources.families import FAMILIES, Family, family_of
+from ..sources.families import Family, family_of
 from .engine_config import source_load_refusal
-from .engines import RELEASES, EngineError, engine_inner_method, release_for
+from .engines import EngineError, engine_inner_method, release_for
 from .inner_methods import stale_block
 from .refusals import Refused, producer_refusals
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
-           "refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
+           "refusal"]
 
 # the engine releases the serving proofs run under (serving_tests/locks), by core/targets/engines.py release key
 # ("<engine> <series>"); a release without rows here (vLLM 0.34 until its proofs run) serves nothing
@@ -334,39 +334,3 @@ def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | N
     return (f"{_engine_of(engine)} builds {method!r} for the non-expert layers of this {family.name} {source_format} "
             f"source (from its quantisation block), and the plugin was proven for it only with "
             f"{', '.join(sorted({m for s in rows for m in s.methods}))} ({', '.join(sorted({s.engine for s in rows}))})")
-
-
-# ------------------------------------------------------------------------------------ the README's matrix
-MATRIX_BEGIN = "<!-- served matrix: generated from core/targets/served.py by matrix_markdown(); tests/core/test_served.py -->"
-MATRIX_END = "<!-- end of served matrix -->"
-
-
-def _proof_cell(rows: list[Served]) -> str:
-    """The proving tests, by file and case: `test_families.py [qwen3-moe-nvfp4-ct]`."""
-    cells: dict[str, set[str]] = {}
-    for p in (p for s in rows for p in s.proofs):
-        file, _, test = p.partition("::")
-        cells.setdefault(file.removeprefix("serving_tests/"), set()).add(test.partition("[")[2].rstrip("]"))
-    return "; ".join(f"`{f}`" + (f" [{', '.join(sorted(c - {''}))}]" if c - {""} else "") for f, c in cells.items())
-
-
-def matrix_markdown() -> str:
-    """The README's support matrix: every family, and for each source format the engine versions whose plugin
-    is proven to serve it (with the method the engine builds for the non-expert layers) and the proof."""
-    columns = sorted(RELEASES)  # every release the engine table knows; one without rows serves nothing yet
-    head = ["family", "releases", "source format", *columns, "proof (serving_tests/)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for f in FAMILIES:
-        formats = list(dict.fromkeys(s.source_format for s in (*SERVED, *REFUSED) if s.family == f.name))
-        if not formats:
-            lines.append(f"| {f.name} | {f.examples} | | " + " | ".join("refused" for _ in columns)
-                         + " | none: no serving test loads it yet |")
-        for fmt in formats:
-            rows = entries(f.name, fmt)
-            said = {r.engine: r for r in REFUSED if r.family == f.name and r.source_format == fmt}
-            cells = [next((f"served ({'/'.join(sorted(s.methods))})" for s in rows if s.engine == key),
-                          "refused by the engine (see below)" if key in said else "refused") for key in columns]
-            lines.append(f"| {f.name} | {f.examples} | {fmt} | " + " | ".join(cells) + f" | {_proof_cell(rows)} |")
-    lines += ["", *(f"- {r.family} {r.source_format} on {r.engine}: {r.reason} (`{r.proof.removeprefix('serving_tests/')}`)"
-                    for r in REFUSED)] if REFUSED else []
-    return "\n".join([MATRIX_BEGIN, *lines, MATRIX_END])
