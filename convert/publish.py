@@ -18,6 +18,7 @@ from ..core.files import (
     SOURCE_HEADERS,
 )
 from ..core.record.converted_config import ConvertedQuantConfig
+from ..core.sources.side_tables import ple_storage
 from ..runtime.output import OutputTree
 from .plan import ConvertPlan
 from .quant_config import rewrite_config, rewrite_hf_quant_config
@@ -49,7 +50,7 @@ def finalize(plan: ConvertPlan, tree: OutputTree, record: ConvertedQuantConfig, 
             tree.remove(f.name)
         save_file(lost, tree.file(f"{SOURCE_DIR}/{LOST}"))
     tree.write_text(f"{SOURCE_DIR}/{SOURCE_HEADERS}", json.dumps(_source_headers(ckpt), indent=1) + "\n")
-    tree.write_text(CONFIG, rewrite_config(ckpt.config, record))
+    tree.write_text(CONFIG, rewrite_config(ckpt.config, record, ple_storage=ple_storage(ckpt.tensors)))
     if ckpt.hf_quant_config is not None:
         tree.write_text(HF_QUANT_CONFIG, rewrite_hf_quant_config(ckpt.hf_quant_config, record))
     step()

@@ -187,6 +187,13 @@ REFUSED: tuple[Refused, ...] = (
               "EntryClass is [Glm5NextForConditionalGeneration] alone) and its Transformers fallback has none either: "
               "\"Cannot find model module. 'Glm5NextForCausalLM' is not a registered model in the Transformers library\"",
               "serving_tests/test_engine_refusals.py::test_sglang_has_no_glm5_next_text_model") for fmt, _ in _GLM5_NEXT),
+    # Qwen3.8-Flash-Next's text class: SGLang registers the multimodal one alone (its NVFP4 n-gram tables, which SGLang
+    # cannot load either, are core/targets/engine_config.py's: a fact of the checkpoint's tensors, not of its family)
+    Refused("qwen4-exp-text", "nvfp4-modelopt-hf", "sglang 0.5.23",
+            "SGLang 0.5.23 registers no Qwen4ExpForCausalLM: models/qwen4_exp.py's EntryClass is "
+            "[Qwen4ExpForConditionalGeneration] alone ('Qwen4ExpForCausalLM has no SGlang implementation and the "
+            "Transformers implementation is not compatible with SGLang.')",
+            "serving_tests/test_engine_refusals.py::test_sglang_has_no_qwen4_exp_text_model"),
     *producer_refusals(ENGINE_VERSIONS),  # the real producers' outputs (core/targets/refusals.py)
     # Kimi-K3 on SGLang 0.5.23 (models/kimi_k3.py), each shown by serving_tests/test_engine_refusals.py
     Refused("kimi-k3", "nvfp4-ct", "sglang 0.5.23", "SGLang cannot load the compressed-tensors NVFP4 source itself: "
@@ -248,7 +255,23 @@ def _hybrid_rows(key: str) -> tuple[Served, ...]:
                  for family, fmt, method in (*_HYBRID, *_NEW_FAMILIES) if not _refused(family, fmt, key))
 
 
-SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS for row in (*_rows(key), *_hybrid_rows(key)))
+def _qwen4_exp_rows(key: str) -> tuple[Served, ...]:
+    """Qwen3.8-Flash-Next (synth/qwen4_exp.py, text-only): nvidia's MIXED_PRECISION release with FP8 n-gram tables and
+    the plain ModelOpt NVFP4 form; on vLLM (0.33 has the model too: serving_tests/vllm/qwen4_exp_cpu.py) also NVFP4
+    n-gram tables and the text class."""
+    fmt = "nvfp4-modelopt-hf"  # NVFP4 tables where the release loads them (core/targets/engine_config.py)
+    nvfp4_ple = source_load_refusal({}, key, ("layers.0.ple.ple_embedding.ngram_embedding.shard_0.weight_scale",)) is None
+    draft = "serving_tests/test_draft_differential.py::test_plugin_draft_equals_the_engines_draft_of_the_source"
+    multimodal = (_differential("qwen4-exp", fmt), _differential("qwen4-exp-nvfp4", fmt),
+                  *((_differential("qwen4-exp-ple-nvfp4", fmt),) if nvfp4_ple else ()),
+                  f"{draft}[qwen4-exp-{fmt}-bfloat16]")  # its BF16 MTP draft (MIXED_PRECISION)
+    return (Served("qwen4-exp", fmt, key, frozenset({"modelopt_mixed", "modelopt_fp4"}), multimodal),
+            *((Served("qwen4-exp-text", fmt, key, frozenset({"modelopt_mixed"}), (_differential("qwen4-exp-text", fmt),)),)
+              if not _refused("qwen4-exp-text", fmt, key) else ()))
+
+
+SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS
+                                   for row in (*_rows(key), *_hybrid_rows(key), *_qwen4_exp_rows(key)))
 
 
 def entries(family: str | None = None, source_format: str | None = None, engine: str | None = None) -> list[Served]:

@@ -1,17 +1,15 @@
-"""The README's support matrix, rendered from the served table (core/targets/served.py) and the families
-(core/sources/families.py): tests/core/test_served.py compares it with the README. The table is read through
-the module (`served.REFUSED`), so that a test that swaps a row sees it here too."""
+"""The README's support matrix, rendered from the served table (core/targets/served.py): family x source format x
+engine release, the method each engine builds for the non-expert layers, the proving tests, and the engines' own
+refusals. tests/core/test_served.py compares it with the README. Pure: no engine import."""
 
 from __future__ import annotations
 
 from ..sources.families import FAMILIES
-from . import served
+from . import served as table  # read at call time: the table's rows, as tests patch them
 from .engines import RELEASES
-from .served import Served
+from .served import Served, entries
 
-__all__ = ["matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
-
-MATRIX_BEGIN = "<!-- served matrix: generated from core/targets/served.py by matrix_markdown(); tests/core/test_served.py -->"
+MATRIX_BEGIN = "<!-- served matrix: generated from core/targets/served.py by core/targets/served_matrix.py; tests/core/test_served.py -->"
 MATRIX_END = "<!-- end of served matrix -->"
 
 
@@ -31,16 +29,16 @@ def matrix_markdown() -> str:
     head = ["family", "releases", "source format", *columns, "proof (serving_tests/)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in FAMILIES:
-        formats = list(dict.fromkeys(s.source_format for s in (*served.SERVED, *served.REFUSED) if s.family == f.name))
+        formats = list(dict.fromkeys(s.source_format for s in (*table.SERVED, *table.REFUSED) if s.family == f.name))
         if not formats:
             lines.append(f"| {f.name} | {f.examples} | | " + " | ".join("refused" for _ in columns)
                          + " | none: no serving test loads it yet |")
         for fmt in formats:
-            rows = served.entries(f.name, fmt)
-            said = {r.engine: r for r in served.REFUSED if r.family == f.name and r.source_format == fmt}
+            rows = entries(f.name, fmt)
+            said = {r.engine: r for r in table.REFUSED if r.family == f.name and r.source_format == fmt}
             cells = [next((f"served ({'/'.join(sorted(s.methods))})" for s in rows if s.engine == key),
                           "refused by the engine (see below)" if key in said else "refused") for key in columns]
             lines.append(f"| {f.name} | {f.examples} | {fmt} | " + " | ".join(cells) + f" | {_proof_cell(rows)} |")
     lines += ["", *(f"- {r.family} {r.source_format} on {r.engine}: {r.reason} (`{r.proof.removeprefix('serving_tests/')}`)"
-                    for r in served.REFUSED)] if served.REFUSED else []
+                    for r in table.REFUSED)] if table.REFUSED else []
     return "\n".join([MATRIX_BEGIN, *lines, MATRIX_END])
