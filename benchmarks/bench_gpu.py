@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from dsv4_convert.core.checkpoint.reader import TensorReader, load_projection, open_checkpoint
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.validate.inputs import Options
 from dsv4_convert.validate.kernel_moe import repack_source
 from dsv4_convert.validate.kernel_provider import select_provider
@@ -44,7 +45,7 @@ def _layer(src: Path):
 
 
 def bench_kernel_validate(src: Path, engine: str, module: str) -> dict:
-    opts = Options(engine=engine, act_dtype="bfloat16")
+    opts = Options(target=MarlinTarget(engine=engine, act_dtype="bfloat16"))
     report = Report(path=str(src), against=None, format=None, options=opts)
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from ..runtime.paths import out_path, staging_path
+from ..runtime.output import output_paths
 from ..runtime.side_files import guard, protect, reset
 
 __all__ = ["parsed_params", "guard_command_line"]
@@ -36,7 +36,7 @@ def guard_command_line(params: dict) -> None:
     any work: a refusal here costs nothing."""
     reset()
     out = params.get("out")
-    protect([params.get(p) for p in INPUT_PARAMS], outputs=[out, staging_path(out_path(out)) if out else None])
+    protect([params.get(p) for p in INPUT_PARAMS], outputs=output_paths(out) if out else ())
     for param, kind in SIDE_FILE_PARAMS.items():
         if params.get(param):
             guard(params[param], kind)

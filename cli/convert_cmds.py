@@ -21,9 +21,8 @@ from ..core.targets.parallel_rules import split_dims, split_refusals
 from ..core.targets.target import MarlinTarget
 from ..core.units import human_rate, human_size, plural
 from ..formats.tiles import PAD
-from ..runtime.paths import out_path
+from ..runtime.output import OutputTree
 from ..runtime.settings import ALLOW_UNSERVABLE_ENV, settings
-from ..runtime.staging import Staging
 from .options import (
     W4A8_ENGINE,
     device_option,
@@ -100,10 +99,10 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     check_source(ckpt, quant)
     if not allow_unservable:
         check_servable(ckpt, tgt.engine)
-    staging = None
+    tree = None
     if out is not None and not dry_run:  # OUT's owner, from here to publish: every refusal before any work
-        staging = Staging(Path(out), force=force, resume=resume, source=ckpt.root)
-        staging.check()
+        tree = OutputTree(out, force=force, resume=resume, source=ckpt.root)
+        tree.check()
     plan = build_plan(ckpt, tgt, max_shard_size=parse_size(max_shard_size),
                       options={"command": CONVERT_COMMAND[quant]}, tp=tp, ep=ep)
     if tp is not None and (refused := split_refusals(split_dims(ckpt.config, tgt.engine), tp)) and not report["quiet"]:
@@ -116,7 +115,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
         emit(summary, _plan_text(plan, summary), **report)
         return
     bad_inputs = invalid_input_scales(ckpt)  # a few bytes per projection; published unchanged, so say it
-    result = run_conversion(plan, staging, workers=workers, progress=show_progress(report["quiet"], force_progress), executor=executor)
+    result = run_conversion(plan, tree, workers=workers, progress=show_progress(report["quiet"], force_progress), executor=executor)
     reused = f", {result.shards_reused} reused from the interrupted run" if result.shards_reused else ""
     text = (f"converted {plural(result.projections, 'projection')} into {plural(result.shards, 'shard')}{reused} "
             f"({human_size(result.bytes_out)}, {tgt.layout_tag}) in {result.seconds:.1f} s "
@@ -129,7 +128,7 @@ def _run(quant: Quant, src, out, target, act_dtype, w4a8, workers, max_shard_siz
     if mtp := copied_mtp_layers(ckpt.tensors, ckpt.config, ckpt.projection_names):  # core/sources/mtp.py
         text += f"\nMTP (draft) layers copied byte for byte (no FP4 experts): {', '.join(mtp)} (SERVING.md)"
     emit({**result.as_dict(), "left_out": list(ckpt.left_out), "mtp_copied": list(mtp)},
-         text + f"\nnext: dsv4-convert validate {shell_quote(str(out_path(result.out)))} --against "
+         text + f"\nnext: dsv4-convert validate {shell_quote(str(result.out))} --against "
          f"{shell_quote(_absolute_source(src))}", **report)
     if result.lost_scales and not report["quiet"]:
         click.echo(f"warning: {result.lost_scales} NVFP4 scale bytes are negative or too small for "

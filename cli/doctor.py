@@ -136,7 +136,8 @@ def _engine_config(d: Doctor, path: str, ckpt, layouts: list) -> None:
 
     for engine in dict.fromkeys(LAYOUTS[t].name for t in layouts):
         if why := source_load_refusal(ckpt.config, engine, ckpt.tensors):
-            d.findings.append(f"{path}: {engine} cannot build or load this model: {why}; {fix_hint(ckpt.config)}")
+            d.findings.append(f"{path}: {engine} cannot build or load this model: {why}; "
+                              f"{fix_hint(ckpt.config, engine, ckpt.tensors)}")
 
 
 def _ask_engine(d: Doctor, path: str, engine: str, spec, config: dict) -> None:

@@ -6,7 +6,9 @@ import sys
 
 import click
 
+from ..core.errors import UsageError
 from ..core.targets.engines import ACT_DTYPES, DEFAULT_ENGINE
+from ..core.targets.target import MarlinTarget
 from ..runtime.executors import refuse_device
 from ..validate.inputs import Options
 from ..validate.kernel_provider import providers
@@ -89,9 +91,11 @@ def validate(ctx, path, against, target, act_dtype, w4a8, tp, ep, sample, gemm_e
     if w4a8 and target not in (None, W4A8_ENGINE):
         raise click.BadParameter(f"W4A8 exists only in {W4A8_ENGINE}'s Marlin; drop --w4a8 or use --target "
                                  f"{W4A8_ENGINE}", param_hint="--w4a8")
-    opts = Options(engine=target or (W4A8_ENGINE if w4a8 else DEFAULT_ENGINE), act_dtype=act_dtype or ACT_DTYPES[0],
-                   w4a8=w4a8,
-                   tp=tp, ep=ep, sample=sample, gemm_experts=gemm_experts, seed=seed, engine_requested=target,
+    try:
+        served_with = MarlinTarget(target or (W4A8_ENGINE if w4a8 else DEFAULT_ENGINE), act_dtype or ACT_DTYPES[0], w4a8)
+    except ValueError as e:
+        raise UsageError(str(e), error_id="usage.target") from None
+    opts = Options(target=served_with, tp=tp, ep=ep, sample=sample, gemm_experts=gemm_experts, seed=seed, engine_requested=target,
                    act_dtype_requested=act_dtype, verify_manifest=not skip_manifest, layout_requested=layout_requested)
     if kernel:  # a shape the engine's kernel cannot run is refused before any work, GPU or not
         refuse_unsupported_shapes(path, opts, against)

@@ -23,9 +23,9 @@ from ..core.units import human_size
 from ..runtime.executors import ExecutorSpec, auto_workers, make_executor
 from ..runtime.jobs import RunDir
 from ..runtime.memory import freeze_imports, keep_buffers
+from ..runtime.output import OutputTree
 from ..runtime.profiling import mark, profile_dir, profiled_job
 from ..runtime.side_files import protect
-from ..runtime.staging import Staging
 from .cpu_path import convert_on_cpu, load_kernels
 from .pieces import Piece, piece_sidecar, seal, split_shards
 from .plan import ConvertPlan
@@ -149,21 +149,19 @@ def _rescale_for(root: str, act_dtype: str, projections: list[Projection]) -> di
 
 
 # -- parent side ---------------------------------------------------------------------------------
-def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None = None, progress: bool = True,
+def run_conversion(plan: ConvertPlan, tree: OutputTree, *, workers: int | None = None, progress: bool = True,
                    executor: ExecutorSpec = ExecutorSpec()) -> ConvertResult:
-    """Convert `plan` into `staging.out` (the Staging the CLI built and checked: OUT's one owner, with
+    """Convert `plan` into `tree.out` (the OutputTree the CLI built and checked: OUT's one owner, with
     --force/--resume)."""
     start = time.perf_counter()
     freeze_imports()  # before the pool forks: the workers inherit it
     ckpt = plan.checkpoint
-    protect([ckpt.root], outputs=[staging.out, staging.path])  # side files (profiles) stay off them
+    protect([ckpt.root], outputs=[tree.out, tree.path])  # side files (profiles) stay off them
     profile_dir()  # refused before any work when it points into them
-    staging.fence, resume = RunDir.fence, staging.resume
-    pool = None
-    run = RunDir(staging.path)
+    resume, pool = tree.resume, None
     try:  # open() inside: a signal that lands in it is still answered (discard() cleans only what open() took)
-        done = staging.open(plan.fingerprint())
-        run.create()
+        done = tree.open(plan.fingerprint())
+        run = tree.scratch()
         todo = [s for s in plan.shards if s.file not in done]
         total = sum(s.nbytes for s in todo)
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="converting",
@@ -181,41 +179,41 @@ def run_conversion(plan: ConvertPlan, staging: Staging, *, workers: int | None =
         mark("rescale")
         record = build_record(plan, rescale)  # the config block, the shards' metadata, the manifest's fields
         source = [str(ckpt.root), ckpt.format, plan.target]
-        _write_pieces(pool, pieces, run, staging, source, rescale, record.shard_metadata())
-        redo = staging.verify_kept()  # hashed while the others converted; one that changed is converted again
+        _write_pieces(pool, pieces, run, tree, source, rescale, record.shard_metadata())
+        redo = tree.verify_kept()  # hashed while the others converted; one that changed is converted again
         if redo:
-            _write_pieces(pool, split_shards([s for s in plan.shards if s.file in redo], 1), run, staging, source,
+            _write_pieces(pool, split_shards([s for s in plan.shards if s.file in redo], 1), run, tree, source,
                           rescale, record.shard_metadata())
         mark("shards")
         bar.close()
         pool.shutdown()
         run.remove()
-        lost = finalize(plan, staging, record, step=_step)
+        lost = finalize(plan, tree, record, step=_step)
         mark("finalize")
-        staging.publish(step=_step)
+        tree.publish(step=_step)
         mark("publish")
     except BaseException as e:
         if pool:
             pool.shutdown(cancel=True)
-        staging.discard(keep_verified=resume and isinstance(e, KeyboardInterrupt))  # nothing looks complete
-        mapped = _user_error(e, staging, plan)
+        tree.discard(keep_verified=resume and isinstance(e, KeyboardInterrupt))  # nothing looks complete
+        mapped = _user_error(e, tree, plan)
         if mapped is None:
             raise
         raise mapped from (None if isinstance(e, KeyboardInterrupt) else e)
-    return ConvertResult(staging.out, len(plan.shards), len(done) - len(redo), sum(len(s.tensors) for s in plan.shards),
+    return ConvertResult(tree.out, len(plan.shards), len(done) - len(redo), sum(len(s.tensors) for s in plan.shards),
                          len(plan.projections), sum(t.nbytes for t in ckpt.tensors.values()), plan.output_bytes,
                          time.perf_counter() - start, rescale, lost, used, threads)
 
 
-def _user_error(e: BaseException, staging: Staging, plan: ConvertPlan):
+def _user_error(e: BaseException, tree: OutputTree, plan: ConvertPlan):
     """The typed error to show for an exception that aborted a run, or None to re-raise it as is."""
-    staging_path = staging.path
+    staging_path = tree.path
     if isinstance(e, KeyboardInterrupt):
-        if staging.published:  # the signal came after the rename: the output is complete
-            return Interrupted(f"interrupted after {staging.out} was published; that output is complete",
-                               error_id="convert.interrupted", file=str(staging.out),
-                               hint=f"run `dsv4-convert validate {staging.out}` to check it")
-        if staging_path.exists():  # Ctrl-C during --resume keeps the verified shards (Staging.discard)
+        if tree.published:  # the signal came after the rename: the output is complete
+            return Interrupted(f"interrupted after {tree.out} was published; that output is complete",
+                               error_id="convert.interrupted", file=str(tree.out),
+                               hint=f"run `dsv4-convert validate {tree.out}` to check it")
+        if staging_path.exists():  # Ctrl-C during --resume keeps the verified shards (OutputTree.discard)
             return Interrupted(f"interrupted; the verified shards stay in {staging_path}",
                                error_id="convert.interrupted", file=str(staging_path),
                                hint="run the same command with --resume to finish")
@@ -235,7 +233,7 @@ def _user_error(e: BaseException, staging: Staging, plan: ConvertPlan):
     return None
 
 
-def _write_pieces(pool, pieces: list[Piece], run: RunDir, staging: Staging, source: list, rescale: dict,
+def _write_pieces(pool, pieces: list[Piece], run: RunDir, tree: OutputTree, source: list, rescale: dict,
                   meta: dict) -> None:
     """Every piece through the pool (each on the threads the pool gives a job of its size); a whole shard is
     handed over as its job ends, a shard written in pieces once all of them are in and it is sealed
@@ -245,22 +243,16 @@ def _write_pieces(pool, pieces: list[Piece], run: RunDir, staging: Staging, sour
         if not pc.whole:
             split.setdefault(pc.shard.file, []).append(pc)
 
-    def done(file: str, sha: str | None, size: int) -> None:
+    def done(file: str, sha: str | None, size: int) -> None:  # sha None: a piece of a shard, sealed below
         if sha is not None:
-            _hand_over(run, staging, file, sha, size)
+            tree.take_shard(run, file, size, sha, sidecars=(LOST_SUFFIX,))
 
     args = [(*source, pc, str(run.tmp(pc.shard.file)), rescale, meta, pool.threads_for(pc.nbytes))
             for pc in pieces]
     pool.map(_write_piece, args, lambda r: done(*r), reports_progress=True, job_bytes=[pc.nbytes for pc in pieces])
     if split:  # hashing reads back from the page cache: one job per shard, in parallel
         pool.map(seal, [(str(run.tmp(f)), f, pcs, LOST_SUFFIX) for f, pcs in split.items()],
-                 lambda r: _hand_over(run, staging, *r), job_bytes=[sum(pc.nbytes for pc in pcs)
-                                                                   for pcs in split.values()])
-
-
-def _hand_over(run: RunDir, staging: Staging, file: str, sha: str, size: int) -> None:
-    run.hand_over(file, size, staging.path, sidecars=(LOST_SUFFIX,))
-    staging.finish_shard(file, sha, size)
+                 lambda r: done(*r), job_bytes=[sum(pc.nbytes for pc in pcs) for pcs in split.values()])
 
 
 def _plan_rescale(plan: ConvertPlan, pool) -> dict[str, float]:

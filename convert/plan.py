@@ -28,7 +28,7 @@ from ..core.version import __version__
 from ..formats.constants import MARLIN_TILE_K
 from ..formats.padded_layout import padded_nk, rank_nk
 from ..formats.tiles import IMPOSSIBLE, LAYOUT_CANDIDATES, PAD, RankTiles, check_weight_tiles, moe_rank_tiles
-from ..runtime.paths import refuse_reserved_names
+from ..runtime.output import refuse_reserved_names
 from .safetensors_writer import TensorSpec
 
 __all__ = ["check_structure", "refuse_converted", "check_source", "check_servable", "kept_input_name", "CONVERT_COMMAND", "OutTensor", "ShardPlan", "ConvertPlan",

@@ -49,9 +49,17 @@ def build_record(plan: ConvertPlan, rescale_factors: dict[str, float]) -> Conver
     return block
 
 
-def rewrite_config(config: dict, record: ConvertedQuantConfig) -> str:
+def rewrite_config(config: dict, record: ConvertedQuantConfig, *, ple_storage: str | None = None) -> str:
+    """config.json with the converted record; `ple_storage` (core/sources/side_tables.py) is written as the text
+    config's `ple_embedding_dtype` where the source leaves it to the quantisation config's class."""
     out = dict(config)
     out["quantization_config"] = record.as_dict()
+    if ple_storage is not None:
+        text = dict(out["text_config"]) if isinstance(out.get("text_config"), dict) else out
+        if text.get("ple_embedding_dtype") is None:
+            text["ple_embedding_dtype"] = ple_storage
+        if text is not out:
+            out["text_config"] = text
     return json.dumps(out, indent=2) + "\n"
 
 

@@ -10,8 +10,6 @@ from the converted checkpoint and FP4 tensors decoded with the exact inverse tra
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,10 +42,8 @@ from ..core.targets.target import MarlinTarget
 from ..formats.marlin import marlin_to_mxfp4, marlin_to_nvfp4
 from ..formats.padded_layout import decode_rank_blocks, padded_nk, unpad_source
 from ..runtime.executors import ExecutorSpec, auto_workers, make_executor
-from ..runtime.jobs import RunDir
 from ..runtime.manifest import verify
-from ..runtime.paths import mark_restored, record_name_ok, refuse_reserved_names
-from ..runtime.staging import Staging
+from ..runtime.output import OutputTree, record_name_ok, refuse_reserved_names
 from .lost_record import bad_record, check_lost_record, restore_lost
 from .pipeline import _report
 from .plan import kept_input_name
@@ -148,11 +144,6 @@ def _rebuild_shard(job: _Job, file: str, prefix: bytes, refs: dict[str, TensorRe
     return file
 
 
-def _place(run: RunDir, staging: Staging, file: str, size: int) -> None:
-    run.hand_over(file, size, staging.path)
-    os.replace(staging.shard_tmp(file), staging.path / file)
-
-
 def _load_record(root: Path):
     sdir = root / SOURCE_DIR
     if not (sdir / SOURCE_HEADERS).exists():
@@ -247,13 +238,13 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
 
     start = time.perf_counter()
     ckpt = open_checkpoint(src)
-    staging = Staging(Path(out), force=force, source=ckpt.root, fence=RunDir.fence, resumable=False)
-    staging.check()  # before any work: OUT must not alias IN, and must be replaceable
+    tree = OutputTree(out, force=force, source=ckpt.root, resumable=False)
+    tree.check()  # before any work: OUT must not alias IN, and must be replaceable
     refuse_reserved_names(ckpt.root, converted=True)
     _refuse_unverified(ckpt.root)
     try:
         spec = converted_record(ckpt.config)  # the one strict parser (the plugins use it too)
-        target = MarlinTarget(spec.target_engine, spec.act_dtype, spec.w4a8)
+        target = spec.target
         fmt = source_format(spec.source_format)
         layout = spec.split()
     except (KeyError, ValueError) as e:
@@ -285,17 +276,16 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
                   layout[2] if layout else {})
     job = _Job(str(ckpt.root), target, dict(spec.rescale_factors), lost, converted, ckpt.tensors,
                decoded_by, kept_as, layout[2] if layout else {})
-    run = RunDir(staging.path)
     try:
-        staging.open(json.dumps(sorted(shards)))
-        run.create()
+        tree.open(json.dumps(sorted(shards)))
+        run = tree.scratch()
         total = sum(ref.nbytes for ref in original.values())
         bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="restoring", disable=not progress)
         pool = make_executor(executor, auto_workers(workers, total, len(shards)), bar, max_in_flight=workers)
         try:
             pool.check_paths(run, [])
             pool.map(_rebuild_shard, [(job, f, prefix, refs, str(run.tmp(f))) for f, (prefix, refs) in shards.items()],
-                     lambda f: _place(run, staging, f, sum(r.nbytes for r in shards[f][1].values()) + len(shards[f][0])),
+                     lambda f: tree.take_shard(run, f, sum(r.nbytes for r in shards[f][1].values()) + len(shards[f][0])),
                      reports_progress=True, job_bytes=[sum(r.nbytes for r in refs.values()) for _, refs in shards.values()])
         finally:
             pool.shutdown()
@@ -304,15 +294,14 @@ def reverse_checkpoint(src, out: Path, *, workers: int | None = None, force: boo
         for rel in ckpt.other_files:
             if rel in _GENERATED or rel.startswith(SOURCE_DIR + "/"):
                 continue
-            (staging.path / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(ckpt.root / rel, staging.path / rel)
+            tree.copy_in(ckpt.root / rel, rel)
         for name in (CONFIG, HF_QUANT_CONFIG, INDEX_FILE):
             if (ckpt.root / SOURCE_DIR / name).exists():
-                shutil.copyfile(ckpt.root / SOURCE_DIR / name, staging.path / name)
-        mark_restored(staging.path)  # "dsv4-convert wrote this", outside the files: a later --force may replace it
-        staging.publish()
+                tree.copy_in(ckpt.root / SOURCE_DIR / name, name)
+        tree.mark_restored()  # "dsv4-convert wrote this", outside the files: a later --force may replace it
+        tree.publish()
     except BaseException:
-        staging.discard()
+        tree.discard()
         raise
     restored = sum(v.numel() for k, v in lost.items() if k.endswith(".bytes"))
     return ReverseResult(Path(out), len(shards), len(converted), restored, time.perf_counter() - start)

@@ -27,7 +27,7 @@ SOURCE_DIR = "dsv4-convert-source"  # the originals needed to give the input bac
 SOURCE_HEADERS = "headers.json"  # in SOURCE_DIR: each source shard's safetensors header text
 LOST = "lost_scales.safetensors"  # in SOURCE_DIR: scale bytes the target clamped, for an exact reverse
 
-# Staging (`<OUT>.partial/`, runtime/staging.py): never in a published directory
+# Staging (`<OUT>.partial/`, runtime/output/tree.py): never in a published directory
 STAGING_SUFFIX = ".partial"
 PROGRESS = "dsv4-convert.progress.json"  # fingerprint + finished shards, for --resume
 LOCK = "dsv4-convert.lock"  # keeps two runs apart
@@ -39,7 +39,7 @@ RUN_PREFIX = ".run-"  # the workers' scratch directory in staging (runtime/jobs.
 # Other outputs
 MARKER = "dsv4-convert.marker.json"  # older marlin-to-source outputs' "dsv4-convert wrote this directory"
 # marlin-to-source's record now: an extended attribute of the output directory, so that the rebuilt
-# checkpoint holds exactly the source's files (runtime/paths.py mark_restored)
+# checkpoint holds exactly the source's files (runtime/output/rules.py mark_restored)
 RESTORED_XATTR = "user.dsv4-convert.restored"
 SYNTH_MANIFEST = "synth.json"  # a synthetic checkpoint's record of how it was made
 

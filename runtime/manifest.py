@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..core.checkpoint.small_files import read_small
 from .digest import file_digest, new_hash
-from .paths import record_name_ok
+from .output.names import record_name_ok
 
 __all__ = ["Mismatch", "read_manifest", "verify"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..core.errors import OutputError, UsageError
-from ..core.files import LOCK
+from .output.names import inside_staging
 
 __all__ = ["protect", "reset", "guard", "write_side_file", "FLAGS"]
 
@@ -95,17 +95,12 @@ def _inside_protected(p: Path) -> bool:
     return any(_ident(a) in _idents for a in (p, *p.parents) if os.path.lexists(a))
 
 
-def _inside_staging(p: Path) -> bool:
-    """Inside a directory that holds this tool's lock: another run's OUT.partial, which it publishes."""
-    return any(os.path.lexists(d / LOCK) for d in p.parents)
-
-
 def guard(path: str | os.PathLike, kind: str, *, directory: bool = False) -> Path:
     """The real path to write `kind`'s file (or, with `directory`, folder) at, or a typed error."""
     flag = FLAGS[kind]
     given = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
     real = Path(os.path.realpath(given))
-    if any(_inside_protected(p) or _inside_staging(p) for p in (given, real)):
+    if any(_inside_protected(p) or inside_staging(p) for p in (given, real)):
         raise UsageError(f"{flag} {path} is, or lies inside, a checkpoint this command reads or writes "
                          f"(resolved: {real}); writing there would change it",
                          error_id=f"{kind}.inside_checkpoint", file=str(path),

@@ -1,4 +1,4 @@
-"""Signals deferred across a few statements that must happen together (runtime/staging.py: the claim
+"""Signals deferred across a few statements that must happen together (runtime/output/tree.py: the claim
 of the staging directory, the publishing rename)."""
 
 from __future__ import annotations

@@ -266,8 +266,8 @@ class SglangMarlinFp4Config(MarlinFp4ConfigMixin, QuantizationConfig):
         if self.inner is None:
             return None
         if self.inner_method == "modelopt_fp4" and _NEXTN_DRAFT.search(prefix):
-            # SGLang builds a NextN draft (`model.decoder`: deepseek_nextn.py, glm4_moe_nextn.py) with no quant
-            # config when the target's is modelopt_fp4: the draft layer the converter copied gets the same methods
+            # SGLang builds a NextN / MTP draft (_NEXTN_DRAFT) with no quant config when the target's is
+            # modelopt_fp4: the draft layer the converter copied gets the same methods
             return UnquantizedLinearMethod() if isinstance(layer, LinearBase) else None
         return self.inner.get_quant_method(layer, prefix)
 
@@ -282,7 +282,11 @@ class SglangMarlinFp4OverFp8Config(SglangMarlinFp4Config, Fp8Config):
         self.__dict__.update({k: v for k, v in vars(inner).items() if k not in ("spec", "inner", "inner_method")})
 
 
-_NEXTN_DRAFT = re.compile(r"^model\.decoder\.")  # DeepseekModelNextN / Glm4MoeModelNextN at `model`
+# the draft modules SGLang builds with no quant config for a serialized modelopt_fp4 target: DeepseekModelNextN /
+# Glm4MoeModelNextN at `model.decoder`; Qwen3.5's and Qwen4-Exp's MTP model (qwen3_5_mtp.py _mtp_quant_config:
+# "Serialized Qwen3.5 ModelOpt checkpoints keep embedded MTP weights in BF16") at `mtp`. Not Qwen4-Exp's head
+# `model.shared_head.head`, which DeepSeek's NextN draft quantises under the same name
+_NEXTN_DRAFT = re.compile(r"^model\.decoder\.|^mtp\.")
 
 
 def sglang_inner_method(block: dict, *, from_file: bool) -> tuple[str, dict]:

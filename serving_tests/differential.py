@@ -286,6 +286,13 @@ CASES = (
     # Kimi-K3: KDA + NoPE MLA, latent MoE (routed_expert_hidden_size), SiTU; no vision tensors in the replica
     Case("kimi-k3", "mxfp4-ct", edit="h512", text_only=True, engines=("vllm",)),
     Case("kimi-k3", "nvfp4-ct", edit="h512", text_only=True, engines=("vllm",)),
+    # Qwen3.8-Flash-Next (synth/qwen4_exp.py): nvidia's MIXED_PRECISION with FP8 n-gram tables, its text architecture
+    # (vLLM only: SGLang 0.5.23 registers Qwen4ExpForConditionalGeneration alone), the plain ModelOpt NVFP4 form, and
+    # NVFP4 n-gram tables (vLLM only: SGLang cannot load them, core/targets/engine_config.py)
+    Case("qwen4-exp", "nvfp4-modelopt-hf", text_only=True),
+    Case("qwen4-exp-text", "nvfp4-modelopt-hf", engines=("vllm",)),
+    Case("qwen4-exp-nvfp4", "nvfp4-modelopt-hf", text_only=True),
+    Case("qwen4-exp-ple-nvfp4", "nvfp4-modelopt-hf", text_only=True, engines=("vllm",)),
     # producers: what ModelOpt 0.47 and llm-compressor 0.14 write (tests/fixtures/producers), loaded as written;
     # the outputs no engine loads are refused in serving_tests/test_engine_refusals.py (core/targets/served.py REFUSED)
     Case("qwen3-moe", "nvfp4-modelopt-hf", producer="modelopt-qwen3-moe-w4a16-nvfp4"),  # W4A16_NVFP4

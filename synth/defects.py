@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -202,13 +203,13 @@ def apply_tensor_defects(tensors: dict, defects: tuple[str, ...], fmt: str, expe
     return records
 
 
-def apply_file_defects(root: Path, shard_files: list[str], records: list[DefectRecord]) -> None:
+def apply_file_defects(file: Callable[[str], Path], shard_files: list[str], records: list[DefectRecord]) -> None:
     """Damage the written shards for truncated-shard / missing-shard (the index stays untouched), and
-    config.json for the config defects."""
-    last = root / shard_files[-1]
+    config.json for the config defects. `file`: where a written file lies (the output tree's `file`)."""
+    last = file(shard_files[-1])
     for rec in records:
         if rec.defect in _CONFIG_EDITS:
-            _edit_config(root / CONFIG, rec)
+            _edit_config(file(CONFIG), rec)
         if rec.defect == "truncated-shard":
             size = last.stat().st_size
             with open(last, "rb") as f:

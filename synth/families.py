@@ -73,6 +73,8 @@ The facts per family, and where they come from:
 - glm5-next / glm5-next-vl (GLM-5.3-Flash, text and multimodal; NVIDIA ModelOpt NVFP4 and compressed-tensors NVFP4
   releases): hybrid KDA linear attention + MLA with the kpool sparse indexer + mHC, DeepSeek-V3's MoE block with a
   clamped SwiGLU (`swiglu_limit`), one MTP layer: synth/glm5next.py names every fact and its source.
+- qwen4-exp (Qwen3.8-Flash-Next: hyper-connections, QSA, PLE n-gram tables, its MTP block), qwen4-exp-text (its text
+  class), qwen4-exp-nvfp4 / qwen4-exp-ple-nvfp4 (plain ModelOpt NVFP4; NVFP4 n-gram tables): synth/qwen4_exp.py.
 - minimax-m3 / minimax-m3-vl (MiniMax-M3 / M3.1): MiniMaxM3SparseForCausalLM (`model.layers`) and
   MiniMaxM3SparseForConditionalGeneration (`language_model.model.layers`, config under `text_config`), MiniMax-M2's
   `block_sparse_moe.experts.E.{w1,w3,w2}` with `block_sparse_moe.gate` (F32 router: vLLM 0.34 GateLinear
@@ -140,6 +142,7 @@ class FamilySpec:
     examples: str = ""             # the releases a replica stands for, when not all of its family's
     latent_moe: bool = False       # routed experts at `moe_latent_size` (Nemotron-3 Super / Ultra: synth/nemotron.py)
     text_model_type: str = ""      # a nested text_config's model_type when not `<model_type>_text` (Kimi-K2.5: kimi_k2)
+    ple: str = ""                  # Qwen4-Exp (synth/qwen4_exp.py): its n-gram tables' precision, bf16 / fp8 / nvfp4
 
     @property
     def key(self) -> str:
@@ -206,6 +209,19 @@ FAMILY_SPECS: dict[str, FamilySpec] = {s.key: s for s in (
                config={"mtp_num_hidden_layers": 1, "rope_parameters": {
                    "rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
                    "mrope_section": [3, 3, 2], "mrope_interleaved": True}}),
+    # Qwen3.8-Flash-Next (synth/qwen4_exp.py): Qwen3.5's layout with hyper-connections, QSA and PLE tables; nvidia's
+    # MIXED_PRECISION release (FP8 n-gram tables), its text architecture, the plain ModelOpt NVFP4 form and the
+    # MIXED_PRECISION form with NVFP4 n-gram tables
+    *(FamilySpec(family, ("nvfp4-modelopt-hf",), "qwen4_exp", "mlp", shared="shared_expert", mixed=mixed,
+                 nested=family == "qwen4-exp", linear="split", shared_gate=True, ple=ple, name=name, mtp="unquantised",
+                 architecture=family_named(family).architectures[0], text_model_type="qwen4_exp_text",
+                 config={"rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                                             "mrope_section": [3, 3, 2], "mrope_interleaved": True}}, examples=examples)
+      for family, name, mixed, ple, examples in (
+          ("qwen4-exp", "", True, "fp8", "nvidia's Qwen3.8-Flash-Next NVFP4 (MIXED_PRECISION, FP8 n-gram tables)"),
+          ("qwen4-exp-text", "", True, "fp8", ""),
+          ("qwen4-exp", "qwen4-exp-nvfp4", False, "bf16", "Qwen3.8-Flash-Next in plain ModelOpt NVFP4"),
+          ("qwen4-exp", "qwen4-exp-ple-nvfp4", True, "nvfp4", "Qwen3.8-Flash-Next MIXED_PRECISION, NVFP4 n-gram tables"))),
     FamilySpec("qwen3-next", ("nvfp4-modelopt-hf", "nvfp4-ct"), "qwen3_next", "mlp", shared="shared_expert",
                mtp="unquantised", linear="fused", shared_gate=True,
                config={"num_nextn_predict_layers": 1, "norm_topk_prob": True, "decoder_sparse_step": 1}),

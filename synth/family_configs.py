@@ -18,6 +18,7 @@ from .layouts import Dims
 from .minimax import minimax_m3_layers, minimax_m3_vision, mxfp8_ct_block
 from .mla import mla_config
 from .nemotron import nemotron_config
+from .qwen4_exp import ple_layers, qwen4_exp_text_config
 
 __all__ = ["family_config_files"]
 
@@ -55,9 +56,13 @@ def _arch_config(spec: FamilySpec, d: Dims) -> dict:
         text["shared_expert_intermediate_size"] = d.intermediate
     if spec.linear is not None:
         text.update(linear_config(d))
+    if spec.ple:  # Qwen4-Exp: hyper-connections, PLE, QSA (synth/qwen4_exp.py)
+        text.update(qwen4_exp_text_config(d))
+    if spec.architecture and not spec.nested and spec.text_model_type:
+        text["model_type"] = spec.text_model_type  # a text architecture of a multimodal family (Qwen4ExpForCausalLM)
     if spec.family.startswith("minimax-m3"):  # every layer MoE, full attention, in both engines' fields
         text.update(minimax_m3_layers(d))
-    config = {"architectures": [spec.architecture or family.architectures[0]], "model_type": spec.model_type}
+    config = {"architectures": [spec.architecture or family.architectures[0]], "model_type": text["model_type"]}
     if spec.nested:
         text["model_type"] = spec.text_model_type or f"{spec.model_type}_text"
         config.update({"text_config": text, "torch_dtype": "bfloat16", "tie_word_embeddings": False})
@@ -84,6 +89,11 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
     exclude += [f"{lp}.{glob}" if glob[0].isdigit() else f"{lp}.*.{glob}" for glob in spec.bf16]  # "3.x": layer 3
     if spec.mixed and spec.linear:  # ModelOpt's qwen3_5 recipe keeps in_proj_a / in_proj_b unquantised
         exclude += [f"{lp}.*.linear_attn.in_proj_a", f"{lp}.*.linear_attn.in_proj_b"]
+    if spec.ple:  # Qwen4-Exp: hyper-connections (the engines build them unquantised) and the PLE projections BF16
+        root = lp.rsplit(".layers", 1)[0]
+        exclude += [f"{lp}.*.attn_hyper_connection*", f"{lp}.*.mlp_hyper_connection*", f"{root}.hyper_connection_mixer*",
+                    f"{lp}.*.ple.key_proj", f"{lp}.*.ple.value_proj"]
+        exclude += [] if spec.mixed else [f"{lp}.*.ple*"]
     if not spec.mixed:
         exclude += [f"{lp}.*.self_attn*"] + ([f"{lp}.*.linear_attn*"] if spec.linear else [])
         hfq = {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16, "exclude_modules": exclude}
@@ -96,6 +106,11 @@ def _modelopt(spec: FamilySpec, d: Dims) -> tuple[dict | None, dict]:
             attn = (("linear_attn", ("in_proj_qkv", "in_proj_z", "out_proj")) if kinds[i] == LINEAR else
                     ("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")))
             layers |= {f"{lp}.{i}.{attn[0]}.{p}": {"quant_algo": "FP8"} for p in attn[1]}
+            if spec.ple:  # Qwen4-Exp: the QSA indexer as its attention, the n-gram table as synth/qwen4_exp.py writes it
+                layers |= {f"{lp}.{i}.self_attn.indexer.index_qk_proj": {"quant_algo": "FP8"}} if kinds[i] != LINEAR else {}
+                if i in ple_layers(d):
+                    layers[f"{lp}.{i}.ple.ple_embedding.ngram_embedding"] = (
+                        {"quant_algo": "FP8"} if spec.ple == "fp8" else {"quant_algo": "NVFP4", "group_size": 16})
             layers |= {f"{lp}.{i}.{spec.moe}.{spec.shared}.{p}": {"quant_algo": "NVFP4", "group_size": 16}
                        for p in ("gate_proj", "up_proj", "down_proj")}
             layers |= {f"{lp}.{i}.{spec.moe}.experts.{e}.{p}": {"quant_algo": "NVFP4", "group_size": 16}

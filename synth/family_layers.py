@@ -21,6 +21,7 @@ from .minimax import quantize_mxfp8
 from .mla import mla_dims, mla_tensors
 from .mtp import deepseek_mtp_layer, qwen_mtp_block
 from .nemotron import nemotron_tensors
+from .qwen4_exp import qwen4_exp_layer_extras, qwen4_exp_mtp, qwen4_exp_top_extras
 from .seeded import dense, expert_matrix
 
 __all__ = ["family_tensors"]
@@ -86,7 +87,6 @@ def _shared_kind(spec: FamilySpec, fmt: str) -> str:
 def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims, dtype: torch.dtype,
            *, experts_layer: bool = True) -> None:
     p, h, hd = f"{spec.prefix}.{layer}", d.hidden, d.heads * d.head_dim
-    quant = source_format(fmt).synth.linear
     out[f"{p}.input_layernorm.weight"] = torch.ones(h, dtype=dtype)
     attn = _attn_kind(spec, fmt)
     if spec.attention == "kda-mla":  # GLM-5.3-Flash: KDA or MLA + kpool indexer, and mHC (synth/glm5next.py)
@@ -110,6 +110,13 @@ def _layer(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims
         out[f"{p}.self_attn.q_norm.weight"] = torch.ones(d.head_dim if per_head else hd, dtype=dtype)
         out[f"{p}.self_attn.k_norm.weight"] = torch.ones(d.head_dim, dtype=dtype)
     out[f"{p}.post_attention_layernorm.weight"] = torch.ones(h, dtype=dtype)
+    _moe(out, seed, spec, fmt, layer, d, dtype, experts_layer=experts_layer)
+
+
+def _moe(out: dict, seed: int, spec: FamilySpec, fmt: str, layer: int, d: Dims, dtype: torch.dtype,
+         *, experts_layer: bool = True) -> None:
+    """Layer `layer`'s MLP: a dense MLP, or the router, shared expert and routed experts."""
+    p, h, quant = f"{spec.prefix}.{layer}", d.hidden, source_format(fmt).synth.linear
     if layer < spec.dense_layers or (layer + 1) % spec.moe_every:
         _mlp(out, seed, f"{p}.{spec.moe}", h, 2 * d.intermediate, "bf16" if spec.routed_only else quant, dtype)
         return
@@ -167,8 +174,16 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
     out: dict[str, torch.Tensor] = {}
     out[f"{root}.embed_tokens.weight"] = dense(seed, "embed", (d.vocab, d.hidden), dtype=dtype)
     for i in range(d.layers):
-        _layer(out, seed, spec, fmt, i, d, dtype)
-    out[f"{root}.norm.weight"] = torch.ones(d.hidden, dtype=dtype)
+        if spec.ple:  # Qwen4-Exp: hyper-connections instead of the layer norms, PLE tables (synth/qwen4_exp.py)
+            qwen4_exp_layer_extras(out, seed, f"{spec.prefix}.{i}", i, d, _linear, attn=_attn_kind(spec, fmt),
+                                   big="fp8" if spec.mixed else "bf16", table=spec.ple, dtype=dtype)
+            _moe(out, seed, spec, fmt, i, d, dtype)
+        else:
+            _layer(out, seed, spec, fmt, i, d, dtype)
+    if spec.ple:
+        qwen4_exp_top_extras(out, seed, root, d, dtype)
+    else:
+        out[f"{root}.norm.weight"] = torch.ones(d.hidden, dtype=dtype)
     out[spec.lm_head] = dense(seed, "lm_head", (d.vocab, d.hidden), dtype=dtype)
     outside: dict[str, torch.Tensor] = {}
     if spec.mtp == "file":  # GLM: layer num_hidden_layers, quantised like the others, outside the index
@@ -177,6 +192,8 @@ def family_tensors(family: str, fmt: str, seed: int, d: Dims,
             outside[f"{spec.prefix}.{d.layers}.{name}.weight"] = torch.ones(d.hidden, dtype=dtype)
         outside[f"{spec.prefix}.{d.layers}.eh_proj.weight"] = dense(seed, "eh_proj", (d.hidden, 2 * d.hidden),
                                                                     dtype=dtype)
+    elif spec.mtp == "unquantised" and spec.ple:  # Qwen4-Exp's: hyper-connections, QSA (synth/qwen4_exp.py)
+        qwen4_exp_mtp(out, seed, d, _mlp, _linear, dtype)
     elif spec.mtp == "unquantised":  # Qwen3.5 / Qwen3-Next: a BF16 MTP block under mtp.*, experts included
         qwen_mtp_block(out, seed, d, _mlp, _linear, dtype)
     elif spec.mtp == "layer":  # DeepSeek: layer num_hidden_layers in the index, BF16, excluded (synth/mtp.py)

@@ -3,7 +3,8 @@ format, with injectable defects, plus a real-size MoE layer for benchmarks.
 
 The layout per format lives in synth_layouts.py / synth_experts.py, configs in synth_configs.py,
 defects in synth_defects.py and the real-size layer in synth_realsize.py. This module checks the
-arguments, shards the tensors, writes them into `<out>.partial-<pid>` and renames that to `out`.
+arguments, shards the tensors and writes them through the output tree (runtime/output/: staged in
+`<out>.partial`, locked, published by one rename), as every command that writes a checkpoint does.
 
 Beside config.json it writes `synth.json`: the arguments, the shard files, the tensor count, the
 total tensor bytes and one record per injected defect (which tensor, which element, what changed).
@@ -12,11 +13,8 @@ total tensor bytes and one record per injected defect (which tensor, which eleme
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from ..core.errors import UsageError
 from ..core.files import CONFIG, INDEX_FILE, MTP_FILE, SYNTH_MANIFEST, shard_name
 from ..core.sources.source_formats import source_format, synth_formats
 from ..core.version import __version__
-from ..runtime.paths import check_replaceable, out_path
+from ..runtime.output import OutputTree
 from .configs import config_files
 from .defects import DEFECTS, apply_file_defects, apply_tensor_defects, check_defects, tweaks_for
 from .dsv41 import dsv41_config, dsv41_tensors, dsv41_tokenizer
@@ -74,27 +72,7 @@ def _split(sizes: list[int], shards: int) -> list[list[int]]:
     return groups
 
 
-def _check_out(out: Path, force: bool) -> None:
-    # an empty OUT is fine; --force replaces only a directory dsv4-convert wrote (runtime/paths.py)
-    check_replaceable(out, force=force, allow_empty=True)
-
-
-def _publish(staging: Path, out: Path, force: bool) -> None:
-    _check_out(out, force)  # again, just before replacing: OUT may have changed meanwhile
-    old = None
-    if os.path.lexists(out):
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
-        os.rename(out, old / out.name)
-    os.rename(staging, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def _written(staging: Path) -> list[str]:
-    return [p.relative_to(staging).as_posix() for p in staging.rglob("*") if not p.is_dir() or p.is_symlink()]
-
-
-def _write_shards(staging: Path, names: list[str], sizes: list[int], groups: list[list[int]],
+def _write_shards(tree: OutputTree, names: list[str], sizes: list[int], groups: list[list[int]],
                   produce: Callable[[str], torch.Tensor], progress: Progress | None) -> dict[str, str]:
     weight_map, total = {}, sum(sizes)
     for k, group in enumerate(groups):
@@ -106,8 +84,8 @@ def _write_shards(staging: Path, names: list[str], sizes: list[int], groups: lis
             if progress:
                 progress(sizes[i], total)
         # save_file, never save() to bytes: safetensors 0.8.0 save() writes F8_E8M0 it cannot read back
-        _save(shard, staging / file)
-        os.chmod(staging / file, 0o644)
+        _save(shard, tree.file(file))
+        os.chmod(tree.file(file), 0o644)
         del shard
     return weight_map
 
@@ -122,10 +100,6 @@ def _save(shard: dict, path: Path) -> None:
             raise
         code = int(m.group(1))
         raise OSError(code, os.strerror(code), str(path)) from None
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def _check_args(fmt, layers, experts, hidden, intermediate, shards, hash_layers, mtp, dtype, real_size,
@@ -184,13 +158,12 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
                 real_size, defects, family)
     if not real_size:
         check_defects(defects, format, experts)
-    out = out_path(out)
-    _check_out(out, force)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # a fresh directory of our own: never a guessable name that someone else could have prepared
-    staging = Path(tempfile.mkdtemp(prefix=f"{out.name}.partial-", dir=out.parent))
-    os.chmod(staging, 0o755)
+    # an empty OUT is fine; --force replaces only a directory dsv4-convert wrote (runtime/output/rules.py);
+    # not durable: a synthetic checkpoint is made again in seconds, so nothing is fsync'd (the rename stays atomic)
+    tree = OutputTree(out, force=force, resumable=False, allow_empty=True, durable=False)
+    tree.check()
     try:
+        tree.open(f"synth {format} {family} {seed}")
         if real_size:
             dims = real_size_dims or REAL_SIZE
             names, sizes, produce = real_size_plan(format, seed, dims, dtype_torch)
@@ -205,8 +178,8 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
             elif family in FAMILY_SPECS:
                 tensors, outside = family_tensors(family, format, seed, dims, dtype_torch)
                 if outside:  # a file the index does not list (GLM's mtp.safetensors)
-                    _save(outside, staging / MTP_FILE)
-                    os.chmod(staging / MTP_FILE, 0o644)
+                    _save(outside, tree.file(MTP_FILE))
+                    os.chmod(tree.file(MTP_FILE), 0o644)
             else:
                 tensors = build_tensors(format, seed, dims, tweaks_for(defects, experts), dtype_torch)
             records = apply_tensor_defects(tensors, defects, format, experts)
@@ -216,23 +189,22 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
                 raise UsageError(f"{len(names)} tensors cannot fill {shards} shards", error_id="synth.args",
                                  hint="use fewer --shards")
             groups, produce = _split(sizes, shards), tensors.__getitem__
-        weight_map = _write_shards(staging, names, sizes, groups, produce, progress)
+        weight_map = _write_shards(tree, names, sizes, groups, produce, progress)
         files = [shard_name(k, len(groups)) for k in range(len(groups))]
         total = sum(sizes)
-        _write_json(staging / INDEX_FILE, {"metadata": {"total_size": total},
-                                      "weight_map": dict(sorted(weight_map.items()))})
+        tree.write_json(INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
         configs = config_files(format, dims)
         if family in FAMILY_SPECS:
             configs.update(family_config_files(family, format, dims))
         elif family == "deepseek-v41":
             configs.update({CONFIG: dsv41_config(dims), **dsv41_tokenizer(dims)})
         for fname, obj in configs.items():
-            _write_json(staging / fname, obj)
+            tree.write_json(fname, obj)
         for rec in records:
             if rec.tensors and rec.tensors[0] in weight_map:
                 rec.file = weight_map[rec.tensors[0]]
-        apply_file_defects(staging, files, records)
-        _write_json(staging / SYNTH_MANIFEST, {
+        apply_file_defects(tree.file, files, records)
+        tree.write_json(SYNTH_MANIFEST, {
             "generator": "dsv4-convert synth", "version": __version__, "format": format, "family": family,
             "seed": seed,
             "real_size": real_size, "random_codes": real_size, "dtype": str(dtype_torch).removeprefix("torch."),
@@ -241,10 +213,10 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
                      "vocab": dims.vocab},
             "files": files, "tensors": len(names), "total_size": total,
             # every file synth wrote: a later --force replaces the directory only while it holds no other
-            "written": sorted([*_written(staging), SYNTH_MANIFEST]),
+            "written": sorted([*tree.written(), SYNTH_MANIFEST]),
             "defects": [r.as_json() for r in records]})
-        _publish(staging, out, force)
+        tree.publish()
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        tree.discard()
         raise
-    return out
+    return tree.out

@@ -79,7 +79,7 @@ def _checkpoint(fmt: str, h: int, i: int) -> Checkpoint:
 
 
 def _validate_verdict(ckpt: Checkpoint, engine: str, tp: int, ep: int) -> str:
-    c = CheckpointInput(str(ckpt.root), Options(engine=engine, tp=tp, ep=ep), ckpt, None, None, {}, (),
+    c = CheckpointInput(str(ckpt.root), Options(target=MarlinTarget(engine=engine), tp=tp, ep=ep), ckpt, None, None, {}, (),
                         config=ckpt.config)
     findings = list(tile_rules_per_rank(c, c.options))
     if not findings:

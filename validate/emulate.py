@@ -79,10 +79,10 @@ def gemm_errors(case) -> tuple[float, float]:
     src = case.source
     n, k = src.proj.n, src.proj.k
     gen = torch.Generator().manual_seed(case.seed)
-    x = torch.randn(case.rows, k, generator=gen).to(getattr(torch, case.act_dtype)).float()
+    x = torch.randn(case.rows, k, generator=gen).to(getattr(torch, case.target.act_dtype)).float()
     w_src = source_dequantize(src)
     def dequantize(q, s, n, k):
-        return (marlin_dequantize(q, s, case.mglobal, quant=src.quant, act_dtype=case.act_dtype, w4a8=case.w4a8,
+        return (marlin_dequantize(q, s, case.mglobal, quant=src.quant, act_dtype=case.target.act_dtype, w4a8=case.target.w4a8,
                                   n=n, k=k),)
 
     if case.tiles is None:

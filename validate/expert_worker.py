@@ -82,7 +82,7 @@ class _Worker:
         o = self.job.opts
         d = load_projection(self.reader, proj, fmt=self.job.fmt)
         mglobal = self.reader.get(proj.marlin_global) if proj.marlin_global is not None else None
-        target = o.target(proj.quant)
+        target = o.target.for_quant(proj.quant)
 
         def decode(q, s, n, k):
             if proj.quant is Quant.NVFP4:
@@ -97,8 +97,8 @@ class _Worker:
             packed, scale = decode_rank_blocks((d.weight, d.scale), down=proj.role is Role.DOWN, t=tiles,
                                                decode=decode)
         decoded = ProjectionTensors(proj, packed, scale, d.global_scale, sf=sf, file=proj.weight.file)
-        return MarlinTensors(proj, d.weight, d.scale, mglobal, d.global_scale, o.engine, o.act_dtype,
-                             target.w4a8, sf, decoded=decoded, file=proj.weight.file, tiles=tiles)
+        return MarlinTensors(proj, d.weight, d.scale, mglobal, d.global_scale, target, sf, decoded=decoded,
+                             file=proj.weight.file, tiles=tiles)
 
     def run(self, task: _Task) -> _Outcome:
         out = _Outcome()
@@ -162,23 +162,22 @@ class _Worker:
 
     def _gemm_case(self, role, pt, tensors, marlins, refs) -> GemmCase | None:
         o = self.job.opts
-        if pt.quant is Quant.MXFP4 and o.act_dtype != "bfloat16":
+        target = o.target.for_quant(pt.quant)
+        if pt.quant is Quant.MXFP4 and target.act_dtype != "bfloat16":
             return None
-        common = dict(engine=o.engine, act_dtype=o.act_dtype, w4a8=o.w4a8 and pt.quant is Quant.MXFP4,
-                      sf=pt.sf, seed=o.seed, file=pt.file)
+        common = dict(target=target, sf=pt.sf, seed=o.seed, file=pt.file)
         if role in marlins:
             m = marlins[role]
             mglobal = m.mglobal
             if role is Role.UP and Role.GATE in marlins and pt.quant is Quant.NVFP4:
                 mglobal = marlins[Role.GATE].mglobal  # both engines use the gate's global for w13
             return GemmCase(refs.get(role, pt), m.qweight, m.mscale, mglobal, tiles=m.tiles, **common)
-        target = o.target(pt.quant)
         try:
             if pt.quant is Quant.NVFP4:
                 q, s = nvfp4_to_marlin(pt.weight, pt.scale, target=target, sf=pt.sf)
                 owner = tensors.get(Role.GATE, pt) if role is Role.UP else pt
                 g = owner.global_scale if owner.global_scale is not None else torch.tensor(1.0)
-                mglobal = nvfp4_global_to_marlin(g.float().reshape(()), fp32_global=target.fp32_global, act_dtype=o.act_dtype,
+                mglobal = nvfp4_global_to_marlin(g.float().reshape(()), fp32_global=target.fp32_global, act_dtype=target.act_dtype,
                                                  sf=pt.sf)
             else:
                 q, s = mxfp4_to_marlin(pt.weight, pt.scale, target=target)

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from ..core.checkpoint.tensor_model import Checkpoint, Projection, Quant, Role
-from ..core.targets.engines import DEFAULT_ENGINE
 from ..core.targets.target import MarlinTarget
 from ..formats.constants import E2M1_MAX, E2M1_VALUES, E4M3_MAX, E8M0_NAN
 from ..formats.e4m3 import e4m3_is_nan
@@ -48,11 +47,9 @@ _FP32_MAX = float(np.finfo(np.float32).max)
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """What the checkpoint will be served with (`engine`/`act_dtype`/`w4a8`: for a converted
+    """What the checkpoint will be served with (`target`, the converter's target object: for a converted
     checkpoint, what it was converted for) and how much to check."""
-    engine: str = DEFAULT_ENGINE
-    act_dtype: str = "bfloat16"
-    w4a8: bool = False
+    target: MarlinTarget = MarlinTarget()
     tp: int = 1
     ep: int = 1
     sample: float = 1.0
@@ -62,11 +59,6 @@ class Options:
     act_dtype_requested: str | None = None
     verify_manifest: bool = True  # re-hash every file a converted checkpoint's manifest lists
     layout_requested: bool = False  # --tp/--ep given (else a converted checkpoint's tp_layout is the default)
-
-    def target(self, quant: Quant | None = None) -> MarlinTarget:
-        """The Marlin target these options name, for a projection of `quant` (W4A8 exists for
-        MXFP4 only, so an NVFP4 projection of a --w4a8 run gets the 16-bit-activation layout)."""
-        return MarlinTarget(engine=self.engine, act_dtype=self.act_dtype, w4a8=self.w4a8 and quant is Quant.MXFP4)
 
 
 @dataclass(frozen=True)
@@ -219,9 +211,7 @@ class MarlinTensors:
     mscale: torch.Tensor
     mglobal: torch.Tensor | None  # processed global as stored (NVFP4)
     kept_global: torch.Tensor | None  # weight_scale_2 kept for reversibility (NVFP4)
-    engine: str
-    act_dtype: str
-    w4a8: bool
+    target: MarlinTarget  # the run's, as it applies to this projection's quant (MarlinTarget.for_quant)
     sf: float
     decoded: ProjectionTensors | None = None
     reference: ProjectionTensors | None = None
@@ -237,9 +227,7 @@ class GemmCase:
     qweight: torch.Tensor
     mscale: torch.Tensor
     mglobal: torch.Tensor | None
-    engine: str
-    act_dtype: str
-    w4a8: bool
+    target: MarlinTarget  # the run's, as it applies to this projection's quant (MarlinTarget.for_quant)
     sf: float
     rows: int = 16
     seed: int = 0

@@ -99,7 +99,7 @@ class _Layer:
     def __init__(self, ckpt, reader, refs, rreader, ref_fmt, opts, provider, sf, device, layouts):
         self.ckpt, self.reader, self.refs, self.rreader, self.ref_fmt = ckpt, reader, refs, rreader, ref_fmt
         self.opts, self.provider, self.sf, self.dev, self.layouts = opts, provider, sf, device, layouts
-        self.target = opts.target()
+        self.target = opts.target
 
     def _get(self, reader, proj, fmt):
         d = load_projection(reader, proj, fmt=fmt)
@@ -130,9 +130,9 @@ class _Layer:
         e = exact.float().reshape(()).cpu() if exact is not None else None
         if e is None or not (torch.isfinite(e) and e > 0):
             return None  # nvfp4.global.invalid reports it
-        o = self.opts
-        kept = marlin_to_nvfp4_global(nvfp4_global_to_marlin(e, fp32_global=self.target.fp32_global,
-                                                             act_dtype=o.act_dtype, sf=sf), act_dtype=o.act_dtype, sf=sf)
+        t = self.target
+        kept = marlin_to_nvfp4_global(nvfp4_global_to_marlin(e, fp32_global=t.fp32_global, act_dtype=t.act_dtype, sf=sf),
+                                      act_dtype=t.act_dtype, sf=sf)
         return float(kept / e)
 
     def prepare(self, proj, owner) -> _Prepared:
@@ -157,7 +157,7 @@ class _Layer:
             og = self._get(self.reader, owner, self.ckpt.format)[2] if owner is not proj else gs
             try:
                 g = nvfp4_global_to_marlin(og.float().reshape(()).cpu(), fp32_global=self.target.fp32_global,
-                                           act_dtype=self.opts.act_dtype, sf=sf).float()
+                                           act_dtype=self.target.act_dtype, sf=sf).float()
             except ValueError:  # NaN, 0 or negative: nvfp4.global.invalid reports it; the expert must not pass
                 g = torch.tensor(float("nan"))
         else:
@@ -173,7 +173,7 @@ class _Layer:
         if proj.quant is Quant.NVFP4:
             table = byte_table(lambda c: s0e5m3_to_nvfp4_scales(c, sf=sf), torch.uint8, self.dev)
             scale = table[b.long()].view(torch.float8_e4m3fn).t()
-            g = marlin_to_nvfp4_global(mglobal, act_dtype=self.opts.act_dtype, sf=sf)
+            g = marlin_to_nvfp4_global(mglobal, act_dtype=self.target.act_dtype, sf=sf)
             return dequant("nvfp4", packed, scale, g)
         return dequant("mxfp4", packed, b.t(), None)
 
@@ -195,12 +195,12 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
         return
     opts = resolve_options(opts, ckpt)
     checks = [c for c in ALL_CHECKS if c.scope is Scope.KERNEL]
-    if opts.w4a8:
+    if opts.target.w4a8:
         report.notes.append("kernel checks skipped: W4A8 (fp8 activations) is not in the kernel pre-flight yet")
         return
     ref_ckpt = open_checkpoint(resolve_source(against)) if against is not None else None
     layouts = kernel_layouts(ckpt, opts, ref_ckpt)  # refuses what the kernel cannot run, before any launch
-    provider = select_provider(kopts.provider, engine_facts(opts.engine).layout_tag)
+    provider = select_provider(kopts.provider, engine_facts(opts.target.engine).layout_tag)
     dev = torch.device(kopts.device)
     report.notes.append(f"kernel: {provider.name} on {torch.cuda.get_device_name(dev)}")
     report.notes += _layout_notes(ckpt, opts, layouts, ref_ckpt is not None)
@@ -227,13 +227,13 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                 if not members:
                     continue
                 quant = experts[members[0]][roles[0]].quant
-                if quant is Quant.MXFP4 and opts.act_dtype != "bfloat16":
+                if quant is Quant.MXFP4 and opts.target.act_dtype != "bfloat16":
                     continue  # the engines have no fp16 MXFP4 Marlin kernel (quant_config.mxfp4_act_dtype)
-                case = KernelCase(layer, stack, opts.act_dtype, provider.name, kind)
+                case = KernelCase(layer, stack, opts.target.act_dtype, provider.name, kind)
                 t0 = time.monotonic()
                 try:
                     if stack in (_LAYER, _SWIGLU_LAYER, _SITU_LAYER):
-                        case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.act_dtype]
+                        case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.target.act_dtype]
                         clamped = limit and (swigluoai_limited(alpha, limit) if alpha else swiglu_limited(limit))
                         act, reach = {_LAYER: (relu2, None), _SWIGLU_LAYER: (clamped, limit),
                                       _SITU_LAYER: (betas and situ(*betas), betas and betas[0])}[stack]
@@ -254,7 +254,7 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                 report.kernel.append({"layer": layer, "projection": stack, "experts": len(case.rel),
                                       "max_rel_error": worst[0][1] if worst else None,
                                       "worst_experts": [[e, r] for e, r in worst],
-                                      "limit": case.limit or KERNEL_REL_ERROR_MAX[opts.act_dtype],
+                                      "limit": case.limit or KERNEL_REL_ERROR_MAX[opts.target.act_dtype],
                                       "repack_checked": len(case.repack), "seconds": time.monotonic() - t0})
                 if progress:
                     progress(layer, stack, len(case.rel))
@@ -266,7 +266,7 @@ def _layout_notes(ckpt, opts, layouts, against: bool) -> list[str]:
         return []
     sizes = "; ".join(f"TP {tp} / EP {ep}: I_shard {i} -> {ip}, H {h} -> {hp}" for tp, ep, i, ip, h, hp in padded)
     if not ckpt.format.converted:
-        return [f"kernel: source experts padded per rank as {opts.engine} pads them ({sizes}), as the converter "
+        return [f"kernel: source experts padded per rank as {opts.target.engine} pads them ({sizes}), as the converter "
                 "writes that split"]
     if against:
         return [f"kernel: padded per-rank layout ({sizes}) checked against the source padded the same way"]
@@ -277,7 +277,7 @@ def _layout_notes(ckpt, opts, layouts, against: bool) -> list[str]:
 
 def _run_stack(prep, experts, members, roles, case, opts, kopts, dev):
     gen = torch.Generator(device=dev).manual_seed(opts.seed)
-    act = getattr(torch, opts.act_dtype)
+    act = getattr(torch, opts.target.act_dtype)
     x = None
     for i in range(0, len(members), kopts.chunk):
         part = members[i:i + kopts.chunk]
@@ -333,7 +333,7 @@ def _run_layer(prep, experts, members, case, opts, kopts, dev, roles, activation
     clamp or SiTU's beta, where the activation bends). The references take each projection's global as the engine keeps it, so this case sees the kernels'
     path through the activation, not the global rounding that the two stacks' own cases report."""
     gen = torch.Generator(device=dev).manual_seed(opts.seed + 1)
-    act = getattr(torch, opts.act_dtype)
+    act = getattr(torch, opts.target.act_dtype)
     x = None
     for i in range(0, len(members), kopts.chunk):
         part = members[i:i + kopts.chunk]

@@ -38,17 +38,17 @@ def kernel_layouts(ckpt, opts, ref_ckpt=None) -> dict[str, RankTiles | None]:
     padded = padded_containers(ckpt) if marlin else {}
     out: dict[str, RankTiles | None] = {}
     for name, m in moe_layers(ckpt.projections).items():
-        if (m.quant is Quant.MXFP4 and opts.act_dtype != "bfloat16") or not (m.hidden and m.intermediate):
+        if (m.quant is Quant.MXFP4 and opts.target.act_dtype != "bfloat16") or not (m.hidden and m.intermediate):
             continue  # not run (no fp16 MXFP4 kernel) / empty: structure.experts.empty reports it
         if marlin:
             _refuse_off_tile(ckpt, name, m)
             out[name] = padded.get(name)
             continue
-        v = moe_rank_tiles(m.quant.value, engine_padding(opts.engine, ckpt.format.value), hidden=m.hidden, intermediate=m.intermediate,
+        v = moe_rank_tiles(m.quant.value, engine_padding(opts.target.engine, ckpt.format.value), hidden=m.hidden, intermediate=m.intermediate,
                            tp=opts.tp, ep=opts.ep, experts=m.experts, gated=m.gated)
         if v.status == IMPOSSIBLE:
             raise ContentError(f"{name} ({m.quant.value}, H={m.hidden}, I={m.intermediate}) cannot run through "
-                               f"{opts.engine}'s Marlin kernel at TP {opts.tp} / EP {opts.ep}: {v.reason}",
+                               f"{opts.target.engine}'s Marlin kernel at TP {opts.tp} / EP {opts.ep}: {v.reason}",
                                error_id="kernel.shape_unsupported", tensor=name, file=ckpt.index_file,
                                hint=_SPLIT_HINT)
         out[name] = v if v.status == PAD else None
@@ -94,5 +94,5 @@ def refuse_unsupported_shapes(path, opts, against=None) -> None:
     except DsvError:
         return
     opts = resolve_options(opts, ckpt)
-    if not opts.w4a8:
+    if not opts.target.w4a8:
         kernel_layouts(ckpt, opts, ref)

@@ -101,7 +101,9 @@ class Report:
             "path": self.path,
             "against": self.against,
             "format": self.format,
-            "options": {**asdict(self.options), "strict": strict},
+            # the target's fields at the top, as the schema has always had them (docs/VALIDATE.md)
+            "options": {**asdict(self.options.target), **{k: v for k, v in asdict(self.options).items() if k != "target"},
+                        "strict": strict},
             "summary": {
                 "status": "fail" if self.exit_code(strict=strict) else ("warn" if c[Severity.WARNING] else "pass"),
                 "exit_code": self.exit_code(strict=strict),

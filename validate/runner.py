@@ -62,7 +62,7 @@ def resolve_options(opts: Options, ckpt: Checkpoint | None) -> Options:
     tp, ep = opts.tp, opts.ep
     if not opts.layout_requested and record.tp_layout is not None:
         tp, ep = record.tp_layout.tp, record.tp_layout.ep  # a --tp/--ep output: its layout is the default
-    return replace(opts, engine=record.target_engine, act_dtype=record.act_dtype, w4a8=record.w4a8, tp=tp, ep=ep)
+    return replace(opts, target=record.target, tp=tp, ep=ep)
 
 
 _WORKER: _Worker | None = None  # one per worker process (set by the pool initializer)
@@ -114,9 +114,9 @@ def rescale_factors(ckpt: Checkpoint, opts: Options, reader: TensorReader, proje
     if ckpt.format.converted:
         record = record_or_none(ckpt.config)
         return dict(record.rescale_factors) if record else {}
-    if not opts.target().rescales:
+    if not opts.target.rescales:
         return {}
-    return stack_rescale_factors(reader, projections, opts.act_dtype, skip_unreadable=True)
+    return stack_rescale_factors(reader, projections, opts.target.act_dtype, skip_unreadable=True)
 
 
 def _sample(items: list, fraction: float, rng: random.Random) -> list:

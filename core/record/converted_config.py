@@ -17,6 +17,7 @@ from ..errors import ContentError
 from ..files import CONFIG
 from ..sources.source_formats import FORMATS, engine_padding
 from ..targets.engines import FORMAT_VERSION, LAYOUTS, QUANT_METHOD
+from ..targets.target import MarlinTarget
 from ..version import __version__
 from .converted_rules import LAYOUT_KEYS, NOT_OURS, PRODUCER, Problem, block_problems
 
@@ -119,9 +120,15 @@ class ConvertedQuantConfig:
                 "format_version": str(self.format_version), "marlin_layout": self.marlin_layout}
 
     def manifest_fields(self) -> dict:
-        """The manifest's record of the conversion (runtime/staging.py adds the shards and the fingerprint)."""
+        """The manifest's record of the conversion (runtime/output/tree.py adds the shards and the fingerprint)."""
         return {"format_version": self.format_version, "producer": self.producer,
                 "marlin_layout": self.marlin_layout, "source_format": self.source_format}
+
+    @property
+    def target(self) -> MarlinTarget:
+        """What the checkpoint was converted for, as the converter's one target object (the parser's rules
+        are MarlinTarget's: a parsed record always names a valid one)."""
+        return MarlinTarget(self.target_engine, self.act_dtype, self.w4a8)
 
     def format_of(self, container: str) -> str:
         return self.experts[container]

@@ -82,9 +82,14 @@ FAMILIES: tuple[Family, ...] = (
            examples="GLM-5.3-Flash NVFP4 (multimodal)", activation="swiglu-limit"),
     # Qwen3.8-Flash-Next: Qwen3-Next's sparse MoE block (HF expert names) under `model.language_model.layers` (vLLM
     # 0.34 models/qwen4_exp nvidia/model.py Qwen4ExpSparseMoeBlock(Qwen3NextSparseMoeBlock), mapper
-    # `model.language_model.` -> `model.`); its per-layer embedding (PLE) tables are no experts
-    Family("qwen4-exp", ("Qwen4ExpForCausalLM", "Qwen4ExpForConditionalGeneration"), "hf-language-model",
-           "hf-language-model", examples="Qwen3.8-Flash-Next NVFP4"),
+    # `model.language_model.` -> `model.`; SGLang 0.5.23 qwen4_exp.py load_weights `model.language_model.` ->
+    # `model.`, FusedMoE.make_expert_params_mapping gate_proj / down_proj / up_proj); its per-layer embedding (PLE)
+    # tables are no experts (core/sources/side_tables.py). Two rows: SGLang 0.5.23 registers the multimodal class
+    # alone (qwen4_exp.py EntryClass = [Qwen4ExpForConditionalGeneration]), vLLM 0.33 and 0.34 both
+    Family("qwen4-exp", ("Qwen4ExpForConditionalGeneration",), "hf-language-model", "hf-language-model",
+           examples="nvidia's Qwen3.8-Flash-Next NVFP4 (MIXED_PRECISION), ModelOpt NVFP4 releases"),
+    Family("qwen4-exp-text", ("Qwen4ExpForCausalLM",), "hf-language-model", "hf-language-model",
+           examples="Qwen3.8-Flash-Next NVFP4, text architecture"),
     # MiniMax-M3 / M3.1: MiniMax-M2's `block_sparse_moe.experts.E.w{1,3,2}` (vLLM 0.34 models/minimax_m3/nvidia/model.py
     # MiniMaxM3Model.get_expert_mapping: "Checkpoint experts use w1=gate, w2=down, w3=up"; SGLang 0.5.23 minimax_m3.py
     # load_weights renames `.block_sparse_moe` to `.mlp`), under `language_model.model.layers` in the VL checkpoint (vLLM

@@ -10,6 +10,11 @@ transformers 5, whose DeepseekV3Config has no `moe_layer_freq`, `topk_method` or
   and `config.scoring_func` as plain attributes: AttributeError while the model is built.
 - vLLM 0.33.0 / 0.34.0 models/deepseek_v2.py creates `gate.e_score_correction_bias` only when
   `getattr(config, "topk_method", None) == "noaux_tc"`: a checkpoint holding that tensor fails to load (KeyError).
+A source the engine cannot LOAD whatever its config says, for a tensor it holds:
+- SGLang 0.5.23 models/qwen4_exp.py builds each Qwen3.8-Flash-Next PLE n-gram table BF16 or FP8 only
+  (_ple_table_is_fp8) and copies every `ngram_embedding.shard_<i>.weight` into it (load_qwen4_exp_ple_shard): NVFP4
+  tables (packed E2M1 rows, a per-shard `weight_scale`: core/sources/side_tables.py) fail there (RuntimeError, the
+  packed rows half as wide). vLLM 0.33 / 0.34 load them (common/ngram_embedding.py Qwen4ExpPLENvFp4EmbeddingMethod).
 And config.json keys that make a model no release serves with FP4 experts: per-layer expert pruning
 (`approximate_experts`, `compression_config.transform_config.expert_substitution`; _PRUNED quotes both engines).
 Pure: no engine import.
@@ -17,6 +22,7 @@ Pure: no engine import.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from ..sources.families import family_of
@@ -53,6 +59,24 @@ _READS = {
              "`getattr(config, \"topk_method\", None) == \"noaux_tc\"`: it cannot load the checkpoint's "
              f"`mlp.gate.{_BIAS}` (KeyError)") for key in ("vllm 0.33", "vllm 0.34")},
 }
+
+
+# release key -> (the stored tensors it cannot load, the engine's own failure, what to do instead)
+_TENSORS = {
+    "sglang 0.5.23": (re.compile(r"\.ple\.ple_embedding\.ngram_embedding\.shard_\d+\.weight_scale$"),
+                      "the checkpoint's Qwen4-Exp PLE n-gram tables are NVFP4, and SGLang's models/qwen4_exp.py builds "
+                      "a PLE table BF16 or FP8 only (_ple_table_is_fp8) and copies each `shard_<i>.weight` into it "
+                      "(load_qwen4_exp_ple_shard: RuntimeError, the packed rows are half as wide)",
+                      "serve it with vLLM (its NVFP4 PLE method), or use a release with FP8 or BF16 n-gram tables"),
+}
+
+
+def _tensor_refusal(engine: str, names: tuple[str, ...]) -> tuple[str, str] | None:
+    """(the engine's failure, the fix) for a stored tensor `engine` cannot load, or None."""
+    for key, (pattern, why, fix) in _TENSORS.items():
+        if engine in (key, key.split(" ", 1)[0]) and any(pattern.search(n) for n in names):
+            return why, fix
+    return None
 
 
 # release key -> architectures of a served family that release's model registry does not have, with its own failure:
@@ -96,9 +120,12 @@ def _pruned_layers(config: Mapping) -> list[tuple[str, str]]:
 
 
 def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str] = ()) -> str | None:
-    """Why `engine` (a name or a release key) cannot build or load this source's model from its config.json,
-    or None. `tensor_names`: the checkpoint's tensors (vLLM fails only where the correction bias is stored). An
+    """Why `engine` (a name or a release key) cannot build or load this source's model from its config.json or its
+    tensors, or None. `tensor_names`: the checkpoint's tensors (vLLM fails only where the correction bias is stored). An
     architecture one release lacks is refused for that release key only (another release of the engine has it)."""
+    names = tuple(tensor_names)
+    if said := _tensor_refusal(engine, names):
+        return said[0]
     releases = [key for key in RELEASES if key.split(" ", 1)[0] == engine] or [engine]  # a name: all its releases
     reasons = [_no_architecture(config, key) for key in releases]
     if all(reasons):
@@ -111,7 +138,6 @@ def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str
     missing = missing_engine_keys(config)
     if not missing:
         return None
-    names = tuple(tensor_names)
     for key, (reads, tensor, why) in _READS.items():
         lacks = [k for k in reads if k in missing]
         if engine in (key, key.split(" ", 1)[0]) and lacks and (
@@ -120,9 +146,11 @@ def source_load_refusal(config: Mapping, engine: str, tensor_names: Iterable[str
     return None
 
 
-def fix_hint(config: Mapping) -> str:
-    """What to add to config.json: the keys and the values the release's own config.json carries (a model pruned per
-    layer: what to serve instead)."""
+def fix_hint(config: Mapping, engine: str = "", tensor_names: Iterable[str] = ()) -> str:
+    """What to do: for a tensor `engine` cannot load, the way round it; else what to add to config.json, the keys and
+    the values the release's own config.json carries (a model pruned per layer: what to serve instead)."""
+    if said := _tensor_refusal(engine, tuple(tensor_names)):
+        return said[1]
     if _pruned_layers(config):
         return ("no engine release serves FP4 experts pruned per layer: quantise the unpruned model, or serve a "
                 "pruning that keeps the same expert count in every layer (llm-compressor's REAP writes it as "

@@ -21,15 +21,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..sources.families import FAMILIES, Family, family_of
+from ..sources.families import Family, family_of
 from .engine_config import source_load_refusal
-from .engines import RELEASES, EngineError, engine_inner_method, release_for
+from .engines import EngineError, engine_inner_method, release_for
 from .inner_methods import stale_block
 from .minimax_m3 import MINIMAX_M3_FORMATS, MINIMAX_M3_REFUSED
 from .refusals import Refused, producer_refusals
 
 __all__ = ["Served", "SERVED", "Refused", "REFUSED", "ENGINE_VERSIONS", "engine_key", "entries", "source_block", "inner_method",
-           "refusal", "matrix_markdown", "MATRIX_BEGIN", "MATRIX_END"]
+           "refusal"]
 
 # the engine releases the serving proofs run under (serving_tests/locks), by core/targets/engines.py release key
 # ("<engine> <series>"); a release without rows here (vLLM 0.34 until its proofs run) serves nothing
@@ -188,6 +188,13 @@ REFUSED: tuple[Refused, ...] = (
               "EntryClass is [Glm5NextForConditionalGeneration] alone) and its Transformers fallback has none either: "
               "\"Cannot find model module. 'Glm5NextForCausalLM' is not a registered model in the Transformers library\"",
               "serving_tests/test_engine_refusals.py::test_sglang_has_no_glm5_next_text_model") for fmt, _ in _GLM5_NEXT),
+    # Qwen3.8-Flash-Next's text class: SGLang registers the multimodal one alone (its NVFP4 n-gram tables, which SGLang
+    # cannot load either, are core/targets/engine_config.py's: a fact of the checkpoint's tensors, not of its family)
+    Refused("qwen4-exp-text", "nvfp4-modelopt-hf", "sglang 0.5.23",
+            "SGLang 0.5.23 registers no Qwen4ExpForCausalLM: models/qwen4_exp.py's EntryClass is "
+            "[Qwen4ExpForConditionalGeneration] alone ('Qwen4ExpForCausalLM has no SGlang implementation and the "
+            "Transformers implementation is not compatible with SGLang.')",
+            "serving_tests/test_engine_refusals.py::test_sglang_has_no_qwen4_exp_text_model"),
     *producer_refusals(ENGINE_VERSIONS),  # the real producers' outputs (core/targets/refusals.py)
     # Kimi-K3 on SGLang 0.5.23 (models/kimi_k3.py), each shown by serving_tests/test_engine_refusals.py
     Refused("kimi-k3", "nvfp4-ct", "sglang 0.5.23", "SGLang cannot load the compressed-tensors NVFP4 source itself: "
@@ -252,7 +259,23 @@ def _hybrid_rows(key: str) -> tuple[Served, ...]:
                  for family, fmt, method in (*_HYBRID, *_NEW_FAMILIES) if not _refused(family, fmt, key))
 
 
-SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS for row in (*_rows(key), *_hybrid_rows(key)))
+def _qwen4_exp_rows(key: str) -> tuple[Served, ...]:
+    """Qwen3.8-Flash-Next (synth/qwen4_exp.py, text-only): nvidia's MIXED_PRECISION release with FP8 n-gram tables and
+    the plain ModelOpt NVFP4 form; on vLLM (0.33 has the model too: serving_tests/vllm/qwen4_exp_cpu.py) also NVFP4
+    n-gram tables and the text class."""
+    fmt = "nvfp4-modelopt-hf"  # NVFP4 tables where the release loads them (core/targets/engine_config.py)
+    nvfp4_ple = source_load_refusal({}, key, ("layers.0.ple.ple_embedding.ngram_embedding.shard_0.weight_scale",)) is None
+    draft = "serving_tests/test_draft_differential.py::test_plugin_draft_equals_the_engines_draft_of_the_source"
+    multimodal = (_differential("qwen4-exp", fmt), _differential("qwen4-exp-nvfp4", fmt),
+                  *((_differential("qwen4-exp-ple-nvfp4", fmt),) if nvfp4_ple else ()),
+                  f"{draft}[qwen4-exp-{fmt}-bfloat16]")  # its BF16 MTP draft (MIXED_PRECISION)
+    return (Served("qwen4-exp", fmt, key, frozenset({"modelopt_mixed", "modelopt_fp4"}), multimodal),
+            *((Served("qwen4-exp-text", fmt, key, frozenset({"modelopt_mixed"}), (_differential("qwen4-exp-text", fmt),)),)
+              if not _refused("qwen4-exp-text", fmt, key) else ()))
+
+
+SERVED: tuple[Served, ...] = tuple(row for key in ENGINE_VERSIONS
+                                   for row in (*_rows(key), *_hybrid_rows(key), *_qwen4_exp_rows(key)))
 
 
 def entries(family: str | None = None, source_format: str | None = None, engine: str | None = None) -> list[Served]:
@@ -315,39 +338,3 @@ def refusal(config: Mapping, source_format: str, engine: str, block: Mapping | N
     return (f"{_engine_of(engine)} builds {method!r} for the non-expert layers of this {family.name} {source_format} "
             f"source (from its quantisation block), and the plugin was proven for it only with "
             f"{', '.join(sorted({m for s in rows for m in s.methods}))} ({', '.join(sorted({s.engine for s in rows}))})")
-
-
-# ------------------------------------------------------------------------------------ the README's matrix
-MATRIX_BEGIN = "<!-- served matrix: generated from core/targets/served.py by matrix_markdown(); tests/core/test_served.py -->"
-MATRIX_END = "<!-- end of served matrix -->"
-
-
-def _proof_cell(rows: list[Served]) -> str:
-    """The proving tests, by file and case: `test_families.py [qwen3-moe-nvfp4-ct]`."""
-    cells: dict[str, set[str]] = {}
-    for p in (p for s in rows for p in s.proofs):
-        file, _, test = p.partition("::")
-        cells.setdefault(file.removeprefix("serving_tests/"), set()).add(test.partition("[")[2].rstrip("]"))
-    return "; ".join(f"`{f}`" + (f" [{', '.join(sorted(c - {''}))}]" if c - {""} else "") for f, c in cells.items())
-
-
-def matrix_markdown() -> str:
-    """The README's support matrix: every family, and for each source format the engine versions whose plugin
-    is proven to serve it (with the method the engine builds for the non-expert layers) and the proof."""
-    columns = sorted(RELEASES)  # every release the engine table knows; one without rows serves nothing yet
-    head = ["family", "releases", "source format", *columns, "proof (serving_tests/)"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for f in FAMILIES:
-        formats = list(dict.fromkeys(s.source_format for s in (*SERVED, *REFUSED) if s.family == f.name))
-        if not formats:
-            lines.append(f"| {f.name} | {f.examples} | | " + " | ".join("refused" for _ in columns)
-                         + " | none: no serving test loads it yet |")
-        for fmt in formats:
-            rows = entries(f.name, fmt)
-            said = {r.engine: r for r in REFUSED if r.family == f.name and r.source_format == fmt}
-            cells = [next((f"served ({'/'.join(sorted(s.methods))})" for s in rows if s.engine == key),
-                          "refused by the engine (see below)" if key in said else "refused") for key in columns]
-            lines.append(f"| {f.name} | {f.examples} | {fmt} | " + " | ".join(cells) + f" | {_proof_cell(rows)} |")
-    lines += ["", *(f"- {r.family} {r.source_format} on {r.engine}: {r.reason} (`{r.proof.removeprefix('serving_tests/')}`)"
-                    for r in REFUSED)] if REFUSED else []
-    return "\n".join([MATRIX_BEGIN, *lines, MATRIX_END])

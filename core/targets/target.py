@@ -1,9 +1,12 @@
 """What a conversion targets: the engine's Marlin layout, the activation dtype, W4A8 or not. The codecs
 (formats/) take one as a value and read its fields; they never import the engine table themselves."""
 
-from dataclasses import dataclass
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
 
 from ..checkpoint.dtypes import ACT_DTYPE_NAMES
+from ..checkpoint.tensor_model import Quant
 from .engines import (
     ACT_DTYPES,
     DEFAULT_ENGINE,
@@ -31,6 +34,12 @@ class MarlinTarget:
             raise ValueError(f"W4A8 (fp8 activations) Marlin exists only in "
                              f"{'; '.join(ENGINES[n].w4a8_versions() for n in w4a8) or 'no engine'}; "
                              f"use engine={' or '.join(map(repr, w4a8))}, or convert without W4A8")
+
+    def for_quant(self, quant: Quant | None) -> MarlinTarget:
+        """This target as it applies to a projection of `quant`: W4A8 Marlin exists for MXFP4 only, so an
+        NVFP4 projection of a W4A8 target is read in the 16-bit-activation layout (validate reads such a
+        checkpoint; the converter refuses to write one: convert.w4a8_nvfp4)."""
+        return self if not self.w4a8 or quant is Quant.MXFP4 else replace(self, w4a8=False)
 
     @property
     def facts(self) -> EngineFacts:

@@ -31,6 +31,7 @@ from kimi_k3_cpu import use_cpu_kimi_k3
 from minimax_m3_cpu import stand_in_cute_dsl_ops
 from mla_cpu import use_cpu_reference_kernels
 from nemotron_cpu import use_cpu_nemotron_h
+from qwen4_exp_cpu import use_cpu_qwen4_exp
 
 
 def _model(path: str, dtype: str, text_only: bool = False):
@@ -106,6 +107,7 @@ def run(rank: int, world: int, *, cases: dict) -> dict:
     _marlin_runs_here()
     use_cpu_reference_kernels()  # MLA families: serving_tests/vllm/mla_cpu.py
     use_cpu_nemotron_h()  # non-gated MoE platform check: serving_tests/vllm/nemotron_cpu.py (nemotron)
+    use_cpu_qwen4_exp()  # vLLM 0.33's QSA FlashAttention check: serving_tests/vllm/qwen4_exp_cpu.py
     use_cpu_stand_ins()  # DeepSeek-V4's CUDA model: serving_tests/vllm/dsv4_cpu.py
     use_cuda_quant_config()  # DeepSeek-V4.1's quantisation config class: serving_tests/vllm/dsv41_cpu.py
     use_mxfp8_emulation()  # DeepSeek-V4.1's MXFP8 dense linears: serving_tests/vllm/dsv41_cpu.py

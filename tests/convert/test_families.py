@@ -102,7 +102,12 @@ def test_family_is_recognised_with_its_names(family_source, fam, fmt):
 
 @pytest.mark.parametrize(("fam", "fmt"), CASES, ids=_IDS)
 def test_source_validates_clean(family_source, fam, fmt):
-    report = _validate(family_source(fam, fmt), "--strict")
+    nvfp4_ple = FAMILY_SPECS[fam].ple == "nvfp4"  # SGLang cannot load NVFP4 PLE tables (core/targets/engine_config.py)
+    report = _validate(family_source(fam, fmt), "--strict",
+                       allowed=frozenset({"source.engine_config"}) if nvfp4_ple else frozenset())
+    if nvfp4_ple:  # said for SGLang alone: vLLM loads them
+        said = [f["message"].split(" ", 1)[0] for f in report["findings"] if f["severity"] == "error"]
+        assert said == ["sglang"], report["findings"]
     if FAMILY_SPECS[fam].mtp == "file":  # GLM's mtp.safetensors: a fact, never an error or a warning
         infos = [f for f in report["findings"] if f["check"] == "structure.index.extra_file"]
         assert [f["file"] for f in infos] == [MTP_FILE] and infos[0]["severity"] == "info", infos

@@ -66,6 +66,26 @@ def test_serves_from_round_trips_and_chooses_the_serving_block(converted):
     assert spec.as_dict() == {**stale, "serves_from": "hf_quant_config.json"} and serving_block(spec) == hf
 
 
+@pytest.mark.slow  # the `converted` fixture runs the CLI
+def test_the_verdict_serves_from_the_block_the_parser_chooses(converted):
+    """Issue 38 item 3: `plan`'s and `inspect`'s verdict on a conversion reads its record through the one parser
+    and serving_block (no second reading of the raw dict): a stale config.json block is judged, unless the record
+    says `serves_from`, and a record the plugins refuse is refused."""
+    from dsv4_convert.core.checkpoint.reader import open_checkpoint
+    from dsv4_convert.core.targets.verdicts import UNREADABLE_RECORD, checkpoint_refusal, verdict
+
+    ckpt = open_checkpoint(converted)
+    block, fmt = _block(converted), ckpt.format.value
+    assert verdict(ckpt.config, None, fmt, "vllm") is None
+    stale = {**block, "original_quantization_config": {"quant_method": "fp8"}}
+    why = checkpoint_refusal({**ckpt.config, "quantization_config": stale}, None, fmt, "vllm")
+    assert why is not None and "'fp8'" in why
+    serving = {**stale, "serves_from": "hf_quant_config.json"}  # hf_quant_config.json's NVFP4 block, served
+    assert checkpoint_refusal({**ckpt.config, "quantization_config": serving}, None, fmt, "vllm") is None
+    broken = {**ckpt.config, "quantization_config": {**block, "w4a8": "no"}}
+    assert checkpoint_refusal(broken, None, fmt, "vllm") == verdict(broken, None, fmt, "vllm") == UNREADABLE_RECORD
+
+
 # issue 37 item 6: every recorded rescale factor a plugin could act on wrongly. The vLLM plugin re-encodes a
 # stack's block scales by the factor (serving/vllm_methods.py rank_rescale): Infinity turned every byte to 0.
 BAD_RESCALE = [float("inf"), float("-inf"), float("nan"), 1e300, 3.0, 0, 0.0, -2.0, 2.0 ** 18, 2.0 ** 1000, 0.5,

@@ -17,11 +17,8 @@ from dsv4_convert.core.targets.served import entries, refusal
 
 # (architecture, model_type, an expert tensor name of its releases, family, layer, expert, role)
 RECOGNISED = [
-    # GLM-5.3-Flash (glm5-next, glm5-next-vl) is served now: tests/convert/test_families.py, serving_tests/differential.py
-    ("Qwen4ExpForConditionalGeneration", "qwen4_exp", "model.language_model.layers.1.mlp.experts.0.up_proj.weight",
-     "qwen4-exp", "1", 0, Role.UP),
-    ("Qwen4ExpForCausalLM", "qwen4_exp", "model.language_model.layers.1.mlp.experts.0.up_proj.weight",
-     "qwen4-exp", "1", 0, Role.UP),
+    # GLM-5.3-Flash (glm5-next, glm5-next-vl), Qwen3.8-Flash-Next (qwen4-exp, qwen4-exp-text) and MiniMax-M3 / M3.1
+    # (minimax-m3, minimax-m3-vl) are served now: tests/convert/test_families.py, serving_tests/differential.py
 ]
 
 

@@ -17,15 +17,13 @@ from dsv4_convert.core.sources.families import FAMILIES
 from dsv4_convert.core.sources.source_formats import FORMATS
 from dsv4_convert.core.targets.served import (
     ENGINE_VERSIONS,
-    MATRIX_BEGIN,
-    MATRIX_END,
     SERVED,
     _refused,
     engine_key,
     entries,
-    matrix_markdown,
     refusal,
 )
+from dsv4_convert.core.targets.served_matrix import MATRIX_BEGIN, MATRIX_END, matrix_markdown
 from dsv4_convert.synth.families import FAMILY_SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,7 +145,7 @@ def test_readme_matrix_is_the_table():
     block = readme[readme.index(MATRIX_BEGIN):readme.index(MATRIX_END) + len(MATRIX_END)]
     assert block == matrix_markdown(), (
         "README.md's support matrix differs from core/targets/served.py; paste the output of `python -c 'from "
-        "dsv4_convert.core.targets.served import matrix_markdown; print(matrix_markdown())'`")
+        "dsv4_convert.core.targets.served_matrix import matrix_markdown; print(matrix_markdown())'`")
 
 
 def test_an_architecture_in_no_family_is_not_served():
@@ -212,7 +210,7 @@ def test_an_engines_own_refusal_is_quoted_by_the_gate_and_the_matrix(monkeypatch
     config = {"architectures": ["Qwen3MoeForCausalLM"]}
     why = refusal(config, "mxfp4-ct", "sglang", {"quant_method": "compressed-tensors"})
     assert "sglang 0.5.23 itself cannot serve" in why and "the engine's own words" in why
-    assert "refused by the engine" in served.matrix_markdown() and "the engine's own words" in served.matrix_markdown()
+    assert "refused by the engine" in matrix_markdown() and "the engine's own words" in matrix_markdown()
     for s in served.REFUSED:
         assert not served.entries(s.family, s.source_format, s.engine)  # never both served and refused
 

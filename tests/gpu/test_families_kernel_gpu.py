@@ -7,6 +7,7 @@ sources unchanged; the device has no vLLM), loaded through --kernel-provider mod
 (--kernel-provider sglang, the test build of its wheel's sources: tests/gpu/run.sh VERSIONS=sglang).
 Sources are `dsv4-convert synth --family F --format X` replicas (real names and configs, shrunk sizes),
 converted by the real CLI; `--allow-unservable` only where the converter's gate refuses the family.
+Qwen3.8-Flash-Next (qwen4-exp: FP8 or NVFP4 PLE n-gram tables beside the experts) runs its routed experts alone.
 Nemotron-H (non-gated relu2 experts, served) runs w13 as the up projection alone (N = I), w2, and each layer
 whole: w13, ReLU-squared in bf16, w2 on every (token, expert) row, as the engines' fused_marlin_moe chains them.
 GLM-5.3-Flash (gated, its SwiGLU clamped at `swiglu_limit`) runs each layer whole with that clamped SwiGLU too.
@@ -196,3 +197,18 @@ def test_minimax_m3_layers_run_whole_with_the_clamped_swiglu(reports, replica, f
     assert layers and set(rows) == {(layer, p) for layer in layers for p in ("w13", "w2", "w13+swiglu_limit+w2")}, rows
     assert all(r["experts"] == 8 and r["max_rel_error"] <= r["limit"] for r in rows.values()), rows
     assert status(data, "kernel.gemm") == "pass"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("replica", ("qwen4-exp", "qwen4-exp-ple-nvfp4"))  # FP8 / NVFP4 PLE n-gram tables
+def test_qwen4_exp_routed_experts_alone_run_through_the_engines_kernels(reports, replica, target):
+    """Qwen3.8-Flash-Next (SiLU-gated experts, the engines' plain SwiGLU: Qwen3-Next's MoE block): both MoE layers'
+    routed experts, 8 each, ran w13 and w2 through the kernel and passed; the NVFP4 n-gram tables and the NVFP4 shared
+    expert (no routed experts: copied as they are) are not among the stacks."""
+    _, data = reports[(replica, "nvfp4-modelopt-hf", target)]
+    rows = {(r["layer"], r["projection"]): r for r in data["kernel"]}
+    record(suite="families-qwen4-exp", kernels=KERNELS, replica=replica, target=target,
+           rows=[[k[0], k[1], r["experts"], r["max_rel_error"], r["limit"]] for k, r in sorted(rows.items())])
+    assert {str(layer) for layer, _ in rows} == {"0", "1"} and all(r["experts"] == 8 for r in rows.values()), rows
+    assert status(data, "kernel.gemm") == "pass" and status(data, "kernel.repack") == "pass"

@@ -56,7 +56,7 @@ def marlin_of(src: ProjectionTensors, *, engine="sglang", act_dtype="bfloat16") 
     else:
         q, s = mxfp4_to_marlin(src.weight, src.scale, target=t)
         g = None
-    return MarlinTensors(src.proj, q, s, g, src.global_scale, engine, act_dtype, False, 1.0, reference=src)
+    return MarlinTensors(src.proj, q, s, g, src.global_scale, t, 1.0, reference=src)
 
 
 def run(chk, arg, opts: Options | None = None):

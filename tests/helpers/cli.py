@@ -51,7 +51,7 @@ MARKER = "dsv4-convert.marker.json"  # older marlin-to-source outputs' record: n
 
 def restored_tree(root: Path) -> dict[str, str]:
     """tree_hashes of a marlin-to-source output: the source's files alone (its "this tool wrote it" mark is an
-    extended attribute of the directory, runtime/paths.py mark_restored, never a file)."""
+    extended attribute of the directory, runtime/output/rules.py mark_restored, never a file)."""
     hashes = tree_hashes(root)
     assert MARKER not in hashes, "marlin-to-source writes no file of its own into the rebuilt checkpoint"
     return hashes
@@ -61,8 +61,8 @@ def rerecord(root: Path, rel: str) -> None:
     """Make OUT's manifest agree with an edited file, as a consistent attacker would."""
     import json
 
+    from dsv4_convert.core.files import MANIFEST
     from dsv4_convert.runtime.digest import file_digest
-    from dsv4_convert.runtime.staging import MANIFEST
 
     doc = json.loads((root / MANIFEST).read_text())
     doc["files"][rel] = dict(doc["files"][rel], size=(root / rel).stat().st_size,

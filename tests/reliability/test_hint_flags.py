@@ -48,9 +48,10 @@ NOT_REACHED = {
     ("runtime/executors.py", "--executor", "plan"): "refuse_device is called by validate only",
     ("runtime/ray_executor.py", "--ray-address", "plan"): "the Ray executor runs only under --executor ray, which "
                                                           "plan does not have",
-    ("runtime/paths.py", "--force", "validate"): "validate imports runtime/paths for reading; it checks no OUT",
-    ("runtime/staging.py", "--resume", "marlin-to-source"): "only when Staging(resumable=True): marlin-to-source "
-                                                            "builds it with resumable=False",
+    ("runtime/output/tree.py", "--resume", "marlin-to-source"): "only when OutputTree(resumable=True): marlin-to-source "
+                                                                 "builds it with resumable=False",
+    ("runtime/output/tree.py", "--resume", "synth"): "only when OutputTree(resumable=True): synth builds it with "
+                                                     "resumable=False",
 }
 
 

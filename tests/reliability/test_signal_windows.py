@@ -1,6 +1,6 @@
 """Issue 28, "a flaky test": the SIGINT case of test_clear_errors.py left an `out.partial` under load.
 Cause, a real race in the clean-up: a signal handler runs between any two bytecodes, so a Ctrl-C that
-landed after `os.mkdir` returned but before Staging.open recorded that it made the directory left a
+landed after `os.mkdir` returned but before OutputTree.open recorded that it made the directory left a
 directory nobody owned (discard() then removed nothing). The test waits for `out.partial` to appear
 and signals at once, which is exactly that window. Fixed by claiming (mkdir + lock) and publishing
 (rename + bookkeeping) with the signals deferred to the end of the block.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dsv4_convert.runtime.staging import Staging
+from dsv4_convert.runtime.output import OutputTree
 
 
 @pytest.fixture(autouse=True)
@@ -42,7 +42,7 @@ def _signal_after(monkeypatch, name: str, when):
 
 
 def test_ctrl_c_right_after_the_staging_mkdir_leaves_nothing(tmp_path, monkeypatch):
-    staging = Staging(tmp_path / "out")
+    staging = OutputTree(tmp_path / "out")
     _signal_after(monkeypatch, "mkdir", lambda path, *a: Path(path) == staging.path)
     with pytest.raises(KeyboardInterrupt):
         staging.open("fingerprint")
@@ -51,7 +51,7 @@ def test_ctrl_c_right_after_the_staging_mkdir_leaves_nothing(tmp_path, monkeypat
 
 
 def test_ctrl_c_right_after_the_publishing_rename_is_known_as_published(tmp_path, monkeypatch):
-    staging = Staging(tmp_path / "out")
+    staging = OutputTree(tmp_path / "out")
     staging.open("fingerprint")
     (staging.path / "a.safetensors").write_bytes(b"x")
     staging.write_manifest({"producer": {"name": "dsv4-convert"}})

@@ -1,6 +1,6 @@
 """Issue 37 item 1: a process forked while a run holds the staging locks (a pool worker) does not keep
 them. A flock belongs to the open file description, so a child's copy of the descriptor would hold the
-lock after the run itself is gone; runtime/stage_files.py closes the copies in every forked child.
+lock after the run itself is gone; runtime/output/claim.py closes the copies in every forked child.
 
 Substitution: the run's death is its descriptors closed without unlocking (what the kernel does for
 a SIGKILLed process), in this process; the worker is a real os.fork() child that waits on a pipe."""
@@ -12,11 +12,11 @@ import os
 import pytest
 
 from dsv4_convert.core.errors import OutputError
-from dsv4_convert.runtime.staging import Staging
+from dsv4_convert.runtime.output import OutputTree
 
 
 def test_a_forked_child_does_not_hold_the_runs_locks(tmp_path):
-    first = Staging(tmp_path / "out")
+    first = OutputTree(tmp_path / "out")
     first.open("fingerprint")
     read, write = os.pipe()
     ready_r, ready_w = os.pipe()
@@ -32,10 +32,11 @@ def test_a_forked_child_does_not_hold_the_runs_locks(tmp_path):
     os.close(ready_w)
     try:
         assert os.read(ready_r, 1) == b"1"
-        for fd in (first._lock_fd, first._dir_fd):  # the run dies: its descriptors close, nothing unlocks
+        locks = first._locks
+        for fd in (locks.lock_fd, locks.dir_fd):  # the run dies: its descriptors close, nothing unlocks
             os.close(fd)
-        first._lock_fd = first._dir_fd = None
-        second = Staging(tmp_path / "out", resume=True)
+        locks.lock_fd = locks.dir_fd = None
+        second = OutputTree(tmp_path / "out", resume=True)
         try:
             second.open("fingerprint")  # output.locked while the child held a copy
         except OutputError as e:

@@ -82,7 +82,7 @@ def test_loadable_and_index_complete(ckpts, fmt):
     assert [p.name for p in sorted(root.glob("model-*.safetensors"))] == [
         f"model-{i:05d}-of-00003.safetensors" for i in (1, 2, 3)]
     assert (root / "tokenizer_config.json").exists() and (root / "generation_config.json").exists()
-    assert not list(root.parent.glob(f"{fmt}.partial-*"))
+    assert not list(root.parent.glob(f"{fmt}.partial*"))
 
 
 @pytest.mark.parametrize("fmt", SYNTH_FORMATS)
@@ -334,6 +334,29 @@ def test_existing_out_refused_unless_force(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     write_synthetic_checkpoint(empty, format="mxfp4-ct", **SMALL)
+
+
+def test_synth_writes_through_the_output_tree(tmp_path):
+    """Issue 38: synth stages, locks and publishes through runtime/output/ as the converters do: a run whose
+    OUT another run is writing is refused (output.locked) and leaves that run's staging directory alone; a
+    killed run's staging directory is refused without --force, and replaced with it."""
+    from dsv4_convert.runtime.output import OutputTree
+
+    out = tmp_path / "x"
+    other = OutputTree(out, resumable=False)
+    other.open("another run")
+    try:
+        with pytest.raises(OutputError) as e:
+            write_synthetic_checkpoint(out, format="mxfp4-ct", **SMALL)
+        assert e.value.error_id == "output.locked" and other.path.is_dir() and not out.exists()
+    finally:
+        other._locks.release()  # the other run dies: its lock goes, its staging directory stays
+    with pytest.raises(OutputError) as e:
+        write_synthetic_checkpoint(out, format="mxfp4-ct", **SMALL)
+    assert e.value.error_id == "output.interrupted_run" and "--resume" not in e.value.hint
+    write_synthetic_checkpoint(out, format="mxfp4-ct", force=True, **SMALL)
+    assert json.loads((out / "synth.json").read_text())["format"] == "mxfp4-ct" and not other.path.exists()
+    assert "dsv4-convert.lock" not in json.loads((out / "synth.json").read_text())["written"]
 
 
 @pytest.mark.parametrize("fmt", SYNTH_FORMATS)

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from dsv4_convert.core.checkpoint.reader import TensorReader, open_checkpoint
 from dsv4_convert.core.checkpoint.tensor_model import Role
 from dsv4_convert.core.errors import ContentError
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin.weight import to_marlin_weight
 from dsv4_convert.synth import write_synthetic_checkpoint
 from dsv4_convert.validate.check import Severity
@@ -102,7 +103,7 @@ def test_source_is_prepared_as_the_converter_writes_that_split(converted, case):
     Marlin words and scales are the converted output's bytes."""
     fmt, target, act, _, tp, ep = PADDED[case]
     src, out = converted[case]
-    prepared = _prepared(src, Options(engine=target, act_dtype=act, tp=tp, ep=ep))
+    prepared = _prepared(src, Options(target=MarlinTarget(engine=target, act_dtype=act), tp=tp, ep=ep))
     ckpt = open_checkpoint(out)
     files = {f: load_file(ckpt.root / f) for f in {p.weight.file for p in ckpt.projections}}
     for p in ckpt.projections:
@@ -187,7 +188,7 @@ def test_a_source_no_engine_padding_serves_is_refused_before_any_work(tmp_path):
 def test_kernel_layouts_pad_as_the_engine_pads_or_refuse(tmp_path, fmt, engine, tp, ep, verdict):
     ckpt = open_checkpoint(write_synthetic_checkpoint(tmp_path / "src", format=fmt, layers=1, experts=2,
                                                       intermediate=96))
-    opts = replace(Options(), engine=engine, tp=tp, ep=ep)
+    opts = replace(Options(), target=MarlinTarget(engine), tp=tp, ep=ep)
     if verdict == "refused":
         with pytest.raises(ContentError) as e:
             kernel_layouts(ckpt, opts)

@@ -21,7 +21,7 @@ def gemm_rel_error(case: GemmCase, opts: Options) -> Iterator[Finding]:
     if not (rel <= GEMM_REL_ERROR_MAX):
         p = case.source.proj
         text = "non-finite" if not math.isfinite(rel) else f"{rel:.3g}"
-        yield Finding(p.weight.name, f"x @ W.T with the Marlin weights ({case.engine}/{case.act_dtype}) differs "
+        yield Finding(p.weight.name, f"x @ W.T with the Marlin weights ({case.target.engine}/{case.target.act_dtype}) differs "
                       f"from the source product by relative error {text} (max abs {max_abs:.3g}); "
                       f"threshold {GEMM_REL_ERROR_MAX:g}.", value=rel, file=case.file, layer=p.layer,
                       expert=p.expert)

@@ -51,13 +51,13 @@ def global_range(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
         return
     where = dict(file=p.file, layer=p.proj.layer, expert=p.proj.expert, value=g)
     name = _global_name(p)
-    if opts.act_dtype == "bfloat16":
-        fp32 = opts.target().fp32_global
+    if opts.target.act_dtype == "bfloat16":
+        fp32 = opts.target.fp32_global
         limit = _BF16_GLOBAL_LIMIT * (p.sf if fp32 else 1.0)
         if g >= limit:
             yield Finding(name, f"global scale {g:g} >= {limit:g}: g * 2**119 overflows "
-                          f"{'fp32' if fp32 else 'bf16'} ({opts.engine}, bfloat16).", **where)
-    elif not opts.target().fp32_global:  # the global is kept in float16
+                          f"{'fp32' if fp32 else 'bf16'} ({opts.target.engine}, bfloat16).", **where)
+    elif not opts.target.fp32_global:  # the global is kept in float16
         g16 = torch.tensor(g).to(torch.float16).item()
         if g16 * 128 > _FP16_MAX:
             yield Finding(name, f"global scale {g:g}: 128 * fp16(g) = {g16 * 128:g} overflows fp16 "

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 import torch
 
 from ...core.checkpoint.tensor_model import Role
-from ...core.targets.engines import ENGINES
 from ...formats.marlin.scales import nvfp4_global_to_marlin
 from ...formats.padded_layout import encode_rank_blocks, padding_masks
 from ..check import Finding, Scope, Severity, check
@@ -45,7 +44,7 @@ def layout_weight(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
     count, first = count_first(dec != ref)
     if count:
         n, j = first
-        cause = weight_cause(m.qweight, dec, ref, w4a8=m.w4a8)
+        cause = weight_cause(m.qweight, dec, ref, w4a8=m.target.w4a8)
         yield Finding(m.proj.weight.name, f"{count} of {ref.numel()} code bytes differ from the source after "
                       f"decoding; first at source [n={n}, k={2 * j}..{2 * j + 1}] ({int(dec[n, j]):#04x} != "
                       f"{int(ref[n, j]):#04x}). Likely cause: {cause}.", count=count, first=first, cause=cause,
@@ -62,7 +61,7 @@ def layout_scale(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
     quant = m.proj.quant
     stored = m.mscale.contiguous().view(torch.uint8)
     def encode(s):
-        return (expected_marlin_scales(s, quant, engine=m.engine, sf=m.sf, w4a8=m.w4a8),)
+        return (expected_marlin_scales(s, quant, engine=m.target.engine, sf=m.sf, w4a8=m.target.w4a8),)
 
     if m.tiles is None or ref.scale_bytes.shape != (m.proj.n, m.proj.k // quant.group_size):
         (expected,) = encode(ref.scale_bytes)
@@ -76,10 +75,10 @@ def layout_scale(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
         return
     count, first = count_first(stored != expected)
     if count:
-        cause = scale_cause(m.mscale, ref.scale_bytes, quant, engine=m.engine, sf=m.sf, act_dtype=m.act_dtype,
-                            w4a8=m.w4a8)
+        cause = scale_cause(m.mscale, ref.scale_bytes, quant, engine=m.target.engine, sf=m.sf, act_dtype=m.target.act_dtype,
+                            w4a8=m.target.w4a8)
         yield Finding(m.proj.scale.name, f"{count} of {stored.numel()} scale bytes differ from {what} "
-                      f"({m.engine}, rescale {m.sf:g}); first at [{first[0]}, {first[1]}] "
+                      f"({m.target.engine}, rescale {m.sf:g}); first at [{first[0]}, {first[1]}] "
                       f"({int(stored[first]):#04x} != {int(expected[first]):#04x}). Likely cause: {cause}.",
                       count=count, first=first, cause=cause, **_where(m))
 
@@ -105,16 +104,16 @@ def layout_global(m: MarlinTensors, opts: Options) -> Iterator[Finding]:
         yield Finding(f"{m.proj.key}.weight_scale_2", f"the global scale is {value!r}, not a finite value > 0: no "
                       "processed global can be checked against it.", value=value, cause="invalid global", **_where(m))
         return
-    expected = nvfp4_global_to_marlin(g.float().reshape(-1)[0], fp32_global=ENGINES[m.engine].fp32_global,
-                                      act_dtype=m.act_dtype, sf=m.sf)
+    expected = nvfp4_global_to_marlin(g.float().reshape(-1)[0], fp32_global=m.target.fp32_global,
+                                      act_dtype=m.target.act_dtype, sf=m.sf)
     stored = m.mglobal
     same = stored.dtype == expected.dtype and stored.numel() == 1 and torch.equal(
         stored.reshape(1).view(torch.uint8), expected.reshape(1).view(torch.uint8))
     if not same:
-        cause = global_cause(stored, g, engine=m.engine, act_dtype=m.act_dtype, sf=m.sf)
+        cause = global_cause(stored, g, engine=m.target.engine, act_dtype=m.target.act_dtype, sf=m.sf)
         yield Finding(name, f"stored {stored.dtype} {stored.float().reshape(-1).tolist()}, expected "
                       f"{expected.dtype} {expected.float().reshape(-1).tolist()} (g={float(g.reshape(-1)[0]):g} for "
-                      f"{m.engine}/{m.act_dtype}, rescale {m.sf:g}). Likely cause: {cause}.", cause=cause,
+                      f"{m.target.engine}/{m.target.act_dtype}, rescale {m.sf:g}). Likely cause: {cause}.", cause=cause,
                       **_where(m))
 
 

@@ -50,6 +50,6 @@ def zero_scale_bytes(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
        hint="serve without W4A8 (16-bit activations) or re-quantize with smaller block exponents")
 def w4a8_scale_range(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     """W4A8 adds 6 to each scale byte and the kernel builds the fp32 scale as byte << 23: a source byte above 248 becomes Inf."""
-    if opts.w4a8:
+    if opts.target.w4a8:
         b = p.scale_np
         yield from _finding(p, (b > W4A8_MAX_SOURCE_BYTE) & (b != E8M0_NAN), f"are > {W4A8_MAX_SOURCE_BYTE} (W4A8 +6 overflows)")

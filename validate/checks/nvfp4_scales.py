@@ -41,7 +41,7 @@ def negative_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     """Marlin has no sign bit for scales: vLLM zeroes negative scales, SGLang silently uses |s|."""
     b = p.scale_np
     mask = (b > _SIGN) & ~e4m3_is_nan(b)
-    t = opts.target()
+    t = opts.target
     effect = f"{t.facts.display} " + ("zeroes these blocks" if t.clamps_scales else "serves them as |s| (sign lost)")
     yield from _finding(p, mask, f"are negative; {effect}")
 
@@ -56,12 +56,12 @@ def subnormal_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     if not sub.any():
         return
     used = sub & p.block_nonzero
-    if opts.target().clamps_scales:
+    if opts.target.clamps_scales:
         v = p.scale_values.to(torch.float16)
         lifted = ((v.float() * p.sf).to(torch.float16) * S0E5M3_MULTIPLIER >= S0E5M3_MIN).numpy()
         lost = used & ~lifted
         how = f"vLLM zeroes them (rescale factor {p.sf:g} does not lift them to >= 2**-6)"
-    elif opts.act_dtype == "bfloat16":
+    elif opts.target.act_dtype == "bfloat16":
         lost = used
         how = "SGLang's bf16 kernel cannot decode S0E5M3 bytes below 0x80"
     else:
@@ -70,7 +70,7 @@ def subnormal_scales(p: ProjectionTensors, opts: Options) -> Iterator[Finding]:
     if lost.any():
         yield from _finding(p, lost, f"are E4M3 subnormals (< 2**-6) in blocks with non-zero codes; {how}")
     else:
-        yield from _finding(p, sub, f"are E4M3 subnormals; harmless for {opts.engine}/{opts.act_dtype}",
+        yield from _finding(p, sub, f"are E4M3 subnormals; harmless for {opts.target.engine}/{opts.target.act_dtype}",
                             severity=Severity.INFO)
 
 

@@ -7,13 +7,13 @@ import fnmatch
 import re
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import replace
 
 from ...core.checkpoint.tensor_model import Quant
 from ...core.files import CONFIG, HF_QUANT_CONFIG
 from ...core.record.converted_config import ConvertedConfigError, converted_record, record_or_none
 from ...core.record.converted_rules import EXPERTS_MAP, model_config_problems
 from ...core.targets.engines import mxfp4_dtype_problem
-from ...core.targets.target import MarlinTarget
 from ..check import Finding, Scope, Severity, check
 from ..inputs import CheckpointInput, Options
 from .tiles import containers
@@ -229,10 +229,10 @@ def exclusions_cover(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
        hint="serve MXFP4 experts with --act-dtype bfloat16")
 def mxfp4_act_dtype(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """MXFP4 Marlin runs with bf16 activations only; SGLang's fp16 path destroys E8M0 scales outside 2**-24..2**15."""
-    if c.checkpoint is not None and mxfp4_dtype_problem(opts.act_dtype):
+    if c.checkpoint is not None and mxfp4_dtype_problem(opts.target.act_dtype):
         n = sum(1 for p in c.checkpoint.projections if p.quant.value == "mxfp4")
         if n:
-            yield Finding("config", f"{n} MXFP4 projections, activation dtype {opts.act_dtype}.", count=n)
+            yield Finding("config", f"{n} MXFP4 projections, activation dtype {opts.target.act_dtype}.", count=n)
 
 
 @check(id="marlin.config", severity=Severity.ERROR, scope=Scope.CHECKPOINT,
@@ -268,8 +268,8 @@ def marlin_dtype_shape(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     if c.checkpoint is None or not c.checkpoint.format.converted:
         return
     record = record_or_none(c.config)
-    act = record.act_dtype if record else opts.act_dtype
-    want_global = MarlinTarget(opts.engine, act).global_dtype
+    act = record.act_dtype if record else opts.target.act_dtype
+    want_global = replace(opts.target, act_dtype=act).global_dtype  # the record's dtype, as the engine keeps it
     problems = defaultdict(list)
     for p in c.checkpoint.projections:
         g = p.group_size

@@ -129,7 +129,8 @@ def w4a8_releases(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
 def engine_config_keys(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
     """An engine that cannot build the source's model from its config.json serves neither the source nor any conversion of it (which keeps that config): some producers' exports lack keys the engines read (core/targets/engine_config.py)."""
     names = c.checkpoint.tensors if c.checkpoint is not None else ()
-    for engine in ENGINES:
+    # a source, for every engine; a conversion, for its target engine alone
+    for engine in ENGINES if (spec := _record(c)) is None else (spec.target_engine,):
         if why := source_load_refusal(c.config, engine, names):
-            yield Finding("config.json", f"{engine} cannot build or load this model: {why}. {fix_hint(c.config)}.",
-                          file="config.json")
+            yield Finding("config.json", f"{engine} cannot build or load this model: {why}. "
+                          f"{fix_hint(c.config, engine, names)}.", file="config.json")

@@ -47,7 +47,7 @@ def tile_rules_per_rank(c: CheckpointInput, opts: Options) -> Iterator[Finding]:
                               f"--ep {opts.ep}.")
                 return
     record = record_or_none(c.config) if marlin else None  # the padding of the engine's method for the source
-    padding = engine_padding(opts.engine, record.source_format if record else c.checkpoint.format.value)
+    padding = engine_padding(opts.target.engine, record.source_format if record else c.checkpoint.format.value)
     seen = {}
     for name, info in containers(c).items():
         if info["hidden"] is None or name in padded:  # padded: written for exactly this split (tp_layout)

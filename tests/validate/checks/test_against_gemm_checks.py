@@ -9,6 +9,7 @@ of it, and against Marlin tensors of another expert (the wrong weights). No subs
 import pytest
 import torch
 
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import nvfp4_to_marlin
 from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin
 from dsv4_convert.validate.check import Severity
@@ -51,10 +52,10 @@ def test_swapped_nibbles_are_found_and_named(twins):
 
 
 def _case(src, marlin_of, opts: Options) -> GemmCase:
-    t = opts.target(src.quant)
+    t = opts.target.for_quant(src.quant)
     q, s = nvfp4_to_marlin(marlin_of.weight, marlin_of.scale, target=t)
     g = nvfp4_global_to_marlin(marlin_of.global_scale.float().reshape(()), fp32_global=t.fp32_global, act_dtype=t.act_dtype)
-    return GemmCase(src, q, s, g, t.engine, t.act_dtype, t.w4a8, 1.0, file=src.file)
+    return GemmCase(src, q, s, g, t, 1.0, file=src.file)
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
@@ -62,7 +63,7 @@ def test_gemm_of_the_converted_projection_passes(twins, engine):
     clean = twins[0]
     p = next(iter(_projections(clean).values()))
     src = loaded(clean, p)
-    case = _case(src, src, Options(engine=engine))
+    case = _case(src, src, Options(target=MarlinTarget(engine=engine)))
     assert run(gemm_rel_error, case) == [] and case.errors[0] <= GEMM_REL_ERROR_MAX
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from dsv4_convert.core.checkpoint.tensor_model import Role
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import globals as g
 from dsv4_convert.validate.checks import numerics as nm
@@ -27,7 +28,7 @@ def test_invalid_global(value):
     ("sglang", "float16", 600.0, Severity.ERROR), ("sglang", "float16", 1e-5, Severity.WARNING),
     ("sglang", "float16", 1e-9, Severity.ERROR), ("vllm", "float16", 600.0, None), ("vllm", "bfloat16", 1e-3, None)])
 def test_global_range_per_target(engine, act, value, sev):
-    out = run(g.global_range, _with_global(nvfp4_tensors(), value), Options(engine=engine, act_dtype=act))
+    out = run(g.global_range, _with_global(nvfp4_tensors(), value), Options(target=MarlinTarget(engine=engine, act_dtype=act)))
     if sev is None:
         assert out == []
     else:
@@ -38,7 +39,7 @@ def test_global_range_per_target(engine, act, value, sev):
 def test_vllm_range_scales_with_rescale_factor():
     p = _with_global(nvfp4_tensors(), 600.0)
     p.sf = 2.0
-    assert run(g.global_range, p, Options(engine="vllm")) == []
+    assert run(g.global_range, p, Options(target=MarlinTarget(engine="vllm"))) == []
 
 
 def _expert(gate_g, up_g, **kw):

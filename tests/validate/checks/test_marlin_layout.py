@@ -14,7 +14,7 @@ from tests.helpers.checks import marlin_of, mxfp4_tensors, nvfp4_tensors, run
 
 
 def _decoded(m):
-    packed, scale = marlin_to_nvfp4(m.qweight, m.mscale, target=MarlinTarget(engine=m.engine, act_dtype=m.act_dtype),
+    packed, scale = marlin_to_nvfp4(m.qweight, m.mscale, target=m.target,
                                     n=m.proj.n, k=m.proj.k, sf=m.sf)
     m.decoded = ProjectionTensors(m.proj, packed, scale, m.kept_global, m.sf)
     return m

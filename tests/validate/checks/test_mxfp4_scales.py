@@ -1,5 +1,6 @@
 import pytest
 
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.validate.checks import mxfp4_scales as c
 from dsv4_convert.validate.inputs import Options
 from tests.helpers.checks import mxfp4_tensors, run, set_scale_byte
@@ -7,7 +8,7 @@ from tests.helpers.checks import mxfp4_tensors, run, set_scale_byte
 
 @pytest.mark.parametrize("chk", [c.nan_scale_bytes, c.overflow_scale_bytes, c.zero_scale_bytes, c.w4a8_scale_range])
 def test_clean_projection_passes(chk):
-    assert run(chk, mxfp4_tensors(), Options(engine="vllm", w4a8=True)) == []
+    assert run(chk, mxfp4_tensors(), Options(target=MarlinTarget(engine="vllm", w4a8=True))) == []
 
 
 def test_nan_byte():
@@ -23,7 +24,7 @@ def test_overflow_starts_at_253(byte, hit):
 def test_w4a8_range_only_when_w4a8():
     p = set_scale_byte(mxfp4_tensors(), (0, 1), 249)
     assert run(c.w4a8_scale_range, p, Options()) == []
-    (f,) = run(c.w4a8_scale_range, p, Options(engine="vllm", w4a8=True))
+    (f,) = run(c.w4a8_scale_range, p, Options(target=MarlinTarget(engine="vllm", w4a8=True)))
     assert f.first == (0, 1) and "> 248" in f.message
 
 

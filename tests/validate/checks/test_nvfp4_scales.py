@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import nvfp4_scales as c
 from dsv4_convert.validate.inputs import Options
@@ -23,7 +24,7 @@ def test_nan_scale_counted_with_first_coordinates():
 def test_negative_scale_names_what_the_engine_does(engine, effect):
     p = nvfp4_tensors()
     p = set_scale_byte(p, (0, 0), int(p.scale_bytes[0, 0]) | 0x80)
-    (f,) = run(c.negative_scales, p, Options(engine=engine))
+    (f,) = run(c.negative_scales, p, Options(target=MarlinTarget(engine=engine)))
     assert f.first == (0, 0) and effect in f.message
 
 
@@ -32,14 +33,14 @@ def test_negative_scale_names_what_the_engine_does(engine, effect):
     ("sglang", "bfloat16", Severity.ERROR), ("sglang", "float16", Severity.INFO)])
 def test_subnormal_verdict_depends_on_target(engine, act, severity):
     p = set_scale_byte(nvfp4_tensors(), (2, 3), 0x03)
-    (f,) = run(c.subnormal_scales, p, Options(engine=engine, act_dtype=act))
+    (f,) = run(c.subnormal_scales, p, Options(target=MarlinTarget(engine=engine, act_dtype=act)))
     assert (f.severity or c.subnormal_scales.severity) is severity and f.first == (2, 3)
 
 
 def test_subnormal_lifted_by_the_real_vllm_rescale_factor_is_not_an_error():
     p = set_scale_byte(nvfp4_tensors(), (2, 3), 0x04)  # 2**-7; sf = 4 lifts it to 2**-5
     p.sf = 4.0
-    (f,) = run(c.subnormal_scales, p, Options(engine="vllm"))
+    (f,) = run(c.subnormal_scales, p, Options(target=MarlinTarget(engine="vllm")))
     assert f.severity is Severity.INFO
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks import quant_config as q
 from dsv4_convert.validate.checks.structure import reader_refused as s_reader
@@ -99,7 +100,7 @@ def test_unexcluded_16_bit_linear_of_a_generic_nvfp4_config(tmp_path):
 def test_mxfp4_with_fp16_activations(tmp_path):
     root, _ = synth(tmp_path / "ckpt", format="mxfp4-dsv4")
     assert run(q.mxfp4_act_dtype, on_disk(root)) == []
-    cin = on_disk(root, Options(act_dtype="float16"))
+    cin = on_disk(root, Options(target=MarlinTarget(act_dtype="float16")))
     (f,) = run(q.mxfp4_act_dtype, cin, cin.options)
     n = sum(1 for p in on_disk(root).checkpoint.projections if p.quant.value == "mxfp4")
     assert q.mxfp4_act_dtype.severity_of(f) is Severity.ERROR
@@ -123,8 +124,8 @@ def test_converted_checkpoint_validated_for_another_target(marlin):
 
 
 def test_converted_global_of_the_wrong_dtype(marlin):
-    cin = on_disk(marlin, Options(engine="vllm"))  # vLLM wants fp32 globals; these are bf16 (SGLang's)
-    (f,) = run(q.marlin_dtype_shape, cin, Options(engine="vllm"))
+    cin = on_disk(marlin, Options(target=MarlinTarget(engine="vllm")))  # vLLM wants fp32 globals; these are bf16 (SGLang's)
+    (f,) = run(q.marlin_dtype_shape, cin, Options(target=MarlinTarget(engine="vllm")))
     first = next(p for p in cin.checkpoint.projections if p.quant.value == "nvfp4")
     assert q.marlin_dtype_shape.severity_of(f) is Severity.ERROR
     assert f.tensor == first.key and "weight_global_scale BF16 [], expected F32 []" in f.message

@@ -8,6 +8,7 @@ container, the layer and the split. No substitutions.
 import pytest
 
 from dsv4_convert.core.targets.engines import ENGINES
+from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.tiles import moe_rank_tiles
 from dsv4_convert.validate.check import Severity
 from dsv4_convert.validate.checks.tiles import tile_rules_per_rank
@@ -24,12 +25,12 @@ def ckpt(tmp_path_factory):
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_a_split_that_keeps_the_tiles_passes(ckpt, engine):
     for tp in (1, 2):
-        assert run(tile_rules_per_rank, on_disk(ckpt), Options(engine=engine, tp=tp)) == []
+        assert run(tile_rules_per_rank, on_disk(ckpt), Options(target=MarlinTarget(engine=engine), tp=tp)) == []
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
 def test_a_split_off_the_tile_names_the_container_and_the_shard(ckpt, engine):
-    opts = Options(engine=engine, tp=8)
+    opts = Options(target=MarlinTarget(engine=engine), tp=8)
     verdict = moe_rank_tiles("nvfp4", ENGINES[engine].padding, hidden=256, intermediate=256, tp=8, ep=1, experts=8)
     assert not verdict.ok  # the rule's own verdict; the check must report it, with the right severity
     (f,) = run(tile_rules_per_rank, on_disk(ckpt), opts)

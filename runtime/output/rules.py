@@ -1,4 +1,5 @@
-"""Path safety for every command that writes (converters, marlin-to-source, synth).
+"""Path safety for every command that writes (converters, marlin-to-source, synth), asked by the output
+tree (runtime/output/tree.py) before any work and again before publishing.
 
 The input is sacred, through every alias: both paths are resolved (symlinks, `..`) and also compared
 by (device, inode), so a bind mount or a second symlink to the same directory is caught too. A
@@ -8,7 +9,6 @@ list."""
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import glob
 import hashlib
@@ -17,10 +17,11 @@ import os
 import stat
 from pathlib import Path, PurePosixPath
 
-from ..core.checkpoint.small_files import read_small
-from ..core.errors import InputError, OutputError, UsageError
-from ..core.files import (
+from ...core.checkpoint.small_files import read_small
+from ...core.errors import InputError, OutputError, UsageError
+from ...core.files import (
     LOCK,
+    MANIFEST,
     PROGRESS,
     RECORDS,
     REPLACED,
@@ -28,10 +29,12 @@ from ..core.files import (
     STAGING_SUFFIX,
     SYNTH_MANIFEST,
     reserved_input_names,
+    staging_entry_ok,
 )
 
-__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "mark_restored", "recorded_files", "record_name_ok",
-           "unlisted_entries", "refuse_reserved_names", "partial_not_ours_error", "plain_file", "replaced_leftovers"]
+__all__ = ["out_path", "staging_path", "check_aliasing", "check_replaceable", "mark_restored", "recorded_files",
+           "unlisted_entries", "refuse_reserved_names", "partial_not_ours_error", "plain_file", "replaced_leftovers",
+           "refuse_foreign", "read_json"]
 
 
 def out_path(out) -> Path:
@@ -246,21 +249,6 @@ def unlisted_entries(root: Path) -> list[str]:
                                                            and not (root / e).is_symlink())]
 
 
-def record_name_ok(name, *, nested: bool = False) -> bool:
-    """A name read back from one of this tool's records (progress, manifest, marker, the source
-    record) becomes a path under that record's directory, to read, replace or delete: only a name
-    this tool could have written passes. A plain file name; with `nested`, a relative path of plain
-    names. Never absolute, never `.` or `..`, never empty, no NUL or backslash."""
-    if not isinstance(name, str) or not name or "\0" in name or "\\" in name:
-        return False
-    parts = name.split("/")
-    return (nested or len(parts) == 1) and all(part not in ("", ".", "..") for part in parts)
-
-
-def is_disk_full(e: OSError) -> bool:
-    return e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
 def refuse_reserved_names(root: Path, *, converted: bool = False) -> None:
     """Before anything is written: an input file named like one the tool writes (its lock, progress
     record, manifest, SERVING.md, a `.tmp`, ... core/files.py) would be overwritten or deleted by the
@@ -311,3 +299,35 @@ def replaced_leftovers(out: Path) -> list[Path]:
         if not unlisted_entries(inner if nested else holder):
             found.append(holder)
     return found
+
+
+def refuse_foreign(path: Path, source_names: set[str]) -> None:
+    """An existing `path` (OUT.partial) is adopted (and what it holds deleted) only when this tool's own
+    records prove it wrote it: its lock and progress record, and nothing but names a run writes there
+    (`source_names`: the input's top-level names, which a run copies); or, killed inside publish, our
+    manifest and nothing it does not list (the unlisted-files rule)."""
+    names = {e.name for e in path.iterdir()}
+    not_ours = partial_not_ours_error(path)
+    lock = path / LOCK
+    if LOCK in names and not plain_file(lock):
+        raise not_ours(f"its lock {lock} is not a plain file this tool made (a link, a hard link or a special file)")
+    if LOCK in names and (names <= {LOCK} or read_json(path / PROGRESS).get("fingerprint")):
+        extra = sorted(n for n in names if not staging_entry_ok(n, source_names))
+        if extra:
+            raise not_ours(f"it holds {extra[0]!r}, which no run of this tool writes there", file=path / extra[0])
+        return
+    if read_json(path / MANIFEST).get("producer", {}).get("name") == "dsv4-convert":
+        extra = unlisted_entries(path)  # killed inside publish: lock and progress gone, manifest written last
+        if not extra:
+            return
+        raise not_ours(f"it holds {extra[0]!r}, which its dsv4-convert manifest does not list", file=path / extra[0])
+    raise not_ours("it holds no dsv4-convert lock and progress record; it is not an interrupted run of this tool")
+
+
+def read_json(path: Path) -> dict:
+    """A small JSON record as a dict; {} when it is missing, unreadable or not an object."""
+    try:
+        obj = json.loads(read_small(path))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return obj if isinstance(obj, dict) else {}

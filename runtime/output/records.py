@@ -1,53 +1,22 @@
-"""The staging directory's small files and facts (runtime/staging.py): JSON records written atomically,
-the input's stamp that `--resume` and publish compare, removing what a run left, and the lock
-descriptors a forked worker must not keep."""
+"""The output tree's small files and facts (runtime/output/tree.py): JSON records written atomically,
+the input's stamp that `--resume` and publish compare, removing what a run left, and the check of the
+shards an interrupted run kept."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..core.checkpoint.small_files import read_small
-from ..core.checkpoint.source_location import is_download_metadata
-from .digest import HASH_ALGORITHM, file_digest
-from .paths import plain_file, record_name_ok
+from ...core.checkpoint.source_location import is_download_metadata
+from ..digest import HASH_ALGORITHM, file_digest
+from .names import record_name_ok
+from .rules import plain_file
 
-__all__ = ["fsync_dir", "write_json_atomic", "source_stamp", "first_change", "read_json", "remove_entry", "hold",
-           "let_go", "KeptCheck", "bad_record_entry"]
-
-_HELD: set[int] = set()  # this process's lock descriptors (the staging directory's and its lock file's)
-
-
-def _drop_inherited_locks() -> None:
-    """In a forked child (a pool worker): close its copies of the lock descriptors. A flock belongs to
-    the open file description, so a copy kept by a worker would hold the lock after the run died (its
-    O_CLOEXEC acts on exec only); closing a copy leaves the parent's lock as it was."""
-    for fd in _HELD:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _HELD.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_drop_inherited_locks)
-
-
-def hold(fd: int) -> None:
-    """`fd` holds one of this run's locks (flock'd by the caller): a forked child closes its copy."""
-    _HELD.add(fd)
-
-
-def let_go(fd: int) -> None:
-    """Unlock and close a descriptor `hold` was given."""
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    _HELD.discard(fd)
-    os.close(fd)
+__all__ = ["fsync_dir", "write_json_atomic", "source_stamp", "first_change", "remove_entry",
+           "KeptCheck", "bad_record_entry"]
 
 
 def fsync_dir(path: Path) -> None:
@@ -59,7 +28,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: Path, obj) -> None:
+def write_json_atomic(path: Path, obj, *, sync: bool = True) -> None:
     """Through a fresh temporary file (O_EXCL, never through a link a stale one may be) and a rename."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)  # a name, never what it links to
@@ -68,7 +37,8 @@ def write_json_atomic(path: Path, obj) -> None:
         json.dump(obj, f, indent=2, sort_keys=True)
         f.write("\n")
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -92,15 +62,6 @@ def source_stamp(root: Path) -> dict[str, list[int]]:
 def first_change(old: dict, new: dict) -> str | None:
     """The first path (in sorted order) whose stamp differs between two source stamps, or None."""
     return next((k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)), None)
-
-
-def read_json(path: Path) -> dict:
-    """A small JSON record as a dict; {} when it is missing, unreadable or not an object."""
-    try:
-        obj = json.loads(read_small(path))
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return obj if isinstance(obj, dict) else {}
 
 
 def remove_entry(p: Path) -> None:

@@ -1,4 +1,9 @@
-"""Atomic output: everything is built in `<out>.partial/`, shard by shard, each shard recorded with
+"""OUT's one owner, from the command line to publish: every command that writes a checkpoint (the
+converters, marlin-to-source, synth) builds one OutputTree, checks it before any work, writes through
+it and publishes or discards it; no other module names the staging directory, its lock or its
+progress record.
+
+Atomic output: everything is built in `<out>.partial/`, shard by shard, each shard recorded with
 its hash; everything is fsync'd and the directory renamed to `<out>` only when complete. A lock in the
 staging directory keeps two runs apart; `--resume` keeps shards whose recorded hash still verifies,
 and only when no source file changed (size, mtime_ns, ctime_ns and inode of every file: `touch -r` can
@@ -8,7 +13,7 @@ verifies it)."""
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import hashlib
 import json
 import os
@@ -16,49 +21,56 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..core.errors import InputError, OutputError
-from ..core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS, REPLACED, staging_entry_ok
-from .digest import HASH_ALGORITHM, file_digest
-from .paths import (
-    check_aliasing,
-    check_replaceable,
-    is_disk_full,
-    out_path,
-    partial_not_ours_error,
-    plain_file,
-    replaced_leftovers,
-    staging_path,
-    unlisted_entries,
-)
-from .signals import signals_deferred
-from .stage_files import (
+from ...core.errors import InputError, OutputError
+from ...core.files import LOCK, LOST_SUFFIX, MANIFEST, PROGRESS, REPLACED
+from ..digest import HASH_ALGORITHM, file_digest
+from ..jobs import RunDir
+from ..signals import signals_deferred
+from .claim import Locks
+from .records import (
     KeptCheck,
     bad_record_entry,
     first_change,
     fsync_dir,
-    hold,
-    let_go,
-    read_json,
     remove_entry,
     source_stamp,
     write_json_atomic,
 )
+from .rules import (
+    check_aliasing,
+    check_replaceable,
+    mark_restored,
+    out_path,
+    read_json,
+    refuse_foreign,
+    replaced_leftovers,
+    staging_path,
+)
 
-__all__ = ["Staging"]
+__all__ = ["OutputTree", "output_paths"]
 
-class Staging:
-    """The one owner of OUT's life cycle: the CLI builds it and checks it before any work, the
-    converter (or marlin-to-source) opens, fills, publishes or discards the same object."""
 
-    def __init__(self, out: Path, *, force: bool = False, resume: bool = False, source: Path | None = None,
-                 fence=None, resumable: bool = True):
-        self.out, self.path = out_path(out), staging_path(out_path(out))
-        self.fence = fence  # called with the lock held, before adopting: stops an older run's surviving workers
-        self.force, self.resume, self.resumable = force, resume, resumable  # resumable: the command has --resume
+def output_paths(out) -> tuple[Path, Path]:
+    """(OUT as it is published, its staging directory): what side files are kept off (cli/command_paths.py)."""
+    out = out_path(out)
+    return out, staging_path(out)
+
+
+class OutputTree:
+    """The one owner of OUT's life cycle: the command builds it and checks it before any work, then
+    opens, fills (shards from the workers' scratch directory, files, records), publishes or discards
+    the same object. `resumable`: the command has --resume; `allow_empty`: an empty OUT is written
+    into without --force; `durable=False`: nothing is fsync'd, the rename stays atomic (synth: a synthetic
+    checkpoint is made again in seconds, and the tests make hundreds)."""
+
+    def __init__(self, out, *, force: bool = False, resume: bool = False, source: Path | None = None,
+                 resumable: bool = True, allow_empty: bool = False, durable: bool = True):
+        self.out, self.path = output_paths(out)  # path: the staging directory, named in messages only
+        self.force, self.resume, self.resumable, self.allow_empty = force, resume, resumable, allow_empty
+        self.durable = durable
         self.source = Path(source).resolve() if source is not None else None
         self.stamp: dict = {}
-        self._lock_fd: int | None = None
-        self._dir_fd: int | None = None  # the staging directory itself, flock'd: held through publish's rename
+        self._locks = Locks()  # the staging directory's flock (held through publish's rename) and lock file
         self._owned = False  # from taking the lock in open() until the publishing rename: discard() may clean up
         self.published, self.done = False, {}  # done: shard name -> {"hash", "size"}
         self.leftovers: list[Path] = []  # holders of an output a killed --force run was replacing
@@ -80,7 +92,7 @@ class Staging:
                               hint=f"pass --force to finish replacing it ({first.name} is then deleted), or move "
                                    f"{first / self.out.name if (first / self.out.name).is_dir() else first} back "
                                    f"to {self.out} yourself")
-        check_replaceable(self.out, force=self.force)
+        check_replaceable(self.out, force=self.force, allow_empty=self.allow_empty)
         if self.path.is_symlink() or (os.path.lexists(self.path) and not self.path.is_dir()):
             raise OutputError(f"{self.path} exists and is not a directory this tool made (a file or a symlink)",
                               error_id="paths.partial_not_ours", file=str(self.path),
@@ -94,7 +106,7 @@ class Staging:
             fingerprint = hashlib.sha256((fingerprint + json.dumps(self.stamp, sort_keys=True)).encode()).hexdigest()
         existed = os.path.lexists(self.path)
         if existed:
-            self._refuse_foreign()
+            refuse_foreign(self.path, self._source_names())
         made = False
         try:
             self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -102,20 +114,20 @@ class Staging:
                 if not existed:
                     self.path.mkdir()  # a directory that appears meanwhile is not ours: FileExistsError
                     made = True
-                self._take_lock()
+                self._locks.take(self.path, self.out)
                 self._owned = True
             if existed:
                 self._adopt(fingerprint)
             self.fingerprint = fingerprint
             self._save_progress()
         except BaseException as e:  # a signal too: it can land between the lock and the first record
-            self._release()
+            self._locks.release()
             if made:  # leave nothing behind that a later run would take for an interrupted one
                 shutil.rmtree(self.path, ignore_errors=True)
             self._owned = False
             if not isinstance(e, OSError):
                 raise
-            if is_disk_full(e):
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):  # disk full, or over a quota
                 raise OutputError(f"no space left to start writing {self.path} ({e.strerror})",
                                   error_id="output.disk_full", file=str(self.path),
                                   hint="free some space on that filesystem, or choose another OUT") from None
@@ -126,29 +138,8 @@ class Staging:
 
     def _save_progress(self) -> None:
         write_json_atomic(self.path / PROGRESS, {"fingerprint": self.fingerprint, "sources": self.stamp,
-                                                  "hash_algorithm": HASH_ALGORITHM, "shards": self.done})
-
-    def _refuse_foreign(self) -> None:
-        """OUT.partial is adopted (and what it holds deleted) only when this tool's own records prove
-        it wrote it: its lock and progress record, and nothing but names a run writes there; or, killed
-        inside publish, our manifest and nothing it does not list (the unlisted-files rule)."""
-        names = {e.name for e in self.path.iterdir()}
-        not_ours = partial_not_ours_error(self.path)
-        lock = self.path / LOCK
-        if LOCK in names and not plain_file(lock):
-            raise not_ours(f"its lock {lock} is not a plain file this tool made (a link, a hard link or a special file)")
-        if LOCK in names and (names <= {LOCK} or read_json(self.path / PROGRESS).get("fingerprint")):
-            extra = sorted(n for n in names if not staging_entry_ok(n, self._source_names()))
-            if extra:
-                raise not_ours(f"it holds {extra[0]!r}, which no run of this tool writes there", file=self.path / extra[0])
-            return
-        if read_json(self.path / MANIFEST).get("producer", {}).get("name") == "dsv4-convert":
-            extra = unlisted_entries(self.path)  # killed inside publish: lock and progress gone, manifest written last
-            if not extra:
-                return
-            raise not_ours(f"it holds {extra[0]!r}, which its dsv4-convert manifest does not list",
-                           file=self.path / extra[0])
-        raise not_ours("it holds no dsv4-convert lock and progress record; it is not an interrupted run of this tool")
+                                                  "hash_algorithm": HASH_ALGORITHM, "shards": self.done},
+                          sync=self.durable)
 
     def _source_names(self) -> set[str]:
         """The top-level names of the input: a run copies these into its staging directory."""
@@ -157,53 +148,16 @@ class Staging:
         except OSError:
             return set()
 
-    def _take_lock(self) -> None:
-        """flock the staging directory (held until publish's rename is done) and its lock file, which
-        is created here (O_EXCL) or, adopted, proven a plain file of its own (one link, no symlink)
-        before it is written: a hard link to a user's file is never truncated."""
-        locked = OutputError(f"another dsv4-convert run is writing {self.out} (lock held on {self.path})",
-                             error_id="output.locked",
-                             hint="wait for it to finish, or stop it; two runs never share one output")
-        self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        hold(self._dir_fd)
-        try:
-            fcntl.flock(self._dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise locked from None
-        except OSError:  # NFS emulates flock with POSIX locks, which need a writable fd: the lock file still guards
-            pass
-        path = self.path / LOCK
-        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        try:
-            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            try:
-                fd = os.open(path, flags)
-            except OSError as e:  # ELOOP: a symlink
-                raise partial_not_ours_error(self.path)(f"its lock {path} is a link ({e.strerror})") from None
-            if not plain_file(fd):
-                os.close(fd)
-                raise partial_not_ours_error(self.path)(
-                    f"its lock {path} is not a plain file this tool made (a hard link or a special file)")
-        self._lock_fd = fd
-        hold(fd)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise locked from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-
     def _adopt(self, fingerprint: str) -> None:
         if not (self.resume or self.force):
-            self._release()
+            self._locks.release()
             raise OutputError(f"an interrupted run left {self.path}", error_id="output.interrupted_run",
                               hint="pass --resume to continue it, or --force to start over" if self.resumable
                               else "pass --force to start over (it is deleted then)")
         state = read_json(self.path / PROGRESS)
         same = state.get("fingerprint") == fingerprint
         if self.resume and not self.force and state and not same:
-            self._release()
+            self._locks.release()
             changed = first_change(state.get("sources") or {}, self.stamp) if self.source else None
             why = (f"the input changed since the interrupted run ({changed}: its size, mtime, ctime or inode differs)" if changed
                    else "it was staged from a different input or different options")
@@ -213,8 +167,7 @@ class Staging:
                                    "(shards made from the old input are never mixed with new ones)")
         keep = state.get("shards", {}) if (self.resume and same) else {}
         self._refuse_bad_record(keep)
-        if self.fence is not None:
-            self.fence(self.path)
+        RunDir.fence(self.path)  # with the lock held: an older run's surviving workers can write no more
         for entry in self.path.iterdir():
             shard = entry.name.removesuffix(LOST_SUFFIX)  # a kept shard keeps its lost-scale record
             if entry.name not in (LOCK, PROGRESS) and entry.name not in keep and shard not in keep:
@@ -236,20 +189,65 @@ class Staging:
         """A progress record listing anything but shards of this tool's making refuses the directory."""
         bad = bad_record_entry(keep)
         if bad is not None:
-            self._release()
+            self._locks.release()
             raise OutputError(f"the progress record {self.path / PROGRESS} lists {bad[:200]}, which is not a shard "
                               "this tool writes; the staging directory is not used", error_id="paths.partial_bad_record",
                               file=str(self.path / PROGRESS),
                               hint="check that directory and remove it yourself, or choose another OUT; "
                                    "it is never deleted for you")
 
-    def shard_tmp(self, name: str) -> Path:
-        return self.path / (name + ".tmp")
+    # -- filling: what the command writes goes through these ---------------------------------------
+    def scratch(self) -> RunDir:
+        """The workers' scratch directory for this run, made (after open()): the only place they write."""
+        run = RunDir(self.path)
+        run.create()
+        return run
 
-    def finish_shard(self, name: str, digest: str, size: int) -> None:
-        os.replace(self.shard_tmp(name), self.path / name)
-        self.done[name] = {"hash": digest, "size": size}
-        self._save_progress()
+    def take_shard(self, run: RunDir, name: str, size: int, digest: str | None = None,
+                   sidecars: tuple[str, ...] = ()) -> None:
+        """A finished job's file `name` (and its sidecars) from the scratch directory into the tree; with
+        `digest`, recorded as finished in the progress record (what --resume keeps)."""
+        run.hand_over(name, size, self.path, sidecars=sidecars)
+        os.replace(self.path / (name + ".tmp"), self.path / name)
+        if digest is not None:
+            self.done[name] = {"hash": digest, "size": size}
+            self._save_progress()
+
+    def file(self, rel: str) -> Path:
+        """Where the file `rel` (a relative path) of the output is written now, its folder made: for
+        writers that need a path (safetensors' save_file, a defect edited into a written file)."""
+        path = self.path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def folder(self, rel: str) -> None:
+        (self.path / rel).mkdir(parents=True, exist_ok=True)
+
+    def write_text(self, rel: str, text: str) -> None:
+        self.file(rel).write_text(text)
+
+    def write_json(self, rel: str, obj) -> None:
+        write_json_atomic(self.file(rel), obj, sync=self.durable)
+
+    def copy_in(self, source_file: Path, rel: str) -> None:
+        """A byte-identical copy of `source_file` (a file of the input) as `rel`."""
+        shutil.copyfile(source_file, self.file(rel))
+
+    def glob(self, pattern: str) -> list[Path]:
+        """The files at the top of the tree whose name matches `pattern`, sorted."""
+        return sorted(self.path.glob(pattern))
+
+    def remove(self, rel: str) -> None:
+        (self.path / rel).unlink()
+
+    def written(self) -> list[str]:
+        """Every file (or link) written so far, relative and sorted: the run's lock and progress record left out."""
+        return sorted(rel for p in self.path.rglob("*") if (not p.is_dir() or p.is_symlink())
+                      and (rel := p.relative_to(self.path).as_posix()) not in (LOCK, PROGRESS))
+
+    def mark_restored(self) -> None:
+        """marlin-to-source's record that this tool wrote the tree (runtime/output/rules.py mark_restored)."""
+        mark_restored(self.path)
 
     def write_manifest(self, manifest: dict, name: str = MANIFEST) -> None:
         """The record, written last: every file in staging with its hash (shards from their record)."""
@@ -263,10 +261,10 @@ class Staging:
             files[rel] = rec if rec else {"hash": file_digest(f), "size": f.stat().st_size}
         manifest = dict(manifest, hash_algorithm=HASH_ALGORITHM, files=files)
         manifest.setdefault("producer", {"name": "dsv4-convert"})
-        write_json_atomic(self.path / name, manifest)
+        write_json_atomic(self.path / name, manifest, sync=self.durable)
 
     def publish(self, step=lambda: None) -> None:
-        """fsync everything, then rename `<out>.partial` to `<out>` (replacing `<out>` under --force).
+        """fsync everything (when durable), then rename `<out>.partial` to `<out>` (replacing `<out>` under --force).
         The staging directory stays flock'd until the rename is done: no other run adopts it meanwhile."""
         if self.source is not None and self.stamp:
             changed = first_change(self.stamp, source_stamp(self.source))
@@ -274,17 +272,22 @@ class Staging:
                 raise InputError(f"{changed} changed while it was being converted; nothing was published",
                                  error_id="input.changed_during_run", file=str(self.source / changed),
                                  hint="leave the input alone while a run reads it, then run again")
-        for f in self.path.rglob("*"):
+        for f in self.path.rglob("*") if self.durable else ():
             if f.is_file() and not f.is_symlink():
                 with open(f, "rb") as fh:
                     os.fsync(fh.fileno())
         if (self.path / PROGRESS).exists():
             (self.path / PROGRESS).unlink()
-        fsync_dir(self.path)
+        if self.durable:
+            fsync_dir(self.path)
         check_replaceable(self.out, force=self.force, allow_empty=True)  # again: it may have changed since
-        self._drop_lock_file()
+        self._locks.drop_file(self.path)
         step()  # (the crash tests' step points: each state a kill can leave here is recovered or explained)
-        self._refuse_replaced()
+        if not self._locks.same_directory(self.path):  # moved or replaced by another run, or by hand
+            raise OutputError(f"{self.path} was replaced or removed by another run (or by hand) while this run "
+                              "wrote it; nothing was published", error_id="output.staging_replaced",
+                              file=str(self.path), hint=f"check {self.out}: the other run's output may be there; "
+                                                        "run again if it is not")
         old = None
         if self.out.exists():  # a fresh holder each time: a leftover (or pid 1 in a container) never collides
             old = Path(tempfile.mkdtemp(prefix=f"{self.out.name}{REPLACED}", dir=self.out.parent))
@@ -294,24 +297,12 @@ class Staging:
             os.rename(self.path, self.out)
             self._owned = False
             self.published = True
-        self._release()
+        self._locks.release()
         step()
-        fsync_dir(self.out.parent)
+        if self.durable:
+            fsync_dir(self.out.parent)
         for holder in ([old] if old is not None else []) + self.leftovers:  # --force asked to replace them
             shutil.rmtree(holder)
-
-    def _refuse_replaced(self) -> None:
-        """The directory at self.path must still be the one this run locked (another run, or a user,
-        may have moved or replaced it): never publish someone else's directory."""
-        try:
-            same = os.stat(self.path, follow_symlinks=False).st_ino == os.fstat(self._dir_fd).st_ino
-        except OSError:
-            same = False
-        if not same:
-            raise OutputError(f"{self.path} was replaced or removed by another run (or by hand) while this run "
-                              "wrote it; nothing was published", error_id="output.staging_replaced",
-                              file=str(self.path), hint=f"check {self.out}: the other run's output may be there; "
-                                                        "run again if it is not")
 
     def discard(self, keep_verified: bool = False) -> None:
         """Remove the staging directory (after an error or Ctrl-C): nothing that looks complete remains.
@@ -322,29 +313,16 @@ class Staging:
             self._kept.cancel()
             self._kept = None
         if not self._owned:
-            self._release()
+            self._locks.release()
             return
-        if keep_verified and self._lock_fd is not None and self.path.exists():
+        if keep_verified and self._locks.held and self.path.exists():
             for f in self.path.glob("*.tmp"):
                 f.unlink(missing_ok=True)
-            self._release()
+            self._locks.release()
             self._owned = False
             return
-        if self.path.exists() and self._dir_fd is not None:  # still the directory this run locked
+        if self.path.exists() and self._locks.dir_fd is not None:  # still the directory this run locked
             shutil.rmtree(self.path, ignore_errors=True)
-        self._release()
+        self._locks.release()
         self._owned = False
 
-    def _drop_lock_file(self) -> None:
-        """Before publishing: the lock file must not be in the output (the directory lock stays)."""
-        if self._lock_fd is not None:
-            os.unlink(self.path / LOCK)
-            let_go(self._lock_fd)
-            self._lock_fd = None
-
-    def _release(self) -> None:
-        for attr in ("_lock_fd", "_dir_fd"):
-            fd = getattr(self, attr)
-            if fd is not None:
-                let_go(fd)
-                setattr(self, attr, None)

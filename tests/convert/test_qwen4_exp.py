@@ -1,0 +1,81 @@
+"""Qwen3.8-Flash-Next (Qwen4-Exp), end to end through the real CLI in subprocesses: the `synth --family qwen4-exp`
+replica (nvidia's MIXED_PRECISION layout: FP8 attention and n-gram tables, NVFP4 experts; synth/qwen4_exp.py) converts
+for both targets with no --allow-unservable (served: core/targets/served.py), validates against its source with no
+finding, plans with tiles from the experts' own width, keeps its PLE n-gram tables byte for byte (they are no
+experts) and names their storage for the engines (`ple_embedding_dtype`, core/sources/side_tables.py), and reverses
+byte for byte; NVFP4 n-gram tables convert for vLLM and are refused for SGLang with SGLang's own reason.
+
+No substitution: the replica is synth's, the commands are the CLI's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from tests.helpers.cli import restored_tree, run_cli, tree_hashes
+
+pytestmark = pytest.mark.slow
+GATE_ON = {"DSV4_CONVERT_ALLOW_UNSERVABLE": "0"}  # tests/conftest.py lifts the served gate for the converter's tests
+
+
+def _ple_bytes(root) -> dict[str, bytes]:
+    """Every PLE tensor of a checkpoint (table shards, table scales, projections, norms) as raw bytes."""
+    out = {}
+    for shard in sorted(root.glob("*.safetensors")):
+        with safe_open(str(shard), "pt") as f:
+            for name in f.keys():
+                if ".ple." in name:
+                    t = f.get_tensor(name)
+                    out[name] = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    return out
+
+
+def _text_config(root) -> dict:
+    config = json.loads((root / "config.json").read_text())
+    return config.get("text_config", config)
+
+
+def test_the_qwen4_exp_replica_through_every_command(tmp_path):
+    src = tmp_path / "src"
+    run_cli("synth", src, "--family", "qwen4-exp", "-q")
+    doc = json.loads(run_cli("inspect", src, "--json").stdout)
+    assert doc["format"] == "nvfp4-modelopt-hf" and doc["family"] == "qwen4-exp", doc
+    assert set(doc["served"]) == {"sglang 0.5.23", "vllm 0.33", "vllm 0.34"} and not any(doc["served"].values()), doc
+    assert doc["projections"]["by_role"] == {"down": 16, "gate": 16, "up": 16}, doc["projections"]
+    ple = _ple_bytes(src)
+    assert any(".ngram_embedding.shard_" in n for n in ple), sorted(ple)
+    assert _text_config(src).get("ple_embedding_dtype") is None  # the source leaves it to its quantisation config
+    for target in ("sglang", "vllm"):
+        out = tmp_path / f"out-{target}"
+        run_cli("nvfp4-to-marlin", src, out, "--target", target, "-q", env=GATE_ON)
+        proc = run_cli("validate", out, "--against", src, "--json", check=False)
+        findings = [f for f in json.loads(proc.stdout)["findings"] if f["severity"] in ("error", "warning")]
+        assert proc.returncode == 0 and findings == [], proc.stdout[-3000:]
+        assert _ple_bytes(out) == ple  # the n-gram tables pass through, as every other non-expert tensor
+        assert _text_config(out)["ple_embedding_dtype"] == "float8_e4m3fn"  # what the engines build for FP8 rows
+        plan = json.loads(run_cli("plan", out, "--gpus", "2", "--gpu-mem-gib", "32", "--target", target,
+                                  "--json").stdout)
+        assert plan["exit_code"] == 0 and plan["recommended"]["tp"] in (1, 2), plan
+        assert "H=256, I=128" in plan["reasoning"][0], plan["reasoning"]  # moe_intermediate_size, not intermediate
+        back = tmp_path / f"back-{target}"
+        run_cli("marlin-to-source", out, back, "-q")
+        assert restored_tree(back) == tree_hashes(src)  # config.json too: without ple_embedding_dtype again
+
+
+def test_nvfp4_ple_tables_convert_for_vllm_and_are_refused_for_sglang(tmp_path):
+    src = tmp_path / "src"
+    run_cli("synth", src, "--family", "qwen4-exp-ple-nvfp4", "-q")
+    out = tmp_path / "out-vllm"
+    run_cli("nvfp4-to-marlin", src, out, "--target", "vllm", "-q", env=GATE_ON)
+    assert _text_config(out)["ple_embedding_dtype"] == "nvfp4"
+    assert _ple_bytes(out) == _ple_bytes(src)
+    proc = run_cli("nvfp4-to-marlin", src, tmp_path / "out-sglang", "--target", "sglang", "--json", check=False,
+                   env=GATE_ON)
+    err = json.loads(proc.stdout)["error"]
+    assert proc.returncode == 4 and err["id"] == "convert.unservable_family", proc.stdout
+    assert "sglang cannot build this source itself" in err["message"] and "_ple_table_is_fp8" in err["message"], err
+    assert not (tmp_path / "out-sglang").exists()
