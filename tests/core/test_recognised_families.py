@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-from dsv4_convert.core.checkpoint.tensor_model import Role
 from dsv4_convert.core.sources.families import family_of
 from dsv4_convert.core.sources.naming import parse_expert_name
 from dsv4_convert.core.targets.served import entries, refusal
