@@ -19,7 +19,7 @@ from ..formats.e2m1 import unpack_nibbles
 from ..formats.e8m0 import e8m0_to_float
 
 __all__ = ["Stack", "moe_align", "run_stack", "run_layer", "reference_layer", "relu2", "situ", "swiglu_limited",
-           "swigluoai_limited", "dequant", "repack_source"]
+           "swigluoai_limited", "clamped_swiglu", "dequant", "repack_source"]
 
 
 @dataclass
@@ -123,6 +123,12 @@ def swigluoai_limited(alpha: float, limit: float, beta: float = 1.0):
         gate, up = gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
         return gate * torch.sigmoid(alpha * gate) * (up + beta)
     return act
+
+
+def clamped_swiglu(limit: float, alpha: float | None):
+    """The clamped SwiGLU a family's engines run: silu(gate) * up (GLM-5.3-Flash), or with `alpha` MiniMax-M3's
+    SwiGLU-OAI (core/sources/structure.py swiglu_limit / swiglu_alpha)."""
+    return swiglu_limited(limit) if alpha is None else swigluoai_limited(alpha, limit)
 
 
 def run_layer(provider, w13: Stack, w2: Stack, x: torch.Tensor, activation=relu2) -> torch.Tensor:

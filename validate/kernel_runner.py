@@ -43,6 +43,7 @@ from .checks import ALL_CHECKS
 from .checks.kernel import KERNEL_LAYER_REL_ERROR_MAX, KERNEL_REL_ERROR_MAX, KernelCase
 from .kernel_moe import (
     Stack,
+    clamped_swiglu,
     dequant,
     reference_layer,
     reference_product,
@@ -52,8 +53,6 @@ from .kernel_moe import (
     run_layer,
     run_stack,
     situ,
-    swiglu_limited,
-    swigluoai_limited,
 )
 from .kernel_provider import KernelBuildError, select_provider
 from .kernel_shapes import kernel_layouts
@@ -234,8 +233,7 @@ def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions 
                 try:
                     if stack in (_LAYER, _SWIGLU_LAYER, _SITU_LAYER):
                         case.limit = KERNEL_LAYER_REL_ERROR_MAX[opts.target.act_dtype]
-                        clamped = limit and (swigluoai_limited(alpha, limit) if alpha else swiglu_limited(limit))
-                        act, reach = {_LAYER: (relu2, None), _SWIGLU_LAYER: (clamped, limit),
+                        act, reach = {_LAYER: (relu2, None), _SWIGLU_LAYER: (limit and clamped_swiglu(limit, alpha), limit),
                                       _SITU_LAYER: (betas and situ(*betas), betas and betas[0])}[stack]
                         _run_layer(layer_prep, experts, members, case, opts, kopts, dev, roles, act, reach)
                     else:
