@@ -160,20 +160,30 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
         check_defects(defects, format, experts)
     # an empty OUT is fine; --force replaces only a directory dsv4-convert wrote (runtime/output/rules.py);
     # not durable: a synthetic checkpoint is made again in seconds, so nothing is fsync'd (the rename stays atomic)
-    tree = OutputTree(out, force=force, resumable=False, allow_empty=True, durable=False)
+    if real_size:
+        dims = real_size_dims or REAL_SIZE
+    else:
+        dims = Dims(layers, experts, hidden, intermediate, hash_layers, mtp)
+        if family == "deepseek-v41":  # no hash layers in V4.1 (synth/dsv41.py)
+            dims = dataclasses.replace(dims, hash_layers=0)
+    configs = config_files(format, dims)
+    if family in FAMILY_SPECS:
+        configs.update(family_config_files(family, format, dims))
+    elif family == "deepseek-v41":
+        configs.update({CONFIG: dsv41_config(dims), **dsv41_tokenizer(dims)})
+    # writes: the files besides shards and records that this run puts in OUT.partial, so that a run killed by
+    # SIGKILL leaves a staging directory the next --force run knows as its own
+    tree = OutputTree(out, force=force, resumable=False, allow_empty=True, durable=False, writes=set(configs))
     tree.check()
     try:
         tree.open(f"synth {format} {family} {seed}")
         if real_size:
-            dims = real_size_dims or REAL_SIZE
             names, sizes, produce = real_size_plan(format, seed, dims, dtype_torch)
             target = shard_bytes or (1 << 30)
             groups = _split(sizes, min(len(sizes), max(1, -(-sum(sizes) // target))))
             records = []
         else:
-            dims = Dims(layers, experts, hidden, intermediate, hash_layers, mtp)
-            if family == "deepseek-v41":  # no hash layers in V4.1 (synth/dsv41.py)
-                dims = dataclasses.replace(dims, hash_layers=0)
+            if family == "deepseek-v41":
                 tensors = dsv41_tensors(format, seed, dims, tweaks_for(defects, experts), dtype_torch)
             elif family in FAMILY_SPECS:
                 tensors, outside = family_tensors(family, format, seed, dims, dtype_torch)
@@ -193,11 +203,6 @@ def write_synthetic_checkpoint(out: Path, *, format: str | None = None, family: 
         files = [shard_name(k, len(groups)) for k in range(len(groups))]
         total = sum(sizes)
         tree.write_json(INDEX_FILE, {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
-        configs = config_files(format, dims)
-        if family in FAMILY_SPECS:
-            configs.update(family_config_files(family, format, dims))
-        elif family == "deepseek-v41":
-            configs.update({CONFIG: dsv41_config(dims), **dsv41_tokenizer(dims)})
         for fname, obj in configs.items():
             tree.write_json(fname, obj)
         for rec in records:

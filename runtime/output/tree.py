@@ -64,11 +64,12 @@ class OutputTree:
     checkpoint is made again in seconds, and the tests make hundreds)."""
 
     def __init__(self, out, *, force: bool = False, resume: bool = False, source: Path | None = None,
-                 resumable: bool = True, allow_empty: bool = False, durable: bool = True):
+                 resumable: bool = True, allow_empty: bool = False, durable: bool = True, writes: set[str] = frozenset()):
         self.out, self.path = output_paths(out)  # path: the staging directory, named in messages only
         self.force, self.resume, self.resumable, self.allow_empty = force, resume, resumable, allow_empty
         self.durable = durable
         self.source = Path(source).resolve() if source is not None else None
+        self.writes = frozenset(writes)  # top-level names the command writes besides the input's (synth's configs)
         self.stamp: dict = {}
         self._locks = Locks()  # the staging directory's flock (held through publish's rename) and lock file
         self._owned = False  # from taking the lock in open() until the publishing rename: discard() may clean up
@@ -142,11 +143,11 @@ class OutputTree:
                           sync=self.durable)
 
     def _source_names(self) -> set[str]:
-        """The top-level names of the input: a run copies these into its staging directory."""
+        """The top-level names of the input (a run copies these into its staging directory) and the command's own."""
         try:
-            return {e.name for e in self.source.iterdir()} if self.source is not None else set()
+            return {e.name for e in self.source.iterdir()} | self.writes if self.source is not None else set(self.writes)
         except OSError:
-            return set()
+            return set(self.writes)
 
     def _adopt(self, fingerprint: str) -> None:
         if not (self.resume or self.force):

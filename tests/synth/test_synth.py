@@ -4,6 +4,7 @@ to the matrices it came from, and carries each defect exactly where synth.json s
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 import subprocess
 import sys
@@ -445,3 +446,31 @@ def test_float16_one_shard_no_hash_layers(tmp_path):
     assert not any(n.endswith("tid2eid") for n in t)
     w = expert_matrix(0, "0", 1, "gate", 64, 64, dtype=torch.float16)
     assert ((_dequant("mxfp4-dsv4", t, "0", 1, "gate") - w).norm() / w.norm()).item() < 0.2
+
+
+@pytest.mark.parametrize("family", ["deepseek-v41", "qwen3-moe"])
+def test_a_synth_killed_mid_write_is_replaced_by_the_next_forced_run(tmp_path, family):
+    """A synth run killed by SIGKILL leaves OUT.partial holding its lock, its progress record and the files it had
+    written (tokenizer and generation configs among them): the next `synth --force` knows the directory as its
+    own run's (OutputTree(writes=...): the configs synth writes) and replaces it; a file no synth writes is
+    still refused, never deleted."""
+    from dsv4_convert.runtime.output import OutputTree
+
+    ref = write_synthetic_checkpoint(tmp_path / "ref", family=family, **SMALL)
+    out = tmp_path / "x"
+    killed = OutputTree(out, resumable=False)
+    killed.open("a synth run, killed")
+    for f in ref.iterdir():  # everything a run writes, as a kill after the last file would leave it
+        if f.name != "synth.json":
+            shutil.copyfile(f, killed.path / f.name)
+    killed._locks.release()  # SIGKILL: the lock goes with the process, the staging directory stays
+    assert {"config.json", "model.safetensors.index.json"} <= {p.name for p in killed.path.iterdir()}
+    write_synthetic_checkpoint(out, family=family, force=True, **SMALL)
+    assert not killed.path.exists() and json.loads((out / "synth.json").read_text())["family"] == family
+    foreign = OutputTree(tmp_path / "y", resumable=False)
+    foreign.open("a synth run, killed")
+    (foreign.path / "notes.txt").write_text("a user's file")
+    foreign._locks.release()
+    with pytest.raises(OutputError) as e:
+        write_synthetic_checkpoint(tmp_path / "y", family=family, force=True, **SMALL)
+    assert e.value.error_id == "paths.partial_not_ours" and (foreign.path / "notes.txt").exists()
