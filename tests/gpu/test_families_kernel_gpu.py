@@ -200,8 +200,7 @@ def test_minimax_m3_layers_run_whole_with_the_clamped_swiglu(reports, replica, f
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("replica", ("qwen4-exp", "qwen4-exp-ple-nvfp4"))  # FP8 / NVFP4 PLE n-gram tables
+@pytest.mark.parametrize("replica,target", on_targets("qwen4-exp", "qwen4-exp-ple-nvfp4"))  # FP8 / NVFP4 PLE tables
 def test_qwen4_exp_routed_experts_alone_run_through_the_engines_kernels(reports, replica, target):
     """Qwen3.8-Flash-Next (SiLU-gated experts, the engines' plain SwiGLU: Qwen3-Next's MoE block): both MoE layers'
     routed experts, 8 each, ran w13 and w2 through the kernel and passed; the NVFP4 n-gram tables and the NVFP4 shared
