@@ -12,6 +12,7 @@ from ..core.files import SYNTH_MANIFEST
 from ..core.sources.families import family_named
 from ..core.sources.source_formats import source_format
 from ..core.units import plural
+from ..runtime.cpu_budget import torch_threads, usable_cpus
 from ..synth import (
     DEFECT_NAMES,
     REAL_SIZE,
@@ -112,10 +113,11 @@ def synth(out, fmt, family, layers, experts, hidden, intermediate, shards, seed,
         from tqdm import tqdm
         bar = tqdm(desc="synth", unit="B", unit_scale=True, unit_divisor=1024, leave=False)
     try:
-        path = write_synthetic_checkpoint(
-            out, format=fmt, family=family, layers=layers, experts=experts, hidden=hidden, intermediate=intermediate,
-            shards=shards, seed=seed, mtp=mtp, defects=defects, hash_layers=min(hash_layers, layers),
-            real_size=real_size, force=force, progress=None if bar is None else _advance(bar))
+        with torch_threads(usable_cpus() if real_size else 1):  # a small replica is many small ops
+            path = write_synthetic_checkpoint(
+                out, format=fmt, family=family, layers=layers, experts=experts, hidden=hidden, intermediate=intermediate,
+                shards=shards, seed=seed, mtp=mtp, defects=defects, hash_layers=min(hash_layers, layers),
+                real_size=real_size, force=force, progress=None if bar is None else _advance(bar))
     finally:
         if bar is not None:
             bar.close()

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["BYTES_PER_THREAD", "BYTES_PER_WORKER", "LIBRARY_THREAD_VARS", "auto_workers", "bound_library_threads",
-           "cgroup_cpu_quota", "job_threads", "parse_cpu_max", "physical_cores", "usable_cpus"]
+           "cgroup_cpu_quota", "job_threads", "parse_cpu_max", "physical_cores", "torch_threads", "usable_cpus"]
 
 # the thread pools of the libraries a command may import (torch's OpenMP pool, MKL, numba) size themselves
 # from these, read once at their import; unset, each takes the machine's cores, not the budget (OpenBLAS:
@@ -112,3 +113,19 @@ def bound_library_threads() -> None:
     n = str(usable_cpus())
     for var in LIBRARY_THREAD_VARS:
         os.environ.setdefault(var, n)
+
+
+@contextmanager
+def torch_threads(n: int):
+    """torch's intra-op pool at `n` threads inside the block, as it was after. A command whose CPU work is many
+    small ops (validate's per-block checks, the kernel pre-flight's decodes, a small synth) runs them on one
+    thread: more only wake OpenMP threads that spin, and twelve such commands side by side on a 16-core box each
+    took the machine's 16 (issue 36: a load of 350-400)."""
+    import torch  # the commands that call this have imported it already
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

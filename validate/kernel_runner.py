@@ -38,6 +38,7 @@ from ..formats.marlin.torch_route import (
     permute_columns_t,
 )
 from ..formats.padded_layout import pad_source
+from ..runtime.cpu_budget import torch_threads
 from .check import Result, Scope
 from .checks import ALL_CHECKS
 from .checks.kernel import KERNEL_LAYER_REL_ERROR_MAX, KERNEL_REL_ERROR_MAX, KernelCase
@@ -184,6 +185,7 @@ def _chosen(experts, n, seed, layer):
     return sorted(random.Random(f"{seed}/{layer}").sample(experts, n))
 
 
+@torch_threads(1)  # the GPU runs the products; the CPU's share is small decodes (runtime/cpu_budget.py)
 def run_kernel_checks(path, opts, report, *, against=None, kopts: KernelOptions = KernelOptions(),
                       progress=None) -> None:
     """Adds kernel.* results, one `report.kernel` row per layer stack, and notes to `report`."""
@@ -336,8 +338,7 @@ def _run_layer(prep, experts, members, case, opts, kopts, dev, roles, activation
     for i in range(0, len(members), kopts.chunk):
         part = members[i:i + kopts.chunk]
         w13, w2 = _stack_of(prep, experts, part, roles[:-1], dev), _stack_of(prep, experts, part, roles[-1:], dev)
-        for e in part:
-            case.names[e] = (experts[e][Role.GATE].weight.name, experts[e][Role.GATE].weight.file)
+        case.names.update({e: (experts[e][Role.GATE].weight.name, experts[e][Role.GATE].weight.file) for e in part})
         if x is None:
             x = torch.randn(kopts.rows, w13.reference.shape[-1], generator=gen, device=dev)
             if reach is not None:  # reach the clamp (or SiTU's bend): the median |output| of the first GEMM there

@@ -28,6 +28,7 @@ from ..core.errors import DsvError, InputError, UsageError
 from ..core.record.converted_config import record_or_none
 from ..core.sources.structure import padded_containers, unreadable_tensors
 from ..core.targets.rescale import stack_key, stack_rescale_factors
+from ..runtime.cpu_budget import torch_threads
 from ..runtime.jobs import stop_with_parent
 from .check import Result, Scope
 from .checks import ALL_CHECKS
@@ -172,12 +173,8 @@ def validate(path: str | Path, opts: Options, *, against: str | Path | None = No
              progress: bool = True, executor=None) -> Report:
     """Validate one checkpoint; raises Unreadable when it cannot be validated at all (exit 2)."""
     gc.freeze()  # torch's ~10^5 objects are never garbage: no collection walks them (exit: -1.1 s here)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the per-block work is many small ops: threads only add overhead
-    try:
+    with torch_threads(1):  # the per-block work is many small ops: threads only add overhead
         return _validate(path, opts, against=against, workers=workers, progress=progress, executor=executor)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _validate(path, opts: Options, *, against, workers: int, progress: bool, executor=None) -> Report:

@@ -20,6 +20,7 @@ from dsv4_convert.runtime.cpu_budget import (
     cgroup_cpu_quota,
     job_threads,
     parse_cpu_max,
+    torch_threads,
     usable_cpus,
 )
 from dsv4_convert.runtime.executors import auto_workers, physical_cores
@@ -69,6 +70,27 @@ def test_a_small_job_runs_one_thread_and_a_big_one_the_cpus_given():
     assert job_threads(1, 2 * MIB) == 1 and job_threads(4, 10**13) == 1  # pool workers share the cores out
     assert job_threads(1, 10**13) == cpus and job_threads(1, None) == cpus
     assert job_threads(1, 3 * BYTES_PER_THREAD) == min(cpus, 4)
+
+
+def test_small_ops_commands_run_torch_on_one_thread_and_give_its_pool_back():
+    """validate's checks, the kernel pre-flight and a small synth run torch on one thread (torch_threads, also as
+    the kernel runner's decorator); the pool the process had comes back after, also when the block raises."""
+    import torch
+
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+    @torch_threads(1)
+    def fails():
+        assert torch.get_num_threads() == 1
+        raise KeyError("x")
+
+    for _ in range(2):  # the decorator enters afresh on each call
+        with pytest.raises(KeyError):
+            fails()
+        assert torch.get_num_threads() == before
 
 
 @pytest.mark.slow
