@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -32,7 +31,7 @@ from dsv4_convert.synth import SYNTH_FAMILIES
 from dsv4_convert.synth.families import FAMILY_SPECS
 from dsv4_convert.synth.nemotron import PATTERN as NEMOTRON_PATTERN
 from dsv4_convert.synth.seeded import expert_matrix
-from tests.helpers.cli import CLI, restored_tree, run_cli, tree_hashes
+from tests.helpers.cli import CLI, restored_tree, run_cli, run_cli_batch, tree_hashes
 from tests.helpers.compare import assert_bytes_equal
 
 # deepseek-v4 and gpt-oss are covered end to end by test_convert_e2e.py; here: the families added with the table
@@ -51,28 +50,39 @@ def family_source(synth_source):
     return lambda fam, fmt: synth_source(fmt, family=fam, **{**_SIZES, **_FAMILY_SIZES.get(fam, {})})
 
 
-@pytest.fixture(scope="session")
-def converted(family_source, tmp_path_factory):
-    """(family, format, target) -> the converted checkpoint, made once."""
-    cache: dict = {}
-
-    def make(fam: str, fmt: str, target: str) -> Path:
-        if (fam, fmt, target) not in cache:
-            out = tmp_path_factory.mktemp("fam") / f"{fam}-{fmt}-{target}"
-            command = "mxfp4-to-marlin" if fmt.startswith("mxfp4") else "nvfp4-to-marlin"
-            run_cli(command, family_source(fam, fmt), out, "--target", target, "-q")
-            cache[fam, fmt, target] = out
-        return cache[fam, fmt, target]
-    return make
+def _converter(fmt: str) -> str:
+    return "mxfp4-to-marlin" if fmt.startswith("mxfp4") else "nvfp4-to-marlin"
 
 
-def _validate(*args, allowed: frozenset = frozenset()) -> dict:
+@pytest.fixture(scope="module")
+def runs(family_source, tmp_path_factory) -> dict:
+    """(family, format) -> {step: the CLI's answer}: each case's source validated, converted for both targets, the
+    validated target's output checked --against the source and the reversed target's output rebuilt, all cases'
+    commands in one CLI process (run_cli_batch: 175 command lines pay one torch import, not 175)."""
+    work = tmp_path_factory.mktemp("fam")
+    steps = {}
+    for fam, fmt in CASES:
+        src, out = family_source(fam, fmt), {t: work / f"{fam}-{fmt}-{t}" for t in ("vllm", "sglang")}
+        reversed_target = _REVERSED[fam, fmt]
+        validated_target = "vllm" if reversed_target == "sglang" else "sglang"
+        steps[fam, fmt] = {
+            "source": ["validate", src, "--strict", "--json"],
+            **{f"convert-{t}": [_converter(fmt), src, o, "--target", t, "-q"] for t, o in out.items()},
+            "against": ["validate", out[validated_target], "--against", src, "--json"],
+            "reverse": ["marlin-to-source", out[reversed_target], work / f"{fam}-{fmt}-restored", "-q"],
+            "paths": (src, out[validated_target], validated_target, work / f"{fam}-{fmt}-restored")}
+    commands = [argv for case in steps.values() for step, argv in case.items() if step != "paths"]
+    answers = iter(run_cli_batch(commands, work))
+    return {case: {step: argv if step == "paths" else next(answers) for step, argv in case_steps.items()}
+            for case, case_steps in steps.items()}
+
+
+def _validate(proc, allowed: frozenset = frozenset()) -> dict:
     """validate's JSON report; it must pass, or fail only by error findings of the `allowed` checks."""
-    proc = run_cli("validate", *args, "--json", check=False)
     report = json.loads(proc.stdout)
     errors = {f["check"] for f in report["findings"] if f["severity"] == "error"}
     ok = proc.returncode == 0 or (proc.returncode == 1 and errors and errors <= allowed)
-    assert ok, f"validate {args} exited {proc.returncode}: {proc.stdout[-3000:]}"
+    assert ok, f"{' '.join(proc.args)} exited {proc.returncode}: {proc.stdout[-3000:]}{proc.stderr[-3000:]}"
     return report
 
 
@@ -101,9 +111,9 @@ def test_family_is_recognised_with_its_names(family_source, fam, fmt):
 
 
 @pytest.mark.parametrize(("fam", "fmt"), CASES, ids=_IDS)
-def test_source_validates_clean(family_source, fam, fmt):
+def test_source_validates_clean(runs, fam, fmt):
     nvfp4_ple = FAMILY_SPECS[fam].ple == "nvfp4"  # SGLang cannot load NVFP4 PLE tables (core/targets/engine_config.py)
-    report = _validate(family_source(fam, fmt), "--strict",
+    report = _validate(runs[fam, fmt]["source"],
                        allowed=frozenset({"source.engine_config"}) if nvfp4_ple else frozenset())
     if nvfp4_ple:  # said for SGLang alone: vLLM loads them
         said = [f["message"].split(" ", 1)[0] for f in report["findings"] if f["severity"] == "error"]
@@ -114,24 +124,23 @@ def test_source_validates_clean(family_source, fam, fmt):
 
 
 @pytest.mark.parametrize(("fam", "fmt"), CASES, ids=_IDS)
-def test_converted_output_validates_and_reverses(converted, family_source, tmp_path, fam, fmt):
-    src = family_source(fam, fmt)
-    reversed_target = _REVERSED[fam, fmt]
-    validated_target = "vllm" if reversed_target == "sglang" else "sglang"
-    out = converted(fam, fmt, validated_target)
+def test_converted_output_validates_and_reverses(runs, fam, fmt):
+    case = runs[fam, fmt]
+    src, out, validated_target, restored = case["paths"]
+    for target in ("vllm", "sglang"):
+        assert case[f"convert-{target}"].returncode == 0, case[f"convert-{target}"].stderr[-3000:]
     family = family_named(FAMILY_SPECS[fam].family)
     # a family x format the plugins are not proven to serve (converted here with --allow-unservable) fails the
     # serving pre-flight (core/targets/served.py, the table the converter's gate reads too); its bytes must pass
     served = bool(entries(family.name, fmt, validated_target))
-    report = _validate(out, "--against", src, allowed=frozenset() if served else frozenset({"marlin.serving_methods"}))
+    report = _validate(case["against"], allowed=frozenset() if served else frozenset({"marlin.serving_methods"}))
     assert served or "marlin.serving_methods" in {f["check"] for f in report["findings"]}
     names = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     experts = [n for n in names if n.endswith(".weight") and converted_expert(n)]
     assert experts and all(parse_expert_name(n).scheme is family.converted_scheme for n in experts)
     if FAMILY_SPECS[fam].mtp == "file":  # copied unchanged, still outside the index
         assert (out / MTP_FILE).read_bytes() == (src / MTP_FILE).read_bytes() and MTP_FILE not in names.values()
-    restored = tmp_path / "restored"
-    run_cli("marlin-to-source", converted(fam, fmt, reversed_target), restored, "-q")
+    assert case["reverse"].returncode == 0, case["reverse"].stderr[-3000:]
     assert restored_tree(restored) == tree_hashes(src)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +40,25 @@ def run_cli(*args, env: dict | None = None, check: bool = True) -> subprocess.Co
     if check and proc.returncode != 0:
         raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
     return proc
+
+
+BATCH = Path(__file__).resolve().parent / "cli_batch.py"
+
+
+def run_cli_batch(commands: list[list], work: Path, env: dict | None = None) -> list[subprocess.CompletedProcess]:
+    """Several command lines in ONE CLI process (cli_batch.py: `main(argv)` each, as the console script runs it),
+    each answered as run_cli(check=False) answers: its exit code, stdout and stderr, where an exception that
+    escaped `main` is exit 1 with its traceback on stderr, as a real process shows it. One torch import for
+    all: a test of many small commands pays it once instead of once a command (CONTRIBUTING.md, CI time)."""
+    if UNMARKED_TEST:
+        warnings.warn(NotMarkedSlow(f"{UNMARKED_TEST} starts the CLI: mark it slow (CONTRIBUTING.md)"), stacklevel=2)
+    listing = Path(work) / f"commands-{os.getpid()}-{len(commands)}.json"
+    listing.write_text(json.dumps([[str(a) for a in c] for c in commands]))
+    proc = subprocess.run([sys.executable, str(BATCH), str(listing)], capture_output=True, text=True,
+                          env=dict(os.environ, **(env or {})))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [subprocess.CompletedProcess(r["argv"], r["code"], r["stdout"], r["stderr"] + (r["crash"] or ""))
+            for r in json.loads(proc.stdout)]
 
 
 def tree_hashes(root: Path) -> dict[str, str]:
