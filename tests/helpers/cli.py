@@ -49,13 +49,14 @@ def run_cli_batch(commands: list[list], work: Path, env: dict | None = None) -> 
     """Several command lines in ONE CLI process (cli_batch.py: `main(argv)` each, as the console script runs it),
     each answered as run_cli(check=False) answers: its exit code, stdout and stderr, where an exception that
     escaped `main` is exit 1 with its traceback on stderr, as a real process shows it. One torch import for
-    all: a test of many small commands pays it once instead of once a command (CONTRIBUTING.md, CI time)."""
+    all: a test of many small commands pays it once instead of once a command (CONTRIBUTING.md, CI time).
+    `env` is laid over this process's environment, one for every command; a variable given None is removed."""
     if UNMARKED_TEST:
         warnings.warn(NotMarkedSlow(f"{UNMARKED_TEST} starts the CLI: mark it slow (CONTRIBUTING.md)"), stacklevel=2)
     listing = Path(work) / f"commands-{os.getpid()}-{len(commands)}.json"
     listing.write_text(json.dumps([[str(a) for a in c] for c in commands]))
     proc = subprocess.run([sys.executable, str(BATCH), str(listing)], capture_output=True, text=True,
-                          env=dict(os.environ, **(env or {})))
+                          env={k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None})
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [subprocess.CompletedProcess(r["argv"], r["code"], r["stdout"], r["stderr"] + (r["crash"] or ""))
             for r in json.loads(proc.stdout)]
