@@ -15,6 +15,7 @@ import io
 import json
 import sys
 import traceback
+import warnings
 
 
 def _run(argv: list[str]) -> dict:
@@ -22,7 +23,9 @@ def _run(argv: list[str]) -> dict:
 
     out, err = io.StringIO(), io.StringIO()
     code, crash = 0, None
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    # catch_warnings: each command starts with the process's filters and forgets which warnings were shown, so a
+    # warning an earlier command printed is printed again, as in a fresh process (a "stderr is empty" test sees it)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
         try:
             main(argv)
         except SystemExit as e:
