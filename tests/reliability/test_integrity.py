@@ -1,9 +1,12 @@
 """Issue 10, items 2 and 3: --resume never mixes inputs, and what the tool records it verifies
 (manifest after publishing, validate --against on every non-expert tensor, marlin-to-source refusing
-a checkpoint that no longer matches its manifest). Real synth checkpoints, the real CLI in
-subprocesses; the kill hook DSV4_CONVERT_KILL_AT is the converter's own crash-test switch.
+a checkpoint that no longer matches its manifest). Real synth checkpoints, the real CLI; the kill hook
+DSV4_CONVERT_KILL_AT is the converter's own crash-test switch.
 
-Substitutions: none."""
+Substitutions: the tests of what the manifest and --against find run their command lines in two CLI processes
+(run_cli_batch: `main(argv)` each, as the console script runs it, its exit code, stdout and stderr), the
+conversions, then the checks of the edited outputs, not one process each: a process start costs more than
+these commands. The kill and resume tests keep a process per command."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import pytest
 
 from dsv4_convert.runtime.digest import HASH_ALGORITHM
 from dsv4_convert.synth import write_synthetic_checkpoint
-from tests.helpers.cli import run_cli, tree_hashes
+from tests.helpers.cli import run_cli, run_cli_batch, tree_hashes
 
 ARGS = ("--workers", "1", "-q", "--max-shard-size", "60KB")
 MANIFEST = "dsv4-convert.manifest.json"
@@ -53,54 +56,77 @@ def _non_expert_shard(root: Path) -> tuple[Path, str, int]:
     return shard, name, off
 
 
-def test_manifest_names_its_algorithm_and_lists_every_file(src, tmp_path):
-    out = tmp_path / "out"
-    run_cli("nvfp4-to-marlin", src, out, *ARGS)
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory) -> dict:
+    """The manifest and --against tests' CLI answers: each test's source ("src") converted ("out") in one CLI process,
+    then, after each test's edit, its checks in a second; (test, step) -> the answer or a path, (test, "edited")
+    -> what the edit changed (the shard, the tensor)."""
+    work = tmp_path_factory.mktemp("integrity")
+    tests = ("manifest", "flipped", "copy", "record")
+    d = {t: work / t for t in tests}
+    runs = {(t, "src"): write_synthetic_checkpoint(d[t] / "src", format="nvfp4-modelopt-dsv4", layers=1, experts=4)
+            for t in tests}
+    runs.update({(t, "out"): d[t] / "out" for t in tests})
+    first = {(t, "convert"): ["nvfp4-to-marlin", runs[t, "src"], runs[t, "out"], *ARGS] for t in ("manifest", "flipped", "record")}
+    runs.update(zip(first, run_cli_batch(list(first.values()), work)))
+    for key in first:
+        assert runs[key].returncode == 0, runs[key].stderr
+    shard, name, off = runs["flipped", "edited"] = _non_expert_shard(runs["flipped", "out"])
+    _flip(shard, off)
+    write_synthetic_checkpoint(d["copy"] / "copy", format="nvfp4-modelopt-dsv4", layers=1, experts=4)
+    shard, name, off = runs["copy", "edited"] = _non_expert_shard(d["copy"] / "copy")
+    _flip(shard, off)
+    rec = runs["record", "out"] / "dsv4-convert-source" / "headers.json"
+    runs["record", "edited"] = rec.read_text()
+    rec.write_text(runs["record", "edited"].replace("F8_E4M3", "F8_E5M2", 1))
+    then = {("manifest", "validate"): ["validate", runs["manifest", "out"], "--quiet"],
+            ("flipped", "validate"): ["validate", runs["flipped", "out"], "--quiet"],
+            ("flipped", "against"): ["validate", runs["flipped", "out"], "--quiet", "--against", runs["flipped", "src"],
+                                     "--no-verify-manifest"],
+            ("flipped", "reverse"): ["marlin-to-source", runs["flipped", "out"], d["flipped"] / "back", "-q"],
+            ("copy", "against"): ["validate", d["copy"] / "copy", "--quiet", "--against", runs["copy", "src"]],
+            ("record", "validate"): ["validate", runs["record", "out"], "--quiet"],
+            ("record", "reverse"): ["marlin-to-source", runs["record", "out"], d["record"] / "back", "-q"]}
+    runs.update(zip(then, run_cli_batch(list(then.values()), work)))
+    return runs
+
+
+def test_manifest_names_its_algorithm_and_lists_every_file(checked):
+    out = checked["manifest", "out"]
     m = json.loads((out / MANIFEST).read_text())
     assert m["hash_algorithm"] == HASH_ALGORITHM
     on_disk = set(tree_hashes(out)) - {MANIFEST}
     assert set(m["files"]) == on_disk
     assert any(f.startswith("dsv4-convert-source/") for f in m["files"])
-    proc = run_cli("validate", out, "--quiet", check=False)
+    proc = checked["manifest", "validate"]
     assert proc.returncode == 0, proc.stdout
 
 
-def test_a_flipped_byte_is_found_and_never_reversed(src, tmp_path):
-    out = tmp_path / "out"
-    run_cli("nvfp4-to-marlin", src, out, *ARGS)
-    shard, name, off = _non_expert_shard(out)
-    _flip(shard, off)
-    proc = run_cli("validate", out, "--quiet", check=False)
+def test_a_flipped_byte_is_found_and_never_reversed(checked):
+    shard, name, _ = checked["flipped", "edited"]
+    proc = checked["flipped", "validate"]
     assert proc.returncode == 1 and "integrity.manifest" in proc.stdout and shard.name in proc.stdout
-    proc = run_cli("validate", out, "--quiet", "--against", src, "--no-verify-manifest", check=False)
+    proc = checked["flipped", "against"]
     assert proc.returncode == 1 and "against.tensor_mismatch" in proc.stdout and name in proc.stdout
     assert "error[integrity.manifest]" not in proc.stdout  # skipped: no finding, and it says so
     assert "note: integrity.manifest not run: --no-verify-manifest" in proc.stdout
-    back = tmp_path / "back"
-    proc = run_cli("marlin-to-source", out, back, "-q", check=False)
+    back = checked["flipped", "out"].parent / "back"
+    proc = checked["flipped", "reverse"]
     assert proc.returncode == 4 and "reverse.manifest_mismatch" in proc.stderr and shard.name in proc.stderr
-    assert not back.exists() and not (tmp_path / "back.partial").exists()
+    assert not back.exists() and not back.with_name("back.partial").exists()
 
 
-def test_against_compares_non_expert_tensors_of_a_source_copy(src, tmp_path):
-    copy = tmp_path / "copy"
-    write_synthetic_checkpoint(copy, format="nvfp4-modelopt-dsv4", layers=1, experts=4)
-    shard, name, off = _non_expert_shard(copy)
-    _flip(shard, off)
-    proc = run_cli("validate", copy, "--quiet", "--against", src, check=False)
+def test_against_compares_non_expert_tensors_of_a_source_copy(checked):
+    _, name, _ = checked["copy", "edited"]
+    proc = checked["copy", "against"]
     assert proc.returncode == 1 and "against.tensor_mismatch" in proc.stdout and name in proc.stdout
 
 
-def test_an_edited_source_record_is_found(src, tmp_path):
-    out = tmp_path / "out"
-    run_cli("nvfp4-to-marlin", src, out, *ARGS)
-    rec = out / "dsv4-convert-source" / "headers.json"
-    text = rec.read_text()
-    assert "F8_E4M3" in text
-    rec.write_text(text.replace("F8_E4M3", "F8_E5M2", 1))
-    proc = run_cli("validate", out, "--quiet", check=False)
+def test_an_edited_source_record_is_found(checked):
+    assert "F8_E4M3" in checked["record", "edited"]
+    proc = checked["record", "validate"]
     assert proc.returncode == 1 and "dsv4-convert-source/headers.json" in proc.stdout
-    proc = run_cli("marlin-to-source", out, tmp_path / "back", "-q", check=False)
+    proc = checked["record", "reverse"]
     assert proc.returncode == 4 and "reverse.manifest_mismatch" in proc.stderr
 
 
