@@ -8,8 +8,12 @@
   before it opens that file (validate used to open and parse it first). "Opened" is observed with
   Linux inotify on the outside file (IN_OPEN), not inferred from the output.
 
-Substitutions: none (real synthetic checkpoints, damaged by byte-level edits, and the real CLI in
-subprocesses; inotify is read through ctypes, Linux only)."""
+Substitutions: real synthetic checkpoints, damaged by byte-level edits, and the real CLI; inotify is read through
+ctypes, Linux only. The `--json` command lines run in one CLI process (run_cli_batch: `main(argv)` each, as the
+console script runs it, its exit code, stdout and stderr), not one process each: a process start costs more than
+these commands; their JSON is ASCII (json.dumps), so a process's stdout encoding cannot change it. The human-text
+runs keep a process each: whether a real stdout / stderr can print the name is what they test. Each outside file
+has its own watch, opened before the batch and read after it (no other command names that file)."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import shutil
 
 import pytest
 
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli, run_cli_batch
 from tests.helpers.corrupt import INDEX, add_tensor, copy_checkpoint, edit_json
 
 pytestmark = pytest.mark.slow
@@ -67,11 +71,23 @@ def weird_names(synth_source, tmp_path_factory):
 EXPECTED = {"both": "index.not_json", "header": "header.not_utf8", "index": "index.not_json"}
 
 
+COMMANDS = ["nvfp4-to-marlin", "inspect", "validate", "plan"]
+
+
+@pytest.fixture(scope="module")
+def weird_json(weird_names, tmp_path_factory) -> dict:
+    """(command, case) -> its --json answer, all in one CLI process."""
+    work = tmp_path_factory.mktemp("weird-json")
+    steps = {(command, case): [*_commands(weird_names[case], work / f"{command}-{case}")[command][0], "--json"]
+             for command in COMMANDS for case in sorted(EXPECTED)}
+    return dict(zip(steps, run_cli_batch(list(steps.values()), work)))
+
+
 @pytest.mark.parametrize("case", sorted(EXPECTED))
-@pytest.mark.parametrize("command", ["nvfp4-to-marlin", "inspect", "validate", "plan"])
-def test_a_lone_surrogate_in_a_name_is_refused_typed(weird_names, tmp_path, command, case):
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_lone_surrogate_in_a_name_is_refused_typed(weird_names, weird_json, tmp_path, command, case):
     argv, code = _commands(weird_names[case], tmp_path)[command]
-    proc = run_cli(*argv, "--json", check=False)
+    proc = weird_json[command, case]
     if command == "validate":  # findings (exit 1) naming the surrogate, never "0 errors ... OK"
         assert "Traceback" not in proc.stderr, proc.stderr
         doc = json.loads(proc.stdout)
@@ -122,29 +138,41 @@ def _point_outside(root):
     return outside
 
 
+OUTSIDE = ["nvfp4-to-marlin", "inspect", "validate", "plan", "doctor", "marlin-to-source"]
+
+
 @pytest.fixture(scope="module")
-def converted(synth_source, tmp_path_factory):
-    out = tmp_path_factory.mktemp("conv") / "marlin"
-    run_cli("nvfp4-to-marlin", synth_source(FMT, **SMALL), out, "-q", "--workers", "1")
-    return out
-
-
-@pytest.mark.parametrize("command", ["nvfp4-to-marlin", "inspect", "validate", "plan", "doctor", "marlin-to-source"])
-def test_an_index_naming_a_file_outside_is_refused_before_it_is_opened(synth_source, converted, tmp_path, command):
-    if command == "marlin-to-source":
-        root = tmp_path / "marlin"
-        shutil.copytree(converted, root)
-        argv, code = ["marlin-to-source", root, tmp_path / "back", "-q", "--workers", "1"], 3
-    else:
-        root = copy_checkpoint(synth_source(FMT, **SMALL), tmp_path / "src")
-        argv, code = _commands(root, tmp_path)[command]
-    outside = _point_outside(root)
-    watch = _OpenWatch(outside)
+def outside_runs(synth_source, tmp_path_factory) -> dict:
+    """command -> (its --json answer on a checkpoint whose index names ../outside.safetensors, whether that file was
+    opened, the exit code of an input refusal for it): a Marlin output made in one CLI process, then every command in a second, each on its own copy."""
+    work = tmp_path_factory.mktemp("conv")
+    (made,) = run_cli_batch([["nvfp4-to-marlin", synth_source(FMT, **SMALL), work / "marlin", "-q", "--workers", "1"]],
+                            work)
+    assert made.returncode == 0, made.stderr
+    steps, watches, codes = {}, {}, {}
+    for command in OUTSIDE:
+        d = work / command
+        if command == "marlin-to-source":
+            root = d / "marlin"
+            shutil.copytree(work / "marlin", root)
+            steps[command], codes[command] = ["marlin-to-source", root, d / "back", "-q", "--workers", "1", "--json"], 3
+        else:
+            root = copy_checkpoint(synth_source(FMT, **SMALL), d / "src")
+            argv, codes[command] = _commands(root, d)[command]
+            steps[command] = [*argv, "--json"]
+        watches[command] = _OpenWatch(_point_outside(root))
     try:
-        proc = run_cli(*argv, "--json", check=False)
-        assert not watch.opened(), f"{command} opened {outside}"
+        answers = dict(zip(steps, run_cli_batch(list(steps.values()), work)))
+        return {command: (answers[command], watches[command].opened(), codes[command]) for command in OUTSIDE}
     finally:
-        watch.close()
+        for watch in watches.values():
+            watch.close()
+
+
+@pytest.mark.parametrize("command", OUTSIDE)
+def test_an_index_naming_a_file_outside_is_refused_before_it_is_opened(outside_runs, command):
+    proc, opened, code = outside_runs[command]
+    assert not opened, f"{command} opened the file outside its checkpoint"
     err = _json_error(proc)
     assert proc.returncode == code and err["id"] == "index.unsafe_path", (proc.returncode, err, proc.stderr)
 
