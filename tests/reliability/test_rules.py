@@ -1,9 +1,11 @@
 """Issue 10, "refuse what is inconsistent, before writing" and the clear-error cases: the structure
 rules that the converter and validate share, validate's report on an empty expert, and
 marlin-to-source on a damaged source record (also when the manifest was re-recorded to match, so
-that the record's reader itself must refuse) and on a full disk. Real files, real CLI subprocesses.
+that the record's reader itself must refuse) and on a full disk. Real files, real CLI command lines.
 
-Substitutions: a full disk is a small tmpfs (mount(8), as root), skipped where mount is not allowed;
+Substitutions: the command lines run in two CLI processes, in order (run_cli_batch: `main(argv)` each, as the
+console script runs it, its exit code, stdout and stderr), the sources' then the damaged copies', not one process
+each: a process start costs more than these commands; the full-disk run keeps its own. A full disk is a small tmpfs (mount(8), as root), skipped where mount is not allowed;
 an attacker's consistent edit is simulated by re-recording the manifest entry with the tool's own
 digest (dsv4_convert.runtime.digest), as someone with write access to the checkpoint could."""
 
@@ -19,7 +21,7 @@ import pytest
 
 from dsv4_convert.core.sources.structure import RULES
 from dsv4_convert.validate.checks import BY_ID
-from tests.helpers.cli import run_cli, tree_hashes
+from tests.helpers.cli import run_cli, run_cli_batch, tree_hashes
 from tests.helpers.corrupt import rerecord_manifest
 
 SMALL = ("--layers", "1", "--experts", "4", "--shards", "2")
@@ -39,48 +41,11 @@ def test_every_rule_is_a_validate_check_and_a_converter_refusal():
         assert rule.error_id.startswith("convert."), rule.error_id
 
 
-def test_validate_on_an_empty_expert_reports_it_in_json(tmp_path):
-    src = tmp_path / "src"
-    run_cli("synth", src, *SMALL, "--defect", "empty-expert")
-    report = tmp_path / "report.json"
-    proc = run_cli("validate", src, "--quiet", "--workers", "1", "--report", report, check=False)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    doc = json.loads(report.read_text())
-    assert doc["summary"]["exit_code"] == 1
-    ids = {f["check"] for f in doc["findings"]} if "findings" in doc else {
-        c["id"] for c in doc["checks"] if c["status"] == "fail"}
-    assert "structure.experts.empty" in ids, doc
-    conv = run_cli("nvfp4-to-marlin", src, tmp_path / "out", "-q", "--workers", "1", check=False)
-    _clean(conv, 4, "convert.empty_expert")
-    assert "layers.0.ffn.experts.0.w1.weight" in conv.stderr
-    assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
+EDITS = ["truncated", "not-an-object", "escaping-name", "not-text"]
 
 
-@pytest.fixture(scope="module")
-def converted(tmp_path_factory):
-    base = tmp_path_factory.mktemp("rev")
-    run_cli("synth", base / "src", *SMALL)
-    run_cli("nvfp4-to-marlin", base / "src", base / "conv", "-q", "--workers", "1")
-    return base / "conv"
-
-
-def _copy(converted: Path, dst: Path) -> Path:
-    shutil.copytree(converted, dst)
-    return dst
-
-
-def test_truncated_headers_json_is_a_manifest_mismatch(tmp_path, converted):
-    ck = _copy(converted, tmp_path / "ck")
-    data = (ck / HEADERS).read_bytes()
-    (ck / HEADERS).write_bytes(data[: len(data) // 2])
-    proc = run_cli("marlin-to-source", ck, tmp_path / "out", "-q", check=False)
-    _clean(proc, 4, "reverse.manifest_mismatch")
-    assert "headers.json" in proc.stderr and not (tmp_path / "out").exists()
-
-
-@pytest.mark.parametrize("edit", ["truncated", "not-an-object", "escaping-name", "not-text"])
-def test_the_source_record_reader_refuses_even_when_the_manifest_matches(tmp_path, converted, edit):
-    ck = _copy(converted, tmp_path / "ck")
+def _spoil_record(ck: Path, edit: str) -> None:
+    """The source record edited (`edit`) and its manifest entry re-recorded to match."""
     record = json.loads((ck / HEADERS).read_text())
     first = next(iter(record))
     if edit == "truncated":
@@ -95,15 +60,78 @@ def test_the_source_record_reader_refuses_even_when_the_manifest_matches(tmp_pat
         record[first] = 7
         (ck / HEADERS).write_text(json.dumps(record))
     rerecord_manifest(ck, HEADERS)
-    before = tree_hashes(ck)
-    proc = run_cli("marlin-to-source", ck, tmp_path / "out", "-q", check=False)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """(test, step) -> the CLI's answer, ("dir", test) -> its folder, ("before", test) -> its copy's tree before:
+    the sources made, validated and converted in one CLI process; each damaged copy of the conversion ("converted")
+    reversed in a second."""
+    base = tmp_path_factory.mktemp("rev")
+    empty = base / "empty"
+    steps = {("empty", "synth"): ["synth", empty / "src", *SMALL, "--defect", "empty-expert"],
+             ("empty", "validate"): ["validate", empty / "src", "--quiet", "--workers", "1", "--report", empty / "report.json"],
+             ("empty", "convert"): ["nvfp4-to-marlin", empty / "src", empty / "out", "-q", "--workers", "1"],
+             ("converted", "synth"): ["synth", base / "src", *SMALL],
+             ("converted", "convert"): ["nvfp4-to-marlin", base / "src", base / "conv", "-q", "--workers", "1"]}
+    runs = dict(zip(steps, run_cli_batch(list(steps.values()), base)))
+    for step in ("synth", "convert"):
+        assert runs["converted", step].returncode == 0, runs["converted", step].stderr
+    runs["dir", "empty"], runs["converted"] = empty, base / "conv"
+    then = {}
+    for test in ("manifest", *EDITS):
+        d = runs["dir", test] = base / test
+        ck = _copy(base / "conv", d / "ck")
+        if test == "manifest":  # the record truncated, the manifest left as it was
+            data = (ck / HEADERS).read_bytes()
+            (ck / HEADERS).write_bytes(data[: len(data) // 2])
+        else:
+            _spoil_record(ck, test)
+        runs["before", test] = tree_hashes(ck)
+        then[test, "reverse"] = ["marlin-to-source", ck, d / "out", "-q"]
+    runs.update(zip(then, run_cli_batch(list(then.values()), base)))
+    return runs
+
+
+def test_validate_on_an_empty_expert_reports_it_in_json(runs):
+    d = runs["dir", "empty"]
+    assert runs["empty", "synth"].returncode == 0, runs["empty", "synth"].stderr
+    proc = runs["empty", "validate"]
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    doc = json.loads((d / "report.json").read_text())
+    assert doc["summary"]["exit_code"] == 1
+    ids = {f["check"] for f in doc["findings"]} if "findings" in doc else {
+        c["id"] for c in doc["checks"] if c["status"] == "fail"}
+    assert "structure.experts.empty" in ids, doc
+    conv = runs["empty", "convert"]
+    _clean(conv, 4, "convert.empty_expert")
+    assert "layers.0.ffn.experts.0.w1.weight" in conv.stderr
+    assert not (d / "out").exists() and not (d / "out.partial").exists()
+
+
+def _copy(converted: Path, dst: Path) -> Path:
+    shutil.copytree(converted, dst)
+    return dst
+
+
+def test_truncated_headers_json_is_a_manifest_mismatch(runs):
+    proc = runs["manifest", "reverse"]
+    _clean(proc, 4, "reverse.manifest_mismatch")
+    assert "headers.json" in proc.stderr and not (runs["dir", "manifest"] / "out").exists()
+
+
+@pytest.mark.parametrize("edit", EDITS)
+def test_the_source_record_reader_refuses_even_when_the_manifest_matches(runs, edit):
+    d = runs["dir", edit]
+    proc = runs[edit, "reverse"]
     _clean(proc, 3, "reverse.bad_source_record")
     assert "headers.json" in proc.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"], "nothing written, nothing escaped"
-    assert tree_hashes(ck) == before
+    assert sorted(p.name for p in d.iterdir()) == ["ck"], "nothing written, nothing escaped"
+    assert tree_hashes(d / "ck") == runs["before", edit]
 
 
-def test_marlin_to_source_onto_a_full_disk(tmp_path, converted):
+def test_marlin_to_source_onto_a_full_disk(tmp_path, runs):
+    converted = runs["converted"]
     disk = tmp_path / "disk"
     disk.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128k", "tmpfs", str(disk)],
