@@ -6,7 +6,8 @@ on the CPU device, and the engine's gptq_marlin_repack is replaced by the projec
 (formats/marlin/weight.to_marlin_weight, byte-equal to the engines' repack in tests/golden); the GPU
 suite (tests/gpu/test_kernel_layouts_gpu.py) runs the same paths through vLLM's real kernels. The
 severity policy is tested on KernelCase values (the numbers the kernel would give), since it is a pure
-function of them. Checkpoints are synth's (in process) converted by the real CLI; refusals run the real CLI.
+function of them. Checkpoints are synth's (in process) converted by the real CLI (the shared ones in one CLI process,
+run_cli_batch: `main(argv)` each, as the console script runs it); refusals run the real CLI.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dsv4_convert.validate.kernel_runner import _Layer
 from dsv4_convert.validate.kernel_shapes import kernel_layouts
 from dsv4_convert.validate.runner import rescale_factors, resolve_options
 from tests.helpers.cli import run_cli as cli
+from tests.helpers.cli import run_cli_batch
 
 
 class CpuRepack:
@@ -59,13 +61,16 @@ PADDED = {
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    root, out = tmp_path_factory.mktemp("padded"), {}
+    """case -> (its source, its conversion): the conversions in one CLI process (run_cli_batch)."""
+    root, out, commands = tmp_path_factory.mktemp("padded"), {}, []
     for case, (fmt, target, act, sizes, tp, ep) in PADDED.items():
         src, dst = root / f"{case}-src", root / f"{case}-out"
         write_synthetic_checkpoint(src, format=fmt, layers=1, experts=2, **sizes)
         cmd = "nvfp4-to-marlin" if fmt.startswith("nvfp4") else "mxfp4-to-marlin"
-        cli(cmd, src, dst, "--target", target, "--act-dtype", act, "--tp", tp, "--ep", ep, "-q")
+        commands.append([cmd, src, dst, "--target", target, "--act-dtype", act, "--tp", tp, "--ep", ep, "-q"])
         out[case] = (src, dst)
+    for proc in run_cli_batch(commands, root):
+        assert proc.returncode == 0, (proc.args, proc.stderr)
     return out
 
 
