@@ -1,9 +1,11 @@
 """Issue 23 items 5 and 12: what the tool takes from the environment is parsed strictly (a typed
 `env.bad_value` naming the variable, one JSON object, never a traceback, never exit 0), the crash
 test switch is not read by shipped code, and OUT = `/` is a typed refusal for every writing command.
-Real CLI runs in subprocesses.
+Real CLI runs in subprocesses (the environment is read at a process's start); the refusals of OUT = `/`, which read
+no environment, run their command lines in one CLI process (run_cli_batch: `main(argv)` each, as the console script
+runs it, its exit code, stdout and stderr): a process start costs more than these commands.
 
-Substitutions: none (the crash hook itself is exercised by tests/convert/test_convert_faults.py and
+Substitutions: none besides that batch (the crash hook itself is exercised by tests/convert/test_convert_faults.py and
 tests/reliability/test_integrity.py through tests/hooks/sitecustomize.py)."""
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.synth import write_synthetic_checkpoint
-from tests.helpers.cli import CLI, HOOK_VARS, run_cli
+from tests.helpers.cli import CLI, HOOK_VARS, run_cli, run_cli_batch
 
 pytestmark = pytest.mark.slow  # every test here starts the CLI
 
@@ -85,11 +87,24 @@ def test_a_test_hook_variable_is_no_setting_of_the_tool(src, tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("root", ["/", "/..", "//"])
-def test_out_at_the_filesystem_root_is_a_typed_refusal(src, root):
-    for args in (["nvfp4-to-marlin", src, root], ["nvfp4-to-marlin", src, root, "--force"],
-                 ["marlin-to-source", src, root], ["synth", root], ["synth", root, "--force"]):
-        doc = _typed(run_cli(*args, "--json", check=False), 2, "paths.out_is_root")
+ROOTS = ["/", "/..", "//"]
+
+
+@pytest.fixture(scope="module")
+def at_root(src, tmp_path_factory) -> dict:
+    """root -> the answers of every writing command given OUT = root, all roots' in one CLI process."""
+    steps = {root: [[*args, "--json"] for args in (
+        ["nvfp4-to-marlin", src, root], ["nvfp4-to-marlin", src, root, "--force"], ["marlin-to-source", src, root],
+        ["synth", root], ["synth", root, "--force"])] for root in ROOTS}
+    answers = iter(run_cli_batch([argv for lines in steps.values() for argv in lines], tmp_path_factory.mktemp("root")))
+    return {root: [next(answers) for _ in lines] for root, lines in steps.items()}
+
+
+@pytest.mark.parametrize("root", ROOTS)
+def test_out_at_the_filesystem_root_is_a_typed_refusal(at_root, root):
+    assert len(at_root[root]) == 5
+    for proc in at_root[root]:
+        doc = _typed(proc, 2, "paths.out_is_root")
         assert re.search("filesystem root", doc["error"]["message"])
 
 
