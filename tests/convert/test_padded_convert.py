@@ -2,7 +2,9 @@
 (tests/helpers/ckpt_factory.py): flag checks, refusal of an impossible split before any work, the
 padded per-rank bytes against the independent engine-equivalent reference (padded_ref.py), the
 plan's padded sizes (--dry-run), the recorded layout, and --resume refusing another --tp.
-Substitutions: none (real files, real CLI)."""
+Substitutions: real files, the real CLI; the command lines but the resume test's run in one CLI process, in
+order (run_cli_batch: `main(argv)` each, as the console script runs it, its exit code, stdout and stderr), not one
+process each: a process start costs more than these commands. The resume test (a kill) keeps its processes."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from dsv4_convert.core.targets.target import MarlinTarget
 from tests.helpers.ckpt_factory import make_checkpoint
-from tests.helpers.cli import run_cli, tree_hashes
+from tests.helpers.cli import run_cli, run_cli_batch, tree_hashes
 from tests.helpers.padded_ref import assert_rank_blocks, load_out, rank_reference
 
 
@@ -40,37 +42,68 @@ def _qc(out):
     return json.loads((out / "config.json").read_text())["quantization_config"]
 
 
-@pytest.mark.parametrize("args, text", [(("--ep", 2), "--ep needs --tp"),
-                                        (("--tp", 2, "--ep", 4), "--ep 4 must divide --tp 2")])
-def test_bad_tp_ep_pairs_are_usage_errors(mx128, tmp_path, args, text):
-    proc = run_cli("mxfp4-to-marlin", mx128.root, tmp_path / "out", *args, check=False)
+BAD_PAIRS = [(("--ep", 2), "--ep needs --tp"), (("--tp", 2, "--ep", 4), "--ep 4 must divide --tp 2")]
+MX_SPLITS = [("vllm", 2, 1), ("sglang", 4, 2)]
+
+
+@pytest.fixture(scope="module")
+def runs(nv96, mx128, tmp_path_factory) -> dict:
+    """(test, case) -> the CLI's answer, ("out", test, case) -> its OUT: every test's command lines but the resume
+    test's, in one CLI process."""
+    work = tmp_path_factory.mktemp("padded")
+    nv, mx = nv96.root, mx128.root
+    outs = {}
+
+    def out(test, case=None):
+        return outs.setdefault(("out", test, case), work / f"{test}-{len(outs)}" / "out")
+    steps = {**{("bad-pair", i): ["mxfp4-to-marlin", mx, out("bad-pair", i), *args] for i, (args, _) in enumerate(BAD_PAIRS)},
+             ("impossible", "sglang"): ["nvfp4-to-marlin", nv, out("impossible"), "--target", "sglang", "--tp", 1],
+             ("impossible", "tp8"): ["nvfp4-to-marlin", nv, out("impossible"), "--target", "vllm", "--tp", 8],
+             ("names-tp", None): ["nvfp4-to-marlin", nv, out("names-tp"), "--target", "vllm"],
+             ("nv-tp1", "plan"): ["nvfp4-to-marlin", nv, "--dry-run", "--json", "--target", "vllm", "--tp", 1],
+             ("nv-tp1", "convert"): ["nvfp4-to-marlin", nv, out("nv-tp1"), "--target", "vllm", "--tp", 1, "-q"],
+             **{("mx-tp2", split): ["mxfp4-to-marlin", mx, out("mx-tp2", split), "--target", split[0], "--tp", split[1],
+                                    "--ep", split[2], "-q"] for split in MX_SPLITS},
+             ("agnostic", "plain"): ["mxfp4-to-marlin", mx, out("agnostic", "plain"), "--target", "vllm", "-q"],
+             ("agnostic", "fixed"): ["mxfp4-to-marlin", mx, out("agnostic", "fixed"), "--target", "vllm", "--tp", 1, "-q"],
+             ("nv-tp2", None): ["nvfp4-to-marlin", nv, out("nv-tp2"), "--target", "vllm", "--tp", 2, "-q"]}
+    return {**dict(zip(steps, run_cli_batch(list(steps.values()), work))), **outs}
+
+
+def _ok(proc):
+    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.mark.parametrize("i", range(len(BAD_PAIRS)))
+def test_bad_tp_ep_pairs_are_usage_errors(runs, i):
+    proc, text = runs["bad-pair", i], BAD_PAIRS[i][1]
     assert proc.returncode == 2 and text in proc.stderr and "usage.flags" in proc.stderr, proc.stderr
-    assert not (tmp_path / "out").exists()
+    assert not runs["out", "bad-pair", i].exists()
 
 
-def test_impossible_split_is_refused_before_any_work_with_the_splits_that_work(nv96, tmp_path):
-    out = tmp_path / "out"
-    proc = run_cli("nvfp4-to-marlin", nv96.root, out, "--target", "sglang", "--tp", 1, check=False)
+def test_impossible_split_is_refused_before_any_work_with_the_splits_that_work(runs):
+    out = runs["out", "impossible", None]
+    proc = runs["impossible", "sglang"]
     assert proc.returncode == 4, proc.stderr
     assert "convert.layout_impossible" in proc.stderr and "sglang does not pad" in proc.stderr
     assert "padded (--tp/--ep): none" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists() and not out.with_name("out.partial").exists()
     # a group straddling two ranks: I=96 over MoE TP 8 is 12 rows, no engine pads that
-    proc = run_cli("nvfp4-to-marlin", nv96.root, out, "--target", "vllm", "--tp", 8, check=False)
+    proc = runs["impossible", "tp8"]
     assert proc.returncode == 4 and "convert.layout_impossible" in proc.stderr
     assert "padded (--tp/--ep): TP 1 / EP 1" in proc.stderr and "TP 2 / EP 2" in proc.stderr
 
 
-def test_without_tp_a_shape_that_needs_padding_still_names_tp(nv96, tmp_path):
-    proc = run_cli("nvfp4-to-marlin", nv96.root, tmp_path / "out", "--target", "vllm", check=False)
+def test_without_tp_a_shape_that_needs_padding_still_names_tp(runs):
+    proc = runs["names-tp", None]
     assert proc.returncode == 4 and "convert.needs_padding" in proc.stderr and "--tp N" in proc.stderr
 
 
-def test_nvfp4_vllm_tp1_padded_bytes_match_the_engine_reference(nv96, tmp_path):
-    out = tmp_path / "out"
-    plan = json.loads(run_cli("nvfp4-to-marlin", nv96.root, "--dry-run", "--json", "--target", "vllm",
-                              "--tp", 1).stdout)
-    run_cli("nvfp4-to-marlin", nv96.root, out, "--target", "vllm", "--tp", 1, "-q")
+def test_nvfp4_vllm_tp1_padded_bytes_match_the_engine_reference(nv96, runs):
+    out = runs["out", "nv-tp1", None]
+    plan = json.loads(_ok(runs["nv-tp1", "plan"]).stdout)
+    _ok(runs["nv-tp1", "convert"])
     got = load_out(out)
     ref = rank_reference("nvfp4", MarlinTarget("vllm"), _experts(nv96, "layers.0.ffn.experts"), r=0, m=1,
                          i_pad=128, h_pad=128)
@@ -91,10 +124,10 @@ def test_nvfp4_vllm_tp1_padded_bytes_match_the_engine_reference(nv96, tmp_path):
     assert "TP 1 / EP 1 only" in serving and "I_shard 96 -> 128" in serving
 
 
-@pytest.mark.parametrize("target, tp, ep", [("vllm", 2, 1), ("sglang", 4, 2)])
-def test_mxfp4_moe_tp2_padded_per_rank_bytes(mx128, tmp_path, target, tp, ep):
-    out = tmp_path / "out"
-    run_cli("mxfp4-to-marlin", mx128.root, out, "--target", target, "--tp", tp, "--ep", ep, "-q")
+@pytest.mark.parametrize("target, tp, ep", MX_SPLITS)
+def test_mxfp4_moe_tp2_padded_per_rank_bytes(mx128, runs, target, tp, ep):
+    out = runs["out", "mx-tp2", (target, tp, ep)]
+    _ok(runs["mx-tp2", (target, tp, ep)])
     got = load_out(out)
     experts = _experts(mx128, "layers.0.ffn.experts")
     for r in range(2):
@@ -109,10 +142,10 @@ def test_mxfp4_moe_tp2_padded_per_rank_bytes(mx128, tmp_path, target, tp, ep):
     assert f"--tp {tp}" in (out / "SERVING.md").read_text().replace("--tensor-parallel-size", "--tp")
 
 
-def test_tp_that_needs_no_padding_writes_the_layout_agnostic_bytes(mx128, tmp_path):
-    plain, fixed = tmp_path / "plain", tmp_path / "fixed"
-    run_cli("mxfp4-to-marlin", mx128.root, plain, "--target", "vllm", "-q")
-    run_cli("mxfp4-to-marlin", mx128.root, fixed, "--target", "vllm", "--tp", 1, "-q")
+def test_tp_that_needs_no_padding_writes_the_layout_agnostic_bytes(runs):
+    plain, fixed = runs["out", "agnostic", "plain"], runs["out", "agnostic", "fixed"]
+    _ok(runs["agnostic", "plain"])
+    _ok(runs["agnostic", "fixed"])
     a, b = tree_hashes(plain), tree_hashes(fixed)
     shards = [f for f in a if f.endswith(".safetensors")]
     assert shards and all(a[f] == b[f] for f in shards)
@@ -132,10 +165,10 @@ def test_resume_with_another_tp_is_refused(mx128, tmp_path):
     assert _qc(out)["tp_layout"]["tp"] == 2
 
 
-def test_nvfp4_vllm_tp2_padded_per_rank_bytes(nv96, tmp_path):
+def test_nvfp4_vllm_tp2_padded_per_rank_bytes(nv96, runs):
     """I=96 at TP 2: I_shard 48 -> 64 per rank; the whole stack's rescale factor (recorded)."""
-    out = tmp_path / "out"
-    run_cli("nvfp4-to-marlin", nv96.root, out, "--target", "vllm", "--tp", 2, "-q")
+    out = runs["out", "nv-tp2", None]
+    _ok(runs["nv-tp2", None])
     got = load_out(out)
     for r in range(2):
         ref = rank_reference("nvfp4", MarlinTarget("vllm"), _experts(nv96, "layers.0.ffn.experts"), r=r, m=2,
