@@ -3,9 +3,10 @@ the engine table (core/targets/engines.py: SGLang 0.5.23 pads a non-gated NVFP4 
 `prepare_moe_nvfp4_layer_for_marlin`, `if not layer.moe_runner_config.is_gated`; a gated one never), used by
 plan, --tp/--ep, validate and the kernel runner (core/checkpoint/tensor_model.py MoeLayer.gated is the one home of
 "gated"). Non-gated experts (Nemotron-H, ReLU-squared) were judged with w13 N = 2 x I_shard and refused as
-"gated". Real CLI in subprocesses on synth's Nemotron-H replicas; that SGLang's own load of the source equals
+"gated". Real CLI command lines on synth's Nemotron-H replicas; that SGLang's own load of the source equals
 the plugin's load of the padded conversion is serving_tests/test_differential.py's `nemotron-h-...-i96` case.
-No substitutions."""
+Substitution: the command lines run in one CLI process, in order (run_cli_batch: `main(argv)` each, as the console
+script runs it, its exit code, stdout and stderr), not one process each: a process start costs more than they do."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from dsv4_convert.core.checkpoint.tensor_model import Role, gated_experts
 from dsv4_convert.core.targets.engines import engine_facts
 from dsv4_convert.formats.tiles import IMPOSSIBLE, OK, PAD, moe_rank_tiles
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli_batch
 
 SGLANG = engine_facts("sglang").padding
 NANO = {"hidden": 2688, "intermediate": 1856}  # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B config.json
@@ -51,27 +52,46 @@ def test_gated_is_decided_by_the_roles():
     assert gated_experts([Role.GATE, Role.UP, Role.DOWN]) and not gated_experts([Role.GATE, Role.DOWN])
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """(test, step) -> the CLI's answer, and "dir": both tests' command lines in one CLI process, in order."""
+    d = tmp_path_factory.mktemp("non-gated")
+    nano, src, out = d / "nano", d / "src", d / "out"
+    steps = {("nano", "synth"): ["synth", nano, "--family", "nemotron-h", "--hidden", 2688, "--intermediate", 1856,
+                                 "--layers", 1, "--experts", 2, "-q"],
+             ("nano", "plan"): ["plan", nano, "--gpus", 2, "--target", "sglang", "--json"],
+             ("nano", "dry"): ["nvfp4-to-marlin", nano, d / "dry", "--target", "sglang", "--tp", 2, "--dry-run", "-q"],
+             ("i96", "synth"): ["synth", src, "--family", "nemotron-h", "--intermediate", 96, "-q"],
+             ("i96", "convert"): ["nvfp4-to-marlin", src, out, "--target", "sglang", "--tp", 1, "--workers", 1, "-q"],
+             ("i96", "validate"): ["validate", out, "--against", src, "-q", "--gemm-experts", 0],
+             ("i96", "reverse"): ["marlin-to-source", out, d / "back", "-q"]}
+    return {**dict(zip(steps, run_cli_batch(list(steps.values()), d))), "dir": d}
+
+
+def _ok(proc):
+    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+    return proc
+
+
 @pytest.mark.slow
-def test_real_nano_sizes_at_sglang_tp2_are_planned_and_converted(tmp_path):
-    src = tmp_path / "nano"
-    run_cli("synth", src, "--family", "nemotron-h", "--hidden", 2688, "--intermediate", 1856, "--layers", 1,
-            "--experts", 2, "-q")
-    report = json.loads(run_cli("plan", src, "--gpus", 2, "--target", "sglang", "--json").stdout)
+def test_real_nano_sizes_at_sglang_tp2_are_planned_and_converted(runs):
+    _ok(runs["nano", "synth"])
+    report = json.loads(_ok(runs["nano", "plan"]).stdout)
     tp2 = next(c for c in report["candidates"] if (c["tp"], c["ep"]) == (2, 1))
     assert tp2["valid"] and tp2["tiles"] == "pad" and tp2["padded"]["i_shard"] == 1024, tp2
     assert "w13 [N=I/TP, K=H]" in " ".join(report["reasoning"])
-    run_cli("nvfp4-to-marlin", src, tmp_path / "dry", "--target", "sglang", "--tp", 2, "--dry-run", "-q")
+    _ok(runs["nano", "dry"])
 
 
 @pytest.mark.slow
-def test_non_gated_i96_converts_for_sglang_tp1_padded_and_validates(tmp_path):
+def test_non_gated_i96_converts_for_sglang_tp1_padded_and_validates(runs):
     """Was exit 4 convert.layout_impossible ("sglang does not pad a gated nvfp4 MoE")."""
-    src, out = tmp_path / "src", tmp_path / "out"
-    run_cli("synth", src, "--family", "nemotron-h", "--intermediate", 96, "-q")
-    run_cli("nvfp4-to-marlin", src, out, "--target", "sglang", "--tp", 1, "--workers", 1, "-q")
+    out = runs["dir"] / "out"
+    _ok(runs["i96", "synth"])
+    _ok(runs["i96", "convert"])
     layout = json.loads((out / "config.json").read_text())["quantization_config"]["tp_layout"]
     assert (layout["tp"], layout["ep"]) == (1, 1) and layout["containers"]
     for c in layout["containers"].values():
         assert (c["status"], c["i_shard"], c["i_pad"], c["gated"]) == ("pad", 96, 128, False), c
-    run_cli("validate", out, "--against", src, "-q", "--gemm-experts", 0)
-    run_cli("marlin-to-source", out, tmp_path / "back", "-q")
+    _ok(runs["i96", "validate"])
+    _ok(runs["i96", "reverse"])
