@@ -1,6 +1,11 @@
 """Faults during conversion: kill -9 at many points then --resume, a tampered staged shard, two runs
 on one OUT, a full disk, and bad inputs. Each bad case exits with its class's code and leaves no OUT
-(and no staging directory, except after kill -9, where it is what --resume continues)."""
+(and no staging directory, except after kill -9, where it is what --resume continues).
+
+Substitution: the refusals of bad inputs and flags (from test_bad_input_is_refused_before_anything_is_written on)
+run their command lines in one CLI process, in order (run_cli_batch: `main(argv)` each, as the console script runs
+it, its exit code, stdout and stderr), not one process each: a process start costs more than a refusal. The kills,
+signals, locks and the full disk keep a process per command."""
 
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import CLI, run_cli, tree_hashes
+from tests.helpers.cli import CLI, run_cli, run_cli_batch, tree_hashes
 
 FMT = "nvfp4-modelopt-dsv4"
 ARGS = ("--target", "vllm", "--workers", "1", "--max-shard-size", "120KB", "-q")  # many small shards
@@ -162,53 +167,71 @@ def test_disk_full_is_a_clear_error_and_cleans_up(tiny_disk, reference):
     assert tree_hashes(src) == before
 
 
-@pytest.mark.parametrize("defect,code,error_id", [
-    ("truncated-shard", 3, "header.offsets_past_eof"),
-    ("missing-shard", 3, "index.missing_shard"),
-    ("missing-expert", 4, "convert.incomplete_experts"),
-])
-def test_bad_input_is_refused_before_anything_is_written(tmp_path, synth_source, defect, code, error_id):
-    src = synth_source(FMT, experts=4, defects=(defect,))
-    out = tmp_path / "out"
-    proc = run_cli("nvfp4-to-marlin", src, out, check=False)
+BAD_INPUTS = [("truncated-shard", 3, "header.offsets_past_eof"), ("missing-shard", 3, "index.missing_shard"),
+              ("missing-expert", 4, "convert.incomplete_experts")]
+NAN_SCALES = [("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "nan-scale"), ("mxfp4-dsv4", "mxfp4-to-marlin", "e8m0-nan")]
+
+
+@pytest.fixture(scope="module")
+def refusals(tmp_path_factory, synth_source, reference) -> dict:
+    """(test, case) -> the CLI's answer, ("out", test, case) -> its OUT: the bad inputs' and flags' command lines in
+    one CLI process, in order."""
+    work = tmp_path_factory.mktemp("refusals")
+    src = reference[0]
+    outs = {}
+
+    def out(test, case=None, name="out"):
+        return outs.setdefault(("out", test, case), work / f"{test}-{len(outs)}" / name)
+    blocker = work / "a-file"
+    blocker.write_text("not a directory")
+    steps = {**{("bad-input", d): ["nvfp4-to-marlin", synth_source(FMT, experts=4, defects=(d,)), out("bad-input", d)]
+                for d, _, _ in BAD_INPUTS},
+             **{("nan", d): [cmd, synth_source(fmt, experts=4, defects=(d,)), out("nan", d)] for fmt, cmd, d in NAN_SCALES},
+             ("wrong-command", None): ["mxfp4-to-marlin", synth_source("nvfp4-modelopt-hf", experts=4), out("wrong", name="o")],
+             ("converted", "convert"): ["nvfp4-to-marlin", synth_source(FMT, experts=8, mtp=True), out("converted"), "-q"],
+             ("converted", "again"): ["nvfp4-to-marlin", out("converted"), work / "again"],
+             ("unwritable", None): ["nvfp4-to-marlin", src, blocker / "out"],
+             ("usage", "w4a8"): ["mxfp4-to-marlin", src, out("usage", name="o"), "--w4a8", "--target", "sglang"],
+             ("usage", "same"): ["nvfp4-to-marlin", src, src]}
+    return {**dict(zip(steps, run_cli_batch(list(steps.values()), work))), **outs}
+
+
+@pytest.mark.parametrize("defect,code,error_id", BAD_INPUTS)
+def test_bad_input_is_refused_before_anything_is_written(refusals, defect, code, error_id):
+    out = refusals["out", "bad-input", defect]
+    proc = refusals["bad-input", defect]
     assert proc.returncode == code, proc.stderr
     assert error_id in proc.stderr and "fix:" in proc.stderr
     assert not out.exists() and not _partial(out).exists()
 
 
-@pytest.mark.parametrize("fmt,command,defect", [("nvfp4-modelopt-dsv4", "nvfp4-to-marlin", "nan-scale"),
-                                                 ("mxfp4-dsv4", "mxfp4-to-marlin", "e8m0-nan")])
-def test_nan_scales_are_refused_not_repacked(tmp_path, synth_source, fmt, command, defect):
-    out = tmp_path / "out"
-    proc = run_cli(command, synth_source(fmt, experts=4, defects=(defect,)), out, check=False)
+@pytest.mark.parametrize("fmt,command,defect", NAN_SCALES)
+def test_nan_scales_are_refused_not_repacked(refusals, fmt, command, defect):
+    out = refusals["out", "nan", defect]
+    proc = refusals["nan", defect]
     assert proc.returncode == 4 and "convert.bad_values" in proc.stderr and "NaN" in proc.stderr
     assert "experts.1.w1" in proc.stderr and "validate" in proc.stderr
     assert not out.exists() and not _partial(out).exists()
 
 
-def test_wrong_command_for_the_format_names_the_right_one(tmp_path, synth_source):
-    proc = run_cli("mxfp4-to-marlin", synth_source("nvfp4-modelopt-hf", experts=4), tmp_path / "o", check=False)
+def test_wrong_command_for_the_format_names_the_right_one(refusals):
+    proc = refusals["wrong-command", None]
     assert proc.returncode == 4 and "convert.wrong_command" in proc.stderr and "nvfp4-to-marlin" in proc.stderr
 
 
-def test_converted_input_is_refused(tmp_path, reference, synth_source):
-    out = tmp_path / "out"
-    run_cli("nvfp4-to-marlin", synth_source(FMT, experts=8, mtp=True), out, "-q")
-    proc = run_cli("nvfp4-to-marlin", out, tmp_path / "again", check=False)
+def test_converted_input_is_refused(refusals):
+    assert refusals["converted", "convert"].returncode == 0, refusals["converted", "convert"].stderr
+    proc = refusals["converted", "again"]
     assert proc.returncode == 4 and "convert.already_marlin" in proc.stderr
 
 
-def test_unwritable_out_location(tmp_path, reference):
-    src, _, _ = reference
-    blocker = tmp_path / "a-file"
-    blocker.write_text("not a directory")
-    proc = run_cli("nvfp4-to-marlin", src, blocker / "out", check=False)
+def test_unwritable_out_location(refusals):
+    proc = refusals["unwritable", None]
     assert proc.returncode == 5 and "output.not_writable" in proc.stderr
 
 
-def test_usage_errors_exit_2(tmp_path, reference):
-    src, _, _ = reference
-    proc = run_cli("mxfp4-to-marlin", src, tmp_path / "o", "--w4a8", "--target", "sglang", check=False)
+def test_usage_errors_exit_2(refusals):
+    proc = refusals["usage", "w4a8"]
     assert proc.returncode == 2 and "W4A8" in proc.stderr
-    proc = run_cli("nvfp4-to-marlin", src, src, check=False)
+    proc = refusals["usage", "same"]
     assert proc.returncode == 2
