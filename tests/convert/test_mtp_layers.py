@@ -5,7 +5,9 @@ copies a draft layer without FP4 experts byte for byte and says so (CLI report, 
 marlin-to-source gives it back byte for byte (also in test_families.py for every family).
 
 Substitutions: the checkpoints are `dsv4-convert synth --family` replicas (tiny sizes, synthetic values) built
-from the public facts in synth/mtp.py, not the released weights.
+from the public facts in synth/mtp.py, not the released weights. The CLI command lines run in one CLI process, in
+order (run_cli_batch: `main(argv)` each, as the console script runs it, its exit code, stdout and stderr), not one
+process each: a process start costs more than these commands.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from safetensors import safe_open
 from dsv4_convert.core.checkpoint.reader import open_checkpoint
 from dsv4_convert.core.sources.mtp import copied_mtp_layers, mtp_layers
 from dsv4_convert.synth.mtp import MINIMAX_MTP_CONFIG
-from tests.helpers.cli import restored_tree, run_cli, tree_hashes
+from tests.helpers.cli import restored_tree, run_cli_batch, tree_hashes
 
 _SIZES = {"layers": 2, "experts": 4, "hidden": 128, "intermediate": 128, "shards": 2}
 _DEEPSEEK_MTP = ["deepseek-v3", "deepseek-v3-0324", "deepseek-v32"]
@@ -88,15 +90,41 @@ def test_kimi_and_minimax_replicas_write_no_mtp_tensors(synth_source):
         assert mtp_layers(ckpt.tensors, ckpt.config) == []
 
 
+TARGETS = ["vllm", "sglang"]
+
+
+@pytest.fixture(scope="module")
+def runs(synth_source, tmp_path_factory) -> dict:
+    """(test, case, step) -> the CLI's answer, and "dir": every CLI test's command lines in one CLI process."""
+    d = tmp_path_factory.mktemp("mtp")
+    deepseek = synth_source("nvfp4-modelopt-hf", family="deepseek-v3", **_SIZES)
+    steps = {}
+    for t in TARGETS:
+        out = d / f"deepseek-{t}" / "out"
+        steps.update({("deepseek", t, "json"): ["nvfp4-to-marlin", deepseek, out, "--target", t, "--json"],
+                      ("deepseek", t, "text"): ["nvfp4-to-marlin", deepseek, d / f"deepseek-{t}" / "out2", "--target", t],
+                      ("deepseek", t, "inspect"): ["inspect", out, "--json"],
+                      ("deepseek", t, "reverse"): ["marlin-to-source", out, d / f"deepseek-{t}" / "back", "-q"]})
+    steps["qwen", None, "json"] = ["nvfp4-to-marlin", synth_source("nvfp4-modelopt-hf", family="qwen3-next", **_SIZES),
+                                   d / "qwen" / "out", "--target", "vllm", "--json"]
+    steps["plan", None, "json"] = ["plan", deepseek, "--json", "--gpus", 1]
+    return {**dict(zip(steps, run_cli_batch(list(steps.values()), d))), "dir": d}
+
+
+def _ok(proc):
+    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return proc
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["vllm", "sglang"])
-def test_deepseek_mtp_layer_is_copied_said_and_reversed(synth_source, tmp_path, target):
+@pytest.mark.parametrize("target", TARGETS)
+def test_deepseek_mtp_layer_is_copied_said_and_reversed(synth_source, runs, target):
     src = synth_source("nvfp4-modelopt-hf", family="deepseek-v3", **_SIZES)
     n = json.loads((src / "config.json").read_text())["num_hidden_layers"]
     layer = f"model.layers.{n}"
-    out = tmp_path / "out"
-    proc = run_cli("nvfp4-to-marlin", src, out, "--target", target, "--json")
-    report = json.loads(proc.stdout)
+    d = runs["dir"] / f"deepseek-{target}"
+    out = d / "out"
+    report = json.loads(_ok(runs["deepseek", target, "json"]).stdout)
     assert report["mtp_copied"] == [layer]
     record = json.loads((out / "config.json").read_text())["quantization_config"]
     assert not any(c.startswith(f"{layer}.") for c in record["experts"])  # nothing of the draft converted
@@ -104,31 +132,29 @@ def test_deepseek_mtp_layer_is_copied_said_and_reversed(synth_source, tmp_path, 
     assert _bytes(out, names) == _bytes(src, names) and len(names) > 30
     notes = (out / "SERVING.md").read_text()
     assert f"`{layer}` ({len(names)} tensors): copied byte for byte" in notes
-    text = run_cli("nvfp4-to-marlin", src, tmp_path / "out2", "--target", target).stdout
+    text = _ok(runs["deepseek", target, "text"]).stdout
     assert f"MTP (draft) layers copied byte for byte (no FP4 experts): {layer}" in text
-    inspected = json.loads(run_cli("inspect", out, "--json").stdout)
+    inspected = json.loads(_ok(runs["deepseek", target, "inspect"]).stdout)
     assert inspected["mtp_layers"] == [layer] and str(n) not in inspected["layers"]
-    run_cli("marlin-to-source", out, tmp_path / "back", "-q")
-    assert restored_tree(tmp_path / "back") == tree_hashes(src)
+    _ok(runs["deepseek", target, "reverse"])
+    assert restored_tree(d / "back") == tree_hashes(src)
 
 
 @pytest.mark.slow
-def test_qwen_mtp_block_is_copied_and_said(synth_source, tmp_path):
-    src = synth_source("nvfp4-modelopt-hf", family="qwen3-next", **_SIZES)
-    out = tmp_path / "out"
-    report = json.loads(run_cli("nvfp4-to-marlin", src, out, "--target", "vllm", "--json").stdout)
+def test_qwen_mtp_block_is_copied_and_said(runs):
+    report = json.loads(_ok(runs["qwen", None, "json"]).stdout)
     assert report["mtp_copied"] == ["mtp.layers.0"]
-    assert "`mtp.layers.0` (" in (out / "SERVING.md").read_text()
+    assert "`mtp.layers.0` (" in (runs["dir"] / "qwen" / "out" / "SERVING.md").read_text()
 
 
 @pytest.mark.slow
-def test_plan_does_not_count_the_draft_layer_as_served_weights(synth_source):
+def test_plan_does_not_count_the_draft_layer_as_served_weights(synth_source, runs):
     """The engines' main models skip the draft layer; only speculative decoding loads it (docs/PLAN.md)."""
     src = synth_source("nvfp4-modelopt-hf", family="deepseek-v3", **_SIZES)
     n = json.loads((src / "config.json").read_text())["num_hidden_layers"]
     ckpt = open_checkpoint(src)
     mtp = sum(ref.nbytes for name, ref in ckpt.tensors.items() if name.startswith(f"model.layers.{n}."))
-    plan = json.loads(run_cli("plan", src, "--json", "--gpus", 1, check=False).stdout)
+    plan = json.loads(runs["plan", None, "json"].stdout)
     m = plan["model"]
     assert m["draft_bytes"] == mtp > 0
     assert m["expert_bytes"] + m["other_bytes"] + mtp == sum(ref.nbytes for ref in ckpt.tensors.values())
