@@ -8,13 +8,15 @@ names the public facts; tiny sizes, synthetic values), not the released weights;
 in memory with the release's shapes (transformers 5.20 MiniMaxM3VLTextConfig defaults: hidden 6144, expert width 3072,
 128 experts, 60 layers of which vLLM 0.33's MiniMaxM3TextConfig makes the first 3 dense, 64 heads, 4 KV heads), the
 non-expert bytes the rest of 250 GB (this test's assumption). The converter's gate is exercised, not lifted: the
-CLI runs here drop DSV4_CONVERT_ALLOW_UNSERVABLE (tests/conftest.py sets it for the other tests).
+conversions and plans here drop DSV4_CONVERT_ALLOW_UNSERVABLE (tests/conftest.py sets it for the other tests). The CLI
+command lines run in three CLI processes, in order (run_cli_batch: `main(argv)` each, as the console script runs it,
+its exit code, stdout and stderr): the replicas made, then the conversions and plans (the variable removed), then
+validate; not one process each: a process start costs more than these commands.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -25,60 +27,70 @@ from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.sources.detect import detect_format
 from dsv4_convert.core.sources.source_formats import FORMATS
 from dsv4_convert.planner.launch import make_plan, shape_from_checkpoint
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli_batch
 
 GIB = 1 << 30
-NO_FLAG = {k: v for k, v in os.environ.items() if k != "DSV4_CONVERT_ALLOW_UNSERVABLE"}
+NO_FLAG = {"DSV4_CONVERT_ALLOW_UNSERVABLE": None}  # removed (tests/conftest.py sets it for the converter's tests)
 M31 = "nvfp4-ct-mxfp8"
+FAMILIES = ["minimax-m3", "minimax-m3-vl"]
 
 
-def _cli(*args) -> object:
-    import subprocess
-
-    from tests.helpers.cli import CLI
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=NO_FLAG)
+def _batch(steps: dict, work, env=None) -> dict:
+    return dict(zip(steps, run_cli_batch(list(steps.values()), work, env=env)))
 
 
 @pytest.fixture(scope="module")
 def m31(tmp_path_factory):
-    """family -> (source, its vLLM conversion): the text and the VL replica in M3.1's format."""
+    """family -> (source, its vLLM conversion): the text and the VL replica in M3.1's format; (family, step) -> the
+    CLI's answers the tests read, and (family, "dir")."""
     root = tmp_path_factory.mktemp("minimax")
-    out = {}
-    for family in ("minimax-m3", "minimax-m3-vl"):
-        src, conv = root / f"src-{family}", root / f"conv-{family}"
-        run_cli("synth", src, "--family", family, "--format", M31, "--layers", 2, "--experts", 8, "-q")
-        proc = _cli("nvfp4-to-marlin", src, conv, "--target", "vllm", "-q")  # served: no --allow-unservable
-        assert proc.returncode == 0, proc.stderr
-        out[family] = (src, conv)
-    return out
+    out = {f: (root / f"src-{f}", root / f"conv-{f}") for f in FAMILIES}
+    runs = _batch({(f, "synth"): ["synth", src, "--family", f, "--format", M31, "--layers", 2, "--experts", 8, "-q"]
+                   for f, (src, _) in out.items()}, root)
+    vl_src, vl_conv = out["minimax-m3-vl"]
+    runs.update(_batch({**{(f, "convert"): ["nvfp4-to-marlin", src, conv, "--target", "vllm", "-q"]  # served: no flag
+                           for f, (src, conv) in out.items()},
+                        **{(f, "sglang"): ["nvfp4-to-marlin", src, root / f"sglang-{f}", "--target", "sglang", "-q"]
+                           for f, (src, _) in out.items()},
+                        ("plan", "vllm-src"): ["plan", vl_src, "--gpus", 4, "--target", "vllm", "--json"],
+                        ("plan", "vllm-conv"): ["plan", vl_conv, "--gpus", 4, "--target", "vllm", "--json"],
+                        ("plan", "sglang"): ["plan", vl_src, "--gpus", 4, "--target", "sglang", "--json"]},
+                       root, env=NO_FLAG))
+    runs.update(_batch({(f, "validate"): ["validate", conv, "--against", src, "--json"] for f, (src, conv) in out.items()},
+                       root))
+    for f in FAMILIES:
+        for step in ("synth", "convert"):
+            assert runs[f, step].returncode == 0, runs[f, step].stderr
+    return {**out, **runs, **{(f, "dir"): root for f in FAMILIES}}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["minimax-m3", "minimax-m3-vl"])
-def test_m31_converts_for_vllm_validates_against_its_source_and_is_refused_on_sglang(m31, family, tmp_path):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_m31_converts_for_vllm_validates_against_its_source_and_is_refused_on_sglang(m31, family):
     src, conv = m31[family]
     ckpt = open_checkpoint(src)
     assert ckpt.format is FORMATS[M31] and "moe_quant_algo NVFP4" in ckpt.format_reason
     assert {p.weight.name.rsplit(".", 1)[1] for p in ckpt.projections} == {"weight_packed"}
-    report = json.loads(run_cli("validate", conv, "--against", src, "--json").stdout)
+    assert m31[family, "validate"].returncode == 0, m31[family, "validate"].stdout[-3000:]
+    report = json.loads(m31[family, "validate"].stdout)
     assert report["summary"]["status"] == "pass" and report["summary"]["experts_checked"] == 16, report["summary"]
     assert {c["id"]: c["status"] for c in report["checks"]}["against.tensor_mismatch"] == "pass"
     # SGLang 0.5.23 builds MXFP8 experts for `quant_method: mxfp8` (core/targets/served.py REFUSED): the gate says so
-    proc = _cli("nvfp4-to-marlin", src, tmp_path / "sglang", "--target", "sglang", "-q")
+    proc = m31[family, "sglang"]
     assert proc.returncode == 4 and "convert.unservable_family" in proc.stderr, proc.stderr
     assert "Fp8Config" in proc.stderr and "minimax_m3_nvfp4" in proc.stderr, proc.stderr
-    assert not (tmp_path / "sglang").exists()
+    assert not (m31[family, "dir"] / f"sglang-{family}").exists()
 
 
 @pytest.mark.slow
 def test_plan_gives_a_launch_command_only_where_the_release_serves_m31(m31):
     src, conv = m31["minimax-m3-vl"]
-    for path in (src, conv):
-        vllm = _cli("plan", path, "--gpus", 4, "--target", "vllm", "--json")
+    for path, step in ((src, "vllm-src"), (conv, "vllm-conv")):
+        vllm = m31["plan", step]
         assert vllm.returncode == 0, vllm.stdout[-2000:]
         plan = json.loads(vllm.stdout)
         assert plan["model"]["format"] == (M31 if path == src else "marlin") and plan["command"].startswith("vllm serve")
-    sglang = _cli("plan", src, "--gpus", 4, "--target", "sglang", "--json")
+    sglang = m31["plan", "sglang"]
     plan = json.loads(sglang.stdout)
     assert sglang.returncode == 4 and plan["command"] is None and "Fp8Config" in plan["model"]["not_served"]["sglang"]
 
