@@ -66,9 +66,8 @@ def test_kernel_passes_on_converted_output(sources, module_path, tmp_path, fmt, 
                                       kernel_args(out, module_path, "--against", src),
                                       kernel_args(src, module_path, "--target", target, "--act-dtype", act)], tmp_path)
     assert converted.returncode == 0, converted.stderr[-3000:]
-    decoded, against = kernel_report(runs[0]), kernel_report(runs[1])
-    source = kernel_report(runs[2], check_rc=0)
-    for data in (decoded, against):  # the kernel's question only: a format no plugin is proven to serve yet (the
+    decoded, against, source = (kernel_report(r) for r in runs)
+    for data in (decoded, against, source):  # the kernel's question only: a format no plugin is proven to serve yet (the
         # synth family's row, e.g. DeepSeek-V3 in compressed-tensors) is marlin.serving_methods' error, not the kernel's
         assert _errors(data) <= {"marlin.serving_methods"}, _errors(data)
     for name, data in (("decoded", decoded), ("against", against), ("source", source)):
