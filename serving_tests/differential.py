@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from synth import converter_cli
+from synth import run_converter
 
 __all__ = ["CASES", "EDITS", "SYNTH_ARGS", "PRODUCERS", "Case", "make_case"]
 
@@ -309,12 +308,6 @@ CASES = (
 )
 
 
-def _run(*args) -> None:
-    proc = subprocess.run([*converter_cli(), *map(str, args)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise AssertionError(f"dsv4-convert {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
-
-
 def make_source(tmp, case: Case) -> Path:
     """The case's source replica (synth, then its edit), written once per session in `tmp`."""
     src = Path(tmp, f"src-{case.id}")
@@ -323,7 +316,7 @@ def make_source(tmp, case: Case) -> Path:
     if case.producer:
         shutil.copytree(PRODUCERS / case.producer, src)
     else:
-        _run("synth", src, "--family", case.family, "--format", case.fmt, *SYNTH_ARGS.get(case.edit, ()), "-q")
+        run_converter("synth", src, "--family", case.family, "--format", case.fmt, *SYNTH_ARGS.get(case.edit, ()), "-q")
     if case.edit in EDITS:
         EDITS[case.edit](src)
     return src
@@ -338,7 +331,7 @@ def make_case(tmp, case: Case, engine: str, dtype: str, *, allow_unservable: boo
     out = Path(tmp, f"conv-{case.id}-{engine}-{dtype}")
     if not out.exists():
         command = "mxfp4-to-marlin" if case.fmt.startswith("mxfp4") else "nvfp4-to-marlin"
-        _run(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q",
+        run_converter(command, src, out, "--target", engine, "--act-dtype", dtype, "--workers", 1, "-q",
              *CONVERT_ARGS.get(case.edit, ()), *(("--allow-unservable",) if allow_unservable else ()))
     if case.family in REFERENCES:
         ref = Path(tmp, f"ref-{case.id}")

@@ -133,70 +133,69 @@ __all__.append("DSV4_FP8")
 # --- real converter output ------------------------------------------------------------------------
 
 
-def converter_cli() -> list[str]:
-    """The converter command the checkpoint cases run: this checkout's CLI by the current interpreter, or
-    $DSV4_CONVERT_CLI (e.g. another checkout's `dsv4-convert`) when set."""
-    import os
-    import sys
+class _ConverterProcess:
+    """One CLI process for the session (tests/helpers/cli_batch.py --serve: `main(argv)` a command line, as the
+    console script runs it): the suites write a hundred replicas, and a fresh interpreter each paid 1-2 s of
+    start-up (torch's import) for 0.1 s of work. Started on first use, in this process's environment."""
 
+    def __init__(self):
+        self.proc = None
+
+    def __call__(self, args: list[str]) -> tuple[int, str]:
+        import json
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        if self.proc is None or self.proc.poll() is not None:
+            server = Path(__file__).resolve().parents[1] / "tests" / "helpers" / "cli_batch.py"
+            self.proc = subprocess.Popen([sys.executable, str(server), "--serve"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True)
+        self.proc.stdin.write(json.dumps(args) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("\x1eRESULT "):  # cli_batch.py RESULT: an answer; other lines are not
+                answer = json.loads(line[len("\x1eRESULT "):])
+                return answer["code"], answer["stderr"] + (answer["crash"] or "")
+        raise AssertionError(f"the converter process ended (exit {self.proc.wait()}) on {args}")
+
+
+_converter_process = _ConverterProcess()
+
+
+def run_converter(*args) -> None:
+    """`dsv4-convert ARGS`, which must succeed: in the session's converter process, or by $DSV4_CONVERT_CLI (another
+    checkout's `dsv4-convert`, say) where that is set."""
+    import os
+    import subprocess
+
+    args = [str(a) for a in args]
     if os.environ.get("DSV4_CONVERT_CLI"):
-        return [os.environ["DSV4_CONVERT_CLI"]]
-    return [sys.executable, "-c", "from dsv4_convert.cli.main import main; main()"]
+        proc = subprocess.run([os.environ["DSV4_CONVERT_CLI"], *args], capture_output=True, text=True)
+        code, stderr = proc.returncode, proc.stderr
+    else:
+        code, stderr = _converter_process(args)
+    if code != 0:
+        raise AssertionError(f"dsv4-convert {' '.join(args)} exited {code}:\n{stderr}")
 
 
 def make_checkpoints(tmp, fmt: str, *, engine: str, act_dtype: str, experts: int, hidden: int, inter: int,
                      tp: int | None = None, ep: int | None = None, source: str | None = None):
-    """`dsv4-convert synth` + `dsv4-convert {fmt}-to-marlin [--tp --ep]` in a subprocess (`converter_cli`).
+    """`dsv4-convert synth` + `dsv4-convert {fmt}-to-marlin [--tp --ep]` (run_converter).
     `source` is synth's --format (default: the DeepSeek-V4 one of `fmt`). Returns (source dir, converted dir)."""
-    import subprocess
     from pathlib import Path
 
     shape = "" if (hidden, inter) == (256, 256) else f"-{hidden}x{inter}"
     split = "" if tp is None else f"-tp{tp}ep{ep or 1}"
     source = source or ("mxfp4-dsv4" if fmt == "mxfp4" else "nvfp4-modelopt-dsv4")
     src, out = Path(tmp, f"src-{source}{shape}"), Path(tmp, f"conv-{source}{shape}-{engine}-{act_dtype}{split}")
-    cli = converter_cli()
     if not src.exists():
-        subprocess.run(
-            [
-                *cli,
-                "synth",
-                str(src),
-                "--format",
-                source,
-                "--layers",
-                "1",
-                "--experts",
-                str(experts),
-                "--hidden",
-                str(hidden),
-                "--intermediate",
-                str(inter),
-                "--shards",
-                "2",
-            ],
-            check=True,
-            capture_output=True,
-        )
+        run_converter("synth", src, "--format", source, "--layers", 1, "--experts", experts, "--hidden", hidden,
+                      "--intermediate", inter, "--shards", 2)
     if out.exists():
         return str(src), str(out)
-    subprocess.run(
-        [
-            *cli,
-            f"{fmt}-to-marlin",
-            str(src),
-            str(out),
-            "--target",
-            engine,
-            "--act-dtype",
-            act_dtype,
-            "--workers",
-            "1",
-            *([] if tp is None else ["--tp", str(tp), "--ep", str(ep or 1)]),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    run_converter(f"{fmt}-to-marlin", src, out, "--target", engine, "--act-dtype", act_dtype, "--workers", 1,
+                  *([] if tp is None else ["--tp", tp, "--ep", ep or 1]))
     return str(src), str(out)
 
 

@@ -3,8 +3,9 @@
 Substitutions: the engine is the test build of vLLM 0.33.0's Marlin kernels (../shared/marlin-kernels,
 sources unchanged; the device has no vLLM), loaded through --kernel-provider module:PATH; or SGLang 0.5.23's own JIT ops
 (--kernel-provider sglang, the test build of its wheel's sources: tests/gpu/run.sh VERSIONS=sglang).
-Checkpoints are `dsv4-convert synth` outputs converted by the real CLI; broken outputs are made by
-editing the converted safetensors files (each edit is one defect a converter could make).
+Checkpoints are `dsv4-convert synth` outputs converted by the real CLI (a test's command lines in one CLI
+process: run_cli_batch); broken outputs are made by editing the converted safetensors files (each edit is one
+defect a converter could make).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from dsv4_convert.core.checkpoint.reader import open_checkpoint
 from dsv4_convert.core.checkpoint.tensor_model import Role
 from dsv4_convert.formats.marlin.scales import unpermute_scale_columns
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
-from tests.helpers.kernel_cli import PROVIDER, TARGETS, needs_kernels, run_cli
+from tests.helpers.cli import run_cli_batch
+from tests.helpers.kernel_cli import PROVIDER, TARGETS, kernel_args, kernel_report, needs_kernels, run_cli
 from tests.helpers.kernel_cli import edit as _edit
 from tests.helpers.kernel_cli import kernel as _kernel
 from tests.helpers.kernel_cli import record as _record
@@ -41,28 +43,33 @@ CASES = [(f, t, a) for f in FORMATS for t in TARGETS for a in ("bfloat16", "floa
 @pytest.fixture(scope="session")
 def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("src")
-    out = {}
-    for fmt in FORMATS:
-        run_cli("synth", root / fmt, "--format", fmt, "--layers", "1", "--experts", "8")
-        out[fmt] = root / fmt
-    return out
+    for proc in run_cli_batch([["synth", root / fmt, "--format", fmt, "--layers", "1", "--experts", "8"]
+                               for fmt in FORMATS], root):
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return {fmt: root / fmt for fmt in FORMATS}
+
+
+def _convert_args(src: Path, fmt: str, target: str, act: str, out: Path) -> list:
+    cmd = "nvfp4-to-marlin" if fmt.startswith("nvfp4") else "mxfp4-to-marlin"
+    return [cmd, src, out, "--target", target, "--act-dtype", act, "-q"]
 
 
 def _convert(src: Path, fmt: str, target: str, act: str, out: Path) -> Path:
-    cmd = "nvfp4-to-marlin" if fmt.startswith("nvfp4") else "mxfp4-to-marlin"
-    run_cli(cmd, src, out, "--target", target, "--act-dtype", act, "-q")
+    run_cli(*_convert_args(src, fmt, target, act, out))
     return out
 
 
 @pytest.mark.parametrize("fmt,target,act", CASES)
 def test_kernel_passes_on_converted_output(sources, module_path, tmp_path, fmt, target, act):
-    out = _convert(sources[fmt], fmt, target, act, tmp_path / "out")
-    decoded = _kernel(out, module_path)
-    against = _kernel(out, module_path, "--against", sources[fmt])
-    for data in (decoded, against):  # the kernel's question only: a format no plugin is proven to serve yet (the
+    out, src = tmp_path / "out", sources[fmt]
+    converted, *runs = run_cli_batch([_convert_args(src, fmt, target, act, out), kernel_args(out, module_path),
+                                      kernel_args(out, module_path, "--against", src),
+                                      kernel_args(src, module_path, "--target", target, "--act-dtype", act)], tmp_path)
+    assert converted.returncode == 0, converted.stderr[-3000:]
+    decoded, against, source = (kernel_report(r) for r in runs)
+    for data in (decoded, against, source):  # the kernel's question only: a format no plugin is proven to serve yet (the
         # synth family's row, e.g. DeepSeek-V3 in compressed-tensors) is marlin.serving_methods' error, not the kernel's
         assert _errors(data) <= {"marlin.serving_methods"}, _errors(data)
-    source = _kernel(sources[fmt], module_path, "--target", target, "--act-dtype", act, check_rc=0)
     for name, data in (("decoded", decoded), ("against", against), ("source", source)):
         assert data["kernel"], name
         assert _status(data, "kernel.gemm") == "pass", name

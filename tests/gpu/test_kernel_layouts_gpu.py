@@ -25,7 +25,19 @@ from dsv4_convert.core.checkpoint.tensor_model import Role
 from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
-from tests.helpers.kernel_cli import PROVIDER, TARGETS, edit, kernel, needs_kernels, record, run_cli, status
+from tests.helpers.cli import run_cli_batch
+from tests.helpers.kernel_cli import (
+    PROVIDER,
+    TARGETS,
+    edit,
+    kernel,
+    kernel_args,
+    kernel_report,
+    needs_kernels,
+    record,
+    run_cli,
+    status,
+)
 
 pytestmark = needs_kernels
 
@@ -44,16 +56,33 @@ PADDED = {
 }
 
 
+def _synth_args(path: Path, fmt: str, sizes: dict, experts: int = 4) -> list:
+    return ["synth", path, "--format", fmt, "--layers", "1", "--experts", experts,
+            *(a for k, v in sizes.items() for a in (f"--{k}", v))]
+
+
 def _synth(path: Path, fmt: str, sizes: dict, experts: int = 4) -> Path:
-    args = [a for k, v in sizes.items() for a in (f"--{k}", v)]
-    run_cli("synth", path, "--format", fmt, "--layers", "1", "--experts", experts, *args)
+    run_cli(*_synth_args(path, fmt, sizes, experts))
     return path
 
 
-def _convert(src: Path, fmt: str, target: str, act: str, out: Path, *layout) -> Path:
+def _convert_args(src: Path, fmt: str, target: str, act: str, out: Path, *layout) -> list:
     cmd = "nvfp4-to-marlin" if fmt.startswith("nvfp4") else "mxfp4-to-marlin"
-    run_cli(cmd, src, out, "--target", target, "--act-dtype", act, "-q", *map(str, layout))
+    return [cmd, src, out, "--target", target, "--act-dtype", act, "-q", *layout]
+
+
+def _convert(src: Path, fmt: str, target: str, act: str, out: Path, *layout) -> Path:
+    run_cli(*_convert_args(src, fmt, target, act, out, *layout))
     return out
+
+
+def _batch(tmp_path: Path, *commands, steps: int) -> list:
+    """The command lines in one CLI process (run_cli_batch); the first `steps` must succeed (synth, convert), the
+    rest are validate --kernel runs: their answers."""
+    answers = run_cli_batch(list(commands), tmp_path)
+    for proc in answers[:steps]:
+        assert proc.returncode == 0, (proc.args, proc.stderr[-3000:])
+    return answers[steps:]
 
 
 def _worst(data) -> float:
@@ -84,11 +113,11 @@ def _projection(path: Path, expert: int, role: Role):
 @pytest.mark.parametrize("case", sorted(c for c in PADDED if PADDED[c][1] in TARGETS))
 def test_every_padded_layout_passes(tmp_path, case):
     fmt, target, act, sizes, tp, ep = PADDED[case]
-    src = _synth(tmp_path / "src", fmt, sizes)
-    out = _convert(src, fmt, target, act, tmp_path / "out", "--tp", tp, "--ep", ep)
-    against = kernel(out, PROVIDER, "--against", src, check_rc=0)
-    decoded = kernel(out, PROVIDER, check_rc=0)
-    source = kernel(src, PROVIDER, "--target", target, "--act-dtype", act, "--tp", tp, "--ep", ep, check_rc=0)
+    src, out = tmp_path / "src", tmp_path / "out"
+    answers = _batch(tmp_path, _synth_args(src, fmt, sizes), _convert_args(src, fmt, target, act, out, "--tp", tp, "--ep", ep),
+                     kernel_args(out, PROVIDER, "--against", src), kernel_args(out, PROVIDER),
+                     kernel_args(src, PROVIDER, "--target", target, "--act-dtype", act, "--tp", tp, "--ep", ep), steps=2)
+    against, decoded, source = (kernel_report(a, check_rc=0) for a in answers)
     for name, data in (("against", against), ("decoded", decoded), ("source", source)):
         assert data["kernel"] and status(data, "kernel.gemm") == "pass", name
         assert _worst(data) <= KERNEL_REL_ERROR_MAX[act], name
@@ -105,10 +134,11 @@ def test_every_padded_layout_passes(tmp_path, case):
 def test_source_shapes_the_engine_pads_run_padded(tmp_path, fmt, sizes, target):
     """gpt-oss H = I = 2880 (w2 off the tile rule: was SIGSEGV) and I = 96 (was a traceback) at TP 1:
     prepared as the engine pads them, and the same as a --tp 1 conversion checked against the source."""
-    src = _synth(tmp_path / "src", fmt, sizes, experts=2)
-    source = kernel(src, PROVIDER, "--target", target, check_rc=0)
-    out = _convert(src, fmt, target, "bfloat16", tmp_path / "out", "--tp", 1)
-    against = kernel(out, PROVIDER, "--against", src, check_rc=0)
+    src, out = tmp_path / "src", tmp_path / "out"
+    answers = _batch(tmp_path, _synth_args(src, fmt, sizes, experts=2),
+                     _convert_args(src, fmt, target, "bfloat16", out, "--tp", 1),
+                     kernel_args(src, PROVIDER, "--target", target), kernel_args(out, PROVIDER, "--against", src), steps=2)
+    source, against = (kernel_report(a, check_rc=0) for a in answers)
     for name, data in (("source", source), ("against", against)):
         assert status(data, "kernel.gemm") == "pass" and status(data, "kernel.repack") == "pass", name
         record(shape=f"{fmt}/{sizes}/{target}", reference=name, max_rel_error=_worst(data))

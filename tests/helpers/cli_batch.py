@@ -6,6 +6,10 @@ each. An exception that escapes `main` is recorded as a crash (a real process wo
 and exit 1), so a non-DsvError failure is visible to the test, never hidden.
 
     python cli_batch.py commands.json   # [[argv...], ...]  ->  stdout: [{"code", "stdout", "stderr", "crash"}]
+    python cli_batch.py --serve         # one argv (JSON) a line on stdin -> one RESULT line each on stdout
+
+--serve keeps one process for a whole test session (serving_tests/synth.py run_converter: the checkpoints the
+engine tests load); its answers are the lines that start with RESULT, anything else on stdout is not one.
 """
 
 from __future__ import annotations
@@ -35,7 +39,19 @@ def _run(argv: list[str]) -> dict:
     return {"argv": argv, "code": code, "stdout": out.getvalue(), "stderr": err.getvalue(), "crash": crash}
 
 
+RESULT = "\x1eRESULT "  # an answer's line in --serve mode
+
+
+def serve() -> None:
+    out = sys.stdout  # _run redirects sys.stdout per command: the answers go to the real one
+    for line in sys.stdin:
+        out.write(RESULT + json.dumps(_run([str(a) for a in json.loads(line)])) + "\n")
+        out.flush()
+
+
 def main() -> None:
+    if sys.argv[1] == "--serve":
+        return serve()
     with open(sys.argv[1]) as f:
         commands = json.load(f)
     results = [_run([str(a) for a in argv]) for argv in commands]

@@ -1,5 +1,6 @@
-"""The GPU suite's shared pieces: the skip rule, the real CLI in a subprocess, `validate --kernel`
-through the kernels under test, the results file, and editing a converted checkpoint.
+"""The GPU suite's shared pieces: the skip rule, the real CLI in a subprocess (a command a process, or many command
+lines in one CLI process: run_cli_batch), `validate --kernel` through the kernels under test, the results file,
+and editing a converted checkpoint.
 
 The kernels under test (tests/gpu/run.sh sets them per build): DSV4_KERNEL_ENGINE=sglang runs an installed
 engine's own kernels (`--kernel-provider sglang`: SGLang 0.5.23's JIT ops, from the test build of its wheel's
@@ -36,16 +37,24 @@ def record(**row):
             f.write(json.dumps(row) + "\n")
 
 
-def kernel(path, provider, *extra, check_rc=None):
-    """`validate PATH --kernel --json` through `provider` (PROVIDER): the report (exit 0 or 1 only: never a
-    crash, a traceback or a usage error)."""
-    proc = run_cli("validate", path, "--kernel", "--kernel-provider", provider, "--json",
-                   "--quiet", *extra, check=False)
+def kernel_args(path, provider, *extra) -> list:
+    """The command line of `validate PATH --kernel --json` through `provider` (PROVIDER)."""
+    return ["validate", path, "--kernel", "--kernel-provider", provider, "--json", "--quiet", *extra]
+
+
+def kernel_report(proc, check_rc=None) -> dict:
+    """A `validate --kernel --json` answer's report (exit 0 or 1 only: never a crash, a traceback or a usage
+    error); `check_rc`: the exit it must have."""
     assert proc.returncode in (0, 1) and proc.stdout.startswith("{"), (proc.returncode, proc.stderr[-3000:])
     data = json.loads(proc.stdout)
     if check_rc is not None:
         assert proc.returncode == check_rc, [f["message"] for f in data["findings"] if f["severity"] == "error"]
     return data
+
+
+def kernel(path, provider, *extra, check_rc=None):
+    """`validate PATH --kernel --json` through `provider` in its own CLI process: the report (kernel_report)."""
+    return kernel_report(run_cli(*kernel_args(path, provider, *extra), check=False), check_rc)
 
 
 def status(data, check_id):
