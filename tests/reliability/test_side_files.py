@@ -1,12 +1,17 @@
 """Issue 23 items 1, 2, 5 and 13: files written beside the checkpoints (`--report`, `validate --plot`,
 DSV4_CONVERT_PROFILE) never land on or inside an input or OUT, whatever the spelling, and are never
 written in place; the small JSON files are never read from a FIFO or a device. Real synth
-checkpoints, the real CLI in subprocesses; every refusal leaves the inputs byte for byte as they were.
+checkpoints, the real CLI; every refusal leaves the inputs byte for byte as they were.
 
 Substitutions: the Hugging Face cache is a folder built here in the hub's own layout (blobs,
 snapshots of symlinks, refs/main) and read with HF_HUB_OFFLINE=1, which is what a machine with a
 downloaded repo and no network sees. A hang would show as the subprocess timeout (a safety net
-only: each case waits for the process's exit, never for a time)."""
+only: each case waits for the process's exit, never for a time). The refusals of the report's spellings and of
+the small files' FIFOs and devices run their command lines in one CLI process per environment (run_cli_batch:
+`main(argv)` each, as the console script runs it, its exit code, stdout and stderr; the Hub's runs with its HF_*
+variables, which huggingface_hub reads at import), not one process each: a process start costs more than a
+refusal; what they must not touch is hashed before the batch and compared after it. The profile directory (read
+at start) and the other cases keep a process each."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from dsv4_convert.synth import write_synthetic_checkpoint
-from tests.helpers.cli import CLI, run_cli, tree_hashes
+from tests.helpers.cli import CLI, run_cli, run_cli_batch, tree_hashes
 
 pytestmark = pytest.mark.slow  # every test here starts the CLI
 
@@ -64,6 +69,29 @@ def _one_object(proc) -> dict:
     return json.loads(proc.stdout)
 
 
+def _state(p: Path):
+    return tree_hashes(p) if p.is_dir() else p.read_bytes()
+
+
+def _refusals(steps: dict, work: Path, env=None) -> dict:
+    """key -> (argv, error id, exit code, protected paths): each run with --json in one CLI process; key -> (its
+    answer, the protected paths' state before the batch)."""
+    before = {key: {p: _state(p) for p in protect} for key, (_, _, _, protect) in steps.items()}
+    answers = run_cli_batch([[*argv, "--json"] for argv, _, _, _ in steps.values()], work, env=env)
+    return {key: (proc, before[key]) for key, proc in zip(steps, answers)}
+
+
+def _check(steps: dict, answers: dict, key) -> dict:
+    """The refusal of `key` as planned, its protected paths as they were (the test's _refused, read from a batch)."""
+    argv, error_id, code, _ = steps[key]
+    proc, before = answers[key]
+    doc = _one_object(proc)
+    assert (proc.returncode, doc["exit_code"], doc["error"]["id"]) == (code, code, error_id), (argv, proc.stderr)
+    for p, h in before.items():
+        assert _state(p) == h, f"{p} was modified"
+    return doc
+
+
 def _refused(args, error_id: str, code: int, *protect: Path, env=None) -> dict:
     before = {p: tree_hashes(p) if p.is_dir() else p.read_bytes() for p in protect}
     proc = run_cli(*args, "--json", env=env, check=False)
@@ -74,31 +102,73 @@ def _refused(args, error_id: str, code: int, *protect: Path, env=None) -> dict:
     return doc
 
 
-def test_a_report_never_reaches_an_input_through_any_spelling(ck, tmp_path):
-    src, one, marlin, hub = ck["src"], ck["one"], ck["marlin"], ck["hub"]
+def _spellings(ck) -> tuple[dict, dict]:
+    """The report's spellings that reach an input: key -> (argv, error id, exit code, protected), the default
+    environment's and the Hub's (HF_*) apart."""
+    src, one, marlin, hub, d = ck["src"], ck["one"], ck["marlin"], ck["hub"], ck["dir"] / "spellings"
+    d.mkdir()
     shard = sorted(src.glob("*.safetensors"))[0]
-    hard = tmp_path / "hard-link-of-a-shard.json"
+    hard = d / "hard-link-of-a-shard.json"
     os.link(shard, hard)
     inside = "report.inside_checkpoint"
-    # the `=` forms, which argv matching missed
-    _refused(["validate", marlin, f"--against={src}", f"--report={src}/config.json", *VALIDATE], inside, 2, src)
-    # IN given as its model.safetensors: the checkpoint is its folder
-    _refused(["inspect", one / "model.safetensors", "--report", one / "config.json"], inside, 2, one)
-    _refused(["nvfp4-to-marlin", one / "model.safetensors", tmp_path / "o", "--report", one / "config.json"],
-             inside, 2, one)
-    assert not (tmp_path / "o").exists()
-    # a Hub repo id and a snapshot of symlinks: the blob, and the snapshot's name for it
-    _refused(["inspect", hub["repo"], "--report", hub["blob"]], inside, 2, hub["base"], env=hub["env"])
-    _refused(["inspect", hub["snap"], "--report", hub["snap"] / "config.json"], inside, 2, hub["base"])
-    _refused(["inspect", hub["snap"], "--report", hub["blob"]], inside, 2, hub["base"])
-    # the error path: click refuses the command line, the report is still guarded
-    _refused(["inspect", hub["repo"], "--report", hub["blob"], "--no-such-flag"], inside, 2, hub["base"],
-             env=hub["env"])
-    # a hard link outside IN to an input shard: same inode, refused (it used to be truncated in place)
-    _refused(["inspect", src, "--report", hard], inside, 2, src, hard)
-    # OUT (or its staging directory) is no place for the report either
-    _refused(["nvfp4-to-marlin", src, tmp_path / "o2", "--report", tmp_path / "o2.partial" / "r.json"],
-             inside, 2, src)
+    plain = {
+        # the `=` forms, which argv matching missed
+        "equals": (["validate", marlin, f"--against={src}", f"--report={src}/config.json", *VALIDATE], inside, 2, (src,)),
+        # IN given as its model.safetensors: the checkpoint is its folder
+        "one-inspect": (["inspect", one / "model.safetensors", "--report", one / "config.json"], inside, 2, (one,)),
+        "one-convert": (["nvfp4-to-marlin", one / "model.safetensors", d / "o", "--report", one / "config.json"],
+                        inside, 2, (one,)),
+        # a snapshot of symlinks: the snapshot's name for the blob, and the blob
+        "snapshot-name": (["inspect", hub["snap"], "--report", hub["snap"] / "config.json"], inside, 2, (hub["base"],)),
+        "snapshot-blob": (["inspect", hub["snap"], "--report", hub["blob"]], inside, 2, (hub["base"],)),
+        # a hard link outside IN to an input shard: same inode, refused (it used to be truncated in place)
+        "hard-link": (["inspect", src, "--report", hard], inside, 2, (src, hard)),
+        # OUT (or its staging directory) is no place for the report either
+        "staging": (["nvfp4-to-marlin", src, d / "o2", "--report", d / "o2.partial" / "r.json"], inside, 2, (src,))}
+    hub_steps = {  # a Hub repo id: the blob; and the error path, where click refuses the command line
+        "repo": (["inspect", hub["repo"], "--report", hub["blob"]], inside, 2, (hub["base"],)),
+        "repo-bad-flag": (["inspect", hub["repo"], "--report", hub["blob"], "--no-such-flag"], inside, 2, (hub["base"],))}
+    return plain, hub_steps
+
+
+SMALL_FILES = [("config.json", "fifo", "config.not_json"), ("config.json", "/dev/zero", "config.not_json"),
+               ("model.safetensors.index.json", "/dev/urandom", "index.not_json")]
+
+
+def _small_files(ck) -> dict:
+    """Each small file replaced by a FIFO or a device link: key -> (argv, error id, exit code, protected)."""
+    steps = {}
+    for i, (name, make, error_id) in enumerate(SMALL_FILES):
+        d = ck["dir"] / f"small-{i}"
+        src = d / "src"
+        shutil.copytree(ck["src"], src)
+        (src / name).unlink()
+        if make == "fifo":
+            os.mkfifo(src / name)
+        else:
+            (src / name).symlink_to(make)
+        for command in (["inspect", src], ["nvfp4-to-marlin", src, d / "out"]):
+            steps[i, command[0]] = (command, error_id, 3, (ck["src"],))
+    return steps
+
+
+@pytest.fixture(scope="module")
+def batched(ck) -> dict:
+    """The spellings' and the small files' refusals: name -> (steps, answers), one CLI process per environment."""
+    plain, hub_steps = _spellings(ck)
+    small = _small_files(ck)
+    work = ck["dir"]
+    return {"spellings": (plain, _refusals(plain, work)),
+            "hub": (hub_steps, _refusals(hub_steps, work, env=ck["hub"]["env"])),
+            "small": (small, _refusals(small, work))}
+
+
+def test_a_report_never_reaches_an_input_through_any_spelling(ck, batched):
+    for group in ("spellings", "hub"):
+        steps, answers = batched[group]
+        for key in steps:
+            _check(steps, answers, key)
+    assert not (ck["dir"] / "spellings" / "o").exists()
 
 
 def test_a_report_replaces_its_name_and_never_writes_through_it(ck, tmp_path):
@@ -122,23 +192,14 @@ def test_a_report_at_a_fifo_is_refused_without_blocking(ck, tmp_path):
     assert "regular file" in doc["error"]["message"]
 
 
-@pytest.mark.parametrize(("name", "make", "error_id"), [
-    ("config.json", "fifo", "config.not_json"),
-    ("config.json", "/dev/zero", "config.not_json"),
-    ("model.safetensors.index.json", "/dev/urandom", "index.not_json"),
-])
-def test_small_files_are_never_read_from_a_fifo_or_a_device(ck, tmp_path, name, make, error_id):
-    src = tmp_path / "src"
-    shutil.copytree(ck["src"], src)
-    (src / name).unlink()
-    if make == "fifo":
-        os.mkfifo(src / name)
-    else:
-        (src / name).symlink_to(make)
-    for command in (["inspect", src], ["nvfp4-to-marlin", src, tmp_path / "out"]):
-        doc = _refused(command, error_id, 3, ck["src"])
+@pytest.mark.parametrize("i", range(len(SMALL_FILES)))
+def test_small_files_are_never_read_from_a_fifo_or_a_device(ck, batched, i):
+    name = SMALL_FILES[i][0]
+    steps, answers = batched["small"]
+    for command in ("inspect", "nvfp4-to-marlin"):
+        doc = _check(steps, answers, (i, command))
         assert doc["error"]["file"].endswith(name)
-    assert not (tmp_path / "out").exists()
+    assert not (ck["dir"] / f"small-{i}" / "out").exists()
 
 
 def test_validate_plot_follows_the_same_rule(ck, tmp_path):
