@@ -4,65 +4,77 @@ replica for the engines that serve it and refuses the one that does not with tha
 per rank) and applies the KDA heads' TP rule.
 
 Substitutions: the checkpoints are `dsv4-convert synth --family glm5-next[-vl]` replicas (synth/glm5next.py names
-the public facts: KDA + MLA with the kpool indexer + mHC, a BF16 MTP layer), not the released weights.
+the public facts: KDA + MLA with the kpool indexer + mHC, a BF16 MTP layer), not the released weights. The command
+lines run in two CLI processes, in order (run_cli_batch: `main(argv)` each, as the console script runs it, its exit
+code, stdout and stderr): the conversions, validations and plans, then the gate's refusal with
+DSV4_CONVERT_ALLOW_UNSERVABLE removed (tests/conftest.py lifts it); not one process each: a process start costs
+more than these commands.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
 
-from tests.helpers.cli import CLI, run_cli
+from tests.helpers.cli import run_cli_batch
 
 pytestmark = pytest.mark.slow
 
 _SIZES = {"layers": 2, "experts": 8, "hidden": 256, "intermediate": 128, "shards": 2}
 
 
+CASES = [("glm5-next", "nvfp4-ct", "vllm"), ("glm5-next-vl", "nvfp4-modelopt-hf", "vllm"),
+         ("glm5-next-vl", "nvfp4-modelopt-hf", "sglang")]
+TARGETS = ["vllm", "sglang"]
+
+
 @pytest.fixture(scope="module")
 def conversions(synth_source, tmp_path_factory):
-    """(family, format, target) -> (source, conversion) of the replicas the engines serve, converted once."""
+    """(family, format, target) -> (source, conversion, its --json report) of the replicas the engines serve;
+    (case, "validate"), ("plan", target), "refused" -> the CLI's answers; "dir" -> the folder."""
     root = tmp_path_factory.mktemp("glm5next")
-    out = {}
-    for family, fmt, target in (("glm5-next", "nvfp4-ct", "vllm"), ("glm5-next-vl", "nvfp4-modelopt-hf", "vllm"),
-                                ("glm5-next-vl", "nvfp4-modelopt-hf", "sglang")):
-        src = synth_source(fmt, family=family, **_SIZES)
-        dst = root / f"{family}-{fmt}-{target}"
-        report = json.loads(run_cli("nvfp4-to-marlin", src, dst, "--target", target, "--json", "-q").stdout)
-        out[family, fmt, target] = (src, dst, report)
-    return out
+    paths = {case: (synth_source(case[1], family=case[0], **_SIZES), root / "-".join(case)) for case in CASES}
+    steps = {**{(case, "convert"): ["nvfp4-to-marlin", src, dst, "--target", case[2], "--json", "-q"]
+                for case, (src, dst) in paths.items()},
+             **{(case, "validate"): ["validate", dst, "--against", src, "--json"] for case, (src, dst) in paths.items()},
+             **{("plan", t): ["plan", paths["glm5-next-vl", "nvfp4-modelopt-hf", t][1], "--gpus", 4, "--target", t,
+                              "--json"] for t in TARGETS}}
+    runs = dict(zip(steps, run_cli_batch(list(steps.values()), root)))
+    (runs["refused"],) = run_cli_batch([["nvfp4-to-marlin", synth_source("nvfp4-ct", family="glm5-next", **_SIZES),
+                                         root / "refused-out", "--target", "sglang", "--json"]], root,
+                                       env={"DSV4_CONVERT_ALLOW_UNSERVABLE": None})  # tests/conftest.py lifts it
+    for case in CASES:
+        assert runs[case, "convert"].returncode == 0, runs[case, "convert"].stderr
+        runs[case] = (*paths[case], json.loads(runs[case, "convert"].stdout))
+    return {**runs, "dir": root}
 
 
 def test_convert_copies_the_mtp_layer_and_validates_against_the_source(conversions):
-    for (family, fmt, target), (src, dst, report) in conversions.items():
+    for case in CASES:
+        _, _, report = conversions[case]
         # the MTP layer (layer num_hidden_layers = 2) is copied, BF16, not converted
         assert report["mtp_copied"] and all(name.endswith(".2") for name in report["mtp_copied"]), report["mtp_copied"]
-        proc = run_cli("validate", dst, "--against", src, "--json", check=False)
+        proc = conversions[case, "validate"]
         data = json.loads(proc.stdout)
         assert proc.returncode == 0, [f for f in data["findings"] if f["severity"] == "error"]
         assert data["checks"] and not any(f["severity"] == "error" for f in data["findings"])
 
 
-def test_sglang_conversion_of_the_text_class_is_refused_with_sglangs_reason(synth_source, tmp_path):
+def test_sglang_conversion_of_the_text_class_is_refused_with_sglangs_reason(conversions):
     """SGLang 0.5.23 has no Glm5NextForCausalLM (core/targets/served.py REFUSED): the gate says so and writes nothing."""
-    env = {k: v for k, v in os.environ.items() if k != "DSV4_CONVERT_ALLOW_UNSERVABLE"}  # tests/conftest.py lifts it
-    src = synth_source("nvfp4-ct", family="glm5-next", **_SIZES)
-    proc = subprocess.run([*CLI, "nvfp4-to-marlin", str(src), str(tmp_path / "out"), "--target", "sglang", "--json"],
-                          capture_output=True, text=True, env=env)
+    proc = conversions["refused"]
     err = json.loads(proc.stdout)["error"]
     assert proc.returncode == 4 and err["id"] == "convert.unservable_family", proc.stdout
     assert "itself cannot serve a glm5-next" in err["message"] and "no Glm5NextForCausalLM" in err["message"], err
-    assert not (tmp_path / "out").exists()
+    assert not (conversions["dir"] / "refused-out").exists()
 
 
-@pytest.mark.parametrize("target", ["vllm", "sglang"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_plan_tiles_come_from_the_experts_width_and_kda_heads_limit_tp(conversions, target):
     src, dst, _ = conversions["glm5-next-vl", "nvfp4-modelopt-hf", target]
     text = json.loads((src / "config.json").read_text())["text_config"]
-    proc = run_cli("plan", dst, "--gpus", 4, "--target", target, "--json", check=False)
+    proc = conversions["plan", target]
     plan = json.loads(proc.stdout)
     assert proc.returncode == 0 and plan["command"], plan
     model = plan["model"]
