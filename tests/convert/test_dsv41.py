@@ -7,7 +7,9 @@ the converted block keeps `expert_dtype` where vLLM's V4.1 config reads it; vali
 
 Substitutions: the checkpoint is the replica (synthetic values), not the released weights. The converter's gate is
 lifted through DSV4_CONVERT_ALLOW_UNSERVABLE (tests/conftest.py) where the served table has no V4.1 row for a
-target; validate then reports only `marlin.serving_methods`.
+target; validate then reports only `marlin.serving_methods`. The CLI command lines run in one CLI process, in order
+(run_cli_batch: `main(argv)` each, as the console script runs it, its exit code, stdout and stderr), not one process
+each: a process start costs more than these commands.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from dsv4_convert.core.sources.source_formats import source_format
 from dsv4_convert.core.sources.structure import RULES, experts_beyond_config, experts_incomplete, layer_experts
 from dsv4_convert.core.targets.engines import ENGINES
 from dsv4_convert.core.targets.served import entries
-from tests.helpers.cli import restored_tree, run_cli, tree_hashes
+from tests.helpers.cli import restored_tree, run_cli_batch, tree_hashes
 
 _SIZES = {"layers": 2, "experts": 8, "hidden": 256, "intermediate": 128, "shards": 2}
 # what a conversion must copy as it is: Engram (FP8 tables, their E8M0 row scales), the vision tower and the
@@ -86,11 +88,28 @@ def _tensors(root) -> dict[str, bytes]:
     return out
 
 
+TARGETS = ["sglang", "vllm"]
+
+
+@pytest.fixture(scope="module")
+def runs(source, tmp_path_factory) -> dict:
+    """(target, step) -> the CLI's answer, and "dir": each target's conversion, validate and reverse, in one CLI
+    process."""
+    d = tmp_path_factory.mktemp("dsv41")
+    steps = {}
+    for t in TARGETS:
+        out = d / t / "marlin"
+        steps.update({(t, "convert"): ["mxfp4-to-marlin", source, out, "--target", t, "-q"],
+                      (t, "validate"): ["validate", out, "--against", source, "--json"],
+                      (t, "reverse"): ["marlin-to-source", out, d / t / "restored", "-q"]})
+    return {**dict(zip(steps, run_cli_batch(list(steps.values()), d))), "dir": d}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["sglang", "vllm"])
-def test_converts_copies_engram_vision_and_draft_parts_validates_and_reverses(source, tmp_path, target):
-    out = tmp_path / "marlin"
-    run_cli("mxfp4-to-marlin", source, out, "--target", target, "-q")
+@pytest.mark.parametrize("target", TARGETS)
+def test_converts_copies_engram_vision_and_draft_parts_validates_and_reverses(source, runs, target):
+    out = runs["dir"] / target / "marlin"
+    assert runs[target, "convert"].returncode == 0, runs[target, "convert"].stderr
     src_t, out_t = _tensors(source), _tensors(out)
     copied = [n for n in src_t if any(k in n for k in _COPIED)]
     assert any(".engram.embed.scale" in n for n in copied) and any(n.startswith("vision.") for n in copied)
@@ -108,11 +127,10 @@ def test_converts_copies_engram_vision_and_draft_parts_validates_and_reverses(so
     assert {c for c in block["experts"] if c.startswith("mtp.")} == {f"mtp.{s}.ffn.experts" for s in range(3)}
 
     served = bool(entries("deepseek-v41", "mxfp4-dsv4", target))
-    proc = run_cli("validate", out, "--against", source, "--json", check=False)
+    proc = runs[target, "validate"]
     report = json.loads(proc.stdout)
     errors = {f["check"] for f in report["findings"] if f["severity"] == "error"}
     assert (proc.returncode, errors) == ((0, set()) if served else (1, {"marlin.serving_methods"})), proc.stdout[-3000:]
 
-    restored = tmp_path / "restored"
-    run_cli("marlin-to-source", out, restored, "-q")
-    assert restored_tree(restored) == tree_hashes(source)
+    assert runs[target, "reverse"].returncode == 0, runs[target, "reverse"].stderr
+    assert restored_tree(runs["dir"] / target / "restored") == tree_hashes(source)
