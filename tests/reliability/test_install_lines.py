@@ -5,7 +5,9 @@ register it and be installed into the server's environment). Scanned: every Mark
 project, the string text of every module, and what the real CLI generates (a conversion's SERVING.md for
 each engine, `plan` on the converted checkpoint, every command's --help).
 
-No substitutions: real files, the real CLI in subprocesses."""
+Substitution: real files and the real CLI's command lines, run in one CLI process (run_cli_batch: `main(argv)` each,
+as the console script runs it, its exit code, stdout and stderr), not one process each: a process start costs more
+than these commands."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import pytest
 
 from dsv4_convert.core.targets.engines import ENGINES
 from dsv4_convert.core.version import install_command
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import run_cli_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 _PIP = re.compile(r"pip install\s+([^`\n;)#&|\"]*)")
@@ -72,20 +74,28 @@ def test_no_doc_or_module_names_an_unowned_package():
     assert not found, found
 
 
+HELPED = ("nvfp4-to-marlin", "mxfp4-to-marlin", "marlin-to-source", "validate", "plan", "inspect", "doctor")
+
+
 @pytest.mark.slow
 def test_generated_serving_notes_plan_and_help_name_no_unowned_package(synth_source, tmp_path):
     src = synth_source("nvfp4-modelopt-dsv4", layers=1, experts=4)
+    steps = {**{(engine, step): argv for engine in ENGINES for step, argv in (
+        ("convert", ["nvfp4-to-marlin", src, tmp_path / engine, "--target", engine, "--workers", "1", "-q"]),
+        ("plan", ["plan", tmp_path / engine, "--gpus", "2", "--target", engine]))},
+             **{(cmd, "help"): [cmd, "--help"] for cmd in HELPED}}
+    runs = dict(zip(steps, run_cli_batch(list(steps.values()), tmp_path)))
+    for key, proc in runs.items():
+        assert proc.returncode == 0, (key, proc.stderr[-3000:])
     texts = {}
     for engine in ENGINES:
-        out = tmp_path / engine
-        run_cli("nvfp4-to-marlin", src, out, "--target", engine, "--workers", "1", "-q")
-        serving = (out / "SERVING.md").read_text()
+        serving = (tmp_path / engine / "SERVING.md").read_text()
         assert install_command() in serving  # the one install line, from the clone
         texts[f"{engine} SERVING.md"] = serving
-        plan = run_cli("plan", out, "--gpus", "2", "--target", engine)
+        plan = runs[engine, "plan"]
         assert install_command() in plan.stdout + plan.stderr
         texts[f"{engine} plan"] = plan.stdout + plan.stderr
-    for cmd in ("nvfp4-to-marlin", "mxfp4-to-marlin", "marlin-to-source", "validate", "plan", "inspect", "doctor"):
-        texts[f"{cmd} --help"] = run_cli(cmd, "--help").stdout
+    for cmd in HELPED:
+        texts[f"{cmd} --help"] = runs[cmd, "help"].stdout
     found = {k: bad for k, t in texts.items() if (bad := unowned_installs(t))}
     assert not found, found
