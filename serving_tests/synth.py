@@ -139,23 +139,28 @@ class _ConverterProcess:
     start-up (torch's import) for 0.1 s of work. Started on first use, in this process's environment."""
 
     def __init__(self):
-        self.proc = None
+        self.proc = self.batch = None
 
     def __call__(self, args: list[str]) -> tuple[int, str]:
+        import importlib.util
         import json
         import subprocess
         import sys
         from pathlib import Path
 
         if self.proc is None or self.proc.poll() is not None:
-            server = Path(__file__).resolve().parents[1] / "tests" / "helpers" / "cli_batch.py"
-            self.proc = subprocess.Popen([sys.executable, str(server), "--serve"], stdin=subprocess.PIPE,
+            # the script, and its answer marker, from its one home (the suites run without the tests package)
+            spec = importlib.util.spec_from_file_location(
+                "cli_batch", Path(__file__).resolve().parents[1] / "tests" / "helpers" / "cli_batch.py")
+            self.batch = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(self.batch)
+            self.proc = subprocess.Popen([sys.executable, self.batch.__file__, "--serve"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, text=True)
         self.proc.stdin.write(json.dumps(args) + "\n")
         self.proc.stdin.flush()
         for line in self.proc.stdout:
-            if line.startswith("\x1eRESULT "):  # cli_batch.py RESULT: an answer; other lines are not
-                answer = json.loads(line[len("\x1eRESULT "):])
+            if line.startswith(self.batch.RESULT):  # an answer; other lines are not
+                answer = json.loads(line[len(self.batch.RESULT):])
                 return answer["code"], answer["stderr"] + (answer["crash"] or "")
         raise AssertionError(f"the converter process ended (exit {self.proc.wait()}) on {args}")
 

@@ -25,7 +25,7 @@ from dsv4_convert.core.sources.source_formats import FORMATS
 from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin, nvfp4_to_marlin
 from dsv4_convert.formats.marlin.scales import nvfp4_global_to_marlin, vllm_rescale_factor
-from tests.helpers.cli import restored_tree, run_cli_batch, tree_hashes
+from tests.helpers.cli import restored_tree, run_cli_batch, succeeded, tree_hashes
 from tests.helpers.compare import assert_bytes_equal
 
 CASES = [  # (synth format, command, target, act dtype, extra flags)
@@ -145,17 +145,13 @@ def runs(synth_source, tmp_path_factory) -> dict:
     return {**runs, **state}
 
 
-def _ok(proc):
-    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return proc
-
 
 @pytest.mark.parametrize("fmt,command,engine,act,extra", CASES, ids=_IDS)
 def test_convert_matches_codecs_and_reverses(runs, synth_source, fmt, command, engine, act, extra):
     key = (fmt, engine, act, extra)
     out, back, before = runs["dir", "codecs", key] / "out", runs["dir", "codecs", key] / "back", runs["before", "codecs", key]
     src = synth_source(fmt, experts=4, mtp=fmt.endswith("dsv4"))
-    summary = json.loads(_ok(runs["codecs", key, "convert"]).stdout)
+    summary = json.loads(succeeded(runs["codecs", key, "convert"]).stdout)
     assert summary["projections"] > 0 and summary["lost_scales"] == 0
 
     target = MarlinTarget(engine, act, "--w4a8" in extra)
@@ -184,7 +180,7 @@ def test_convert_matches_codecs_and_reverses(runs, synth_source, fmt, command, e
     assert target.layout_tag in serving and ("--moe-runner-backend marlin" if engine == "sglang" else "--moe-backend marlin") in serving
     assert qc["original_quantization_config"] == json.loads((src / "config.json").read_text()).get("quantization_config")
 
-    _ok(runs["codecs", key, "reverse"])
+    succeeded(runs["codecs", key, "reverse"])
     assert restored_tree(back) == before, "marlin-to-source gives back the input byte for byte"
     assert tree_hashes(src) == before, "the input is never modified"
 
@@ -192,16 +188,16 @@ def test_convert_matches_codecs_and_reverses(runs, synth_source, fmt, command, e
 @pytest.mark.parametrize("defect,engine", DEFECTS)
 def test_clamped_scales_are_reported_and_restored(runs, defect, engine):
     key = (defect, engine)
-    proc = _ok(runs["clamped", key, "convert"])
+    proc = succeeded(runs["clamped", key, "convert"])
     lost = "scale bytes are negative or too small" in proc.stderr
     assert lost == (defect != "zero-scale"), proc.stderr  # a zero scale is representable: nothing is lost
-    proc = _ok(runs["clamped", key, "reverse"])
+    proc = succeeded(runs["clamped", key, "reverse"])
     assert restored_tree(runs["dir", "clamped", key] / "back") == runs["before", "clamped", key]
     assert ("restored from the record" in proc.stdout) == lost
 
 
 def test_vllm_rescale_factor_is_recorded_per_layer_stack(runs):
-    proc, out = _ok(runs["rescale", None, "convert"]), runs["dir", "rescale", None] / "out"
+    proc, out = succeeded(runs["rescale", None, "convert"]), runs["dir", "rescale", None] / "out"
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("converted ")]
     assert re.search(r"\(\d+(\.\d+)? [KM]iB, vllm-L4\) in [\d.]+ s \((\d+(\.\d+)? [KMG]iB/s|too fast to time)\)", line), line
     factors = json.loads((out / "config.json").read_text())["quantization_config"]["rescale_factors"]
@@ -211,19 +207,19 @@ def test_vllm_rescale_factor_is_recorded_per_layer_stack(runs):
 
 def test_dry_run_writes_nothing_and_predicts_the_size(runs):
     d = runs["dir", "dry-run", None]
-    plan = json.loads(_ok(runs["dry-run", None, "dry"]).stdout)
+    plan = json.loads(succeeded(runs["dry-run", None, "dry"]).stdout)
     assert not (d / "dry" / "out").exists() and not Path(str(d / "dry" / "out") + ".partial").exists()
-    _ok(runs["dry-run", None, "convert"])
+    succeeded(runs["dry-run", None, "convert"])
     index = json.loads((d / "out" / "model.safetensors.index.json").read_text())
     assert plan["bytes_out"] == index["metadata"]["total_size"]
 
 
 def test_max_shard_size_reshards_and_still_reverses(runs):
     d = runs["dir", "reshard", None]
-    _ok(runs["reshard", None, "convert"])
+    succeeded(runs["reshard", None, "convert"])
     files = sorted(p.name for p in (d / "out").glob("model-*.safetensors"))
     assert len(files) > 2 and files[0].endswith(f"-of-{len(files):05d}.safetensors")
-    _ok(runs["reshard", None, "reverse"])
+    succeeded(runs["reshard", None, "reverse"])
     assert restored_tree(d / "back") == runs["before", "reshard", None]
 
 
@@ -234,7 +230,7 @@ def test_the_tool_reads_back_its_own_round_trip(runs, fmt, command, engine):
     same name in another folder: SERVING.md names the output folder)."""
     d = runs["dir", "round-trip", fmt]
     for step in ("convert", "reverse", "again", "force"):  # force: REV is still recognised as this tool's output
-        _ok(runs["round-trip", fmt, step])
+        succeeded(runs["round-trip", fmt, step])
     assert runs["rev", "round-trip", fmt] == runs["before", "round-trip", fmt]
     assert tree_hashes(d / "b" / "out") == tree_hashes(d / "a" / "out")
     proc = runs["round-trip", fmt, "refused"]  # after the user wrote notes.txt into REV

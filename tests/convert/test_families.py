@@ -31,7 +31,7 @@ from dsv4_convert.synth import SYNTH_FAMILIES
 from dsv4_convert.synth.families import FAMILY_SPECS
 from dsv4_convert.synth.nemotron import PATTERN as NEMOTRON_PATTERN
 from dsv4_convert.synth.seeded import expert_matrix
-from tests.helpers.cli import CLI, restored_tree, run_cli, run_cli_batch, tree_hashes
+from tests.helpers.cli import CLI, restored_tree, run_cli, run_cli_batch, succeeded, tree_hashes
 from tests.helpers.compare import assert_bytes_equal
 
 # deepseek-v4 and gpt-oss are covered end to end by test_convert_e2e.py; here: the families added with the table
@@ -128,7 +128,7 @@ def test_converted_output_validates_and_reverses(runs, fam, fmt):
     case = runs[fam, fmt]
     src, out, validated_target, restored = case["paths"]
     for target in ("vllm", "sglang"):
-        assert case[f"convert-{target}"].returncode == 0, case[f"convert-{target}"].stderr[-3000:]
+        succeeded(case[f"convert-{target}"])
     family = family_named(FAMILY_SPECS[fam].family)
     # a family x format the plugins are not proven to serve (converted here with --allow-unservable) fails the
     # serving pre-flight (core/targets/served.py, the table the converter's gate reads too); its bytes must pass
@@ -140,7 +140,7 @@ def test_converted_output_validates_and_reverses(runs, fam, fmt):
     assert experts and all(parse_expert_name(n).scheme is family.converted_scheme for n in experts)
     if FAMILY_SPECS[fam].mtp == "file":  # copied unchanged, still outside the index
         assert (out / MTP_FILE).read_bytes() == (src / MTP_FILE).read_bytes() and MTP_FILE not in names.values()
-    assert case["reverse"].returncode == 0, case["reverse"].stderr[-3000:]
+    succeeded(case["reverse"])
     assert restored_tree(restored) == tree_hashes(src)
 
 

@@ -27,16 +27,13 @@ from dsv4_convert.core.errors import ContentError
 from dsv4_convert.core.sources.detect import detect_format
 from dsv4_convert.core.sources.source_formats import FORMATS
 from dsv4_convert.planner.launch import make_plan, shape_from_checkpoint
-from tests.helpers.cli import run_cli_batch
+from tests.helpers.cli import run_cli_steps
 
 GIB = 1 << 30
 NO_FLAG = {"DSV4_CONVERT_ALLOW_UNSERVABLE": None}  # removed (tests/conftest.py sets it for the converter's tests)
 M31 = "nvfp4-ct-mxfp8"
 FAMILIES = ["minimax-m3", "minimax-m3-vl"]
 
-
-def _batch(steps: dict, work, env=None) -> dict:
-    return dict(zip(steps, run_cli_batch(list(steps.values()), work, env=env)))
 
 
 @pytest.fixture(scope="module")
@@ -45,10 +42,10 @@ def m31(tmp_path_factory):
     CLI's answers the tests read, and (family, "dir")."""
     root = tmp_path_factory.mktemp("minimax")
     out = {f: (root / f"src-{f}", root / f"conv-{f}") for f in FAMILIES}
-    runs = _batch({(f, "synth"): ["synth", src, "--family", f, "--format", M31, "--layers", 2, "--experts", 8, "-q"]
+    runs = run_cli_steps({(f, "synth"): ["synth", src, "--family", f, "--format", M31, "--layers", 2, "--experts", 8, "-q"]
                    for f, (src, _) in out.items()}, root)
     vl_src, vl_conv = out["minimax-m3-vl"]
-    runs.update(_batch({**{(f, "convert"): ["nvfp4-to-marlin", src, conv, "--target", "vllm", "-q"]  # served: no flag
+    runs.update(run_cli_steps({**{(f, "convert"): ["nvfp4-to-marlin", src, conv, "--target", "vllm", "-q"]  # served: no flag
                            for f, (src, conv) in out.items()},
                         **{(f, "sglang"): ["nvfp4-to-marlin", src, root / f"sglang-{f}", "--target", "sglang", "-q"]
                            for f, (src, _) in out.items()},
@@ -56,7 +53,7 @@ def m31(tmp_path_factory):
                         ("plan", "vllm-conv"): ["plan", vl_conv, "--gpus", 4, "--target", "vllm", "--json"],
                         ("plan", "sglang"): ["plan", vl_src, "--gpus", 4, "--target", "sglang", "--json"]},
                        root, env=NO_FLAG))
-    runs.update(_batch({(f, "validate"): ["validate", conv, "--against", src, "--json"] for f, (src, conv) in out.items()},
+    runs.update(run_cli_steps({(f, "validate"): ["validate", conv, "--against", src, "--json"] for f, (src, conv) in out.items()},
                        root))
     for f in FAMILIES:
         for step in ("synth", "convert"):

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from dsv4_convert.core.checkpoint.reader import open_checkpoint
 from dsv4_convert.core.sources.mtp import copied_mtp_layers, mtp_layers
 from dsv4_convert.synth.mtp import MINIMAX_MTP_CONFIG
-from tests.helpers.cli import restored_tree, run_cli_batch, tree_hashes
+from tests.helpers.cli import restored_tree, run_cli_batch, succeeded, tree_hashes
 
 _SIZES = {"layers": 2, "experts": 4, "hidden": 128, "intermediate": 128, "shards": 2}
 _DEEPSEEK_MTP = ["deepseek-v3", "deepseek-v3-0324", "deepseek-v32"]
@@ -111,10 +111,6 @@ def runs(synth_source, tmp_path_factory) -> dict:
     return {**dict(zip(steps, run_cli_batch(list(steps.values()), d))), "dir": d}
 
 
-def _ok(proc):
-    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return proc
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target", TARGETS)
@@ -124,7 +120,7 @@ def test_deepseek_mtp_layer_is_copied_said_and_reversed(synth_source, runs, targ
     layer = f"model.layers.{n}"
     d = runs["dir"] / f"deepseek-{target}"
     out = d / "out"
-    report = json.loads(_ok(runs["deepseek", target, "json"]).stdout)
+    report = json.loads(succeeded(runs["deepseek", target, "json"]).stdout)
     assert report["mtp_copied"] == [layer]
     record = json.loads((out / "config.json").read_text())["quantization_config"]
     assert not any(c.startswith(f"{layer}.") for c in record["experts"])  # nothing of the draft converted
@@ -132,17 +128,17 @@ def test_deepseek_mtp_layer_is_copied_said_and_reversed(synth_source, runs, targ
     assert _bytes(out, names) == _bytes(src, names) and len(names) > 30
     notes = (out / "SERVING.md").read_text()
     assert f"`{layer}` ({len(names)} tensors): copied byte for byte" in notes
-    text = _ok(runs["deepseek", target, "text"]).stdout
+    text = succeeded(runs["deepseek", target, "text"]).stdout
     assert f"MTP (draft) layers copied byte for byte (no FP4 experts): {layer}" in text
-    inspected = json.loads(_ok(runs["deepseek", target, "inspect"]).stdout)
+    inspected = json.loads(succeeded(runs["deepseek", target, "inspect"]).stdout)
     assert inspected["mtp_layers"] == [layer] and str(n) not in inspected["layers"]
-    _ok(runs["deepseek", target, "reverse"])
+    succeeded(runs["deepseek", target, "reverse"])
     assert restored_tree(d / "back") == tree_hashes(src)
 
 
 @pytest.mark.slow
 def test_qwen_mtp_block_is_copied_and_said(runs):
-    report = json.loads(_ok(runs["qwen", None, "json"]).stdout)
+    report = json.loads(succeeded(runs["qwen", None, "json"]).stdout)
     assert report["mtp_copied"] == ["mtp.layers.0"]
     assert "`mtp.layers.0` (" in (runs["dir"] / "qwen" / "out" / "SERVING.md").read_text()
 

@@ -25,7 +25,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from dsv4_convert.synth import write_synthetic_checkpoint
-from tests.helpers.cli import restored_tree, run_cli_batch, tree_hashes
+from tests.helpers.cli import restored_tree, run_cli_batch, succeeded, tree_hashes
 
 pytestmark = pytest.mark.slow
 
@@ -81,22 +81,18 @@ def runs(tmp_path_factory) -> dict:
             **{(t, "d"): p for t, p in d.items()}}
 
 
-def _ok(proc):
-    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return proc
-
 
 def test_nemotron_h_non_gated_experts_convert_validate_and_reverse(runs):
     src = runs["names", "src"]
-    doc = json.loads(_ok(runs["names", "inspect"]).stdout)
+    doc = json.loads(succeeded(runs["names", "inspect"]).stdout)
     assert doc["format"] == "nvfp4-modelopt-hf" and "nemotron-h" in doc["reason"], doc["reason"]
     assert doc["projections"]["by_role"] == {"down": 8, "gate": 8}  # up_proj is the activated (w1) half
     for target in TARGETS:
-        _ok(runs["names", target, "convert"])
+        succeeded(runs["names", target, "convert"])
         proc = runs["names", target, "validate"]
         errors = {f["check"] for f in json.loads(proc.stdout)["findings"] if f["severity"] == "error"}
         assert proc.returncode == 0 and errors == set(), proc.stdout[-3000:]
-        _ok(runs["names", target, "reverse"])
+        succeeded(runs["names", target, "reverse"])
         assert restored_tree(runs["names", "d"] / f"back-{target}") == tree_hashes(src)
 
 
@@ -105,20 +101,20 @@ def test_the_nemotron_h_replica_through_every_command(runs):
     gate lets it through: served), validate against the source with no finding, plan (a non-gated expert has two
     projections and w13 N = I), inspect the conversion, and reverse it byte for byte."""
     src = runs["replica", "src"]
-    _ok(runs["replica", "synth"])
-    doc = json.loads(_ok(runs["replica", "inspect"]).stdout)
+    succeeded(runs["replica", "synth"])
+    doc = json.loads(succeeded(runs["replica", "inspect"]).stdout)
     assert doc["format"] == "nvfp4-modelopt-hf" and doc["projections"]["by_role"] == {"down": 16, "gate": 16}, doc
     for target in TARGETS:
-        _ok(runs["replica", target, "convert"])
+        succeeded(runs["replica", target, "convert"])
         proc = runs["replica", target, "validate"]
         findings = [f for f in json.loads(proc.stdout)["findings"] if f["severity"] in ("error", "warning")]
         assert proc.returncode == 0 and findings == [], proc.stdout[-3000:]
-        plan = json.loads(_ok(runs["replica", target, "plan"]).stdout)
+        plan = json.loads(succeeded(runs["replica", target, "plan"]).stdout)
         assert plan["exit_code"] == 0 and plan["recommended"]["tp"] == 1, plan
         assert "x 2 projections" in plan["reasoning"][0] and "w13 [N=I/TP" in plan["reasoning"][1], plan["reasoning"]
-        converted = json.loads(_ok(runs["replica", target, "inspect"]).stdout)
+        converted = json.loads(succeeded(runs["replica", target, "inspect"]).stdout)
         assert converted["format"] == "marlin" and converted["projections"]["by_role"] == {"down": 16, "gate": 16}
-        _ok(runs["replica", target, "reverse"])
+        succeeded(runs["replica", target, "reverse"])
         assert restored_tree(runs["replica", "d"] / f"back-{target}") == tree_hashes(src)
 
 

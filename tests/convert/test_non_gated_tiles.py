@@ -17,7 +17,7 @@ import pytest
 from dsv4_convert.core.checkpoint.tensor_model import Role, gated_experts
 from dsv4_convert.core.targets.engines import engine_facts
 from dsv4_convert.formats.tiles import IMPOSSIBLE, OK, PAD, moe_rank_tiles
-from tests.helpers.cli import run_cli_batch
+from tests.helpers.cli import run_cli_batch, succeeded
 
 SGLANG = engine_facts("sglang").padding
 NANO = {"hidden": 2688, "intermediate": 1856}  # nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B config.json
@@ -68,30 +68,26 @@ def runs(tmp_path_factory) -> dict:
     return {**dict(zip(steps, run_cli_batch(list(steps.values()), d))), "dir": d}
 
 
-def _ok(proc):
-    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-    return proc
-
 
 @pytest.mark.slow
 def test_real_nano_sizes_at_sglang_tp2_are_planned_and_converted(runs):
-    _ok(runs["nano", "synth"])
-    report = json.loads(_ok(runs["nano", "plan"]).stdout)
+    succeeded(runs["nano", "synth"])
+    report = json.loads(succeeded(runs["nano", "plan"]).stdout)
     tp2 = next(c for c in report["candidates"] if (c["tp"], c["ep"]) == (2, 1))
     assert tp2["valid"] and tp2["tiles"] == "pad" and tp2["padded"]["i_shard"] == 1024, tp2
     assert "w13 [N=I/TP, K=H]" in " ".join(report["reasoning"])
-    _ok(runs["nano", "dry"])
+    succeeded(runs["nano", "dry"])
 
 
 @pytest.mark.slow
 def test_non_gated_i96_converts_for_sglang_tp1_padded_and_validates(runs):
     """Was exit 4 convert.layout_impossible ("sglang does not pad a gated nvfp4 MoE")."""
     out = runs["dir"] / "out"
-    _ok(runs["i96", "synth"])
-    _ok(runs["i96", "convert"])
+    succeeded(runs["i96", "synth"])
+    succeeded(runs["i96", "convert"])
     layout = json.loads((out / "config.json").read_text())["quantization_config"]["tp_layout"]
     assert (layout["tp"], layout["ep"]) == (1, 1) and layout["containers"]
     for c in layout["containers"].values():
         assert (c["status"], c["i_shard"], c["i_pad"], c["gated"]) == ("pad", 96, 128, False), c
-    _ok(runs["i96", "validate"])
-    _ok(runs["i96", "reverse"])
+    succeeded(runs["i96", "validate"])
+    succeeded(runs["i96", "reverse"])

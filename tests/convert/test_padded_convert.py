@@ -15,7 +15,7 @@ import pytest
 
 from dsv4_convert.core.targets.target import MarlinTarget
 from tests.helpers.ckpt_factory import make_checkpoint
-from tests.helpers.cli import run_cli, run_cli_batch, tree_hashes
+from tests.helpers.cli import run_cli, run_cli_batch, succeeded, tree_hashes
 from tests.helpers.padded_ref import assert_rank_blocks, load_out, rank_reference
 
 
@@ -70,10 +70,6 @@ def runs(nv96, mx128, tmp_path_factory) -> dict:
     return {**dict(zip(steps, run_cli_batch(list(steps.values()), work))), **outs}
 
 
-def _ok(proc):
-    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return proc
-
 
 @pytest.mark.parametrize("i", range(len(BAD_PAIRS)))
 def test_bad_tp_ep_pairs_are_usage_errors(runs, i):
@@ -102,8 +98,8 @@ def test_without_tp_a_shape_that_needs_padding_still_names_tp(runs):
 
 def test_nvfp4_vllm_tp1_padded_bytes_match_the_engine_reference(nv96, runs):
     out = runs["out", "nv-tp1", None]
-    plan = json.loads(_ok(runs["nv-tp1", "plan"]).stdout)
-    _ok(runs["nv-tp1", "convert"])
+    plan = json.loads(succeeded(runs["nv-tp1", "plan"]).stdout)
+    succeeded(runs["nv-tp1", "convert"])
     got = load_out(out)
     ref = rank_reference("nvfp4", MarlinTarget("vllm"), _experts(nv96, "layers.0.ffn.experts"), r=0, m=1,
                          i_pad=128, h_pad=128)
@@ -127,7 +123,7 @@ def test_nvfp4_vllm_tp1_padded_bytes_match_the_engine_reference(nv96, runs):
 @pytest.mark.parametrize("target, tp, ep", MX_SPLITS)
 def test_mxfp4_moe_tp2_padded_per_rank_bytes(mx128, runs, target, tp, ep):
     out = runs["out", "mx-tp2", (target, tp, ep)]
-    _ok(runs["mx-tp2", (target, tp, ep)])
+    succeeded(runs["mx-tp2", (target, tp, ep)])
     got = load_out(out)
     experts = _experts(mx128, "layers.0.ffn.experts")
     for r in range(2):
@@ -144,8 +140,8 @@ def test_mxfp4_moe_tp2_padded_per_rank_bytes(mx128, runs, target, tp, ep):
 
 def test_tp_that_needs_no_padding_writes_the_layout_agnostic_bytes(runs):
     plain, fixed = runs["out", "agnostic", "plain"], runs["out", "agnostic", "fixed"]
-    _ok(runs["agnostic", "plain"])
-    _ok(runs["agnostic", "fixed"])
+    succeeded(runs["agnostic", "plain"])
+    succeeded(runs["agnostic", "fixed"])
     a, b = tree_hashes(plain), tree_hashes(fixed)
     shards = [f for f in a if f.endswith(".safetensors")]
     assert shards and all(a[f] == b[f] for f in shards)
@@ -168,7 +164,7 @@ def test_resume_with_another_tp_is_refused(mx128, tmp_path):
 def test_nvfp4_vllm_tp2_padded_per_rank_bytes(nv96, runs):
     """I=96 at TP 2: I_shard 48 -> 64 per rank; the whole stack's rescale factor (recorded)."""
     out = runs["out", "nv-tp2", None]
-    _ok(runs["nv-tp2", None])
+    succeeded(runs["nv-tp2", None])
     got = load_out(out)
     for r in range(2):
         ref = rank_reference("nvfp4", MarlinTarget("vllm"), _experts(nv96, "layers.0.ffn.experts"), r=r, m=2,

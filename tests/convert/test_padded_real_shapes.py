@@ -17,7 +17,7 @@ import pytest
 
 from dsv4_convert.core.targets.target import MarlinTarget
 from tests.helpers.ckpt_factory import make_checkpoint
-from tests.helpers.cli import run_cli_batch
+from tests.helpers.cli import run_cli_batch, succeeded
 from tests.helpers.compare import assert_bytes_equal
 from tests.helpers.padded_ref import assert_rank_blocks, gptoss_headers, load_out, rank_reference
 
@@ -59,7 +59,7 @@ def runs(gptoss, tmp_path_factory) -> dict:
         steps["plan", case] = ["mxfp4-to-marlin", src, "--dry-run", "--json", "--target", target, "--tp", tp, "--ep", ep]
     runs.update(zip(steps, run_cli_batch(list(steps.values()), work)))
     for key in steps:
-        assert runs[key].returncode == 0, (key, runs[key].stderr[-3000:])
+        succeeded(runs[key])
     return runs
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from dsv4_convert.core.sources.families import family_of
 from dsv4_convert.core.targets.engine_config import missing_engine_keys
-from tests.helpers.cli import restored_tree, run_cli_batch, tree_hashes
+from tests.helpers.cli import restored_tree, run_cli_steps, succeeded, tree_hashes
 
 pytestmark = pytest.mark.slow
 
@@ -57,10 +57,6 @@ def _refused_with(proc, error_id: str) -> bool:
     return proc.returncode == 4 and _json(proc).get("error", {}).get("id") == error_id
 
 
-def _batch(steps: dict, work: Path, env: dict | None = None) -> dict:
-    """{key: argv} -> {key: the CLI's answer}, all in one CLI process."""
-    return dict(zip(steps, run_cli_batch(list(steps.values()), work, env=env))) if steps else {}
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
@@ -72,7 +68,7 @@ def runs(tmp_path_factory) -> dict:
     for n in CASES:
         (work / n).mkdir()
     # the gate as a user meets it: no DSV4_CONVERT_ALLOW_UNSERVABLE in the environment
-    runs = _batch({**{(n, "inspect"): ["inspect", FIXTURES / n, "--json"] for n in CASES},
+    runs = run_cli_steps({**{(n, "inspect"): ["inspect", FIXTURES / n, "--json"] for n in CASES},
                    **{(n, t, "gate"): [*convert[n], out[n, t], "--target", t, "--json"] for n, t in out},
                    **{(n, "plan-sglang"): ["plan", FIXTURES / n, "--gpus", 1, "--gpu-mem-gib", 96, "--target", "sglang",
                                            "--json"] for n in UNPADDED}}, work, env=NO_FLAG)
@@ -80,15 +76,15 @@ def runs(tmp_path_factory) -> dict:
     # the gate lifted (tests/conftest.py sets the variable): what the gate refused, and the unpadded plan's own run
     lifted = {(n, t, "lifted"): [*convert[n], out[n, t], "--target", t, "--json"]
               for n, t in out if not _served(_json(runs[n, "inspect"]), t)}
-    runs.update(_batch({**lifted,
+    runs.update(run_cli_steps({**lifted,
                         **{(n, "plan-vllm"): ["plan", FIXTURES / n, "--gpus", 1, "--gpu-mem-gib", 96, "--target", "vllm",
                                               "--json"] for n in UNPADDED},
                         **{(n, "convert-vllm"): ["mxfp4-to-marlin", FIXTURES / n, work / n / "unpadded", "--target",
                                                  "vllm", "-q"] for n in UNPADDED}}, work))
     last = {(n, t): runs.get((n, t, "lifted"), runs[n, t, "gate"]) for n, t in out}
-    runs.update(_batch({(n, t, "tp1"): [*convert[n], out[n, t], "--target", t, "--tp", 1, "--json"]
+    runs.update(run_cli_steps({(n, t, "tp1"): [*convert[n], out[n, t], "--target", t, "--tp", 1, "--json"]
                         for (n, t), proc in last.items() if _refused_with(proc, "convert.needs_padding")}, work))
-    runs.update(_batch({**{(n, t, "validate"): ["validate", out[n, t], "--against", FIXTURES / n, "--json"]
+    runs.update(run_cli_steps({**{(n, t, "validate"): ["validate", out[n, t], "--against", FIXTURES / n, "--json"]
                            for n, t in out},
                         **{(n, t, "reverse"): ["marlin-to-source", out[n, t], work / n / "back", "-q"]
                            for n, t in out if TARGETS.index(t) == len(n) % 2}}, work))
@@ -125,7 +121,7 @@ def test_producer_output_end_to_end(runs, name):
         unbuildable = {"source.engine_config"} if missing_engine_keys(config) else set()
         assert errors == (set() if served else {"marlin.serving_methods"}) | unbuildable, proc.stdout[-3000:]
         if i == len(name) % 2:  # one target's output is reversed, alternating between fixtures
-            assert runs[name, target, "reverse"].returncode == 0, runs[name, target, "reverse"].stderr[-3000:]
+            succeeded(runs[name, target, "reverse"])
             assert restored_tree(runs[name, "back"]) == tree_hashes(src)
 
 
@@ -134,10 +130,10 @@ def test_vllm_serves_compressed_tensors_mxfp4_unpadded(runs, name):
     """vLLM builds its compressed-tensors MXFP4 MoE method for llm-compressor's MXFP4A16, which never pads
     (core/targets/engines.py _VLLM_CT_PAD): at H = 128, where Mxfp4MoEMethod would pad H to 256, `plan` finds TP 1
     unpadded and the converter writes the layout-agnostic output without --tp (SGLang, which pads MXFP4, cannot)."""
-    assert runs[name, "plan-vllm"].returncode == 0, runs[name, "plan-vllm"].stderr[-3000:]
+    succeeded(runs[name, "plan-vllm"])
     plan = json.loads(runs[name, "plan-vllm"].stdout)
     assert plan["candidates"][0]["tiles"] == "ok" and plan["command"], plan["candidates"]
-    assert runs[name, "convert-vllm"].returncode == 0, runs[name, "convert-vllm"].stderr[-3000:]
+    succeeded(runs[name, "convert-vllm"])
     qc = json.loads((runs[name, "unpadded"] / "config.json").read_text())["quantization_config"]
     assert qc.get("tp_layout") is None and {"tp": 1, "ep": 1} in qc["layouts"], qc.get("layouts")
     refused = runs[name, "plan-sglang"]

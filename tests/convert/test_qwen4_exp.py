@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tests.helpers.cli import restored_tree, run_cli_batch, tree_hashes
+from tests.helpers.cli import restored_tree, run_cli_steps, succeeded, tree_hashes
 
 pytestmark = pytest.mark.slow
 GATE_ON = {"DSV4_CONVERT_ALLOW_UNSERVABLE": "0"}  # tests/conftest.py lifts the served gate for the converter's tests
@@ -45,9 +45,6 @@ def _text_config(root) -> dict:
 TARGETS = ("sglang", "vllm")
 
 
-def _batch(steps: dict, work, env=None) -> dict:
-    return dict(zip(steps, run_cli_batch(list(steps.values()), work, env=env)))
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
@@ -55,31 +52,27 @@ def runs(tmp_path_factory) -> dict:
     validated, planned and reversed; three CLI processes."""
     d = tmp_path_factory.mktemp("qwen4")
     src, ple = d / "src", d / "ple-src"
-    runs = _batch({("replica", "synth"): ["synth", src, "--family", "qwen4-exp", "-q"],
+    runs = run_cli_steps({("replica", "synth"): ["synth", src, "--family", "qwen4-exp", "-q"],
                    ("replica", "inspect"): ["inspect", src, "--json"],
                    ("ple", "synth"): ["synth", ple, "--family", "qwen4-exp-ple-nvfp4", "-q"]}, d)
-    runs.update(_batch({**{("replica", t, "convert"): ["nvfp4-to-marlin", src, d / f"out-{t}", "--target", t, "-q"]
+    runs.update(run_cli_steps({**{("replica", t, "convert"): ["nvfp4-to-marlin", src, d / f"out-{t}", "--target", t, "-q"]
                            for t in TARGETS},
                         ("ple", "vllm"): ["nvfp4-to-marlin", ple, d / "ple-out-vllm", "--target", "vllm", "-q"],
                         ("ple", "sglang"): ["nvfp4-to-marlin", ple, d / "ple-out-sglang", "--target", "sglang", "--json"]},
                        d, env=GATE_ON))
-    runs.update(_batch({step: argv for t in TARGETS for step, argv in {
+    runs.update(run_cli_steps({step: argv for t in TARGETS for step, argv in {
         ("replica", t, "validate"): ["validate", d / f"out-{t}", "--against", src, "--json"],
         ("replica", t, "plan"): ["plan", d / f"out-{t}", "--gpus", "2", "--gpu-mem-gib", "32", "--target", t, "--json"],
         ("replica", t, "reverse"): ["marlin-to-source", d / f"out-{t}", d / f"back-{t}", "-q"]}.items()}, d))
     return {**runs, "dir": d}
 
 
-def _ok(proc):
-    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return proc
-
 
 def test_the_qwen4_exp_replica_through_every_command(runs):
     d = runs["dir"]
     src = d / "src"
-    _ok(runs["replica", "synth"])
-    doc = json.loads(_ok(runs["replica", "inspect"]).stdout)
+    succeeded(runs["replica", "synth"])
+    doc = json.loads(succeeded(runs["replica", "inspect"]).stdout)
     assert doc["format"] == "nvfp4-modelopt-hf" and doc["family"] == "qwen4-exp", doc
     assert set(doc["served"]) == {"sglang 0.5.23", "vllm 0.33", "vllm 0.34"} and not any(doc["served"].values()), doc
     assert doc["projections"]["by_role"] == {"down": 16, "gate": 16, "up": 16}, doc["projections"]
@@ -88,24 +81,24 @@ def test_the_qwen4_exp_replica_through_every_command(runs):
     assert _text_config(src).get("ple_embedding_dtype") is None  # the source leaves it to its quantisation config
     for target in TARGETS:
         out = d / f"out-{target}"
-        _ok(runs["replica", target, "convert"])
+        succeeded(runs["replica", target, "convert"])
         proc = runs["replica", target, "validate"]
         findings = [f for f in json.loads(proc.stdout)["findings"] if f["severity"] in ("error", "warning")]
         assert proc.returncode == 0 and findings == [], proc.stdout[-3000:]
         assert _ple_bytes(out) == ple  # the n-gram tables pass through, as every other non-expert tensor
         assert _text_config(out)["ple_embedding_dtype"] == "float8_e4m3fn"  # what the engines build for FP8 rows
-        plan = json.loads(_ok(runs["replica", target, "plan"]).stdout)
+        plan = json.loads(succeeded(runs["replica", target, "plan"]).stdout)
         assert plan["exit_code"] == 0 and plan["recommended"]["tp"] in (1, 2), plan
         assert "H=256, I=128" in plan["reasoning"][0], plan["reasoning"]  # moe_intermediate_size, not intermediate
-        _ok(runs["replica", target, "reverse"])
+        succeeded(runs["replica", target, "reverse"])
         assert restored_tree(d / f"back-{target}") == tree_hashes(src)  # config.json too: without ple_embedding_dtype again
 
 
 def test_nvfp4_ple_tables_convert_for_vllm_and_are_refused_for_sglang(runs):
     d = runs["dir"]
     src, out = d / "ple-src", d / "ple-out-vllm"
-    _ok(runs["ple", "synth"])
-    _ok(runs["ple", "vllm"])
+    succeeded(runs["ple", "synth"])
+    succeeded(runs["ple", "vllm"])
     assert _text_config(out)["ple_embedding_dtype"] == "nvfp4"
     assert _ple_bytes(out) == _ple_bytes(src)
     proc = runs["ple", "sglang"]

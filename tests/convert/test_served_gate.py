@@ -18,7 +18,7 @@ import json
 import pytest
 
 from dsv4_convert.synth import write_synthetic_checkpoint
-from tests.helpers.cli import run_cli_batch
+from tests.helpers.cli import run_cli_steps
 
 pytestmark = pytest.mark.slow  # every test reads the CLI's answers
 
@@ -62,9 +62,6 @@ def _refused_targets(case: str) -> tuple:
     return ("vllm",) if case == "mixed-precision" else ("sglang", "vllm")
 
 
-def _batch(steps: dict, work, env=None) -> dict:
-    return dict(zip(steps, run_cli_batch(list(steps.values()), work, env=env)))
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
@@ -77,17 +74,17 @@ def runs(tmp_path_factory) -> dict:
            for (t, c), p in d.items() if t != "plan"}
     src["plan", None], src["plan", "plain"] = _qwen3(work / "plan" / "src", _mixed), _qwen3(work / "plan" / "plain")
     out = {(c, t): d["refused", c] / f"out-{t}" for c in REFUSED for t in _refused_targets(c)}
-    runs = _batch({**{("refused", c, t, "gate"): ["nvfp4-to-marlin", src["refused", c], o, "--target", t, "--json"]
+    runs = run_cli_steps({**{("refused", c, t, "gate"): ["nvfp4-to-marlin", src["refused", c], o, "--target", t, "--json"]
                       for (c, t), o in out.items()},
                    **{("served", c, None, "convert"): ["nvfp4-to-marlin", src["served", c], d["served", c] / "out",
                                                        "--target", "sglang" if c == "mixed-precision" else "vllm", "-q"]
                       for c in SERVED}}, work, env=NO_FLAG)
     runs.update({("refused", c, t, "written"): o.exists() or o.with_name(f"{o.name}.partial").exists()
                  for (c, t), o in out.items()})
-    runs.update(_batch({("refused", c, t, "anyway"): ["nvfp4-to-marlin", src["refused", c], o, "--target", t,
+    runs.update(run_cli_steps({("refused", c, t, "anyway"): ["nvfp4-to-marlin", src["refused", c], o, "--target", t,
                                                       "--allow-unservable", "-q"] for (c, t), o in out.items()},
                        work, env=NO_FLAG))
-    runs.update(_batch({**{("refused", c, t, "validate"): ["validate", o, "--json"] for (c, t), o in out.items()},
+    runs.update(run_cli_steps({**{("refused", c, t, "validate"): ["validate", o, "--json"] for (c, t), o in out.items()},
                         **{("served", c, None, "validate"): ["validate", d["served", c] / "out", "--json"] for c in SERVED},
                         ("plan", None, None, "json"): ["plan", src["plan", None], "--gpus", 1, "--gpu-mem-gib", 96,
                                                        "--target", "vllm", "--json"],

@@ -22,7 +22,7 @@ import pytest
 
 from dsv4_convert.runtime.settings import ALLOW_UNSERVABLE_ENV
 from dsv4_convert.synth import SYNTH_FAMILIES
-from tests.helpers.cli import run_cli_batch
+from tests.helpers.cli import run_cli_batch, succeeded
 from tests.helpers.kernel_cli import (
     KERNELS,
     PROVIDER,
@@ -70,10 +70,6 @@ def _convert_args(root: Path, family: str, fmt: str, target: str) -> list:
             "--act-dtype", "bfloat16", "-q"]
 
 
-def _succeeded(proc) -> None:
-    assert proc.returncode == 0, (proc.args, proc.stderr[-3000:])
-
-
 class _Reports(dict):
     """(family, format, target) -> (unservable, validate --kernel report), built a group at a time on first use, in
     two CLI processes (run_cli_batch): the synths and each conversion with the gate as a user meets it (tests/conftest.py
@@ -92,7 +88,7 @@ class _Reports(dict):
         answers = run_cli_batch([*synths, *(_convert_args(root, *c) for c in group)], root,
                                 env={ALLOW_UNSERVABLE_ENV: "0"})
         for proc in answers[:len(synths)]:
-            _succeeded(proc)
+            succeeded(proc)
         unservable = {c: proc.returncode != 0 for c, proc in zip(group, answers[len(synths):])}
         for c, proc in zip(group, answers[len(synths):]):
             assert proc.returncode == 0 or "--allow-unservable" in proc.stderr, proc.stderr[-2000:]
@@ -101,7 +97,7 @@ class _Reports(dict):
                    for f, x, t in group]
         answers = run_cli_batch([*(_convert_args(root, *c) + ["--allow-unservable"] for c in refused), *kernels], root)
         for proc in answers[:len(refused)]:
-            _succeeded(proc)
+            succeeded(proc)
         self.update({c: (unservable[c], kernel_report(proc)) for c, proc in zip(group, answers[len(refused):])})
         return self[case]
 

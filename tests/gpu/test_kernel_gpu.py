@@ -20,7 +20,7 @@ from dsv4_convert.core.checkpoint.reader import open_checkpoint
 from dsv4_convert.core.checkpoint.tensor_model import Role
 from dsv4_convert.formats.marlin.scales import unpermute_scale_columns
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
-from tests.helpers.cli import run_cli_batch
+from tests.helpers.cli import run_cli_batch, succeeded
 from tests.helpers.kernel_cli import PROVIDER, TARGETS, kernel_args, kernel_report, needs_kernels, run_cli
 from tests.helpers.kernel_cli import edit as _edit
 from tests.helpers.kernel_cli import kernel as _kernel
@@ -45,7 +45,7 @@ def sources(tmp_path_factory):
     root = tmp_path_factory.mktemp("src")
     for proc in run_cli_batch([["synth", root / fmt, "--format", fmt, "--layers", "1", "--experts", "8"]
                                for fmt in FORMATS], root):
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        succeeded(proc)
     return {fmt: root / fmt for fmt in FORMATS}
 
 
@@ -65,7 +65,7 @@ def test_kernel_passes_on_converted_output(sources, module_path, tmp_path, fmt, 
     converted, *runs = run_cli_batch([_convert_args(src, fmt, target, act, out), kernel_args(out, module_path),
                                       kernel_args(out, module_path, "--against", src),
                                       kernel_args(src, module_path, "--target", target, "--act-dtype", act)], tmp_path)
-    assert converted.returncode == 0, converted.stderr[-3000:]
+    succeeded(converted)
     decoded, against, source = (kernel_report(r) for r in runs)
     for data in (decoded, against, source):  # the kernel's question only: a format no plugin is proven to serve yet (the
         # synth family's row, e.g. DeepSeek-V3 in compressed-tensors) is marlin.serving_methods' error, not the kernel's

@@ -25,7 +25,7 @@ from dsv4_convert.core.checkpoint.tensor_model import Role
 from dsv4_convert.core.targets.target import MarlinTarget
 from dsv4_convert.formats.marlin import mxfp4_to_marlin
 from dsv4_convert.validate.checks.kernel import KERNEL_REL_ERROR_MAX
-from tests.helpers.cli import run_cli_batch
+from tests.helpers.cli import run_cli_batch, succeeded
 from tests.helpers.kernel_cli import (
     PROVIDER,
     TARGETS,
@@ -81,7 +81,7 @@ def _batch(tmp_path: Path, *commands, steps: int) -> list:
     rest are validate --kernel runs: their answers."""
     answers = run_cli_batch(list(commands), tmp_path)
     for proc in answers[:steps]:
-        assert proc.returncode == 0, (proc.args, proc.stderr[-3000:])
+        succeeded(proc)
     return answers[steps:]
 
 

@@ -30,9 +30,13 @@ def with_hooks(pythonpath: str | None) -> str:
     return os.pathsep.join(filter(None, [str(HOOKS), pythonpath]))
 
 
-def run_cli(*args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def _warn_if_unmarked() -> None:
     if UNMARKED_TEST:
-        warnings.warn(NotMarkedSlow(f"{UNMARKED_TEST} starts the CLI: mark it slow (CONTRIBUTING.md)"), stacklevel=2)
+        warnings.warn(NotMarkedSlow(f"{UNMARKED_TEST} starts the CLI: mark it slow (CONTRIBUTING.md)"), stacklevel=3)
+
+
+def run_cli(*args, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    _warn_if_unmarked()
     e = dict(os.environ, **(env or {}))
     if set(HOOK_VARS) & set(env or {}):  # tests/hooks, never shipped code
         e["PYTHONPATH"] = with_hooks(e.get("PYTHONPATH"))
@@ -51,8 +55,7 @@ def run_cli_batch(commands: list[list], work: Path, env: dict | None = None) -> 
     escaped `main` is exit 1 with its traceback on stderr, as a real process shows it. One torch import for
     all: a test of many small commands pays it once instead of once a command (CONTRIBUTING.md, CI time).
     `env` is laid over this process's environment, one for every command; a variable given None is removed."""
-    if UNMARKED_TEST:
-        warnings.warn(NotMarkedSlow(f"{UNMARKED_TEST} starts the CLI: mark it slow (CONTRIBUTING.md)"), stacklevel=2)
+    _warn_if_unmarked()
     listing = Path(work) / f"commands-{os.getpid()}-{len(commands)}.json"
     listing.write_text(json.dumps([[str(a) for a in c] for c in commands]))
     proc = subprocess.run([sys.executable, str(BATCH), str(listing)], capture_output=True, text=True,
@@ -60,6 +63,18 @@ def run_cli_batch(commands: list[list], work: Path, env: dict | None = None) -> 
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [subprocess.CompletedProcess(r["argv"], r["code"], r["stdout"], r["stderr"] + (r["crash"] or ""))
             for r in json.loads(proc.stdout)]
+
+
+def run_cli_steps(steps: dict, work: Path, env: dict | None = None) -> dict:
+    """{key: argv} -> {key: the CLI's answer}, all in one CLI process (run_cli_batch)."""
+    return dict(zip(steps, run_cli_batch(list(steps.values()), work, env=env))) if steps else {}
+
+
+def succeeded(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """`proc`, which must have exited 0 (else: its command line, exit code and the ends of its output)."""
+    assert proc.returncode == 0, (f"{' '.join(map(str, proc.args))} exited {proc.returncode}:\n"
+                                  f"{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+    return proc
 
 
 def tree_hashes(root: Path) -> dict[str, str]:

@@ -20,7 +20,7 @@ import pytest
 
 from dsv4_convert.core.targets.engines import ENGINES
 from dsv4_convert.core.version import install_command
-from tests.helpers.cli import run_cli_batch
+from tests.helpers.cli import run_cli_batch, succeeded
 
 ROOT = Path(__file__).resolve().parents[2]
 _PIP = re.compile(r"pip install\s+([^`\n;)#&|\"]*)")
@@ -86,7 +86,7 @@ def test_generated_serving_notes_plan_and_help_name_no_unowned_package(synth_sou
              **{(cmd, "help"): [cmd, "--help"] for cmd in HELPED}}
     runs = dict(zip(steps, run_cli_batch(list(steps.values()), tmp_path)))
     for key, proc in runs.items():
-        assert proc.returncode == 0, (key, proc.stderr[-3000:])
+        succeeded(proc)
     texts = {}
     for engine in ENGINES:
         serving = (tmp_path / engine / "SERVING.md").read_text()

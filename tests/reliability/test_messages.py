@@ -19,7 +19,7 @@ import re
 
 import pytest
 
-from tests.helpers.cli import run_cli, run_cli_batch
+from tests.helpers.cli import run_cli, run_cli_batch, succeeded
 from tests.helpers.corrupt import copy_checkpoint, edit_json
 
 pytestmark = pytest.mark.slow
@@ -52,10 +52,6 @@ def runs(synth_source, tmp_path_factory) -> dict:
     return runs
 
 
-def _ok(proc):
-    assert proc.returncode == 0, f"{' '.join(proc.args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return proc
-
 
 def test_a_typed_refusal_has_no_debug_line(runs):
     for command in REFUSED:
@@ -83,7 +79,7 @@ def test_validate_names_the_converter_of_the_sources_format(runs):
 
 def test_counts_of_one_are_singular(runs):
     texts = {"convert": runs["convert"].stderr + runs["convert"].stdout}
-    texts.update({step: _ok(runs[step]).stdout for step in ("dry-run", "inspect", "reverse")})
+    texts.update({step: succeeded(runs[step]).stdout for step in ("dry-run", "inspect", "reverse")})
     assert "1 shard" in texts["dry-run"] and "x1 layer" in texts["inspect"], texts
     assert "restored 1 shard " in texts["reverse"], texts["reverse"]
     for name, text in texts.items():
